@@ -1,0 +1,22 @@
+//! `shards`: what a pinned core runs.
+//!
+//! Key parts:
+//! - [`logic`]: sans-I/O modules (HTTP/1.1 framing, request probing, error
+//!   envelopes, model directory assignment, agent-link codecs, agent
+//!   selection). They never read a clock, never touch a socket and compile
+//!   without the `runtime` feature.
+//! - `runtime` (feature `runtime`): the I/O shell: pinned monoio runtimes,
+//!   the cross-core mesh, the client HTTP ingress, libp2p agent links and
+//!   the per-shard agent pools.
+//!
+//! Unsafe code: denied everywhere except one audited function
+//! (`runtime::handoff::into_std`), which moves a socket's ownership out of
+//! one monoio runtime so another core can adopt it. monoio offers no safe
+//! way to do that and the architecture's one-hand-off-per-connection rule
+//! depends on it.
+#![deny(unsafe_code)]
+
+pub mod logic;
+
+#[cfg(feature = "runtime")]
+pub mod runtime;

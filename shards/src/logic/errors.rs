@@ -1,0 +1,159 @@
+//! Client-visible error codes and the router error envelope (spec 01 §8-9).
+//!
+//! `{"error":{"code":"<code>","message":"<text>","source":"router|backend"}}`
+
+use serde::Serialize;
+
+/// Error codes of the spec's table, each with its fixed HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// 400, also 413 for body size.
+    RequestInvalid,
+    /// 401.
+    Unauthorized,
+    /// 404: no agent ever registered under the model.
+    ModelNotFound,
+    /// 503: model known, no healthy agent with the capability.
+    NoAgentsAvailable,
+    /// 503: every eligible agent at capacity.
+    NoCapacity,
+    /// 503: backend said 429/503 or was unreachable.
+    BackendUnavailable,
+    /// 502.
+    BackendError,
+    /// 504.
+    RequestTimeout,
+    /// 404 for an unknown route (JSON envelope: we do better than gin's text 404).
+    NotFound,
+    /// 405 for a wrong method on a known route.
+    MethodNotAllowed,
+    /// 431 header section too large or too many headers.
+    HeadersTooLarge,
+    /// 408 the client was too slow sending its request.
+    ClientTimeout,
+}
+
+impl ErrorCode {
+    /// Wire name of the code.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::RequestInvalid => "request_invalid",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::ModelNotFound => "model_not_found",
+            ErrorCode::NoAgentsAvailable => "no_agents_available",
+            ErrorCode::NoCapacity => "no_capacity",
+            ErrorCode::BackendUnavailable => "backend_unavailable",
+            ErrorCode::BackendError => "backend_error",
+            ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::HeadersTooLarge => "request_invalid",
+            ErrorCode::ClientTimeout => "request_timeout",
+        }
+    }
+
+    /// HTTP status of the code (spec 01 §9 mapping).
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorCode::RequestInvalid => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::ModelNotFound | ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::ClientTimeout => 408,
+            ErrorCode::HeadersTooLarge => 431,
+            ErrorCode::NoAgentsAvailable
+            | ErrorCode::NoCapacity
+            | ErrorCode::BackendUnavailable => 503,
+            ErrorCode::BackendError => 502,
+            ErrorCode::RequestTimeout => 504,
+        }
+    }
+}
+
+/// Who caused an error: drives the `source` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The router decided.
+    Router,
+    /// The backend (through an agent) decided.
+    Backend,
+}
+
+/// A client-visible error: code, status override and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// Spec error code.
+    pub code: ErrorCode,
+    /// HTTP status (usually `code.status()`; 413 for body size).
+    pub status: u16,
+    /// Human-readable message.
+    pub message: String,
+    /// Who caused it.
+    pub source: Source,
+}
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    error: Inner<'a>,
+}
+
+#[derive(Serialize)]
+struct Inner<'a> {
+    code: &'a str,
+    message: &'a str,
+    source: &'a str,
+}
+
+impl ApiError {
+    /// A router-side error with the code's own status.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            status: code.status(),
+            message: message.into(),
+            source: Source::Router,
+        }
+    }
+
+    /// 413 body too large (code `request_invalid`).
+    pub fn body_too_large(limit: u64) -> Self {
+        ApiError {
+            code: ErrorCode::RequestInvalid,
+            status: 413,
+            message: format!("request body too large: limit is {limit} bytes"),
+            source: Source::Router,
+        }
+    }
+
+    /// The JSON envelope bytes.
+    pub fn body(&self) -> Vec<u8> {
+        let env = Envelope {
+            error: Inner {
+                code: self.code.as_str(),
+                message: &self.message,
+                source: match self.source {
+                    Source::Router => "router",
+                    Source::Backend => "backend",
+                },
+            },
+        };
+        serde_json::to_vec(&env).unwrap_or_else(|_| b"{}".to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_shape() {
+        let e = ApiError::new(ErrorCode::ModelNotFound, "No agents registered for this model");
+        let v: serde_json::Value = serde_json::from_slice(&e.body()).expect("json");
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["source"], "router");
+        assert_eq!(e.status, 404);
+        assert_eq!(ApiError::body_too_large(10).status, 413);
+        assert_eq!(ErrorCode::NoAgentsAvailable.status(), 503);
+    }
+}

@@ -1,0 +1,572 @@
+//! Strict HTTP/1.1 parsing on `httparse`, in two steps: check a complete
+//! head is present (`Ok(None)` while incomplete), then parse it.
+//!
+//! Key types: [`RequestHead`], [`ResponseHead`], [`ChunkedDecoder`],
+//! [`HeadError`]. Framing rules (ARCHITECTURE.md "HTTP/1.1"): reject both
+//! Content-Length and Transfer-Encoding, any Transfer-Encoding other than
+//! exactly `chunked`, duplicate or malformed Content-Length, obsolete line
+//! folding, and heads over [`MAX_HEAD_BYTES`] or [`MAX_HEADERS`] (431).
+
+/// Largest accepted header section, request line included.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Largest accepted number of header fields.
+pub const MAX_HEADERS: usize = 100;
+
+/// Why a head was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeadError {
+    /// Malformed or ambiguous framing: answer 400 and close.
+    Bad(&'static str),
+    /// Head too large or too many headers: answer 431 and close.
+    TooLarge(&'static str),
+}
+
+/// How the message body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFraming {
+    /// No body.
+    None,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Until the peer closes (responses only).
+    UntilClose,
+}
+
+/// A parsed request head; header names are kept as sent, values as bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead {
+    /// Method, e.g. `POST`.
+    pub method: String,
+    /// Request target as sent.
+    pub path: String,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub minor_version: u8,
+    /// All header fields in order.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Body framing.
+    pub framing: BodyFraming,
+    /// Whether the connection may be reused after this exchange.
+    pub keep_alive: bool,
+    /// `Expect: 100-continue` was sent.
+    pub expect_continue: bool,
+}
+
+impl RequestHead {
+    /// First header value with this (case-insensitive) name.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// Path without the query string.
+    pub fn path_only(&self) -> &str {
+        match self.path.split_once('?') {
+            Some((p, _)) => p,
+            None => &self.path,
+        }
+    }
+}
+
+/// A parsed response head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead {
+    /// Status code.
+    pub status: u16,
+    /// All header fields in order.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Body framing.
+    pub framing: BodyFraming,
+}
+
+impl ResponseHead {
+    /// First header value with this (case-insensitive) name.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// Whether the body is a server-sent event stream.
+    pub fn is_event_stream(&self) -> bool {
+        self.header("content-type")
+            .map(|v| contains_ci(v, b"text/event-stream"))
+            .unwrap_or(false)
+    }
+}
+
+/// Case-insensitive substring test on bytes.
+pub fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
+    if needle.is_empty() {
+        return true;
+    }
+    hay.windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+/// Position just past the blank line ending a head, if present.
+fn head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
+}
+
+/// Obsolete line folding: a header line that starts with SP or HT.
+fn has_obs_fold(head: &[u8]) -> bool {
+    head.windows(3)
+        .any(|w| w.first() == Some(&b'\r') && w.get(1) == Some(&b'\n') && matches!(w.get(2), Some(b' ' | b'\t')))
+}
+
+fn parse_content_length(v: &[u8]) -> Result<u64, HeadError> {
+    let s = std::str::from_utf8(v).map_err(|_| HeadError::Bad("invalid Content-Length"))?;
+    let s = s.trim_matches(|c| c == ' ' || c == '\t');
+    if s.is_empty() || s.len() > 19 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(HeadError::Bad("invalid Content-Length"));
+    }
+    s.parse::<u64>()
+        .map_err(|_| HeadError::Bad("invalid Content-Length"))
+}
+
+/// Shared framing checks for requests and responses.
+fn framing_of(headers: &[(String, Vec<u8>)]) -> Result<Option<BodyFraming>, HeadError> {
+    let mut cl: Option<u64> = None;
+    let mut te_seen = false;
+    for (name, value) in headers {
+        if name.eq_ignore_ascii_case("content-length") {
+            if cl.is_some() {
+                return Err(HeadError::Bad("duplicate Content-Length"));
+            }
+            cl = Some(parse_content_length(value)?);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            if te_seen {
+                return Err(HeadError::Bad("duplicate Transfer-Encoding"));
+            }
+            te_seen = true;
+            let v = trim(value);
+            if !v.eq_ignore_ascii_case(b"chunked") {
+                return Err(HeadError::Bad("unsupported Transfer-Encoding"));
+            }
+        }
+    }
+    match (cl, te_seen) {
+        (Some(_), true) => Err(HeadError::Bad(
+            "both Content-Length and Transfer-Encoding",
+        )),
+        (Some(0), false) => Ok(Some(BodyFraming::None)),
+        (Some(n), false) => Ok(Some(BodyFraming::Length(n))),
+        (None, true) => Ok(Some(BodyFraming::Chunked)),
+        (None, false) => Ok(None),
+    }
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map(|p| p + 1)
+        .unwrap_or(start);
+    v.get(start..end).unwrap_or(&[])
+}
+
+fn token_in(v: &[u8], token: &[u8]) -> bool {
+    v.split(|b| *b == b',').any(|t| trim(t).eq_ignore_ascii_case(token))
+}
+
+/// Parse a request head from the start of `buf`.
+///
+/// `Ok(None)`: incomplete, read more. `Ok(Some((head, n)))`: the head used
+/// the first `n` bytes.
+pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
+    let Some(end) = head_end(buf) else {
+        if buf.len() > MAX_HEAD_BYTES {
+            return Err(HeadError::TooLarge("header section too large"));
+        }
+        return Ok(None);
+    };
+    if end > MAX_HEAD_BYTES {
+        return Err(HeadError::TooLarge("header section too large"));
+    }
+    let head_bytes = buf.get(..end).unwrap_or(&[]);
+    if has_obs_fold(head_bytes) {
+        return Err(HeadError::Bad("obsolete line folding"));
+    }
+    let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut storage);
+    match req.parse(head_bytes) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(HeadError::Bad("malformed request head")),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(HeadError::TooLarge("too many header fields"))
+        }
+        Err(_) => return Err(HeadError::Bad("malformed request head")),
+    }
+    let method = req.method.unwrap_or("").to_string();
+    let path = req.path.unwrap_or("").to_string();
+    let minor_version = req.version.unwrap_or(1);
+    let headers: Vec<(String, Vec<u8>)> = req
+        .headers
+        .iter()
+        .map(|h| (h.name.to_string(), h.value.to_vec()))
+        .collect();
+    let framing = framing_of(&headers)?.unwrap_or(BodyFraming::None);
+    let conn = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("connection"))
+        .map(|(_, v)| v.as_slice());
+    let keep_alive = match (minor_version, conn) {
+        (_, Some(v)) if token_in(v, b"close") => false,
+        (0, Some(v)) => token_in(v, b"keep-alive"),
+        (0, None) => false,
+        _ => true,
+    };
+    let expect_continue = headers
+        .iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case("expect") && trim(v).eq_ignore_ascii_case(b"100-continue"));
+    Ok(Some((
+        RequestHead {
+            method,
+            path,
+            minor_version,
+            headers,
+            framing,
+            keep_alive,
+            expect_continue,
+        },
+        end,
+    )))
+}
+
+/// Parse a response head (agent link and backend client side).
+///
+/// `request_was_head` and 1xx/204/304 statuses mean no body.
+pub fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, HeadError> {
+    let Some(end) = head_end(buf) else {
+        if buf.len() > MAX_HEAD_BYTES {
+            return Err(HeadError::TooLarge("header section too large"));
+        }
+        return Ok(None);
+    };
+    if end > MAX_HEAD_BYTES {
+        return Err(HeadError::TooLarge("header section too large"));
+    }
+    let head_bytes = buf.get(..end).unwrap_or(&[]);
+    let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut storage);
+    match resp.parse(head_bytes) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(HeadError::Bad("malformed response head")),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(HeadError::TooLarge("too many header fields"))
+        }
+        Err(_) => return Err(HeadError::Bad("malformed response head")),
+    }
+    let status = resp.code.unwrap_or(0);
+    let headers: Vec<(String, Vec<u8>)> = resp
+        .headers
+        .iter()
+        .map(|h| (h.name.to_string(), h.value.to_vec()))
+        .collect();
+    let framing = if (100..200).contains(&status) || status == 204 || status == 304 {
+        BodyFraming::None
+    } else {
+        framing_of(&headers)?.unwrap_or(BodyFraming::UntilClose)
+    };
+    Ok(Some((
+        ResponseHead {
+            status,
+            headers,
+            framing,
+        },
+        end,
+    )))
+}
+
+/// Incremental `Transfer-Encoding: chunked` decoder.
+///
+/// Feed it bytes with [`ChunkedDecoder::decode`]; it appends payload to
+/// `out` and reports how many input bytes it consumed. Trailers are read
+/// and dropped.
+#[derive(Debug, Clone, Default)]
+pub struct ChunkedDecoder {
+    state: ChunkState,
+    /// Bytes of payload produced so far.
+    pub total: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum ChunkState {
+    /// Reading the hex size line.
+    #[default]
+    Size,
+    /// Reading `n` payload bytes.
+    Data(u64),
+    /// Expecting CRLF after payload.
+    DataEnd,
+    /// Reading trailer lines until an empty one.
+    Trailer,
+    /// Done.
+    Done,
+}
+
+/// Why a chunked body was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkError {
+    /// Malformed framing.
+    Bad,
+    /// Payload over the limit.
+    TooLarge,
+}
+
+/// Longest chunk-size line (with extensions) accepted.
+const MAX_CHUNK_LINE: usize = 4096;
+
+impl ChunkedDecoder {
+    /// A fresh decoder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether the terminating chunk and trailers were read.
+    pub fn is_done(&self) -> bool {
+        self.state == ChunkState::Done
+    }
+
+    /// Decode from `input`, appending payload to `out`; `limit` caps the
+    /// total payload (0 = unlimited). Returns the bytes of `input` consumed.
+    pub fn decode(&mut self, input: &[u8], out: &mut Vec<u8>, limit: u64) -> Result<usize, ChunkError> {
+        let mut pos = 0usize;
+        loop {
+            let rest = input.get(pos..).unwrap_or(&[]);
+            match self.state {
+                ChunkState::Done => return Ok(pos),
+                ChunkState::Size => {
+                    let Some(nl) = rest.windows(2).position(|w| w == b"\r\n") else {
+                        if rest.len() > MAX_CHUNK_LINE {
+                            return Err(ChunkError::Bad);
+                        }
+                        return Ok(pos);
+                    };
+                    let line = rest.get(..nl).unwrap_or(&[]);
+                    let size_part = match line.iter().position(|b| *b == b';') {
+                        Some(p) => line.get(..p).unwrap_or(&[]),
+                        None => line,
+                    };
+                    let size_part = trim(size_part);
+                    if size_part.is_empty() || size_part.len() > 15 || !size_part.iter().all(u8::is_ascii_hexdigit) {
+                        return Err(ChunkError::Bad);
+                    }
+                    let s = std::str::from_utf8(size_part).map_err(|_| ChunkError::Bad)?;
+                    let n = u64::from_str_radix(s, 16).map_err(|_| ChunkError::Bad)?;
+                    pos += nl + 2;
+                    if n == 0 {
+                        self.state = ChunkState::Trailer;
+                    } else {
+                        if limit > 0 && self.total.saturating_add(n) > limit {
+                            return Err(ChunkError::TooLarge);
+                        }
+                        self.state = ChunkState::Data(n);
+                    }
+                }
+                ChunkState::Data(n) => {
+                    if rest.is_empty() {
+                        return Ok(pos);
+                    }
+                    let take = (rest.len() as u64).min(n) as usize;
+                    out.extend_from_slice(rest.get(..take).unwrap_or(&[]));
+                    self.total += take as u64;
+                    pos += take;
+                    let left = n - take as u64;
+                    self.state = if left == 0 { ChunkState::DataEnd } else { ChunkState::Data(left) };
+                }
+                ChunkState::DataEnd => {
+                    if rest.len() < 2 {
+                        return Ok(pos);
+                    }
+                    if rest.get(..2) != Some(b"\r\n".as_slice()) {
+                        return Err(ChunkError::Bad);
+                    }
+                    pos += 2;
+                    self.state = ChunkState::Size;
+                }
+                ChunkState::Trailer => {
+                    let Some(nl) = rest.windows(2).position(|w| w == b"\r\n") else {
+                        if rest.len() > MAX_CHUNK_LINE {
+                            return Err(ChunkError::Bad);
+                        }
+                        return Ok(pos);
+                    };
+                    pos += nl + 2;
+                    if nl == 0 {
+                        self.state = ChunkState::Done;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn req(s: &str) -> Result<Option<(RequestHead, usize)>, HeadError> {
+        parse_request_head(s.as_bytes())
+    }
+
+    #[test]
+    fn simple_post() {
+        let (h, n) = req("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+            .expect("ok")
+            .expect("complete");
+        assert_eq!(h.method, "POST");
+        assert_eq!(h.framing, BodyFraming::Length(5));
+        assert!(h.keep_alive);
+        assert_eq!(n, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n".len());
+    }
+
+    #[test]
+    fn incomplete_is_none() {
+        assert_eq!(req("POST / HTTP/1.1\r\nHost: x\r\n"), Ok(None));
+    }
+
+    #[test]
+    fn cl_and_te_rejected() {
+        assert!(matches!(
+            req("POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+    }
+
+    #[test]
+    fn te_other_than_chunked_rejected() {
+        assert!(matches!(
+            req("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+    }
+
+    #[test]
+    fn duplicate_cl_rejected() {
+        assert!(matches!(
+            req("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+        assert!(matches!(req("POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n"), Err(HeadError::Bad(_))));
+        assert!(matches!(req("POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n"), Err(HeadError::Bad(_))));
+    }
+
+    #[test]
+    fn obs_fold_rejected() {
+        assert!(matches!(
+            req("POST / HTTP/1.1\r\nX-A: a\r\n b\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+    }
+
+    #[test]
+    fn too_many_headers_431() {
+        let mut s = String::from("GET / HTTP/1.1\r\n");
+        for i in 0..101 {
+            s.push_str(&format!("X-{i}: v\r\n"));
+        }
+        s.push_str("\r\n");
+        assert!(matches!(req(&s), Err(HeadError::TooLarge(_))));
+    }
+
+    #[test]
+    fn oversize_head_431_before_complete() {
+        let s = format!("GET / HTTP/1.1\r\nX: {}", "a".repeat(MAX_HEAD_BYTES + 1));
+        assert!(matches!(req(&s), Err(HeadError::TooLarge(_))));
+    }
+
+    #[test]
+    fn connection_semantics() {
+        let (h, _) = req("GET / HTTP/1.0\r\n\r\n").expect("ok").expect("c");
+        assert!(!h.keep_alive);
+        let (h, _) = req("GET / HTTP/1.1\r\nConnection: close\r\n\r\n").expect("ok").expect("c");
+        assert!(!h.keep_alive);
+        let (h, _) = req("GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n").expect("ok").expect("c");
+        assert!(h.expect_continue);
+    }
+
+    #[test]
+    fn chunked_decoding() {
+        let mut d = ChunkedDecoder::new();
+        let mut out = Vec::new();
+        let input = b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-T: 1\r\n\r\nNEXT";
+        let n = d.decode(input, &mut out, 0).expect("ok");
+        assert!(d.is_done());
+        assert_eq!(out, b"hello world");
+        assert_eq!(&input[n..], b"NEXT");
+    }
+
+    #[test]
+    fn chunked_limit() {
+        let mut d = ChunkedDecoder::new();
+        let mut out = Vec::new();
+        assert_eq!(d.decode(b"10\r\n", &mut out, 8), Err(ChunkError::TooLarge));
+        let mut d = ChunkedDecoder::new();
+        assert_eq!(d.decode(b"zz\r\n", &mut out, 0), Err(ChunkError::Bad));
+    }
+
+    #[test]
+    fn response_framing() {
+        let (h, _) = parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+            .expect("ok")
+            .expect("c");
+        assert_eq!(h.framing, BodyFraming::UntilClose);
+        assert!(h.is_event_stream());
+        let (h, _) = parse_response_head(b"HTTP/1.1 204 No Content\r\n\r\n").expect("ok").expect("c");
+        assert_eq!(h.framing, BodyFraming::None);
+    }
+
+    proptest! {
+        /// Any split of a chunked body into two feeds decodes the same.
+        #[test]
+        fn chunked_split_invariant(payload in proptest::collection::vec(any::<u8>(), 0..300), chunk in 1usize..50, split in 0usize..400) {
+            let mut enc = Vec::new();
+            for c in payload.chunks(chunk) {
+                enc.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+                enc.extend_from_slice(c);
+                enc.extend_from_slice(b"\r\n");
+            }
+            enc.extend_from_slice(b"0\r\n\r\n");
+            let split = split.min(enc.len());
+            let mut d = ChunkedDecoder::new();
+            let mut out = Vec::new();
+            let mut buf = enc[..split].to_vec();
+            let n = d.decode(&buf, &mut out, 0).expect("first");
+            buf.drain(..n);
+            buf.extend_from_slice(&enc[split..]);
+            let n2 = d.decode(&buf, &mut out, 0).expect("second");
+            prop_assert!(d.is_done());
+            prop_assert_eq!(n2, buf.len());
+            prop_assert_eq!(out, payload);
+        }
+
+        /// The parser never panics on arbitrary bytes.
+        #[test]
+        fn request_parser_total(bytes in proptest::collection::vec(any::<u8>(), 0..2000)) {
+            let _ = parse_request_head(&bytes);
+            let _ = parse_response_head(&bytes);
+            let mut d = ChunkedDecoder::new();
+            let _ = d.decode(&bytes, &mut Vec::new(), 100);
+        }
+
+        /// A valid head split anywhere is either incomplete or parsed whole.
+        #[test]
+        fn head_prefixes(cut in 0usize..80) {
+            let full = b"POST /v1/embeddings HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}";
+            let cut = cut.min(full.len());
+            match parse_request_head(&full[..cut]) {
+                Ok(None) => prop_assert!(cut < full.len() - 2),
+                Ok(Some((h, n))) => { prop_assert_eq!(n, full.len() - 2); prop_assert_eq!(h.framing, BodyFraming::Length(2)); }
+                Err(e) => prop_assert!(false, "unexpected {:?}", e),
+            }
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! HTTP/1.1 writing: response and request heads, chunk framing, the JSON
+//! error response. Pure: everything appends to a `Vec<u8>`.
+
+use super::errors::ApiError;
+
+/// Reason phrase for the statuses we emit.
+pub fn reason(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        200 => "OK",
+        204 => "No Content",
+        307 => "Temporary Redirect",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        413 => "Payload Too Large",
+        422 => "Unprocessable Entity",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Status",
+    }
+}
+
+/// Hop-by-hop and framing headers never copied from one side to the other.
+pub fn is_hop_header(name: &str) -> bool {
+    const HOP: [&str; 8] = [
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-connection",
+    ];
+    HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// Body framing of a response we write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutFraming {
+    /// `Content-Length: n`.
+    Length(usize),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// Append a status line and headers. `headers` are copied except hop-by-hop
+/// ones; framing and `Connection` are written from the arguments.
+pub fn write_response_head(
+    out: &mut Vec<u8>,
+    status: u16,
+    headers: &[(String, Vec<u8>)],
+    framing: OutFraming,
+    keep_alive: bool,
+    extra: &[(&str, &[u8])],
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(reason(status).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (n, v) in headers {
+        if is_hop_header(n) {
+            continue;
+        }
+        push_header(out, n, v);
+    }
+    for (n, v) in extra {
+        push_header(out, n, v);
+    }
+    match framing {
+        OutFraming::Length(n) => push_header(out, "Content-Length", n.to_string().as_bytes()),
+        OutFraming::Chunked => push_header(out, "Transfer-Encoding", b"chunked"),
+    }
+    if !keep_alive {
+        push_header(out, "Connection", b"close");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn push_header(out: &mut Vec<u8>, n: &str, v: &[u8]) {
+    out.extend_from_slice(n.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(v);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A complete response with a body and `Content-Length`.
+pub fn write_full_response(
+    out: &mut Vec<u8>,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    keep_alive: bool,
+    extra: &[(&str, &[u8])],
+) {
+    let headers = [("Content-Type".to_string(), content_type.as_bytes().to_vec())];
+    write_response_head(out, status, &headers, OutFraming::Length(body.len()), keep_alive, extra);
+    out.extend_from_slice(body);
+}
+
+/// A complete JSON error response in the router envelope.
+pub fn write_error(out: &mut Vec<u8>, err: &ApiError, keep_alive: bool) {
+    let body = err.body();
+    write_full_response(out, err.status, "application/json", &body, keep_alive, &[]);
+}
+
+/// One chunk of a chunked body (nothing for an empty slice: that would end it).
+pub fn write_chunk(out: &mut Vec<u8>, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The terminating chunk.
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// Append a request head. `headers` are copied except hop-by-hop ones and
+/// `host`; framing is written from `framing`.
+pub fn write_request_head(
+    out: &mut Vec<u8>,
+    method: &str,
+    path: &str,
+    host: &str,
+    headers: &[(String, Vec<u8>)],
+    framing: OutFraming,
+) {
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    out.extend_from_slice(host.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (n, v) in headers {
+        if is_hop_header(n) || n.eq_ignore_ascii_case("host") || n.eq_ignore_ascii_case("expect") {
+            continue;
+        }
+        push_header(out, n, v);
+    }
+    match framing {
+        OutFraming::Length(n) => push_header(out, "Content-Length", n.to_string().as_bytes()),
+        OutFraming::Chunked => push_header(out, "Transfer-Encoding", b"chunked"),
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::logic::http_parse::{parse_response_head, BodyFraming};
+
+    #[test]
+    fn head_round_trips_through_parser() {
+        let mut out = Vec::new();
+        let hs = vec![
+            ("Content-Type".to_string(), b"application/json".to_vec()),
+            ("Content-Length".to_string(), b"999".to_vec()),
+            ("Connection".to_string(), b"keep-alive".to_vec()),
+        ];
+        write_response_head(&mut out, 200, &hs, OutFraming::Length(2), true, &[("X-Accel-Buffering", b"no")]);
+        out.extend_from_slice(b"{}");
+        let (h, n) = parse_response_head(&out).expect("ok").expect("complete");
+        assert_eq!(h.status, 200);
+        assert_eq!(h.framing, BodyFraming::Length(2));
+        assert_eq!(h.header("x-accel-buffering"), Some(b"no".as_slice()));
+        assert_eq!(&out[n..], b"{}");
+    }
+
+    #[test]
+    fn chunk_bytes() {
+        let mut out = Vec::new();
+        write_chunk(&mut out, b"hello world, 16!!");
+        write_chunk(&mut out, b"");
+        out.extend_from_slice(LAST_CHUNK);
+        assert_eq!(out, b"11\r\nhello world, 16!!\r\n0\r\n\r\n");
+    }
+}

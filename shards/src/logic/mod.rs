@@ -1,0 +1,14 @@
+//! Pure logic: no I/O, no clock, no randomness of its own.
+//!
+//! Every function here takes the time (`now`) and any randomness as
+//! arguments so it can be unit- and property-tested.
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
+pub mod control;
+pub mod directory;
+pub mod errors;
+pub mod http_parse;
+pub mod http_write;
+pub mod preamble;
+pub mod probe;
+pub mod selection;
