@@ -1,1 +1,159 @@
-fn main() {}
+//! `hivenet-router`: parses flags, builds the shared state, binds the
+//! SO_REUSEPORT listeners, starts one pinned shard runtime per CPU and
+//! waits for a signal.
+#![forbid(unsafe_code)]
+
+use std::sync::{Arc, RwLock};
+
+use argh::FromArgs;
+use futures::channel::mpsc;
+use hivenet_router::cli;
+use shards::logic::core_plan;
+use shards::logic::directory::Directory;
+use shards::runtime::executor::{self, DriverChoice};
+use shards::runtime::shard::{self, ShardListeners};
+use shards::runtime::shared::{RouterConfig, Shared};
+use tracing::{error, info, warn};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// OpenAI- and Anthropic-compatible inference router (thread-per-core).
+#[derive(FromArgs)]
+struct Flags {
+    /// client HTTP listen address (default ":8080"; env HIVENET_ROUTER_HTTP_PORT)
+    #[argh(option)]
+    http_port: Option<String>,
+    /// prometheus listen address (default ":2112"; env HIVENET_ROUTER_METRICS_PORT)
+    #[argh(option)]
+    metrics_port: Option<String>,
+    /// libp2p TCP port for agents (default 9000; env HIVENET_ROUTER_P2P_PORT)
+    #[argh(option)]
+    p2p_port: Option<String>,
+    /// libp2p listen IP (default 127.0.0.1)
+    #[argh(option, default = "String::from(\"127.0.0.1\")")]
+    p2p_listen_addr: String,
+    /// number of shards (default: one per usable CPU)
+    #[argh(option)]
+    shards: Option<usize>,
+    /// CPUs to pin shards to, e.g. "0-3,6" (default: every CPU the process may use)
+    #[argh(option)]
+    cpus: Option<String>,
+    /// pre-shared key file in the standard swarm.key format; without it links are noise-only
+    #[argh(option)]
+    swarm_key_file: Option<String>,
+    /// router-side request deadline to the agent's response head (default 60s; env HIVENET_ROUTER_REQUEST_TIMEOUT)
+    #[argh(option)]
+    request_timeout: Option<String>,
+    /// heartbeat period agents are told to use (default 5s)
+    #[argh(option, default = "String::from(\"5s\")")]
+    heartbeat_interval: String,
+    /// driver: auto (io_uring, falling back to epoll) or epoll (env HIVENET_ROUTER_DRIVER)
+    #[argh(option)]
+    driver: Option<String>,
+}
+
+fn build() -> Result<(RouterConfig, Vec<Option<usize>>, DriverChoice, Option<libp2p_pnet::PreSharedKey>), String> {
+    let f: Flags = cli::parse_args();
+    let mut cfg = RouterConfig {
+        http_addr: cli::parse_listen(&cli::flag_or_env(f.http_port, "HIVENET_ROUTER_HTTP_PORT", ":8080"))
+            .map_err(|e| format!("--http-port: {e}"))?,
+        metrics_addr: cli::parse_listen(&cli::flag_or_env(f.metrics_port, "HIVENET_ROUTER_METRICS_PORT", ":2112"))
+            .map_err(|e| format!("--metrics-port: {e}"))?,
+        ..RouterConfig::default()
+    };
+    let p2p_port: u16 = cli::flag_or_env(f.p2p_port, "HIVENET_ROUTER_P2P_PORT", "9000")
+        .parse()
+        .map_err(|_| "--p2p-port: must be a port number".to_string())?;
+    let ip = cli::parse_ip(&f.p2p_listen_addr).map_err(|e| format!("--p2p-listen-addr: {e}"))?;
+    cfg.p2p_addr = std::net::SocketAddr::new(ip, p2p_port);
+    cfg.request_timeout = cli::parse_duration(
+        "--request-timeout",
+        &cli::flag_or_env(f.request_timeout, "HIVENET_ROUTER_REQUEST_TIMEOUT", "60s"),
+    )?;
+    cfg.heartbeat_interval = cli::parse_duration("--heartbeat-interval", &f.heartbeat_interval)?;
+    if cfg.heartbeat_interval.is_zero() {
+        return Err("--heartbeat-interval must be greater than 0".into());
+    }
+    if let Ok(v) = std::env::var("HIVENET_ROUTER_MAX_REQUEST_BYTES") {
+        cfg.max_request_bytes = v
+            .trim()
+            .parse()
+            .map_err(|_| format!("HIVENET_ROUTER_MAX_REQUEST_BYTES: {v:?} is not a non-negative integer"))?;
+    }
+    let cpus = match f.cpus {
+        Some(s) => Some(core_plan::parse_cpu_list(&s).map_err(|e| format!("--cpus: {e}"))?),
+        None => None,
+    };
+    let plan = core_plan::plan(f.shards, cpus.as_deref(), &executor::available_cpus())?;
+    let driver_s = cli::flag_or_env(f.driver, "HIVENET_ROUTER_DRIVER", "auto");
+    let driver = DriverChoice::parse(&driver_s).ok_or_else(|| format!("--driver: {driver_s:?} is not auto or epoll"))?;
+    let psk = match f.swarm_key_file {
+        Some(p) => Some(shards::runtime::link::load_swarm_key(std::path::Path::new(&p))?),
+        None => None,
+    };
+    Ok((cfg, plan, driver, psk))
+}
+
+fn main() {
+    cli::init_logging();
+    let (cfg, plan, driver, psk) = match build() {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("hivenet-router: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(cfg, plan, driver, psk) {
+        error!("{e}");
+        eprintln!("hivenet-router: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(
+    cfg: RouterConfig,
+    plan: Vec<Option<usize>>,
+    driver: DriverChoice,
+    psk: Option<libp2p_pnet::PreSharedKey>,
+) -> Result<(), String> {
+    let n = plan.len();
+    let http = executor::bind_reuseport(cfg.http_addr, n).map_err(|e| format!("cannot listen on {}: {e}", cfg.http_addr))?;
+    let metrics = executor::bind_reuseport(cfg.metrics_addr, n).map_err(|e| format!("cannot listen on {}: {e}", cfg.metrics_addr))?;
+    let p2p = executor::bind_reuseport(cfg.p2p_addr, n).map_err(|e| format!("cannot listen on {}: {e}", cfg.p2p_addr))?;
+    let keypair = libp2p_identity::Keypair::generate_ed25519();
+    if psk.is_none() {
+        warn!("no --swarm-key-file: agent links are authenticated by noise only; any peer that can reach the p2p port can register");
+    }
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded()).unzip();
+    let shared = Arc::new(Shared {
+        cfg: cfg.clone(),
+        directory: RwLock::new(Directory::new(n)),
+        mesh: senders,
+        keypair: keypair.clone(),
+        psk,
+    });
+    info!(
+        peer_id = %keypair.public().to_peer_id(),
+        http = %http.first().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default(),
+        metrics = %metrics.first().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default(),
+        p2p = %p2p.first().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default(),
+        shards = n,
+        "hivenet-router starting"
+    );
+    let mut handles = Vec::new();
+    let lists = http.into_iter().zip(metrics).zip(p2p).zip(receivers).zip(plan);
+    for (id, ((((h, m), p), rx), cpu)) in lists.enumerate() {
+        let shared = shared.clone();
+        let listeners = ShardListeners { http: h, metrics: m, p2p: p };
+        let handle = executor::spawn_runtime(format!("shard-{id}"), cpu, driver, move || shard::run(id, shared, listeners, rx))
+            .map_err(|e| format!("cannot start shard {id}: {e}"))?;
+        handles.push(handle);
+    }
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])
+        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    if let Some(sig) = signals.forever().next() {
+        info!(signal = sig, "shutting down");
+    }
+    Ok(())
+}

@@ -5,6 +5,7 @@
 #![deny(clippy::unwrap_used, clippy::indexing_slicing)]
 
 pub mod control;
+pub mod core_plan;
 pub mod directory;
 pub mod errors;
 pub mod http_parse;

@@ -34,7 +34,12 @@ pub enum Pick {
 /// Pick the least-loaded eligible agent, starting the scan at `rotation`
 /// so equal loads take turns.
 pub fn pick(candidates: &[Candidate], rotation: usize) -> Pick {
-    let n = candidates.len();
+    pick_with(candidates.len(), rotation, |i| candidates.get(i).copied())
+}
+
+/// [`pick`] over `n` agents read through `get`, so callers need not build
+/// a candidate array per request.
+pub fn pick_with(n: usize, rotation: usize, get: impl Fn(usize) -> Option<Candidate>) -> Pick {
     if n == 0 {
         return Pick::NoneEligible;
     }
@@ -43,7 +48,7 @@ pub fn pick(candidates: &[Candidate], rotation: usize) -> Pick {
     let mut any_eligible = false;
     for k in 0..n {
         let i = (start + k) % n;
-        let Some(c) = candidates.get(i) else { continue };
+        let Some(c) = get(i) else { continue };
         if !c.healthy || !c.capable || c.excluded || c.capacity == 0 {
             continue;
         }

@@ -1,0 +1,119 @@
+//! A buffered monoio TCP connection: owned-buffer reads appended to a
+//! growing buffer, whole-buffer writes. Used by the client ingress, the
+//! metrics listener, the agent's backend client and the simulator.
+
+use std::io;
+
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+
+use crate::logic::http_parse::{self, BodyFraming, ChunkedDecoder, ResponseHead};
+
+/// Read chunk reserved before each read.
+const READ_RESERVE: usize = 16 * 1024;
+
+/// A TCP stream plus the bytes read but not yet consumed.
+pub struct Conn {
+    /// The socket.
+    pub stream: TcpStream,
+    /// Unconsumed input.
+    pub buf: Vec<u8>,
+}
+
+impl Conn {
+    /// Wrap a stream (sets `TCP_NODELAY`).
+    pub fn new(stream: TcpStream, buf: Vec<u8>) -> Self {
+        let _ = stream.set_nodelay(true);
+        Conn { stream, buf }
+    }
+
+    /// Read once, appending; returns bytes read (0 = EOF).
+    pub async fn fill(&mut self) -> io::Result<usize> {
+        let mut buf = std::mem::take(&mut self.buf);
+        if buf.capacity() - buf.len() < READ_RESERVE / 2 {
+            buf.reserve(READ_RESERVE);
+        }
+        let len = buf.len();
+        let cap = buf.capacity();
+        let (res, slice) = self.stream.read(buf.slice_mut(len..cap)).await;
+        self.buf = slice.into_inner();
+        res
+    }
+
+    /// Write all of `data`.
+    pub async fn write_all(&mut self, data: Vec<u8>) -> io::Result<()> {
+        let (res, _) = self.stream.write_all(data).await;
+        res.map(|_| ())
+    }
+
+    /// Drop the first `n` buffered bytes.
+    pub fn consume(&mut self, n: usize) {
+        let n = n.min(self.buf.len());
+        self.buf.drain(..n);
+    }
+
+    /// Read a response head (client side of an HTTP exchange).
+    pub async fn read_response_head(&mut self) -> io::Result<ResponseHead> {
+        loop {
+            match http_parse::parse_response_head(&self.buf) {
+                Ok(Some((h, n))) => {
+                    self.consume(n);
+                    return Ok(h);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}"))),
+            }
+            if self.fill().await? == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed before response head"));
+            }
+        }
+    }
+
+    /// Read a whole body with the given framing, up to `limit` bytes (0 = no limit).
+    pub async fn read_body(&mut self, framing: BodyFraming, limit: u64) -> io::Result<Vec<u8>> {
+        match framing {
+            BodyFraming::None => Ok(Vec::new()),
+            BodyFraming::Length(n) => {
+                if limit > 0 && n > limit {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, "body too large"));
+                }
+                let n = usize::try_from(n).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "length"))?;
+                while self.buf.len() < n {
+                    if self.fill().await? == 0 {
+                        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "body truncated"));
+                    }
+                }
+                let body = self.buf.get(..n).unwrap_or(&[]).to_vec();
+                self.consume(n);
+                Ok(body)
+            }
+            BodyFraming::Chunked => {
+                let mut dec = ChunkedDecoder::new();
+                let mut out = Vec::new();
+                loop {
+                    let used = dec
+                        .decode(&self.buf, &mut out, limit)
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("chunked: {e:?}")))?;
+                    self.consume(used);
+                    if dec.is_done() {
+                        return Ok(out);
+                    }
+                    if self.fill().await? == 0 {
+                        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "chunked body truncated"));
+                    }
+                }
+            }
+            BodyFraming::UntilClose => {
+                loop {
+                    if limit > 0 && self.buf.len() as u64 > limit {
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, "body too large"));
+                    }
+                    if self.fill().await? == 0 {
+                        return Ok(std::mem::take(&mut self.buf));
+                    }
+                }
+            }
+        }
+    }
+}

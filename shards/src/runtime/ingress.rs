@@ -1,0 +1,333 @@
+//! Client HTTP/1.1 connections: head and body under limits, routing by
+//! path, probing the JSON body, and the one hand-off to the model's shard.
+//!
+//! The request path has one obvious seam for what later issues add
+//! (policy, admission, quotas, holds): [`serve_inference`], which runs on
+//! the owning shard before the proxy.
+
+use std::rc::Rc;
+
+use serde_json::json;
+use tracing::debug;
+
+use super::clock;
+use super::conn::Conn;
+use super::handoff;
+use super::mesh::{Endpoint, PendingRequest, ShardMsg};
+use super::proxy::{self, Outcome};
+use super::shard::{AgentView, Shard};
+use crate::logic::errors::{ApiError, ErrorCode};
+use crate::logic::http_parse::{self, BodyFraming, ChunkedDecoder, HeadError, RequestHead};
+use crate::logic::http_write;
+use crate::logic::probe;
+
+/// CORS headers on every response (spec 01 §1).
+pub const CORS: [(&str, &[u8]); 3] = [
+    ("Access-Control-Allow-Origin", b"*"),
+    ("Access-Control-Allow-Methods", b"POST, GET, OPTIONS"),
+    ("Access-Control-Allow-Headers", b"Content-Type, Authorization"),
+];
+
+enum HeadRead {
+    Closed,
+    Bad(HeadError),
+    Io,
+}
+
+async fn read_head(conn: &mut Conn) -> Result<(RequestHead, usize), HeadRead> {
+    loop {
+        match http_parse::parse_request_head(&conn.buf) {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => return Err(HeadRead::Bad(e)),
+        }
+        match conn.fill().await {
+            Ok(0) => return Err(HeadRead::Closed),
+            Ok(_) => {}
+            Err(_) => return Err(HeadRead::Io),
+        }
+    }
+}
+
+async fn send_error(conn: &mut Conn, err: &ApiError, keep_alive: bool) -> bool {
+    let mut out = Vec::with_capacity(256);
+    let body = err.body();
+    let headers = [("Content-Type".to_string(), b"application/json".to_vec())];
+    http_write::write_response_head(
+        &mut out,
+        err.status,
+        &headers,
+        http_write::OutFraming::Length(body.len()),
+        keep_alive,
+        &CORS,
+    );
+    out.extend_from_slice(&body);
+    conn.write_all(out).await.is_ok() && keep_alive
+}
+
+async fn send_json(conn: &mut Conn, status: u16, body: &[u8], keep_alive: bool) -> bool {
+    let mut out = Vec::with_capacity(body.len() + 256);
+    http_write::write_full_response(&mut out, status, "application/json", body, keep_alive, &CORS);
+    conn.write_all(out).await.is_ok() && keep_alive
+}
+
+/// Body read outcome.
+enum BodyRead {
+    Ok(Vec<u8>),
+    TooLarge,
+    Bad,
+    Closed,
+}
+
+async fn read_body(conn: &mut Conn, framing: BodyFraming, limit: u64) -> BodyRead {
+    match framing {
+        BodyFraming::None => BodyRead::Ok(Vec::new()),
+        BodyFraming::Length(n) => {
+            let Ok(n) = usize::try_from(n) else { return BodyRead::TooLarge };
+            while conn.buf.len() < n {
+                match conn.fill().await {
+                    Ok(0) | Err(_) => return BodyRead::Closed,
+                    Ok(_) => {}
+                }
+            }
+            let body = conn.buf.get(..n).unwrap_or(&[]).to_vec();
+            conn.consume(n);
+            BodyRead::Ok(body)
+        }
+        BodyFraming::Chunked => {
+            let mut dec = ChunkedDecoder::new();
+            let mut out = Vec::new();
+            loop {
+                match dec.decode(&conn.buf, &mut out, limit) {
+                    Ok(used) => conn.consume(used),
+                    Err(http_parse::ChunkError::TooLarge) => return BodyRead::TooLarge,
+                    Err(http_parse::ChunkError::Bad) => return BodyRead::Bad,
+                }
+                if dec.is_done() {
+                    return BodyRead::Ok(out);
+                }
+                match conn.fill().await {
+                    Ok(0) | Err(_) => return BodyRead::Closed,
+                    Ok(_) => {}
+                }
+            }
+        }
+        BodyFraming::UntilClose => BodyRead::Bad,
+    }
+}
+
+/// Serve one client connection; `first` is a request handed over by another shard.
+pub async fn serve(shard: Rc<Shard>, mut conn: Conn, first: Option<Box<PendingRequest>>) {
+    if let Some(p) = first {
+        if !serve_inference(&shard, &mut conn, *p).await {
+            return;
+        }
+    }
+    let cfg = shard.shared.cfg.clone();
+    loop {
+        let started = clock::now();
+        let head = match monoio::time::timeout(cfg.header_timeout, read_head(&mut conn)).await {
+            Ok(Ok((h, n))) => {
+                conn.consume(n);
+                h
+            }
+            Ok(Err(HeadRead::Closed | HeadRead::Io)) => return,
+            Ok(Err(HeadRead::Bad(HeadError::Bad(why)))) => {
+                send_error(&mut conn, &ApiError::new(ErrorCode::RequestInvalid, why), false).await;
+                return;
+            }
+            Ok(Err(HeadRead::Bad(HeadError::TooLarge(why)))) => {
+                send_error(&mut conn, &ApiError::new(ErrorCode::HeadersTooLarge, why), false).await;
+                return;
+            }
+            Err(_) => {
+                if !conn.buf.is_empty() {
+                    send_error(&mut conn, &ApiError::new(ErrorCode::ClientTimeout, "request header timeout"), false).await;
+                }
+                return;
+            }
+        };
+        match route(&shard, &mut conn, head, started).await {
+            Routed::Continue => {}
+            Routed::Close => return,
+            Routed::HandOff(pending, owner) => {
+                hand_off(&shard, conn, *pending, owner);
+                return;
+            }
+        }
+    }
+}
+
+enum Routed {
+    Continue,
+    Close,
+    HandOff(Box<PendingRequest>, usize),
+}
+
+fn ok(b: bool) -> Routed {
+    if b {
+        Routed::Continue
+    } else {
+        Routed::Close
+    }
+}
+
+async fn route(shard: &Rc<Shard>, conn: &mut Conn, head: RequestHead, started: clock::Instant) -> Routed {
+    let path = head.path_only().to_string();
+    // Requests other than inference ones carry no body we want: close
+    // rather than drain when one is declared.
+    let keep = head.keep_alive && head.framing == BodyFraming::None;
+    if head.method == "OPTIONS" {
+        let mut out = Vec::new();
+        http_write::write_response_head(&mut out, 204, &[], http_write::OutFraming::Length(0), keep, &CORS);
+        return ok(conn.write_all(out).await.is_ok() && keep);
+    }
+    if let Some(ep) = Endpoint::of(&path) {
+        if head.method != "POST" {
+            return ok(send_error(conn, &ApiError::new(ErrorCode::MethodNotAllowed, format!("method {} not allowed on {path}", head.method)), keep).await);
+        }
+        return read_and_dispatch(shard, conn, head, ep, started).await;
+    }
+    match (head.method.as_str(), path.as_str()) {
+        ("GET", "/health") => ok(send_json(conn, 200, br#"{"status":"ok"}"#, keep).await),
+        ("GET", "/v1/models") => {
+            let snaps = shard.gather().await;
+            let body = models_list(snaps.iter().flat_map(|s| s.agents.iter()));
+            ok(send_json(conn, 200, &body, keep).await)
+        }
+        ("GET", p) if p.starts_with("/v1/models/") => {
+            let id = p.trim_start_matches("/v1/models/").to_string();
+            let snaps = shard.gather().await;
+            match model_detail(&id, snaps.iter().flat_map(|s| s.agents.iter())) {
+                Some(body) => ok(send_json(conn, 200, &body, keep).await),
+                None => ok(send_error(conn, &ApiError::new(ErrorCode::ModelNotFound, format!("No agents registered for model: {id}")), keep).await),
+            }
+        }
+        (_, "/health" | "/v1/models") => ok(send_error(conn, &ApiError::new(ErrorCode::MethodNotAllowed, format!("method {} not allowed on {path}", head.method)), keep).await),
+        (_, p) if p.starts_with("/v1/models/") => ok(send_error(conn, &ApiError::new(ErrorCode::MethodNotAllowed, format!("method {} not allowed on {path}", head.method)), keep).await),
+        _ => ok(send_error(conn, &ApiError::new(ErrorCode::NotFound, format!("no route for {} {path}", head.method)), keep).await),
+    }
+}
+
+async fn read_and_dispatch(shard: &Rc<Shard>, conn: &mut Conn, head: RequestHead, ep: Endpoint, started: clock::Instant) -> Routed {
+    let cfg = &shard.shared.cfg;
+    let limit = cfg.max_request_bytes;
+    if let BodyFraming::Length(n) = head.framing {
+        if limit > 0 && n > limit {
+            // Rejected from the declared length, before reading it.
+            send_error(conn, &ApiError::body_too_large(limit), false).await;
+            return Routed::Close;
+        }
+    }
+    if head.expect_continue && head.framing != BodyFraming::None && conn.buf.is_empty() {
+        if conn.write_all(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec()).await.is_err() {
+            return Routed::Close;
+        }
+    }
+    let body = match monoio::time::timeout(cfg.body_timeout, read_body(conn, head.framing, limit)).await {
+        Ok(BodyRead::Ok(b)) => b,
+        Ok(BodyRead::TooLarge) => {
+            send_error(conn, &ApiError::body_too_large(limit), false).await;
+            return Routed::Close;
+        }
+        Ok(BodyRead::Bad) => {
+            send_error(conn, &ApiError::new(ErrorCode::RequestInvalid, "failed to read request body"), false).await;
+            return Routed::Close;
+        }
+        Ok(BodyRead::Closed) => return Routed::Close,
+        Err(_) => {
+            send_error(conn, &ApiError::new(ErrorCode::ClientTimeout, "request body deadline exceeded"), false).await;
+            return Routed::Close;
+        }
+    };
+    let keep = head.keep_alive;
+    let meta = match probe::probe(&body) {
+        Ok(m) => m,
+        Err(e) => return ok(send_error(conn, &e, keep).await),
+    };
+    // Unknown model: answered here; no directory entry, no metric series.
+    let Some(owner) = shard.shared.owner(&meta.model) else {
+        return ok(send_error(conn, &ApiError::new(ErrorCode::ModelNotFound, "No agents registered for this model"), keep).await);
+    };
+    let pending = PendingRequest { head, body, meta, endpoint: ep, received_at: started };
+    if owner != shard.id {
+        return Routed::HandOff(Box::new(pending), owner);
+    }
+    ok(serve_inference(shard, conn, pending).await)
+}
+
+/// Serve one inference request on its model's shard. Returns whether the
+/// connection stays open. Later issues plug policy, admission, quotas and
+/// holds in here, before the proxy.
+pub async fn serve_inference(shard: &Rc<Shard>, conn: &mut Conn, p: PendingRequest) -> bool {
+    shard.count_request();
+    debug!(shard = shard.id, model = %p.meta.model, "serving request");
+    matches!(proxy::forward(shard, conn, &p).await, Outcome::KeepAlive)
+}
+
+/// Hand the connection over to `owner`: the socket, the bytes read past
+/// this request, and the parsed request, in one message.
+fn hand_off(shard: &Shard, conn: Conn, pending: PendingRequest, owner: usize) {
+    let Some(tx) = shard.shared.mesh.get(owner) else {
+        return;
+    };
+    let Conn { stream, buf } = conn;
+    let msg = ShardMsg::AdoptHttp { stream: handoff::into_std(stream), buf, pending: Box::new(pending) };
+    if tx.unbounded_send(msg).is_ok() {
+        shard.count_handoff_out();
+    } else {
+        tracing::warn!(shard = shard.id, owner, "hand-off failed: owner shard is gone; connection dropped");
+    }
+}
+
+/// Models with at least one healthy agent, OpenAI list shape.
+pub fn models_list<'a>(agents: impl Iterator<Item = &'a AgentView>) -> Vec<u8> {
+    let mut by_model: std::collections::BTreeMap<&str, Vec<&AgentView>> = Default::default();
+    for a in agents {
+        by_model.entry(a.reg.model.as_str()).or_default().push(a);
+    }
+    let data: Vec<_> = by_model
+        .iter()
+        .filter(|(_, v)| v.iter().any(|a| a.healthy))
+        .map(|(m, v)| model_object(m, v, false))
+        .collect();
+    serde_json::to_vec(&json!({"object": "list", "data": data})).unwrap_or_default()
+}
+
+fn model_object(model: &str, agents: &[&AgentView], with_list: bool) -> serde_json::Value {
+    let mut engines: Vec<&str> = agents.iter().map(|a| a.reg.engine.as_str()).filter(|s| !s.is_empty()).collect();
+    engines.sort_unstable();
+    engines.dedup();
+    let mut regions: Vec<&str> = agents.iter().map(|a| a.reg.region.as_str()).filter(|s| !s.is_empty()).collect();
+    regions.sort_unstable();
+    regions.dedup();
+    let capability = agents.first().map(|a| a.reg.capability.as_str()).unwrap_or("llm");
+    let mut summary = json!({
+        "total": agents.len(),
+        "healthy": agents.iter().filter(|a| a.healthy).count(),
+        "total_capacity": agents.iter().map(|a| u64::from(a.reg.capacity)).sum::<u64>(),
+        "engines": engines,
+        "regions": regions,
+    });
+    if with_list {
+        let list: Vec<_> = agents
+            .iter()
+            .map(|a| json!({
+                "peer_id": a.peer_id, "engine": a.reg.engine, "version": a.reg.version, "region": a.reg.region,
+                "organization": a.reg.organization, "machine": a.reg.machine, "capacity": a.reg.capacity,
+                "is_healthy": a.healthy, "last_seen": a.last_seen,
+            }))
+            .collect();
+        summary["list"] = json!(list);
+    }
+    json!({"id": model, "object": "model", "owned_by": "hivenet", "capability": capability, "agents": summary})
+}
+
+/// One model's detail, if it has a healthy agent.
+pub fn model_detail<'a>(id: &str, agents: impl Iterator<Item = &'a AgentView>) -> Option<Vec<u8>> {
+    let v: Vec<&AgentView> = agents.filter(|a| a.reg.model == id).collect();
+    if !v.iter().any(|a| a.healthy) {
+        return None;
+    }
+    serde_json::to_vec(&model_object(id, &v, true)).ok()
+}

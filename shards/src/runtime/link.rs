@@ -1,0 +1,298 @@
+//! The agent link stack, without a libp2p `Swarm`:
+//! monoio TCP -> futures-io adapter -> thread-bound `Send` wrapper ->
+//! optional pre-shared-key private network (`libp2p-pnet`) -> `noise`
+//! (authenticates both PeerIds) -> `yamux` -> streams negotiated with
+//! `multistream-select` (`V1Lazy`).
+//!
+//! Key items: [`accept`] (router side, after the preamble), [`dial`]
+//! (agent side, sends the preamble), [`spawn_driver`] and [`LinkHandle`]
+//! (the task that owns a yamux connection and opens streams on request),
+//! [`read_frame`]/[`write_frame`] for the control stream.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::task::Poll;
+
+use futures::channel::{mpsc, oneshot};
+use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
+use libp2p_core::upgrade::{InboundConnectionUpgrade, OutboundConnectionUpgrade};
+use libp2p_identity::{Keypair, PeerId};
+use libp2p_pnet::{PnetConfig, PreSharedKey};
+use monoio::io::{AsyncWriteRentExt, IntoPollIo};
+
+use super::io::{BoxIo, FuturesIo, Prefixed, ThreadBound};
+use crate::logic::control::{self, ControlMsg};
+use crate::logic::preamble;
+
+/// Protocol of request streams (one HTTP/1.1 exchange per stream).
+pub const HTTP_PROTOCOL: &str = "/http/1.1";
+/// Protocol of the single control stream.
+pub const CONTROL_PROTOCOL: &str = "/hivenet/control/1.0.0";
+
+/// A negotiated stream.
+pub type LinkStream = multistream_select::Negotiated<yamux::Stream>;
+
+/// Why a link could not be set up.
+#[derive(Debug)]
+pub enum LinkError {
+    /// Socket error.
+    Io(io::Error),
+    /// Private-network handshake failed.
+    Pnet(String),
+    /// Noise handshake failed (wrong swarm key, wrong protocol, garbage).
+    Noise(String),
+}
+
+impl std::fmt::Display for LinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinkError::Io(e) => write!(f, "i/o: {e}"),
+            LinkError::Pnet(e) => write!(f, "private network handshake: {e}"),
+            LinkError::Noise(e) => write!(f, "noise handshake (wrong swarm key or not an agent?): {e}"),
+        }
+    }
+}
+
+impl From<io::Error> for LinkError {
+    fn from(e: io::Error) -> Self {
+        LinkError::Io(e)
+    }
+}
+
+fn yamux_config() -> yamux::Config {
+    yamux::Config::default()
+}
+
+async fn secure(io: BoxIo, psk: Option<PreSharedKey>) -> Result<BoxIo, LinkError> {
+    match psk {
+        Some(k) => {
+            let out = PnetConfig::new(k)
+                .handshake(io)
+                .await
+                .map_err(|e| LinkError::Pnet(e.to_string()))?;
+            Ok(Box::new(out))
+        }
+        None => Ok(io),
+    }
+}
+
+/// Router side: finish a link whose preamble has been read. `prefix` holds
+/// bytes read past the preamble.
+pub async fn accept(
+    stream: monoio::net::TcpStream,
+    prefix: Vec<u8>,
+    psk: Option<PreSharedKey>,
+    keypair: &Keypair,
+) -> Result<(PeerId, yamux::Connection<BoxIo>), LinkError> {
+    let _ = stream.set_nodelay(true);
+    let poll = stream.into_poll_io()?;
+    let io: BoxIo = Box::new(Prefixed::new(prefix, ThreadBound::new(FuturesIo(poll))));
+    let io = secure(io, psk).await?;
+    let noise = libp2p_noise::Config::new(keypair).map_err(|e| LinkError::Noise(e.to_string()))?;
+    let (peer, out) = noise
+        .upgrade_inbound(io, "/noise")
+        .await
+        .map_err(|e| LinkError::Noise(e.to_string()))?;
+    let io: BoxIo = Box::new(out);
+    Ok((peer, yamux::Connection::new(io, yamux_config(), yamux::Mode::Server)))
+}
+
+/// Agent side: connect, send the preamble, handshake.
+pub async fn dial(
+    addr: SocketAddr,
+    model: &str,
+    psk: Option<PreSharedKey>,
+    keypair: &Keypair,
+) -> Result<(PeerId, yamux::Connection<BoxIo>), LinkError> {
+    let stream = monoio::net::TcpStream::connect(addr).await?;
+    let _ = stream.set_nodelay(true);
+    let mut stream = stream;
+    let (res, _) = stream.write_all(preamble::encode(model)).await;
+    res?;
+    let poll = stream.into_poll_io()?;
+    let io: BoxIo = Box::new(ThreadBound::new(FuturesIo(poll)));
+    let io = secure(io, psk).await?;
+    let noise = libp2p_noise::Config::new(keypair).map_err(|e| LinkError::Noise(e.to_string()))?;
+    let (peer, out) = noise
+        .upgrade_outbound(io, "/noise")
+        .await
+        .map_err(|e| LinkError::Noise(e.to_string()))?;
+    let io: BoxIo = Box::new(out);
+    Ok((peer, yamux::Connection::new(io, yamux_config(), yamux::Mode::Client)))
+}
+
+type OpenReply = oneshot::Sender<Result<yamux::Stream, io::Error>>;
+
+/// Opens streams on a link driven by [`spawn_driver`]. Dropping every
+/// handle closes the link.
+#[derive(Clone)]
+pub struct LinkHandle {
+    tx: mpsc::UnboundedSender<OpenReply>,
+}
+
+impl LinkHandle {
+    /// Open a raw yamux stream.
+    pub async fn open_raw(&self) -> io::Result<yamux::Stream> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .unbounded_send(tx)
+            .map_err(|_| io::Error::new(io::ErrorKind::ConnectionAborted, "link closed"))?;
+        rx.await
+            .map_err(|_| io::Error::new(io::ErrorKind::ConnectionAborted, "link closed"))?
+    }
+
+    /// Open a stream and select `protocol` lazily (0-RTT).
+    pub async fn open(&self, protocol: &'static str) -> io::Result<LinkStream> {
+        let s = self.open_raw().await?;
+        multistream_select::dialer_select_proto(s, [protocol], multistream_select::Version::V1Lazy)
+            .await
+            .map(|(_, n)| n)
+            .map_err(|e| io::Error::new(io::ErrorKind::ConnectionAborted, e.to_string()))
+    }
+
+    /// Whether the driver is gone.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// Spawn the task that owns `conn` on the current shard. Returns a handle
+/// to open streams, the inbound streams, and a receiver that completes
+/// when the connection ends.
+pub fn spawn_driver(
+    conn: yamux::Connection<BoxIo>,
+) -> (LinkHandle, mpsc::UnboundedReceiver<yamux::Stream>, oneshot::Receiver<()>) {
+    let (open_tx, open_rx) = mpsc::unbounded::<OpenReply>();
+    let (in_tx, in_rx) = mpsc::unbounded();
+    let (done_tx, done_rx) = oneshot::channel::<()>();
+    monoio::spawn(drive(conn, open_rx, in_tx, done_tx));
+    (LinkHandle { tx: open_tx }, in_rx, done_rx)
+}
+
+async fn drive(
+    mut conn: yamux::Connection<BoxIo>,
+    mut open_rx: mpsc::UnboundedReceiver<OpenReply>,
+    in_tx: mpsc::UnboundedSender<yamux::Stream>,
+    done: oneshot::Sender<()>,
+) {
+    let mut pending: Option<OpenReply> = None;
+    let mut handles_gone = false;
+    let _ = futures::future::poll_fn(|cx| {
+        loop {
+            let mut progressed = false;
+            // Outbound opens, one at a time.
+            if pending.is_none() && !handles_gone {
+                match open_rx.poll_next_unpin(cx) {
+                    Poll::Ready(Some(r)) => pending = Some(r),
+                    Poll::Ready(None) => handles_gone = true,
+                    Poll::Pending => {}
+                }
+            }
+            if let Some(reply) = pending.take() {
+                match conn.poll_new_outbound(cx) {
+                    Poll::Ready(r) => {
+                        let _ = reply.send(r.map_err(|e| io::Error::new(io::ErrorKind::ConnectionAborted, e.to_string())));
+                        progressed = true;
+                    }
+                    Poll::Pending => pending = Some(reply),
+                }
+            }
+            if handles_gone {
+                return match conn.poll_close(cx) {
+                    Poll::Ready(_) => Poll::Ready(()),
+                    Poll::Pending => Poll::Pending,
+                };
+            }
+            // Inbound streams; this also drives all of the connection's I/O.
+            match conn.poll_next_inbound(cx) {
+                Poll::Ready(Some(Ok(s))) => {
+                    let _ = in_tx.unbounded_send(s);
+                    progressed = true;
+                }
+                Poll::Ready(Some(Err(_))) | Poll::Ready(None) => return Poll::Ready(()),
+                Poll::Pending => {}
+            }
+            if !progressed {
+                return Poll::Pending;
+            }
+        }
+    })
+    .await;
+    drop(done);
+}
+
+/// Accept the protocol on an inbound stream.
+pub async fn accept_protocol(s: yamux::Stream, protocols: &[&'static str]) -> io::Result<(&'static str, LinkStream)> {
+    multistream_select::listener_select_proto(s, protocols.iter().copied())
+        .await
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+}
+
+/// Read one control frame (`Ok(None)` on clean EOF).
+pub async fn read_frame<R: futures::AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> io::Result<Option<ControlMsg>> {
+    loop {
+        match control::decode(buf) {
+            Ok(Some((m, n))) => {
+                buf.drain(..n);
+                return Ok(Some(m));
+            }
+            Ok(None) => {}
+            Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+        }
+        let mut tmp = [0u8; 4096];
+        let n = r.read(&mut tmp).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(tmp.get(..n).unwrap_or(&[]));
+    }
+}
+
+/// Write one control frame and flush.
+pub async fn write_frame<W: futures::AsyncWrite + Unpin>(w: &mut W, m: &ControlMsg) -> io::Result<()> {
+    w.write_all(&control::encode(m)).await?;
+    w.flush().await
+}
+
+/// Load an Ed25519 identity from `path`, creating it (mode 0600) when absent.
+pub fn load_or_create_identity(path: &Path) -> Result<Keypair, String> {
+    match std::fs::read(path) {
+        Ok(bytes) => Keypair::from_protobuf_encoding(&bytes)
+            .map_err(|e| format!("identity file {} is not a libp2p private key: {e}", path.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let kp = Keypair::generate_ed25519();
+            let bytes = kp
+                .to_protobuf_encoding()
+                .map_err(|e| format!("cannot encode identity: {e}"))?;
+            if let Some(dir) = path.parent() {
+                if !dir.as_os_str().is_empty() {
+                    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                }
+            }
+            write_private(path, &bytes).map_err(|e| format!("cannot write identity {}: {e}", path.display()))?;
+            Ok(kp)
+        }
+        Err(e) => Err(format!("cannot read identity {}: {e}", path.display())),
+    }
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// Load a standard `swarm.key` file (`/key/swarm/psk/1.0.0/`, `/base16/`, 64 hex digits).
+pub fn load_swarm_key(path: &Path) -> Result<PreSharedKey, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read swarm key {}: {e}", path.display()))?;
+    text.trim()
+        .parse::<PreSharedKey>()
+        .map_err(|e| format!("swarm key {} is invalid: {e}", path.display()))
+}

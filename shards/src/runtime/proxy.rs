@@ -1,0 +1,245 @@
+//! Forwarding one request to an agent over a fresh `/http/1.1` yamux
+//! stream and relaying the response to the client: SSE chunk by chunk,
+//! flushed as they arrive; a capacity slot is held until the response
+//! ends (streams included); a transport failure before the response head
+//! retries once on another agent.
+
+use std::io;
+use std::rc::Rc;
+
+use futures::{AsyncReadExt, AsyncWriteExt};
+use tracing::{debug, warn};
+
+use super::clock;
+use super::conn::Conn;
+use super::ingress::CORS;
+use super::link::{LinkStream, HTTP_PROTOCOL};
+use super::mesh::PendingRequest;
+use super::shard::{Agent, Shard, Slot};
+use crate::logic::errors::{ApiError, ErrorCode};
+use crate::logic::http_parse::{self, BodyFraming, ChunkedDecoder, ResponseHead};
+use crate::logic::http_write::{self, OutFraming};
+
+/// What the connection does after the exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Keep reading requests.
+    KeepAlive,
+    /// Close it.
+    Close,
+}
+
+/// Client headers never forwarded to agents (credentials stay at the router).
+fn forwardable(name: &str) -> bool {
+    !(name.eq_ignore_ascii_case("authorization") || name.eq_ignore_ascii_case("cookie") || name.eq_ignore_ascii_case("x-api-key"))
+}
+
+fn build_request(p: &PendingRequest) -> Vec<u8> {
+    let headers: Vec<(String, Vec<u8>)> = p
+        .head
+        .headers
+        .iter()
+        .filter(|(n, _)| forwardable(n))
+        .cloned()
+        .collect();
+    let mut out = Vec::with_capacity(512 + p.body.len());
+    http_write::write_request_head(&mut out, &p.head.method, &p.head.path, "agent", &headers, OutFraming::Length(p.body.len()));
+    out.extend_from_slice(&p.body);
+    out
+}
+
+/// Open a stream, write the request, read the response head.
+async fn exchange_head(agent: &Agent, request: &[u8]) -> io::Result<(LinkStream, ResponseHead, Vec<u8>)> {
+    let mut s = agent.link.open(HTTP_PROTOCOL).await?;
+    s.write_all(request).await?;
+    s.flush().await?;
+    let mut buf = Vec::with_capacity(8192);
+    let mut tmp = vec![0u8; 16 * 1024];
+    loop {
+        match http_parse::parse_response_head(&buf) {
+            Ok(Some((h, n))) => {
+                buf.drain(..n);
+                return Ok((s, h, buf));
+            }
+            Ok(None) => {}
+            Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad response head from agent: {e:?}"))),
+        }
+        let n = s.read(&mut tmp).await?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "agent closed the stream before the response head"));
+        }
+        buf.extend_from_slice(tmp.get(..n).unwrap_or(&[]));
+    }
+}
+
+enum Relay {
+    Done,
+    UpstreamFailed(String),
+    ClientGone,
+}
+
+async fn relay(conn: &mut Conn, mut s: LinkStream, head: &ResponseHead, mut buf: Vec<u8>, keep: bool) -> Relay {
+    let mut tmp = vec![0u8; 16 * 1024];
+    match head.framing {
+        BodyFraming::None => {
+            let mut out = Vec::with_capacity(512);
+            http_write::write_response_head(&mut out, head.status, &head.headers, OutFraming::Length(0), keep, &CORS);
+            if conn.write_all(out).await.is_err() {
+                return Relay::ClientGone;
+            }
+            Relay::Done
+        }
+        BodyFraming::Length(n) => {
+            let Ok(n) = usize::try_from(n) else {
+                return Relay::UpstreamFailed("response too large".into());
+            };
+            while buf.len() < n {
+                match s.read(&mut tmp).await {
+                    Ok(0) => return Relay::UpstreamFailed("agent closed mid-body".into()),
+                    Ok(k) => buf.extend_from_slice(tmp.get(..k).unwrap_or(&[])),
+                    Err(e) => return Relay::UpstreamFailed(e.to_string()),
+                }
+            }
+            buf.truncate(n);
+            let mut out = Vec::with_capacity(512 + n);
+            http_write::write_response_head(&mut out, head.status, &head.headers, OutFraming::Length(n), keep, &CORS);
+            out.extend_from_slice(&buf);
+            if conn.write_all(out).await.is_err() {
+                return Relay::ClientGone;
+            }
+            Relay::Done
+        }
+        BodyFraming::Chunked | BodyFraming::UntilClose => {
+            let sse = head.is_event_stream();
+            let mut out = Vec::with_capacity(512);
+            let extra: Vec<(&str, &[u8])> = if sse {
+                let mut e = CORS.to_vec();
+                e.push(("X-Accel-Buffering", b"no"));
+                e
+            } else {
+                CORS.to_vec()
+            };
+            http_write::write_response_head(&mut out, head.status, &head.headers, OutFraming::Chunked, keep, &extra);
+            let until_close = head.framing == BodyFraming::UntilClose;
+            let mut dec = ChunkedDecoder::new();
+            let mut payload = Vec::with_capacity(16 * 1024);
+            loop {
+                if until_close {
+                    payload.append(&mut buf);
+                } else {
+                    match dec.decode(&buf, &mut payload, 0) {
+                        Ok(used) => {
+                            buf.drain(..used);
+                        }
+                        Err(e) => return Relay::UpstreamFailed(format!("bad chunked body from agent: {e:?}")),
+                    }
+                }
+                // Each piece goes out as it arrives: one chunk per read.
+                http_write::write_chunk(&mut out, &payload);
+                payload.clear();
+                let finished = !until_close && dec.is_done();
+                if finished {
+                    out.extend_from_slice(http_write::LAST_CHUNK);
+                }
+                if !out.is_empty() {
+                    if conn.write_all(std::mem::take(&mut out)).await.is_err() {
+                        return Relay::ClientGone;
+                    }
+                    out = Vec::with_capacity(16 * 1024);
+                }
+                if finished {
+                    return Relay::Done;
+                }
+                match s.read(&mut tmp).await {
+                    Ok(0) if until_close => {
+                        let _ = conn.write_all(http_write::LAST_CHUNK.to_vec()).await;
+                        return Relay::Done;
+                    }
+                    Ok(0) => return Relay::UpstreamFailed("agent stream ended before the last chunk".into()),
+                    Ok(k) => buf.extend_from_slice(tmp.get(..k).unwrap_or(&[])),
+                    Err(e) => return Relay::UpstreamFailed(e.to_string()),
+                }
+            }
+        }
+    }
+}
+
+async fn send_error(conn: &mut Conn, err: &ApiError, keep: bool) -> Outcome {
+    let mut out = Vec::with_capacity(256);
+    http_write::write_error(&mut out, err, keep);
+    if conn.write_all(out).await.is_ok() && keep {
+        Outcome::KeepAlive
+    } else {
+        Outcome::Close
+    }
+}
+
+/// Forward `p` to an agent of its model and relay the answer.
+pub async fn forward(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest) -> Outcome {
+    let keep = p.head.keep_alive;
+    let cap = p.endpoint.capability();
+    let request = build_request(p);
+    let timeout = shard.shared.cfg.request_timeout;
+    let mut excluded: Vec<u64> = Vec::new();
+    for attempt in 0..2 {
+        let agent: Rc<Agent> = match shard.pick(&p.meta.model, cap, &excluded) {
+            Ok(a) => a,
+            Err(e) if attempt == 0 => return send_error(conn, &e, keep).await,
+            Err(_) => {
+                let e = ApiError::new(ErrorCode::NoAgentsAvailable, "all policy steps exhausted: no eligible agents");
+                return send_error(conn, &e, keep).await;
+            }
+        };
+        let slot = Slot::take(agent.clone());
+        let t0 = clock::now();
+        match monoio::time::timeout(timeout, exchange_head(&agent, &request)).await {
+            Ok(Ok((stream, head, rest))) => {
+                let sample = t0.elapsed();
+                debug!(peer_id = %agent.reg.peer_id, status = head.status, sample_ms = sample.as_secs_f64() * 1e3, "agent response head");
+                // Backend overloaded or unreachable behind this agent: try another once.
+                if attempt == 0 && matches!(head.status, 502 | 503) {
+                    agent.failed.set(agent.failed.get() + 1);
+                    excluded.push(agent.id);
+                    drop(slot);
+                    continue;
+                }
+                let result = relay(conn, stream, &head, rest, keep).await;
+                drop(slot);
+                return match result {
+                    Relay::Done => {
+                        if head.status < 400 {
+                            agent.success.set(agent.success.get() + 1);
+                        } else {
+                            agent.failed.set(agent.failed.get() + 1);
+                        }
+                        if keep {
+                            Outcome::KeepAlive
+                        } else {
+                            Outcome::Close
+                        }
+                    }
+                    Relay::UpstreamFailed(why) => {
+                        agent.failed.set(agent.failed.get() + 1);
+                        warn!(peer_id = %agent.reg.peer_id, "response from agent failed mid-body: {why}; closing the client connection");
+                        Outcome::Close
+                    }
+                    Relay::ClientGone => Outcome::Close,
+                };
+            }
+            Ok(Err(e)) => {
+                agent.failed.set(agent.failed.get() + 1);
+                warn!(peer_id = %agent.reg.peer_id, attempt, "forward to agent failed: {e}");
+                excluded.push(agent.id);
+                drop(slot);
+            }
+            Err(_) => {
+                agent.failed.set(agent.failed.get() + 1);
+                drop(slot);
+                let e = ApiError::new(ErrorCode::RequestTimeout, "Request deadline exceeded while contacting agent");
+                return send_error(conn, &e, keep).await;
+            }
+        }
+    }
+    let e = ApiError::new(ErrorCode::NoAgentsAvailable, "all policy steps exhausted: no eligible agents");
+    send_error(conn, &e, keep).await
+}

@@ -1,0 +1,576 @@
+//! What one core owns: the agents of its models (links, health, active
+//! slots, counters), its listeners, and its counters. Never shared, never
+//! locked: tasks on the shard borrow it briefly and never across an await.
+//!
+//! Key types: [`Shard`], [`Agent`], [`ShardSnapshot`]; entry point [`run`].
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::TcpListener as StdListener;
+use std::rc::Rc;
+
+use futures::channel::mpsc::UnboundedReceiver;
+use futures::StreamExt;
+use serde::Serialize;
+use tracing::{info, warn};
+
+use super::clock;
+use super::conn::Conn;
+use super::handoff;
+use super::link::{self, LinkHandle};
+use super::mesh::ShardMsg;
+use super::shared::SharedRef;
+use crate::logic::control::{Capability, ControlMsg, Registration};
+use crate::logic::errors::{ApiError, ErrorCode};
+use crate::logic::preamble;
+use crate::logic::selection::{self, Candidate, Pick};
+
+/// One registered agent, owned by its model's shard.
+pub struct Agent {
+    /// Shard-local id (stable while registered).
+    pub id: u64,
+    /// What it declared.
+    pub reg: Registration,
+    /// Opens request streams.
+    pub link: LinkHandle,
+    /// Heartbeats arrive in time.
+    pub live: Cell<bool>,
+    /// The agent's own check of its backend.
+    pub backend_healthy: Cell<bool>,
+    /// Requests in flight (slot held until the response ends).
+    pub active: Cell<u32>,
+    /// Lifetime successful requests.
+    pub success: Cell<u64>,
+    /// Lifetime failed requests.
+    pub failed: Cell<u64>,
+    /// Unix seconds of registration or last heartbeat.
+    pub last_seen: Cell<u64>,
+}
+
+impl Agent {
+    /// Routable: live and backend healthy.
+    pub fn healthy(&self) -> bool {
+        self.live.get() && self.backend_healthy.get()
+    }
+}
+
+/// A capacity slot on an agent, released on drop (stream end, error or
+/// client disconnect alike: no slot leaks).
+pub struct Slot(pub Rc<Agent>);
+
+impl Slot {
+    /// Take a slot.
+    pub fn take(agent: Rc<Agent>) -> Self {
+        agent.active.set(agent.active.get() + 1);
+        Slot(agent)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.active.set(self.0.active.get().saturating_sub(1));
+    }
+}
+
+/// Agents of one model.
+#[derive(Default)]
+pub struct ModelPool {
+    /// Registered agents.
+    pub agents: Vec<Rc<Agent>>,
+    /// Rotates the tie-break start.
+    pub rotation: usize,
+}
+
+/// Plain per-shard counters.
+#[derive(Default)]
+pub struct Counters {
+    /// Inference requests served on this shard.
+    pub requests: Cell<u64>,
+    /// Connections handed to another shard.
+    pub handoffs_out: Cell<u64>,
+    /// Connections adopted from another shard.
+    pub handoffs_in: Cell<u64>,
+    /// Agent links handed to another shard after the preamble.
+    pub link_handoffs_out: Cell<u64>,
+    /// Agent links refused (bad preamble, handshake, registration).
+    pub links_rejected: Cell<u64>,
+}
+
+fn inc(c: &Cell<u64>) {
+    c.set(c.get() + 1);
+}
+
+/// One core's state.
+pub struct Shard {
+    /// Shard index.
+    pub id: usize,
+    /// Shared state.
+    pub shared: SharedRef,
+    /// Model -> agents.
+    pub models: RefCell<HashMap<String, ModelPool>>,
+    /// Counters.
+    pub counters: Counters,
+    next_agent: Cell<u64>,
+}
+
+/// Plain-data view of one agent for metrics and `/v1/models`.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentView {
+    /// PeerId.
+    pub peer_id: String,
+    /// Registration.
+    pub reg: Registration,
+    /// Routable.
+    pub healthy: bool,
+    /// In flight.
+    pub active: u32,
+    /// Lifetime successes.
+    pub success: u64,
+    /// Lifetime failures.
+    pub failed: u64,
+    /// Unix seconds.
+    pub last_seen: u64,
+}
+
+/// Plain-data view of a shard.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardSnapshot {
+    /// Shard index.
+    pub shard: usize,
+    /// Inference requests served here.
+    pub requests: u64,
+    /// Connections handed out.
+    pub handoffs_out: u64,
+    /// Connections adopted.
+    pub handoffs_in: u64,
+    /// Links handed out after the preamble.
+    pub link_handoffs_out: u64,
+    /// Links refused.
+    pub links_rejected: u64,
+    /// Agents owned here.
+    pub agents: Vec<AgentView>,
+}
+
+impl Shard {
+    /// A fresh shard.
+    pub fn new(id: usize, shared: SharedRef) -> Self {
+        Shard {
+            id,
+            shared,
+            models: RefCell::new(HashMap::new()),
+            counters: Counters::default(),
+            next_agent: Cell::new(1),
+        }
+    }
+
+    /// Count one served inference request.
+    pub fn count_request(&self) {
+        inc(&self.counters.requests);
+    }
+
+    /// Count a connection handed to another shard.
+    pub fn count_handoff_out(&self) {
+        inc(&self.counters.handoffs_out);
+    }
+
+    /// Choose an agent for `model` with `cap`, skipping `excluded` ids.
+    pub fn pick(&self, model: &str, cap: Capability, excluded: &[u64]) -> Result<Rc<Agent>, ApiError> {
+        let mut models = self.models.borrow_mut();
+        let Some(pool) = models.get_mut(model) else {
+            return Err(ApiError::new(
+                ErrorCode::NoAgentsAvailable,
+                "All agents for this model are currently offline or unhealthy",
+            ));
+        };
+        let agents = &pool.agents;
+        let r = pool.rotation;
+        pool.rotation = pool.rotation.wrapping_add(1);
+        let pick = selection::pick_with(agents.len(), r, |i| {
+            agents.get(i).map(|a| Candidate {
+                healthy: a.healthy(),
+                capable: a.reg.capability == cap,
+                active: a.active.get(),
+                capacity: a.reg.capacity,
+                excluded: excluded.contains(&a.id),
+            })
+        });
+        match pick {
+            Pick::Agent(i) => agents
+                .get(i)
+                .cloned()
+                .ok_or_else(|| ApiError::new(ErrorCode::NoAgentsAvailable, "agent vanished")),
+            Pick::AllFull => Err(ApiError::new(
+                ErrorCode::NoCapacity,
+                "All agents for this model are at maximum capacity",
+            )),
+            Pick::NoneEligible => {
+                if agents.iter().any(|a| a.healthy()) {
+                    Err(ApiError::new(
+                        ErrorCode::NoAgentsAvailable,
+                        "all policy steps exhausted: no eligible agents",
+                    ))
+                } else {
+                    Err(ApiError::new(
+                        ErrorCode::NoAgentsAvailable,
+                        "All agents for this model are currently offline or unhealthy",
+                    ))
+                }
+            }
+        }
+    }
+
+    fn add_agent(&self, reg: Registration, link: LinkHandle) -> Rc<Agent> {
+        let id = self.next_agent.get();
+        self.next_agent.set(id + 1);
+        let agent = Rc::new(Agent {
+            id,
+            reg,
+            link,
+            live: Cell::new(true),
+            backend_healthy: Cell::new(true),
+            active: Cell::new(0),
+            success: Cell::new(0),
+            failed: Cell::new(0),
+            last_seen: Cell::new(clock::unix_secs()),
+        });
+        let mut models = self.models.borrow_mut();
+        let pool = models.entry(agent.reg.model.clone()).or_default();
+        // A re-registration of the same peer replaces its old entry.
+        pool.agents.retain(|a| a.reg.peer_id != agent.reg.peer_id);
+        pool.agents.push(agent.clone());
+        agent
+    }
+
+    fn remove_agent(&self, agent: &Agent) {
+        let mut models = self.models.borrow_mut();
+        if let Some(pool) = models.get_mut(&agent.reg.model) {
+            pool.agents.retain(|a| a.id != agent.id);
+        }
+    }
+
+    /// This shard's snapshot.
+    pub fn snapshot(&self) -> ShardSnapshot {
+        let models = self.models.borrow();
+        let agents = models
+            .values()
+            .flat_map(|p| p.agents.iter())
+            .map(|a| AgentView {
+                peer_id: a.reg.peer_id.clone(),
+                reg: a.reg.clone(),
+                healthy: a.healthy(),
+                active: a.active.get(),
+                success: a.success.get(),
+                failed: a.failed.get(),
+                last_seen: a.last_seen.get(),
+            })
+            .collect();
+        ShardSnapshot {
+            shard: self.id,
+            requests: self.counters.requests.get(),
+            handoffs_out: self.counters.handoffs_out.get(),
+            handoffs_in: self.counters.handoffs_in.get(),
+            link_handoffs_out: self.counters.link_handoffs_out.get(),
+            links_rejected: self.counters.links_rejected.get(),
+            agents,
+        }
+    }
+
+    /// Snapshots of every shard (this one directly, the others by message).
+    pub async fn gather(&self) -> Vec<ShardSnapshot> {
+        let mut out = vec![self.snapshot()];
+        let mut waits = Vec::new();
+        for (i, tx) in self.shared.mesh.iter().enumerate() {
+            if i == self.id {
+                continue;
+            }
+            let (t, r) = futures::channel::oneshot::channel();
+            if tx.unbounded_send(ShardMsg::Snapshot { reply: t }).is_ok() {
+                waits.push(r);
+            }
+        }
+        for r in waits {
+            if let Ok(Ok(s)) = monoio::time::timeout(std::time::Duration::from_secs(2), r).await {
+                out.push(s);
+            }
+        }
+        out.sort_by_key(|s| s.shard);
+        out
+    }
+}
+
+/// Listeners of one shard, bound by the main thread with SO_REUSEPORT.
+pub struct ShardListeners {
+    /// Client HTTP.
+    pub http: StdListener,
+    /// Prometheus.
+    pub metrics: StdListener,
+    /// Agent links.
+    pub p2p: StdListener,
+}
+
+/// Run a shard until its mesh channel closes.
+pub async fn run(id: usize, shared: SharedRef, listeners: ShardListeners, mut rx: UnboundedReceiver<ShardMsg>) {
+    let shard = Rc::new(Shard::new(id, shared));
+    let http = match monoio::net::TcpListener::from_std(listeners.http) {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(shard = id, "cannot adopt HTTP listener: {e}");
+            return;
+        }
+    };
+    let metrics = match monoio::net::TcpListener::from_std(listeners.metrics) {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(shard = id, "cannot adopt metrics listener: {e}");
+            return;
+        }
+    };
+    let p2p = match monoio::net::TcpListener::from_std(listeners.p2p) {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(shard = id, "cannot adopt p2p listener: {e}");
+            return;
+        }
+    };
+    {
+        let shard = shard.clone();
+        monoio::spawn(async move {
+            loop {
+                match http.accept().await {
+                    Ok((s, _)) => {
+                        let conn = Conn::new(s, Vec::new());
+                        monoio::spawn(super::ingress::serve(shard.clone(), conn, None));
+                    }
+                    Err(e) => {
+                        warn!(shard = shard.id, "HTTP accept: {e}");
+                        monoio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        });
+    }
+    {
+        let shard = shard.clone();
+        monoio::spawn(async move {
+            loop {
+                match metrics.accept().await {
+                    Ok((s, _)) => {
+                        monoio::spawn(super::metrics::serve(shard.clone(), Conn::new(s, Vec::new())));
+                    }
+                    Err(e) => {
+                        warn!(shard = shard.id, "metrics accept: {e}");
+                        monoio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        });
+    }
+    {
+        let shard = shard.clone();
+        monoio::spawn(async move {
+            loop {
+                match p2p.accept().await {
+                    Ok((s, peer)) => {
+                        monoio::spawn(accept_link(shard.clone(), s, peer));
+                    }
+                    Err(e) => {
+                        warn!(shard = shard.id, "p2p accept: {e}");
+                        monoio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        });
+    }
+    while let Some(msg) = rx.next().await {
+        match msg {
+            ShardMsg::AdoptHttp { stream, buf, pending } => match handoff::adopt(stream) {
+                Ok(s) => {
+                    inc(&shard.counters.handoffs_in);
+                    monoio::spawn(super::ingress::serve(shard.clone(), Conn::new(s, buf), Some(pending)));
+                }
+                Err(e) => warn!(shard = id, "cannot adopt client connection: {e}"),
+            },
+            ShardMsg::AdoptLink { stream, prefix, model } => match handoff::adopt(stream) {
+                Ok(s) => {
+                    monoio::spawn(serve_link(shard.clone(), s, prefix, model));
+                }
+                Err(e) => warn!(shard = id, "cannot adopt agent link: {e}"),
+            },
+            ShardMsg::Snapshot { reply } => {
+                let _ = reply.send(shard.snapshot());
+            }
+        }
+    }
+}
+
+/// Read the preamble, then serve the link here or hand it to the owner.
+async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::SocketAddr) {
+    let mut conn = Conn::new(stream, Vec::new());
+    let timeout = shard.shared.cfg.preamble_timeout;
+    let read = async {
+        loop {
+            match preamble::decode(&conn.buf) {
+                Ok(Some(done)) => return Ok(done),
+                Ok(None) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+            match conn.fill().await {
+                Ok(0) => return Err("closed before a complete preamble".to_string()),
+                Ok(_) => {}
+                Err(e) => return Err(format!("read error: {e}")),
+            }
+        }
+    };
+    let (model, used) = match monoio::time::timeout(timeout, read).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(reason)) => {
+            inc(&shard.counters.links_rejected);
+            warn!(shard = shard.id, %peer, "agent link refused: {reason}");
+            return;
+        }
+        Err(_) => {
+            inc(&shard.counters.links_rejected);
+            warn!(shard = shard.id, %peer, "agent link refused: no preamble within {timeout:?}");
+            return;
+        }
+    };
+    conn.consume(used);
+    let owner = shard.shared.owner_or_tentative(&model);
+    if owner != shard.id {
+        if let Some(tx) = shard.shared.mesh.get(owner) {
+            let Conn { stream, buf } = conn;
+            let msg = ShardMsg::AdoptLink {
+                stream: handoff::into_std(stream),
+                prefix: buf,
+                model,
+            };
+            if tx.unbounded_send(msg).is_ok() {
+                inc(&shard.counters.link_handoffs_out);
+            }
+            return;
+        }
+    }
+    let Conn { stream, buf } = conn;
+    serve_link(shard, stream, buf, model).await;
+}
+
+/// Handshake, registration, then heartbeats until the link ends.
+async fn serve_link(shard: Rc<Shard>, stream: monoio::net::TcpStream, prefix: Vec<u8>, model: String) {
+    let peer_addr = stream.peer_addr().ok();
+    let cfg = shard.shared.cfg.clone();
+    let setup = async {
+        let (peer, conn) = link::accept(stream, prefix, shard.shared.psk.clone(), &shard.shared.keypair)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (handle, mut inbound, closed) = link::spawn_driver(conn);
+        let ctl = inbound
+            .next()
+            .await
+            .ok_or_else(|| "link closed before the control stream".to_string())?;
+        let (_, mut ctl) = link::accept_protocol(ctl, &[link::CONTROL_PROTOCOL])
+            .await
+            .map_err(|e| format!("control stream negotiation: {e}"))?;
+        let mut buf = Vec::new();
+        let msg = link::read_frame(&mut ctl, &mut buf)
+            .await
+            .map_err(|e| format!("registration: {e}"))?
+            .ok_or_else(|| "link closed before registration".to_string())?;
+        Ok::<_, String>((peer, handle, inbound, closed, ctl, buf, msg))
+    };
+    let (peer, handle, _inbound, _closed, mut ctl, mut buf, msg) =
+        match monoio::time::timeout(cfg.handshake_timeout, setup).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(reason)) => {
+                inc(&shard.counters.links_rejected);
+                warn!(shard = shard.id, peer = ?peer_addr, %model, "agent link refused: {reason}");
+                return;
+            }
+            Err(_) => {
+                inc(&shard.counters.links_rejected);
+                warn!(shard = shard.id, peer = ?peer_addr, %model, "agent link refused: handshake or registration timed out after {:?}", cfg.handshake_timeout);
+                return;
+            }
+        };
+    let reg = match msg {
+        ControlMsg::Register(r) => r,
+        other => {
+            reject(&shard, &mut ctl, &model, format!("expected a registration, got {other:?}")).await;
+            return;
+        }
+    };
+    let peer_id = peer.to_string();
+    if reg.peer_id != peer_id {
+        reject(&shard, &mut ctl, &model, format!("registration peer_id {} does not match the noise identity {peer_id}", reg.peer_id)).await;
+        return;
+    }
+    if reg.model != model {
+        reject(&shard, &mut ctl, &model, format!("registration names model {:?} but the preamble named {model:?}", reg.model)).await;
+        return;
+    }
+    if reg.capacity == 0 {
+        reject(&shard, &mut ctl, &model, "capacity must be greater than 0".to_string()).await;
+        return;
+    }
+    let owner = shard.shared.assign(&model, shard.id);
+    if owner != shard.id {
+        reject(&shard, &mut ctl, &model, format!("model is owned by shard {owner}; reconnect")).await;
+        return;
+    }
+    let hb = ControlMsg::Registered {
+        heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u64,
+    };
+    if let Err(e) = link::write_frame(&mut ctl, &hb).await {
+        warn!(shard = shard.id, %peer_id, "cannot confirm registration: {e}");
+        return;
+    }
+    let agent = shard.add_agent(reg, handle);
+    info!(
+        shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, engine = %agent.reg.engine,
+        capability = agent.reg.capability.as_str(), capacity = agent.reg.capacity, "agent registered"
+    );
+    // Three missed heartbeats: unhealthy; any frame: alive again.
+    let miss = cfg.heartbeat_interval * 3;
+    loop {
+        match monoio::time::timeout(miss, link::read_frame(&mut ctl, &mut buf)).await {
+            Ok(Ok(Some(ControlMsg::Heartbeat { backend_healthy }))) => {
+                agent.live.set(true);
+                if agent.backend_healthy.get() != backend_healthy {
+                    info!(peer_id = %agent.reg.peer_id, backend_healthy, "agent backend health changed");
+                }
+                agent.backend_healthy.set(backend_healthy);
+                agent.last_seen.set(clock::unix_secs());
+            }
+            Ok(Ok(Some(other))) => {
+                warn!(peer_id = %agent.reg.peer_id, "unexpected control message {other:?}; closing link");
+                break;
+            }
+            Ok(Ok(None)) => {
+                info!(peer_id = %agent.reg.peer_id, "control stream closed");
+                break;
+            }
+            Ok(Err(e)) => {
+                info!(peer_id = %agent.reg.peer_id, "control stream failed: {e}");
+                break;
+            }
+            Err(_) => {
+                if agent.live.get() {
+                    warn!(peer_id = %agent.reg.peer_id, "3 heartbeats missed: agent unhealthy");
+                }
+                agent.live.set(false);
+            }
+        }
+    }
+    // The link is gone: leave routing at once.
+    shard.remove_agent(&agent);
+    info!(shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, "agent left routing");
+}
+
+async fn reject(shard: &Shard, ctl: &mut link::LinkStream, model: &str, reason: String) {
+    inc(&shard.counters.links_rejected);
+    warn!(shard = shard.id, %model, "agent registration refused: {reason}");
+    let _ = monoio::time::timeout(
+        std::time::Duration::from_secs(1),
+        link::write_frame(ctl, &ControlMsg::Rejected { reason }),
+    )
+    .await;
+}

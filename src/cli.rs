@@ -1,0 +1,141 @@
+//! Flag helpers: `--flag=value` normalisation (argh wants `--flag value`),
+//! environment fallbacks, listen-address and duration parsing, logging.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+/// Split `--flag=value` into `--flag value` so both spellings work.
+pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for a in args {
+        if a.starts_with("--") {
+            if let Some((k, v)) = a.split_once('=') {
+                out.push(k.to_string());
+                out.push(v.to_string());
+                continue;
+            }
+        }
+        out.push(a);
+    }
+    out
+}
+
+/// Parse the command line into `T`, exiting with argh's message on error.
+pub fn parse_args<T: argh::FromArgs + argh::TopLevelCommand>() -> T {
+    let args = normalize_args(std::env::args());
+    let cmd = args.first().cloned().unwrap_or_default();
+    let rest: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
+    match T::from_args(&[cmd.as_str()], &rest) {
+        Ok(t) => t,
+        Err(e) => {
+            if e.status.is_ok() {
+                println!("{}", e.output);
+                std::process::exit(0);
+            }
+            eprintln!("{}", e.output.trim_end());
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Flag value, else environment variable, else default.
+pub fn flag_or_env(flag: Option<String>, env: &str, default: &str) -> String {
+    flag.or_else(|| std::env::var(env).ok().filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| default.to_string())
+}
+
+/// Parse a listen address: `:8080`, `8080`, `127.0.0.1:8080`, `[::1]:8080`.
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    if let Some(port) = s.strip_prefix(':') {
+        let p: u16 = port.parse().map_err(|_| format!("invalid port in {s:?}"))?;
+        return Ok(SocketAddr::from(([0, 0, 0, 0], p)));
+    }
+    if let Ok(p) = s.parse::<u16>() {
+        return Ok(SocketAddr::from(([0, 0, 0, 0], p)));
+    }
+    s.parse::<SocketAddr>().map_err(|_| format!("invalid listen address {s:?}"))
+}
+
+/// Parse an IP literal.
+pub fn parse_ip(s: &str) -> Result<IpAddr, String> {
+    s.trim().parse().map_err(|_| format!("invalid IP address {s:?}"))
+}
+
+/// Parse a humantime duration such as `30s` or `1m`.
+pub fn parse_duration(name: &str, s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{name}: invalid duration {s:?}: {e}"))
+}
+
+/// Set up `tracing` from `RUST_LOG`, or from the spec's `GOLOG_LOG_LEVEL`
+/// (`router=debug,metrics=debug`) mapped onto our targets.
+pub fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.is_empty() => v,
+        _ => match std::env::var("GOLOG_LOG_LEVEL") {
+            Ok(v) if !v.is_empty() => map_golog(&v),
+            _ => "info".to_string(),
+        },
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::new(filter))
+        .with_target(false)
+        .try_init();
+}
+
+/// Map Go subsystem levels onto our module targets.
+pub fn map_golog(v: &str) -> String {
+    let mut parts = vec!["info".to_string()];
+    for item in v.split(',') {
+        let (sys, level) = match item.split_once('=') {
+            Some((s, l)) => (s.trim(), l.trim()),
+            None => ("", item.trim()),
+        };
+        let targets: &[&str] = match sys {
+            "" => &[""],
+            "router" => &["router", "shards::runtime::proxy", "shards::runtime::shard"],
+            "metrics" => &["metrics", "shards::runtime::metrics"],
+            "api" => &["shards::runtime::ingress"],
+            "p2p" => &["shards::runtime::link"],
+            "agent" => &["hivenet_agent"],
+            other => {
+                parts.push(format!("{other}={level}"));
+                continue;
+            }
+        };
+        for t in targets {
+            if t.is_empty() {
+                parts.push(level.to_string());
+            } else {
+                parts.push(format!("{t}={level}"));
+            }
+        }
+    }
+    parts.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_forms() {
+        assert_eq!(parse_listen(":8080").expect("ok").port(), 8080);
+        assert_eq!(parse_listen("127.0.0.1:1").expect("ok").to_string(), "127.0.0.1:1");
+        assert!(parse_listen("nope").is_err());
+    }
+
+    #[test]
+    fn equals_form() {
+        let v = normalize_args(["x", "--a=b", "--c", "d"].iter().map(|s| s.to_string()));
+        assert_eq!(v, vec!["x", "--a", "b", "--c", "d"]);
+    }
+
+    #[test]
+    fn golog_mapping() {
+        let m = map_golog("router=debug,metrics=debug");
+        assert!(m.contains("router=debug"));
+        assert!(m.contains("shards::runtime::proxy=debug"));
+    }
+}

@@ -1,0 +1,5 @@
+//! Process wiring shared by the `hivenet-router` and `hivenet-agent`
+//! binaries: flag helpers, logging set-up. No per-request logic lives here.
+#![forbid(unsafe_code)]
+
+pub mod cli;
