@@ -1,1 +1,161 @@
-fn main() {}
+//! `hivenet-agent`: the sidecar beside one inference backend.
+#![forbid(unsafe_code)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use argh::FromArgs;
+use hivenet_router::agent::backend::BackendUrl;
+use hivenet_router::agent::engine::Engine;
+use hivenet_router::agent::{self, AgentConfig};
+use hivenet_router::cli;
+use shards::logic::control::Capability;
+use shards::runtime::executor::{self, DriverChoice};
+use shards::runtime::link;
+use tracing::info;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Sidecar that registers one inference backend with a hivenet-router.
+#[derive(FromArgs)]
+struct Flags {
+    /// router libp2p address: /ip4/127.0.0.1/tcp/9000 or host:port (default /ip4/127.0.0.1/tcp/9000)
+    #[argh(option, default = "String::from(\"/ip4/127.0.0.1/tcp/9000\")")]
+    router_p2p: String,
+    /// backend base URL (default http://localhost:8888)
+    #[argh(option, default = "String::from(\"http://localhost:8888\")")]
+    backend_url: String,
+    /// vllm|sglang|ollama|llamacpp|infinity|custom (default vllm)
+    #[argh(option, default = "String::from(\"vllm\")")]
+    engine: String,
+    /// health URL for --engine custom (required there)
+    #[argh(option)]
+    health_url: Option<String>,
+    /// llm|embedding|reranker (default llm)
+    #[argh(option, default = "String::from(\"llm\")")]
+    capability: String,
+    /// model name (default: discovered from the backend)
+    #[argh(option)]
+    model: Option<String>,
+    /// concurrent requests this backend accepts (default 10)
+    #[argh(option, default = "10")]
+    capacity: u32,
+    /// ed25519 identity file, created with mode 0600 when absent (default ./agent_identity.key)
+    #[argh(option, default = "String::from(\"./agent_identity.key\")")]
+    identity_path: String,
+    /// pre-shared key file in the standard swarm.key format (must match the router's)
+    #[argh(option)]
+    swarm_key_file: Option<String>,
+    /// region label (default UE-France)
+    #[argh(option, default = "String::from(\"UE-France\")")]
+    region: String,
+    /// organization label (default Unknown)
+    #[argh(option, default = "String::from(\"Unknown\")")]
+    organization: String,
+    /// machine label (default Unknown)
+    #[argh(option, default = "String::from(\"Unknown\")")]
+    machine: String,
+    /// comma-separated tags (default production)
+    #[argh(option, default = "String::from(\"production\")")]
+    tags: String,
+    /// total timeout of one backend exchange (default 120s)
+    #[argh(option, default = "String::from(\"120s\")")]
+    http_timeout: String,
+    /// backend health check cadence while registered (default 2s)
+    #[argh(option, default = "String::from(\"2s\")")]
+    hardware_sample_interval: String,
+    /// version label (default dev)
+    #[argh(option, default = "String::from(\"dev\")")]
+    version: String,
+    /// deployment ID (env HIVENET_ROUTER_DEPLOYMENT_ID)
+    #[argh(option)]
+    deployment_id: Option<String>,
+    /// replica ID (env HIVENET_ROUTER_REPLICA_ID)
+    #[argh(option)]
+    replica_id: Option<String>,
+    /// warm-up before registering: auto (ollama and sglang llm agents), on, off (default auto)
+    #[argh(option, default = "String::from(\"auto\")")]
+    warmup: String,
+    /// driver: auto or epoll (default auto)
+    #[argh(option, default = "String::from(\"auto\")")]
+    driver: String,
+}
+
+fn build() -> Result<(AgentConfig, DriverChoice), String> {
+    let f: Flags = cli::parse_args();
+    let engine = Engine::parse(&f.engine).ok_or_else(|| format!("--engine: unknown engine {:?} (vllm|sglang|ollama|llamacpp|infinity|custom)", f.engine))?;
+    let capability = Capability::parse(&f.capability).ok_or_else(|| format!("--capability: unknown capability {:?} (llm|embedding|reranker)", f.capability))?;
+    if engine == Engine::Ollama && capability == Capability::Reranker {
+        return Err("--capability reranker is not supported with --engine ollama".into());
+    }
+    if f.capacity == 0 {
+        return Err("--capacity must be greater than 0".into());
+    }
+    let health_url = match (&engine, f.health_url) {
+        (Engine::Custom, None) => return Err("--engine custom requires --health-url".into()),
+        (_, Some(u)) => Some(BackendUrl::parse(&u).map_err(|e| format!("--health-url: {e}"))?),
+        (_, None) => None,
+    };
+    if engine == Engine::Custom && f.model.is_none() {
+        return Err("--engine custom requires --model (it has no model discovery)".into());
+    }
+    if let Some(m) = &f.model {
+        if m.is_empty() || m.len() > shards::logic::probe::MAX_MODEL_BYTES {
+            return Err("--model must be 1 to 256 bytes".into());
+        }
+    }
+    let warmup = match (f.warmup.as_str(), engine.needs_warmup()) {
+        ("auto", w) => w,
+        ("on", _) => true,
+        ("off", _) => false,
+        (other, _) => return Err(format!("--warmup: {other:?} is not auto, on or off")),
+    };
+    let keypair = link::load_or_create_identity(Path::new(&f.identity_path))?;
+    let psk = match f.swarm_key_file {
+        Some(p) => Some(link::load_swarm_key(Path::new(&p))?),
+        None => None,
+    };
+    let cfg = AgentConfig {
+        router: agent::parse_router_addr(&f.router_p2p)?,
+        backend: BackendUrl::parse(&f.backend_url).map_err(|e| format!("--backend-url: {e}"))?,
+        engine,
+        health_url,
+        capability,
+        model: f.model,
+        capacity: f.capacity,
+        keypair,
+        psk,
+        region: f.region,
+        organization: f.organization,
+        machine: f.machine,
+        tags: f.tags.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect(),
+        version: f.version,
+        deployment_id: cli::flag_or_env(f.deployment_id, "HIVENET_ROUTER_DEPLOYMENT_ID", ""),
+        replica_id: cli::flag_or_env(f.replica_id, "HIVENET_ROUTER_REPLICA_ID", ""),
+        http_timeout: cli::parse_duration("--http-timeout", &f.http_timeout)?,
+        health_interval: cli::parse_duration("--hardware-sample-interval", &f.hardware_sample_interval)?,
+        warmup,
+    };
+    if cfg.http_timeout < Duration::from_millis(1) {
+        return Err("--http-timeout must be greater than 0".into());
+    }
+    let driver = DriverChoice::parse(&f.driver).ok_or_else(|| format!("--driver: {:?} is not auto or epoll", f.driver))?;
+    Ok((cfg, driver))
+}
+
+fn main() {
+    cli::init_logging();
+    let (cfg, driver) = match build() {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("hivenet-agent: {e}");
+            std::process::exit(2);
+        }
+    };
+    info!(peer_id = %cfg.keypair.public().to_peer_id(), router = %cfg.router, engine = cfg.engine.as_str(), "hivenet-agent starting");
+    executor::run_on_runtime(driver, |kind| {
+        info!("agent runtime driver {kind}");
+        agent::run(cfg)
+    });
+}

@@ -1,0 +1,259 @@
+//! `hivenet-agent`: waits for its backend, discovers the model, dials the
+//! router over libp2p, registers, heartbeats and proxies request streams.
+//!
+//! Key items: [`AgentConfig`], [`run`] (the reconnect loop), [`serve`]
+//! (one request stream).
+
+pub mod backend;
+pub mod engine;
+pub mod serve;
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use libp2p_identity::Keypair;
+use libp2p_pnet::PreSharedKey;
+use shards::logic::control::{Capability, ControlMsg, Registration};
+use shards::runtime::link;
+use tracing::{info, warn};
+
+use backend::BackendUrl;
+use engine::Engine;
+
+/// Everything the agent was told.
+#[derive(Clone)]
+pub struct AgentConfig {
+    /// Router libp2p address.
+    pub router: SocketAddr,
+    /// Backend base URL.
+    pub backend: BackendUrl,
+    /// Engine.
+    pub engine: Engine,
+    /// Health URL for `custom`.
+    pub health_url: Option<BackendUrl>,
+    /// Capability.
+    pub capability: Capability,
+    /// Model (discovered when `None`).
+    pub model: Option<String>,
+    /// Declared capacity.
+    pub capacity: u32,
+    /// Identity.
+    pub keypair: Keypair,
+    /// Fleet secret.
+    pub psk: Option<PreSharedKey>,
+    /// Labels.
+    pub region: String,
+    /// Labels.
+    pub organization: String,
+    /// Labels.
+    pub machine: String,
+    /// Labels.
+    pub tags: Vec<String>,
+    /// Version label.
+    pub version: String,
+    /// Deployment ID.
+    pub deployment_id: String,
+    /// Replica ID.
+    pub replica_id: String,
+    /// Total timeout of one backend exchange.
+    pub http_timeout: Duration,
+    /// Backend health cadence while registered.
+    pub health_interval: Duration,
+    /// Warm-up before registering.
+    pub warmup: bool,
+}
+
+/// Parse `--router-p2p`: a multiaddr `/ip4/1.2.3.4/tcp/9000` (or `/dns4/host/tcp/port`) or `host:port`.
+pub fn parse_router_addr(s: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let s = s.trim();
+    if s.starts_with('/') {
+        let parts: Vec<&str> = s.split('/').filter(|p| !p.is_empty()).collect();
+        let (host, port) = match parts.as_slice() {
+            [proto, host, "tcp", port, ..] if matches!(*proto, "ip4" | "ip6" | "dns" | "dns4" | "dns6") => (*host, *port),
+            _ => return Err(format!("--router-p2p: unsupported multiaddr {s:?} (want /ip4/<ip>/tcp/<port>)")),
+        };
+        let port: u16 = port.parse().map_err(|_| format!("--router-p2p: bad port in {s:?}"))?;
+        return (host, port)
+            .to_socket_addrs()
+            .map_err(|e| format!("--router-p2p: cannot resolve {host}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("--router-p2p: cannot resolve {host}"));
+    }
+    s.to_socket_addrs()
+        .map_err(|e| format!("--router-p2p: {s:?} is neither a multiaddr nor host:port: {e}"))?
+        .next()
+        .ok_or_else(|| format!("--router-p2p: cannot resolve {s:?}"))
+}
+
+async fn backend_healthy(cfg: &AgentConfig) -> bool {
+    let (url, path) = match (&cfg.engine, &cfg.health_url) {
+        (Engine::Custom, Some(u)) => {
+            let path = if u.prefix.is_empty() { "/".to_string() } else { u.prefix.clone() };
+            (BackendUrl { authority: u.authority.clone(), prefix: String::new() }, path)
+        }
+        (e, _) => (cfg.backend.clone(), e.health_path().to_string()),
+    };
+    matches!(backend::fetch(&url, "GET", &path, b"", Duration::from_secs(5)).await, Ok((h, _)) if h.status == 200)
+}
+
+async fn wait_backend(cfg: &AgentConfig) {
+    let mut logged = false;
+    while !backend_healthy(cfg).await {
+        if !logged {
+            info!(backend = %cfg.backend.authority, "waiting for the backend's health check");
+            logged = true;
+        }
+        monoio::time::sleep(Duration::from_secs(2)).await;
+    }
+    info!(backend = %cfg.backend.authority, "backend healthy");
+}
+
+async fn discover_model(cfg: &AgentConfig) -> String {
+    if let Some(m) = &cfg.model {
+        return m.clone();
+    }
+    let Some(path) = cfg.engine.discovery_path() else {
+        // Validated at start: custom needs --model.
+        return String::new();
+    };
+    loop {
+        match backend::fetch(&cfg.backend, "GET", path, b"", cfg.http_timeout).await {
+            Ok((h, body)) if h.status == 200 => match engine::discover(cfg.engine, &body) {
+                Ok(m) => {
+                    info!(model = %m, "model discovered from the backend");
+                    return m;
+                }
+                Err(e) => warn!("model discovery: {e}; retrying in 5s"),
+            },
+            Ok((h, _)) => warn!(status = h.status, "model discovery failed; retrying in 5s"),
+            Err(e) => warn!("model discovery: {e}; retrying in 5s"),
+        }
+        monoio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+async fn warm_up(cfg: &AgentConfig, model: &str) {
+    let body = serde_json::json!({"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1, "stream": false}).to_string();
+    loop {
+        match backend::fetch(&cfg.backend, "POST", "/v1/chat/completions", body.as_bytes(), cfg.http_timeout).await {
+            Ok((h, _)) if h.status == 200 => {
+                info!(%model, "warm-up completion succeeded");
+                return;
+            }
+            Ok((h, _)) => warn!(status = h.status, "warm-up completion failed; retrying in 5s"),
+            Err(e) => warn!("warm-up completion: {e}; retrying in 5s"),
+        }
+        monoio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+/// Reconnect loop: never returns.
+pub async fn run(cfg: AgentConfig) {
+    let cfg = Rc::new(cfg);
+    let peer_id = cfg.keypair.public().to_peer_id();
+    let mut backoff = Duration::from_millis(500);
+    let max_backoff = Duration::from_secs(30);
+    loop {
+        wait_backend(&cfg).await;
+        let model = discover_model(&cfg).await;
+        if cfg.warmup && cfg.engine.needs_warmup() && cfg.capability == Capability::Llm {
+            warm_up(&cfg, &model).await;
+        }
+        let started = shards::runtime::clock::now();
+        match session(cfg.clone(), &model, peer_id.to_string()).await {
+            Ok(()) => info!("router link closed"),
+            Err(e) => warn!("session ended: {e}"),
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            backoff = Duration::from_millis(500);
+        }
+        info!(retry_in = ?backoff, "reconnecting");
+        monoio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(max_backoff);
+    }
+}
+
+async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(), String> {
+    let (router_peer, conn) = monoio::time::timeout(
+        Duration::from_secs(30),
+        link::dial(cfg.router, model, cfg.psk.clone(), &cfg.keypair),
+    )
+    .await
+    .map_err(|_| "dial timed out".to_string())?
+    .map_err(|e| format!("dial {}: {e}", cfg.router))?;
+    let (handle, mut inbound, mut closed) = link::spawn_driver(conn);
+    let mut ctl = handle
+        .open(link::CONTROL_PROTOCOL)
+        .await
+        .map_err(|e| format!("control stream: {e}"))?;
+    let reg = Registration {
+        peer_id: peer_id.clone(),
+        model: model.to_string(),
+        engine: cfg.engine.as_str().to_string(),
+        capability: cfg.capability,
+        capacity: cfg.capacity,
+        version: cfg.version.clone(),
+        region: cfg.region.clone(),
+        organization: cfg.organization.clone(),
+        machine: cfg.machine.clone(),
+        tags: cfg.tags.clone(),
+        deployment_id: cfg.deployment_id.clone(),
+        replica_id: cfg.replica_id.clone(),
+    };
+    link::write_frame(&mut ctl, &ControlMsg::Register(reg))
+        .await
+        .map_err(|e| format!("register: {e}"))?;
+    let mut buf = Vec::new();
+    let reply = monoio::time::timeout(Duration::from_secs(30), link::read_frame(&mut ctl, &mut buf))
+        .await
+        .map_err(|_| "no registration reply within 30s".to_string())?
+        .map_err(|e| format!("registration reply: {e}"))?;
+    let hb = match reply {
+        Some(ControlMsg::Registered { heartbeat_interval_ms }) => Duration::from_millis(heartbeat_interval_ms.max(100)),
+        Some(ControlMsg::Rejected { reason }) => return Err(format!("router refused registration: {reason}")),
+        other => return Err(format!("unexpected registration reply {other:?}")),
+    };
+    info!(%router_peer, %model, %peer_id, "registered with the router");
+    // Serve request streams.
+    let server = {
+        let cfg = cfg.clone();
+        monoio::spawn(async move {
+            while let Some(s) = inbound.next().await {
+                monoio::spawn(serve::serve_stream(cfg.clone(), s));
+            }
+        })
+    };
+    // Heartbeats with backend health: 3 consecutive failed checks = unhealthy.
+    let mut failures = 0u32;
+    let mut healthy = true;
+    loop {
+        let tick = monoio::time::sleep(hb);
+        futures::pin_mut!(tick);
+        match futures::future::select(tick, &mut closed).await {
+            futures::future::Either::Left(_) => {}
+            futures::future::Either::Right(_) => break,
+        }
+        if backend_healthy(&cfg).await {
+            failures = 0;
+            if !healthy {
+                info!("backend healthy again");
+            }
+            healthy = true;
+        } else {
+            failures += 1;
+            if failures >= 3 && healthy {
+                warn!("backend failed 3 health checks: reporting unhealthy");
+                healthy = false;
+            }
+        }
+        if let Err(e) = link::write_frame(&mut ctl, &ControlMsg::Heartbeat { backend_healthy: healthy }).await {
+            drop(server);
+            return Err(format!("heartbeat: {e}"));
+        }
+    }
+    drop(server);
+    Ok(())
+}

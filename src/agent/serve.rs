@@ -1,0 +1,206 @@
+//! One request stream from the router: read the HTTP/1.1 request, proxy it
+//! to the backend, write the response back. Streamed (SSE) responses are
+//! passed through chunk by chunk as they arrive; a non-streaming response
+//! is buffered whole before its headers are sent (the latency estimator's
+//! sample boundary relies on this). The link always carries explicit
+//! framing (Content-Length or chunked), so a cut stream is never mistaken
+//! for a complete one.
+
+use std::io;
+use std::rc::Rc;
+
+use futures::{AsyncReadExt, AsyncWriteExt};
+use shards::logic::errors::{ApiError, ErrorCode, Source};
+use shards::logic::http_parse::{self, BodyFraming, ChunkedDecoder};
+use shards::logic::http_write::{self, OutFraming};
+use shards::runtime::link::{self, LinkStream};
+use tracing::{debug, warn};
+
+use super::backend;
+use super::engine::Engine;
+use super::AgentConfig;
+
+/// Largest request body accepted from the router.
+const MAX_BODY: usize = 64 * 1024 * 1024;
+
+async fn read_request(s: &mut LinkStream) -> io::Result<(http_parse::RequestHead, Vec<u8>)> {
+    let mut buf = Vec::with_capacity(8192);
+    let mut tmp = vec![0u8; 16 * 1024];
+    let (head, used) = loop {
+        match http_parse::parse_request_head(&buf) {
+            Ok(Some(v)) => break v,
+            Ok(None) => {}
+            Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}"))),
+        }
+        let n = s.read(&mut tmp).await?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "stream closed before a request"));
+        }
+        buf.extend_from_slice(tmp.get(..n).unwrap_or(&[]));
+    };
+    buf.drain(..used);
+    let n = match head.framing {
+        BodyFraming::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        BodyFraming::None => 0,
+        _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "the router sends Content-Length bodies")),
+    };
+    if n > MAX_BODY {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "request body too large"));
+    }
+    while buf.len() < n {
+        let k = s.read(&mut tmp).await?;
+        if k == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "request body truncated"));
+        }
+        buf.extend_from_slice(tmp.get(..k).unwrap_or(&[]));
+    }
+    buf.truncate(n);
+    Ok((head, buf))
+}
+
+async fn write_error(s: &mut LinkStream, err: &ApiError) {
+    let mut out = Vec::new();
+    http_write::write_error(&mut out, err, true);
+    let _ = s.write_all(&out).await;
+    let _ = s.flush().await;
+    let _ = s.close().await;
+}
+
+fn backend_error(status: u16, message: String) -> ApiError {
+    let code = if status == 504 { ErrorCode::RequestTimeout } else { ErrorCode::BackendUnavailable };
+    ApiError { code, status, message, source: Source::Backend }
+}
+
+/// Serve one inbound stream.
+pub async fn serve_stream(cfg: Rc<AgentConfig>, s: yamux::Stream) {
+    let mut s = match link::accept_protocol(s, &[link::HTTP_PROTOCOL]).await {
+        Ok((_, s)) => s,
+        Err(e) => {
+            debug!("stream negotiation failed: {e}");
+            return;
+        }
+    };
+    let (head, body) = match read_request(&mut s).await {
+        Ok(v) => v,
+        Err(e) => {
+            write_error(&mut s, &ApiError::new(ErrorCode::RequestInvalid, format!("bad request from router: {e}"))).await;
+            return;
+        }
+    };
+    if cfg.engine == Engine::Infinity && head.path_only() == "/v1/chat/completions" {
+        let e = ApiError::new(
+            ErrorCode::RequestInvalid,
+            "the Infinity engine does not support chat completions — use capability embedding or reranker",
+        );
+        write_error(&mut s, &e).await;
+        return;
+    }
+    let headers: Vec<(String, Vec<u8>)> = head.headers.clone();
+    let run = proxy(&cfg, &mut s, &head, &headers, &body);
+    match monoio::time::timeout(cfg.http_timeout, run).await {
+        Ok(Ok(())) => {}
+        Ok(Err(ProxyError::BeforeHead(e))) => {
+            write_error(&mut s, &backend_error(503, format!("backend unreachable: {e}"))).await;
+        }
+        Ok(Err(ProxyError::AfterHead(e))) => {
+            // Headers already sent: drop the stream without the last chunk
+            // so the router sees a cut, not a clean end.
+            warn!("backend failed mid-response: {e}");
+        }
+        Err(_) => {
+            warn!(timeout = ?cfg.http_timeout, "backend exchange timed out");
+        }
+    }
+}
+
+enum ProxyError {
+    BeforeHead(io::Error),
+    AfterHead(io::Error),
+}
+
+async fn proxy(
+    cfg: &AgentConfig,
+    s: &mut LinkStream,
+    head: &http_parse::RequestHead,
+    headers: &[(String, Vec<u8>)],
+    body: &[u8],
+) -> Result<(), ProxyError> {
+    let mut conn = backend::send(&cfg.backend, &head.method, &head.path, headers, body)
+        .await
+        .map_err(ProxyError::BeforeHead)?;
+    let rh = conn.read_response_head().await.map_err(ProxyError::BeforeHead)?;
+    if rh.is_event_stream() {
+        // Stream: headers now, then every piece as it arrives.
+        let mut out = Vec::with_capacity(512);
+        http_write::write_response_head(&mut out, rh.status, &rh.headers, OutFraming::Chunked, true, &[]);
+        s.write_all(&out).await.map_err(ProxyError::AfterHead)?;
+        s.flush().await.map_err(ProxyError::AfterHead)?;
+        let mut dec = ChunkedDecoder::new();
+        let mut payload = Vec::with_capacity(16 * 1024);
+        let mut remaining = match rh.framing {
+            BodyFraming::Length(n) => Some(n),
+            _ => None,
+        };
+        loop {
+            match rh.framing {
+                BodyFraming::Chunked => {
+                    let used = dec
+                        .decode(&conn.buf, &mut payload, 0)
+                        .map_err(|e| ProxyError::AfterHead(io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}"))))?;
+                    conn.consume(used);
+                }
+                _ => {
+                    let take = match remaining {
+                        Some(r) => (r as usize).min(conn.buf.len()),
+                        None => conn.buf.len(),
+                    };
+                    payload.extend_from_slice(conn.buf.get(..take).unwrap_or(&[]));
+                    conn.consume(take);
+                    if let Some(r) = remaining.as_mut() {
+                        *r -= take as u64;
+                    }
+                }
+            }
+            if !payload.is_empty() {
+                let mut chunk = Vec::with_capacity(payload.len() + 16);
+                http_write::write_chunk(&mut chunk, &payload);
+                payload.clear();
+                s.write_all(&chunk).await.map_err(ProxyError::AfterHead)?;
+                s.flush().await.map_err(ProxyError::AfterHead)?;
+            }
+            let done = match rh.framing {
+                BodyFraming::Chunked => dec.is_done(),
+                BodyFraming::Length(_) => remaining == Some(0),
+                BodyFraming::None => true,
+                BodyFraming::UntilClose => false,
+            };
+            if done {
+                break;
+            }
+            match conn.fill().await {
+                Ok(0) if rh.framing == BodyFraming::UntilClose => break,
+                Ok(0) => {
+                    return Err(ProxyError::AfterHead(io::Error::new(io::ErrorKind::UnexpectedEof, "backend closed mid-stream")))
+                }
+                Ok(_) => {}
+                Err(e) => return Err(ProxyError::AfterHead(e)),
+            }
+        }
+        s.write_all(http_write::LAST_CHUNK).await.map_err(ProxyError::AfterHead)?;
+        s.flush().await.map_err(ProxyError::AfterHead)?;
+        let _ = s.close().await;
+        return Ok(());
+    }
+    // Not a stream: buffer the whole body, then headers and body together.
+    let body = conn
+        .read_body(rh.framing, MAX_BODY as u64)
+        .await
+        .map_err(ProxyError::BeforeHead)?;
+    let mut out = Vec::with_capacity(512 + body.len());
+    http_write::write_response_head(&mut out, rh.status, &rh.headers, OutFraming::Length(body.len()), true, &[]);
+    out.extend_from_slice(&body);
+    s.write_all(&out).await.map_err(ProxyError::AfterHead)?;
+    s.flush().await.map_err(ProxyError::AfterHead)?;
+    let _ = s.close().await;
+    Ok(())
+}
