@@ -48,6 +48,12 @@ struct Flags {
     /// heartbeat period agents are told to use (default 5s)
     #[argh(option, default = "String::from(\"5s\")")]
     heartbeat_interval: String,
+    /// time allowed to receive a request head (default 10s)
+    #[argh(option, default = "String::from(\"10s\")")]
+    header_timeout: String,
+    /// time allowed to receive a whole request body (default 60s)
+    #[argh(option, default = "String::from(\"60s\")")]
+    body_timeout: String,
     /// driver: auto (io_uring, falling back to epoll) or epoll (env HIVENET_ROUTER_DRIVER)
     #[argh(option)]
     driver: Option<String>,
@@ -71,6 +77,8 @@ fn build() -> Result<(RouterConfig, Vec<Option<usize>>, DriverChoice, Option<lib
         "--request-timeout",
         &cli::flag_or_env(f.request_timeout, "HIVENET_ROUTER_REQUEST_TIMEOUT", "60s"),
     )?;
+    cfg.header_timeout = cli::parse_duration("--header-timeout", &f.header_timeout)?;
+    cfg.body_timeout = cli::parse_duration("--body-timeout", &f.body_timeout)?;
     cfg.heartbeat_interval = cli::parse_duration("--heartbeat-interval", &f.heartbeat_interval)?;
     if cfg.heartbeat_interval.is_zero() {
         return Err("--heartbeat-interval must be greater than 0".into());

@@ -1,1 +1,78 @@
-fn main() {}
+//! `hivenet-sim`: simulated OpenAI/Anthropic-compatible backend.
+#![forbid(unsafe_code)]
+
+use argh::FromArgs;
+use bench::sim::{self, SimConfig};
+
+/// Simulated inference backend with honest timing.
+#[derive(FromArgs)]
+struct Flags {
+    /// listen port (default 8888)
+    #[argh(option, default = "8888")]
+    port: u16,
+    /// listen IP (default 127.0.0.1)
+    #[argh(option, default = "String::from(\"127.0.0.1\")")]
+    host: String,
+    /// model name served (default sim-model)
+    #[argh(option, default = "String::from(\"sim-model\")")]
+    model: String,
+    /// time to first token, e.g. 20ms (default 0ms)
+    #[argh(option, default = "String::from(\"0ms\")")]
+    ttft: String,
+    /// inter-token gap, e.g. 5ms (default 0ms)
+    #[argh(option, default = "String::from(\"0ms\")")]
+    itl: String,
+    /// output tokens per completion (default 16)
+    #[argh(option, default = "16")]
+    output_tokens: u32,
+    /// fraction of inference requests answered with 500 (default 0)
+    #[argh(option, default = "0.0")]
+    error_rate: f64,
+    /// cold start: /health answers 503 for this long (default 0s)
+    #[argh(option, default = "String::from(\"0s\")")]
+    startup_delay: String,
+    /// worker threads (default 1)
+    #[argh(option, default = "1")]
+    threads: usize,
+}
+
+fn dur(name: &str, s: &str) -> std::time::Duration {
+    match humantime::parse_duration(s) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("hivenet-sim: --{name}: invalid duration {s:?}: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn main() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_target(false)
+        .try_init();
+    let f: Flags = argh::from_env();
+    if !(0.0..=1.0).contains(&f.error_rate) {
+        eprintln!("hivenet-sim: --error-rate must be within [0, 1]");
+        std::process::exit(2);
+    }
+    let ip: std::net::IpAddr = match f.host.parse() {
+        Ok(ip) => ip,
+        Err(_) => {
+            eprintln!("hivenet-sim: --host: invalid IP {:?}", f.host);
+            std::process::exit(2);
+        }
+    };
+    let cfg = SimConfig {
+        model: f.model,
+        ttft: dur("ttft", &f.ttft),
+        itl: dur("itl", &f.itl),
+        output_tokens: f.output_tokens,
+        error_rate: f.error_rate,
+        startup_delay: dur("startup-delay", &f.startup_delay),
+    };
+    if let Err(e) = sim::run(std::net::SocketAddr::new(ip, f.port), f.threads.max(1), cfg) {
+        eprintln!("hivenet-sim: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,417 @@
+//! `hivenet-sim`: a simulated OpenAI/Anthropic-compatible backend with
+//! honest timing (timer sleeps, no busy loops): time to first token,
+//! inter-token gap, output length, error rate, cold start, and a
+//! vLLM-style `/metrics`.
+//!
+//! Streaming responses send their headers together with the first token
+//! (after the time to first token), as an engine whose first body write
+//! carries the first token does.
+
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use shards::logic::http_parse::{self, BodyFraming};
+use shards::logic::http_write::{self, OutFraming};
+use shards::runtime::conn::Conn;
+
+/// Simulator settings.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Model name served.
+    pub model: String,
+    /// Delay before the first token.
+    pub ttft: Duration,
+    /// Delay between tokens.
+    pub itl: Duration,
+    /// Output tokens per completion (capped by the request's max_tokens).
+    pub output_tokens: u32,
+    /// Fraction of inference requests answered with 500.
+    pub error_rate: f64,
+    /// `/health` answers 503 until this long after start.
+    pub startup_delay: Duration,
+}
+
+/// Counters shared by the simulator's threads.
+#[derive(Default)]
+pub struct SimStats {
+    /// Requests answered successfully.
+    pub success: AtomicU64,
+    /// Requests answered with an injected error.
+    pub errors: AtomicU64,
+    /// Requests in flight.
+    pub running: AtomicU64,
+    /// Tokens generated.
+    pub generated: AtomicU64,
+}
+
+/// Words the simulator "generates", in order.
+const WORDS: [&str; 16] = [
+    "The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".", " Hivenet", " routes", " every", " token", " home", ".",
+];
+
+/// The text of `n` generated tokens (what a client must receive).
+pub fn generated_text(n: u32) -> String {
+    (0..n as usize).map(|i| WORDS[i % WORDS.len()]).collect()
+}
+
+fn token(i: u32) -> &'static str {
+    WORDS[i as usize % WORDS.len()]
+}
+
+#[derive(Deserialize, Default)]
+struct ChatReq {
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Deserialize, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// Per-thread state.
+struct Sim {
+    cfg: SimConfig,
+    stats: Arc<SimStats>,
+    started: Instant,
+    rng: Cell<u64>,
+}
+
+impl Sim {
+    fn roll_error(&self) -> bool {
+        if self.cfg.error_rate <= 0.0 {
+            return false;
+        }
+        // xorshift64*: deterministic per thread, cheap.
+        let mut x = self.rng.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.set(x);
+        let v = (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64;
+        v < self.cfg.error_rate
+    }
+}
+
+async fn sleep(d: Duration) {
+    if !d.is_zero() {
+        monoio::time::sleep(d).await;
+    }
+}
+
+/// Run the simulator on `threads` threads sharing `addr` (SO_REUSEPORT).
+pub fn run(addr: SocketAddr, threads: usize, cfg: SimConfig) -> std::io::Result<()> {
+    let listeners = shards::runtime::executor::bind_reuseport(addr, threads)?;
+    if let Some(l) = listeners.first() {
+        tracing::info!(addr = %l.local_addr()?, model = %cfg.model, ttft = ?cfg.ttft, itl = ?cfg.itl, tokens = cfg.output_tokens, "hivenet-sim listening");
+    }
+    let stats = Arc::new(SimStats::default());
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for (i, l) in listeners.into_iter().enumerate() {
+        let cfg = cfg.clone();
+        let stats = stats.clone();
+        let h = shards::runtime::executor::spawn_runtime(format!("sim-{i}"), None, shards::runtime::executor::DriverChoice::Auto, move || async move {
+            let sim = Rc::new(Sim { cfg, stats, started, rng: Cell::new(0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1)) });
+            let listener = match monoio::net::TcpListener::from_std(l) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!("sim listener: {e}");
+                    return;
+                }
+            };
+            loop {
+                match listener.accept().await {
+                    Ok((s, _)) => {
+                        monoio::spawn(serve(sim.clone(), Conn::new(s, Vec::new())));
+                    }
+                    Err(e) => {
+                        tracing::warn!("accept: {e}");
+                        monoio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        })?;
+        handles.push(h);
+    }
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+async fn serve(sim: Rc<Sim>, mut conn: Conn) {
+    loop {
+        let head = loop {
+            match http_parse::parse_request_head(&conn.buf) {
+                Ok(Some((h, n))) => {
+                    conn.consume(n);
+                    break h;
+                }
+                Ok(None) => {}
+                Err(_) => {
+                    let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec()).await;
+                    return;
+                }
+            }
+            match conn.fill().await {
+                Ok(n) if n > 0 => {}
+                _ => return,
+            }
+        };
+        let body = match conn.read_body(head.framing, 64 * 1024 * 1024).await {
+            Ok(b) => b,
+            Err(_) => return,
+        };
+        let keep = head.keep_alive;
+        let ok = handle(&sim, &mut conn, &head.method, head.path_only(), &body, keep).await;
+        if !ok || !keep {
+            return;
+        }
+    }
+}
+
+async fn reply(conn: &mut Conn, status: u16, ctype: &str, body: &[u8], keep: bool) -> bool {
+    let mut out = Vec::with_capacity(body.len() + 200);
+    http_write::write_full_response(&mut out, status, ctype, body, keep, &[]);
+    conn.write_all(out).await.is_ok()
+}
+
+async fn reply_json(conn: &mut Conn, status: u16, v: &Value, keep: bool) -> bool {
+    let body = serde_json::to_vec(v).unwrap_or_default();
+    reply(conn, status, "application/json", &body, keep).await
+}
+
+fn input_tokens(body: &[u8]) -> u64 {
+    (body.len() as u64 / 4).max(1)
+}
+
+async fn handle(sim: &Sim, conn: &mut Conn, method: &str, path: &str, body: &[u8], keep: bool) -> bool {
+    let cold = sim.started.elapsed() < sim.cfg.startup_delay;
+    match (method, path) {
+        ("GET", "/health") => {
+            if cold {
+                reply_json(conn, 503, &json!({"status": "loading"}), keep).await
+            } else {
+                reply_json(conn, 200, &json!({"status": "ok"}), keep).await
+            }
+        }
+        ("GET", "/v1/models") => {
+            let v = json!({"object": "list", "data": [{"id": sim.cfg.model, "object": "model", "owned_by": "hivenet-sim"}]});
+            reply_json(conn, 200, &v, keep).await
+        }
+        ("GET", "/metrics") => {
+            let s = &sim.stats;
+            let text = format!(
+                "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{m}\"}} {}\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"{m}\"}} 0\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"{m}\"}} 0\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{{finished_reason=\"stop\",model_name=\"{m}\"}} {}\n# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{model_name=\"{m}\"}} {}\n",
+                s.running.load(Ordering::Relaxed),
+                s.success.load(Ordering::Relaxed),
+                s.generated.load(Ordering::Relaxed),
+                m = sim.cfg.model
+            );
+            reply(conn, 200, "text/plain; version=0.0.4", text.as_bytes(), keep).await
+        }
+        ("POST", "/v1/chat/completions" | "/v1/messages" | "/v1/messages/count_tokens" | "/v1/embeddings" | "/v1/rerank") => {
+            if cold {
+                return reply_json(conn, 503, &json!({"error": {"message": "model is loading", "type": "service_unavailable"}}), keep).await;
+            }
+            if path != "/v1/messages/count_tokens" && sim.roll_error() {
+                sim.stats.errors.fetch_add(1, Ordering::Relaxed);
+                return reply_json(conn, 500, &json!({"error": {"message": "simulated backend error", "type": "server_error"}}), keep).await;
+            }
+            sim.stats.running.fetch_add(1, Ordering::Relaxed);
+            let r = match path {
+                "/v1/chat/completions" => chat(sim, conn, body, keep).await,
+                "/v1/messages" => messages(sim, conn, body, keep).await,
+                "/v1/messages/count_tokens" => reply_json(conn, 200, &json!({"input_tokens": input_tokens(body)}), keep).await,
+                "/v1/embeddings" => embeddings(sim, conn, body, keep).await,
+                _ => rerank(sim, conn, body, keep).await,
+            };
+            sim.stats.running.fetch_sub(1, Ordering::Relaxed);
+            if r {
+                sim.stats.success.fetch_add(1, Ordering::Relaxed);
+            }
+            r
+        }
+        _ => reply_json(conn, 404, &json!({"error": {"message": "not found", "type": "not_found"}}), keep).await,
+    }
+}
+
+fn bad_request(msg: String) -> Value {
+    json!({"error": {"message": msg, "type": "invalid_request_error"}})
+}
+
+async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
+    let req: ChatReq = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => return reply_json(conn, 400, &bad_request(e.to_string()), keep).await,
+    };
+    let n = req
+        .max_completion_tokens
+        .or(req.max_tokens)
+        .map(|m| m.min(sim.cfg.output_tokens))
+        .unwrap_or(sim.cfg.output_tokens);
+    let prompt = input_tokens(body);
+    let id = "chatcmpl-sim";
+    let model = &sim.cfg.model;
+    sim.stats.generated.fetch_add(u64::from(n), Ordering::Relaxed);
+    if !req.stream {
+        sleep(sim.cfg.ttft + sim.cfg.itl * n.saturating_sub(1)).await;
+        let v = json!({
+            "id": id, "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": generated_text(n)}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + u64::from(n)}
+        });
+        return reply_json(conn, 200, &v, keep).await;
+    }
+    sleep(sim.cfg.ttft).await;
+    let mut out = Vec::with_capacity(1024);
+    let headers = [
+        ("Content-Type".to_string(), b"text/event-stream".to_vec()),
+        ("Cache-Control".to_string(), b"no-cache".to_vec()),
+    ];
+    http_write::write_response_head(&mut out, 200, &headers, OutFraming::Chunked, keep, &[]);
+    for i in 0..n {
+        if i > 0 {
+            sleep(sim.cfg.itl).await;
+        }
+        let delta = if i == 0 { json!({"role": "assistant", "content": token(i)}) } else { json!({"content": token(i)}) };
+        let ev = json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
+        http_write::write_chunk(&mut out, format!("data: {ev}\n\n").as_bytes());
+        if conn.write_all(std::mem::take(&mut out)).await.is_err() {
+            return false;
+        }
+    }
+    let fin = json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+    http_write::write_chunk(&mut out, format!("data: {fin}\n\n").as_bytes());
+    if req.stream_options.map(|o| o.include_usage).unwrap_or(false) {
+        let u = json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + u64::from(n)}});
+        http_write::write_chunk(&mut out, format!("data: {u}\n\n").as_bytes());
+    }
+    http_write::write_chunk(&mut out, b"data: [DONE]\n\n");
+    out.extend_from_slice(http_write::LAST_CHUNK);
+    conn.write_all(out).await.is_ok()
+}
+
+async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
+    let req: ChatReq = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => return reply_json(conn, 400, &json!({"type": "error", "error": {"type": "invalid_request_error", "message": e.to_string()}}), keep).await,
+    };
+    let n = req.max_tokens.map(|m| m.min(sim.cfg.output_tokens)).unwrap_or(sim.cfg.output_tokens);
+    let prompt = input_tokens(body);
+    let model = &sim.cfg.model;
+    sim.stats.generated.fetch_add(u64::from(n), Ordering::Relaxed);
+    if !req.stream {
+        sleep(sim.cfg.ttft + sim.cfg.itl * n.saturating_sub(1)).await;
+        let v = json!({"id": "msg_sim", "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": generated_text(n)}], "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": prompt, "output_tokens": n}});
+        return reply_json(conn, 200, &v, keep).await;
+    }
+    sleep(sim.cfg.ttft).await;
+    let mut out = Vec::with_capacity(2048);
+    let headers = [("Content-Type".to_string(), b"text/event-stream".to_vec())];
+    http_write::write_response_head(&mut out, 200, &headers, OutFraming::Chunked, keep, &[]);
+    let ev = |name: &str, v: Value| format!("event: {name}\ndata: {v}\n\n");
+    let start = ev("message_start", json!({"type": "message_start", "message": {"id": "msg_sim", "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": prompt, "output_tokens": 1}}}));
+    http_write::write_chunk(&mut out, start.as_bytes());
+    http_write::write_chunk(&mut out, ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})).as_bytes());
+    http_write::write_chunk(&mut out, ev("ping", json!({"type": "ping"})).as_bytes());
+    for i in 0..n {
+        if i > 0 {
+            sleep(sim.cfg.itl).await;
+        }
+        let d = ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": token(i)}}));
+        http_write::write_chunk(&mut out, d.as_bytes());
+        if conn.write_all(std::mem::take(&mut out)).await.is_err() {
+            return false;
+        }
+    }
+    http_write::write_chunk(&mut out, ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})).as_bytes());
+    http_write::write_chunk(&mut out, ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": n}})).as_bytes());
+    http_write::write_chunk(&mut out, ev("message_stop", json!({"type": "message_stop"})).as_bytes());
+    out.extend_from_slice(http_write::LAST_CHUNK);
+    conn.write_all(out).await.is_ok()
+}
+
+async fn embeddings(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
+    let v: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return reply_json(conn, 400, &bad_request(e.to_string()), keep).await,
+    };
+    let inputs: Vec<String> = match v.get("input") {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a.iter().map(|x| x.as_str().unwrap_or("").to_string()).collect(),
+        _ => return reply_json(conn, 400, &bad_request("input is required".into()), keep).await,
+    };
+    sleep(sim.cfg.ttft).await;
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let seed = s.bytes().fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b)));
+            let emb: Vec<f64> = (0..8).map(|k| f64::from((seed.rotate_left(k * 4) % 1000) as u16) / 1000.0).collect();
+            json!({"object": "embedding", "index": i, "embedding": emb})
+        })
+        .collect();
+    let toks = input_tokens(body);
+    reply_json(conn, 200, &json!({"object": "list", "model": sim.cfg.model, "data": data, "usage": {"prompt_tokens": toks, "total_tokens": toks}}), keep).await
+}
+
+async fn rerank(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
+    let v: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return reply_json(conn, 400, &bad_request(e.to_string()), keep).await,
+    };
+    let query = v.get("query").and_then(Value::as_str).unwrap_or("").to_lowercase();
+    let docs: Vec<String> = v
+        .get("documents")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().map(|d| d.as_str().unwrap_or("").to_lowercase()).collect())
+        .unwrap_or_default();
+    sleep(sim.cfg.ttft).await;
+    let mut results: Vec<(usize, f64)> = docs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let words = query.split_whitespace().count().max(1) as f64;
+            let hits = query.split_whitespace().filter(|w| d.contains(w)).count() as f64;
+            (i, hits / words)
+        })
+        .collect();
+    results.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal));
+    let res: Vec<Value> = results.iter().map(|(i, s)| json!({"index": i, "relevance_score": s})).collect();
+    reply_json(conn, 200, &json!({"model": sim.cfg.model, "results": res}), keep).await
+}
+
+/// Used by tests: body framing of a sim response is always explicit.
+pub fn is_explicit(f: BodyFraming) -> bool {
+    !matches!(f, BodyFraming::UntilClose)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_deterministic() {
+        assert_eq!(generated_text(3), "The quick brown");
+        assert_eq!(generated_text(0), "");
+        assert_eq!(generated_text(17).len(), generated_text(16).len() + 3);
+    }
+}
