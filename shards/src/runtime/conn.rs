@@ -19,25 +19,40 @@ pub struct Conn {
     pub stream: TcpStream,
     /// Unconsumed input.
     pub buf: Vec<u8>,
+    /// Spare read buffer: reads land here first so a read cancelled by a
+    /// timeout never loses what `buf` already holds.
+    rbuf: Vec<u8>,
 }
 
 impl Conn {
     /// Wrap a stream (sets `TCP_NODELAY`).
     pub fn new(stream: TcpStream, buf: Vec<u8>) -> Self {
         let _ = stream.set_nodelay(true);
-        Conn { stream, buf }
+        Conn { stream, buf, rbuf: Vec::new() }
+    }
+
+    /// Take the socket and unconsumed input apart (for a hand-off).
+    pub fn into_parts(self) -> (TcpStream, Vec<u8>) {
+        (self.stream, self.buf)
     }
 
     /// Read once, appending; returns bytes read (0 = EOF).
     pub async fn fill(&mut self) -> io::Result<usize> {
-        let mut buf = std::mem::take(&mut self.buf);
-        if buf.capacity() - buf.len() < READ_RESERVE / 2 {
-            buf.reserve(READ_RESERVE);
+        let mut rbuf = std::mem::take(&mut self.rbuf);
+        rbuf.clear();
+        if rbuf.capacity() < READ_RESERVE {
+            rbuf.reserve(READ_RESERVE);
         }
-        let len = buf.len();
-        let cap = buf.capacity();
-        let (res, slice) = self.stream.read(buf.slice_mut(len..cap)).await;
-        self.buf = slice.into_inner();
+        let cap = rbuf.capacity();
+        let (res, slice) = self.stream.read(rbuf.slice_mut(0..cap)).await;
+        let rbuf = slice.into_inner();
+        if self.buf.is_empty() {
+            // Common case: swap instead of copying.
+            self.rbuf = std::mem::replace(&mut self.buf, rbuf);
+        } else {
+            self.buf.extend_from_slice(&rbuf);
+            self.rbuf = rbuf;
+        }
         res
     }
 

@@ -271,7 +271,7 @@ fn hand_off(shard: &Shard, conn: Conn, pending: PendingRequest, owner: usize) {
     let Some(tx) = shard.shared.mesh.get(owner) else {
         return;
     };
-    let Conn { stream, buf } = conn;
+    let (stream, buf) = conn.into_parts();
     let msg = ShardMsg::AdoptHttp { stream: handoff::into_std(stream), buf, pending: Box::new(pending) };
     if tx.unbounded_send(msg).is_ok() {
         shard.count_handoff_out();

@@ -438,7 +438,7 @@ async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream, peer: std
     let owner = shard.shared.owner_or_tentative(&model);
     if owner != shard.id {
         if let Some(tx) = shard.shared.mesh.get(owner) {
-            let Conn { stream, buf } = conn;
+            let (stream, buf) = conn.into_parts();
             let msg = ShardMsg::AdoptLink {
                 stream: handoff::into_std(stream),
                 prefix: buf,
@@ -450,7 +450,7 @@ async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream, peer: std
             return;
         }
     }
-    let Conn { stream, buf } = conn;
+    let (stream, buf) = conn.into_parts();
     serve_link(shard, stream, buf, model).await;
 }
 

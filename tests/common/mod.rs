@@ -1,0 +1,230 @@
+//! Test harness: real processes on loopback, raw sockets, readiness polls.
+//! Every process is killed when its guard drops.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child process killed on drop.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+    pub log: PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+pub fn bin_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_hivenet-router"))
+        .parent()
+        .expect("bin dir")
+        .to_path_buf()
+}
+
+/// Path of a workspace binary; builds `hivenet-sim` when missing.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    if !p.exists() && name == "hivenet-sim" {
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-p", "bench", "--bin", "hivenet-sim"])
+            .status()
+            .expect("cargo build");
+        assert!(st.success(), "building hivenet-sim failed");
+    }
+    p
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+pub fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("hivenet-test-{tag}-{}-{}", std::process::id(), free_port()));
+    std::fs::create_dir_all(&d).expect("tmpdir");
+    d
+}
+
+pub fn spawn(name: &str, args: &[&str], dir: &Path, env: &[(&str, &str)]) -> Proc {
+    let log = dir.join(format!("{}-{}.log", name, free_port()));
+    let f = std::fs::File::create(&log).expect("log file");
+    let f2 = f.try_clone().expect("clone");
+    let mut cmd = Command::new(bin(name));
+    cmd.args(args).current_dir(dir).stdout(Stdio::from(f)).stderr(Stdio::from(f2));
+    cmd.env("RUST_LOG", "info");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+    Proc { child, name: name.to_string(), log }
+}
+
+pub struct Router {
+    pub proc: Proc,
+    pub http: u16,
+    pub metrics: u16,
+    pub p2p: u16,
+}
+
+pub fn start_router(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Router {
+    let (http, metrics, p2p) = (free_port(), free_port(), free_port());
+    let h = format!("127.0.0.1:{http}");
+    let m = format!("127.0.0.1:{metrics}");
+    let p = p2p.to_string();
+    let mut args = vec!["--http-port", &h, "--metrics-port", &m, "--p2p-port", &p];
+    args.extend_from_slice(extra);
+    let proc = spawn("hivenet-router", &args, dir, env);
+    let r = Router { proc, http, metrics, p2p };
+    wait_until(Duration::from_secs(20), || get(r.http, "/health").map(|(s, _)| s == 200).unwrap_or(false), "router health");
+    r
+}
+
+pub fn start_sim(dir: &Path, model: &str, extra: &[&str]) -> (Proc, u16) {
+    let port = free_port();
+    let ps = port.to_string();
+    let mut args = vec!["--port", &ps, "--model", model];
+    args.extend_from_slice(extra);
+    let p = spawn("hivenet-sim", &args, dir, &[]);
+    wait_until(Duration::from_secs(20), || get(port, "/v1/models").map(|(s, _)| s == 200).unwrap_or(false), "sim up");
+    (p, port)
+}
+
+pub fn start_agent(dir: &Path, router: &Router, sim_port: u16, identity: &str, extra: &[&str]) -> Proc {
+    let ra = format!("/ip4/127.0.0.1/tcp/{}", router.p2p);
+    let bu = format!("http://127.0.0.1:{sim_port}");
+    let id = dir.join(identity);
+    let ids = id.to_string_lossy().to_string();
+    let mut args = vec!["--router-p2p", &ra, "--backend-url", &bu, "--identity-path", &ids];
+    args.extend_from_slice(extra);
+    spawn("hivenet-agent", &args, dir, &[])
+}
+
+/// Healthy agents of `model` per `/v1/models`.
+pub fn healthy_agents(http: u16, model: &str) -> u64 {
+    let Ok((200, body)) = get(http, "/v1/models") else { return 0 };
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    v["data"]
+        .as_array()
+        .and_then(|a| a.iter().find(|m| m["id"] == model))
+        .and_then(|m| m["agents"]["healthy"].as_u64())
+        .unwrap_or(0)
+}
+
+pub fn wait_agents(http: u16, model: &str, n: u64) {
+    wait_until(Duration::from_secs(30), || healthy_agents(http, model) >= n, &format!("{n} agents for {model}"));
+}
+
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool, what: &str) {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Send raw bytes, read until the peer closes or `wait` passes.
+pub fn raw(port: u16, bytes: &[u8], wait: Duration) -> Vec<u8> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(wait)).expect("timeout");
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 65536];
+    let deadline = Instant::now() + wait;
+    while Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+/// Status code of the first response in `resp`.
+pub fn status_of(resp: &[u8]) -> u16 {
+    let s = String::from_utf8_lossy(resp);
+    s.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+}
+
+/// Minimal HTTP client: one request, `Connection: close`.
+pub fn request(port: u16, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())?;
+    s.write_all(body)?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4).unwrap_or(out.len());
+    let head = String::from_utf8_lossy(&out[..split]).to_string();
+    let mut body = out[split..].to_vec();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    Ok((status_of(head.as_bytes()), body))
+}
+
+pub fn get(port: u16, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
+    request(port, "GET", path, b"")
+}
+
+pub fn post(port: u16, path: &str, body: &str) -> std::io::Result<(u16, Vec<u8>)> {
+    request(port, "POST", path, body.as_bytes())
+}
+
+pub fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(nl) = b.windows(2).position(|w| w == b"\r\n") else { break };
+        let n = usize::from_str_radix(std::str::from_utf8(&b[..nl]).unwrap_or("0").trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        let start = nl + 2;
+        if b.len() < start + n {
+            out.extend_from_slice(&b[start..]);
+            break;
+        }
+        out.extend_from_slice(&b[start..start + n]);
+        b = &b[(start + n + 2).min(b.len())..];
+    }
+    out
+}
+
+/// A metric's value from Prometheus text (first line that starts with `prefix`).
+pub fn metric(metrics_port: u16, prefix: &str) -> Option<f64> {
+    let (_, body) = get(metrics_port, "/metrics").ok()?;
+    let text = String::from_utf8_lossy(&body).to_string();
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+pub fn metrics_text(metrics_port: u16) -> String {
+    get(metrics_port, "/metrics").map(|(_, b)| String::from_utf8_lossy(&b).to_string()).unwrap_or_default()
+}

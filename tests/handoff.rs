@@ -1,0 +1,68 @@
+//! Two shards, two models, one keep-alive connection: each request runs on
+//! its model's shard, the connection is handed over when the model
+//! changes, and per-shard counters (exported as metrics) show it.
+
+mod common;
+use common::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> (u16, Vec<u8>) {
+    let mut tmp = [0u8; 8192];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4) {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let cl: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
+                .expect("content-length");
+            while buf.len() < end + cl {
+                let n = s.read(&mut tmp).expect("read body");
+                assert!(n > 0, "closed mid-body");
+                buf.extend_from_slice(&tmp[..n]);
+            }
+            let body = buf[end..end + cl].to_vec();
+            let status = status_of(&buf[..end]);
+            buf.drain(..end + cl);
+            return (status, body);
+        }
+        let n = s.read(&mut tmp).expect("read head");
+        assert!(n > 0, "closed before head");
+        buf.extend_from_slice(&tmp[..n]);
+    }
+}
+
+#[test]
+fn keep_alive_connection_follows_its_model() {
+    let dir = tmpdir("handoff");
+    let router = start_router(&dir, &["--shards", "2"], &[]);
+    let (_sa, pa) = start_sim(&dir, "model-a", &[]);
+    let (_sb, pb) = start_sim(&dir, "model-b", &[]);
+    let _aa = start_agent(&dir, &router, pa, "a.key", &[]);
+    let _ab = start_agent(&dir, &router, pb, "b.key", &[]);
+    wait_agents(router.http, "model-a", 1);
+    wait_agents(router.http, "model-b", 1);
+
+    let mut s = TcpStream::connect(("127.0.0.1", router.http)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let mut buf = Vec::new();
+    for model in ["model-a", "model-b", "model-a", "model-b"] {
+        let body = format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).expect("write");
+        let (status, body) = read_response(&mut s, &mut buf);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(v["model"], model, "answered by the right backend");
+    }
+    let m = metrics_text(router.metrics);
+    let served = |shard: &str| metric(router.metrics, &format!("hivenet_shard_requests_total{{shard=\"{shard}\"}}")).unwrap_or(0.0);
+    assert!(served("0") >= 2.0 && served("1") >= 2.0, "each shard served its model's requests:\n{m}");
+    let out0 = metric(router.metrics, "hivenet_shard_handoffs_total{shard=\"0\",direction=\"out\"}").unwrap_or(0.0);
+    let out1 = metric(router.metrics, "hivenet_shard_handoffs_total{shard=\"1\",direction=\"out\"}").unwrap_or(0.0);
+    assert!(out0 + out1 >= 3.0, "a hand-off per model change:\n{m}");
+}

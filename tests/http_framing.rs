@@ -1,0 +1,133 @@
+//! One test per HTTP/1.1 framing rule, with raw bytes on a socket against
+//! a real router process.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+fn router() -> (Router, std::path::PathBuf) {
+    let dir = tmpdir("framing");
+    let r = start_router(&dir, &["--shards", "1", "--header-timeout", "1s", "--body-timeout", "1s"], &[("HIVENET_ROUTER_MAX_REQUEST_BYTES", "1000")]);
+    (r, dir)
+}
+
+const W: Duration = Duration::from_secs(3);
+
+#[test]
+fn framing_rules() {
+    let (r, _d) = router();
+    let p = r.http;
+    let cases: &[(&str, &[u8], u16)] = &[
+        ("CL and TE together", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}", 400),
+        ("TE other than chunked", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
+        ("TE chunked listed twice", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", 400),
+        ("duplicate Content-Length", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", 400),
+        ("invalid Content-Length", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2x\r\n\r\n{}", 400),
+        ("obsolete line folding", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-A: a\r\n folded\r\nContent-Length: 2\r\n\r\n{}", 400),
+        ("declared body over the limit", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n", 413),
+        ("chunked body over the limit", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n", 413),
+    ];
+    for (name, bytes, want) in cases {
+        let resp = raw(p, bytes, W);
+        assert_eq!(status_of(&resp), *want, "{name}: {}", String::from_utf8_lossy(&resp));
+        let text = String::from_utf8_lossy(&resp).to_ascii_lowercase();
+        assert!(text.contains("connection: close"), "{name}: must close: {text}");
+        if *want == 413 {
+            assert!(text.contains("request body too large: limit is 1000 bytes"), "{name}: envelope: {text}");
+        }
+    }
+}
+
+#[test]
+fn header_section_too_large_is_431() {
+    let (r, _d) = router();
+    let mut req = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+    req.extend(std::iter::repeat_n(b'a', 70 * 1024));
+    req.extend_from_slice(b"\r\n\r\n");
+    assert_eq!(status_of(&raw(r.http, &req, W)), 431);
+}
+
+#[test]
+fn too_many_headers_is_431() {
+    let (r, _d) = router();
+    let mut req = String::from("GET /health HTTP/1.1\r\nHost: x\r\n");
+    for i in 0..120 {
+        req.push_str(&format!("X-H{i}: v\r\n"));
+    }
+    req.push_str("\r\n");
+    assert_eq!(status_of(&raw(r.http, req.as_bytes(), W)), 431);
+}
+
+#[test]
+fn slow_header_times_out_with_408() {
+    let (r, _d) = router();
+    let resp = raw(r.http, b"GET /health HTTP/1.1\r\nHost: x\r\n", Duration::from_secs(4));
+    assert_eq!(status_of(&resp), 408, "{}", String::from_utf8_lossy(&resp));
+}
+
+#[test]
+fn slow_body_times_out_with_408() {
+    let (r, _d) = router();
+    let resp = raw(r.http, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\"", Duration::from_secs(4));
+    assert_eq!(status_of(&resp), 408, "{}", String::from_utf8_lossy(&resp));
+}
+
+#[test]
+fn keep_alive_and_pipelining() {
+    let (r, _d) = router();
+    let two = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let resp = String::from_utf8_lossy(&raw(r.http, two, W)).to_string();
+    assert_eq!(resp.matches("HTTP/1.1 200 OK").count(), 2, "{resp}");
+}
+
+#[test]
+fn chunked_request_body_is_read() {
+    let (r, _d) = router();
+    // Unknown model proves the chunked body was decoded and probed.
+    let req = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n6\r\n{\"mode\r\n9\r\nl\":\"zzz\"}\r\n0\r\n\r\n";
+    let resp = String::from_utf8_lossy(&raw(r.http, req, W)).to_string();
+    assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");
+    assert!(resp.contains("model_not_found"), "{resp}");
+}
+
+#[test]
+fn expect_100_continue() {
+    let (r, _d) = router();
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", r.http)).expect("connect");
+    s.set_read_timeout(Some(W)).expect("t");
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 15\r\nConnection: close\r\n\r\n").expect("w");
+    let mut buf = [0u8; 256];
+    let n = s.read(&mut buf).expect("read 100");
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 100 Continue"));
+    s.write_all(b"{\"model\":\"nop\"}").expect("body");
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert_eq!(status_of(&rest), 404);
+}
+
+#[test]
+fn client_errors_use_the_envelope() {
+    let (r, _d) = router();
+    let p = r.http;
+    let (s, b) = post(p, "/v1/chat/completions", "not json").expect("req");
+    assert_eq!(s, 400);
+    let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
+    assert_eq!(v["error"]["code"], "request_invalid");
+    let (s, b) = post(p, "/v1/chat/completions", r#"{"messages":[]}"#).expect("req");
+    assert_eq!(s, 400);
+    assert!(String::from_utf8_lossy(&b).contains("model field is required"));
+    let (s, b) = post(p, "/v1/embeddings", r#"{"model":"ghost-model","input":"x"}"#).expect("req");
+    assert_eq!(s, 404);
+    assert!(String::from_utf8_lossy(&b).contains("model_not_found"));
+    let (s, _) = post(p, "/v1/nope", "{}").expect("req");
+    assert_eq!(s, 404);
+    let (s, b) = get(p, "/v1/chat/completions").expect("req");
+    assert_eq!(s, 405);
+    assert!(String::from_utf8_lossy(&b).contains("method_not_allowed"));
+    let (s, b) = get(p, "/v1/models/ghost-model").expect("req");
+    assert_eq!(s, 404);
+    assert!(String::from_utf8_lossy(&b).contains("No agents registered for model: ghost-model"));
+    // No metric series and no directory entry for the attacker-chosen name.
+    assert!(!metrics_text(r.metrics).contains("ghost-model"));
+}
