@@ -64,13 +64,25 @@ fn yamux_config() -> yamux::Config {
     yamux::Config::default()
 }
 
+/// Sent by both sides right after the private-network handshake: a peer
+/// with another key decrypts garbage, so a mismatch is reported at once
+/// ("wrong swarm key") instead of stalling noise until its timeout.
+const PSK_CHECK: &[u8; 8] = b"HVNPSK01";
+
 async fn secure(io: BoxIo, psk: Option<PreSharedKey>) -> Result<BoxIo, LinkError> {
     match psk {
         Some(k) => {
-            let out = PnetConfig::new(k)
+            let mut out = PnetConfig::new(k)
                 .handshake(io)
                 .await
                 .map_err(|e| LinkError::Pnet(e.to_string()))?;
+            out.write_all(PSK_CHECK).await?;
+            out.flush().await?;
+            let mut got = [0u8; 8];
+            out.read_exact(&mut got).await?;
+            if &got != PSK_CHECK {
+                return Err(LinkError::Pnet("wrong swarm key (the peer holds another pre-shared key)".into()));
+            }
             Ok(Box::new(out))
         }
         None => Ok(io),
