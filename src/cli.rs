@@ -78,7 +78,9 @@ pub fn init_logging() {
             _ => "info".to_string(),
         },
     };
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
+        .with_ansi(std::io::stdout().is_terminal())
         .with_env_filter(EnvFilter::new(filter))
         .with_target(false)
         .try_init();
