@@ -54,12 +54,15 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     if let Ok(p) = s.parse::<u16>() {
         return Ok(SocketAddr::from(([0, 0, 0, 0], p)));
     }
-    s.parse::<SocketAddr>().map_err(|_| format!("invalid listen address {s:?}"))
+    s.parse::<SocketAddr>()
+        .map_err(|_| format!("invalid listen address {s:?}"))
 }
 
 /// Parse an IP literal.
 pub fn parse_ip(s: &str) -> Result<IpAddr, String> {
-    s.trim().parse().map_err(|_| format!("invalid IP address {s:?}"))
+    s.trim()
+        .parse()
+        .map_err(|_| format!("invalid IP address {s:?}"))
 }
 
 /// Parse a humantime duration such as `30s` or `1m`.
@@ -124,7 +127,10 @@ mod tests {
     #[test]
     fn listen_forms() {
         assert_eq!(parse_listen(":8080").expect("ok").port(), 8080);
-        assert_eq!(parse_listen("127.0.0.1:1").expect("ok").to_string(), "127.0.0.1:1");
+        assert_eq!(
+            parse_listen("127.0.0.1:1").expect("ok").to_string(),
+            "127.0.0.1:1"
+        );
         assert!(parse_listen("nope").is_err());
     }
 

@@ -2,5 +2,5 @@
 //! binaries: flag helpers, logging set-up. No per-request logic lives here.
 #![forbid(unsafe_code)]
 
-pub mod cli;
 pub mod agent;
+pub mod cli;

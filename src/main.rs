@@ -59,13 +59,29 @@ struct Flags {
     driver: Option<String>,
 }
 
-fn build() -> Result<(RouterConfig, Vec<Option<usize>>, DriverChoice, Option<libp2p_pnet::PreSharedKey>), String> {
+/// Validated start-up settings.
+struct Startup {
+    cfg: RouterConfig,
+    plan: Vec<Option<usize>>,
+    driver: DriverChoice,
+    psk: Option<libp2p_pnet::PreSharedKey>,
+}
+
+fn build() -> Result<Startup, String> {
     let f: Flags = cli::parse_args();
     let mut cfg = RouterConfig {
-        http_addr: cli::parse_listen(&cli::flag_or_env(f.http_port, "HIVENET_ROUTER_HTTP_PORT", ":8080"))
-            .map_err(|e| format!("--http-port: {e}"))?,
-        metrics_addr: cli::parse_listen(&cli::flag_or_env(f.metrics_port, "HIVENET_ROUTER_METRICS_PORT", ":2112"))
-            .map_err(|e| format!("--metrics-port: {e}"))?,
+        http_addr: cli::parse_listen(&cli::flag_or_env(
+            f.http_port,
+            "HIVENET_ROUTER_HTTP_PORT",
+            ":8080",
+        ))
+        .map_err(|e| format!("--http-port: {e}"))?,
+        metrics_addr: cli::parse_listen(&cli::flag_or_env(
+            f.metrics_port,
+            "HIVENET_ROUTER_METRICS_PORT",
+            ":2112",
+        ))
+        .map_err(|e| format!("--metrics-port: {e}"))?,
         ..RouterConfig::default()
     };
     let p2p_port: u16 = cli::flag_or_env(f.p2p_port, "HIVENET_ROUTER_P2P_PORT", "9000")
@@ -84,10 +100,9 @@ fn build() -> Result<(RouterConfig, Vec<Option<usize>>, DriverChoice, Option<lib
         return Err("--heartbeat-interval must be greater than 0".into());
     }
     if let Ok(v) = std::env::var("HIVENET_ROUTER_MAX_REQUEST_BYTES") {
-        cfg.max_request_bytes = v
-            .trim()
-            .parse()
-            .map_err(|_| format!("HIVENET_ROUTER_MAX_REQUEST_BYTES: {v:?} is not a non-negative integer"))?;
+        cfg.max_request_bytes = v.trim().parse().map_err(|_| {
+            format!("HIVENET_ROUTER_MAX_REQUEST_BYTES: {v:?} is not a non-negative integer")
+        })?;
     }
     let cpus = match f.cpus {
         Some(s) => Some(core_plan::parse_cpu_list(&s).map_err(|e| format!("--cpus: {e}"))?),
@@ -95,17 +110,30 @@ fn build() -> Result<(RouterConfig, Vec<Option<usize>>, DriverChoice, Option<lib
     };
     let plan = core_plan::plan(f.shards, cpus.as_deref(), &executor::available_cpus())?;
     let driver_s = cli::flag_or_env(f.driver, "HIVENET_ROUTER_DRIVER", "auto");
-    let driver = DriverChoice::parse(&driver_s).ok_or_else(|| format!("--driver: {driver_s:?} is not auto or epoll"))?;
+    let driver = DriverChoice::parse(&driver_s)
+        .ok_or_else(|| format!("--driver: {driver_s:?} is not auto or epoll"))?;
     let psk = match f.swarm_key_file {
-        Some(p) => Some(shards::runtime::link::load_swarm_key(std::path::Path::new(&p))?),
+        Some(p) => Some(shards::runtime::link::load_swarm_key(
+            std::path::Path::new(&p),
+        )?),
         None => None,
     };
-    Ok((cfg, plan, driver, psk))
+    Ok(Startup {
+        cfg,
+        plan,
+        driver,
+        psk,
+    })
 }
 
 fn main() {
     cli::init_logging();
-    let (cfg, plan, driver, psk) = match build() {
+    let Startup {
+        cfg,
+        plan,
+        driver,
+        psk,
+    } = match build() {
         Ok(v) => v,
         Err(e) => {
             eprintln!("hivenet-router: {e}");
@@ -126,9 +154,12 @@ fn run(
     psk: Option<libp2p_pnet::PreSharedKey>,
 ) -> Result<(), String> {
     let n = plan.len();
-    let http = executor::bind_reuseport(cfg.http_addr, n).map_err(|e| format!("cannot listen on {}: {e}", cfg.http_addr))?;
-    let metrics = executor::bind_reuseport(cfg.metrics_addr, n).map_err(|e| format!("cannot listen on {}: {e}", cfg.metrics_addr))?;
-    let p2p = executor::bind_reuseport(cfg.p2p_addr, n).map_err(|e| format!("cannot listen on {}: {e}", cfg.p2p_addr))?;
+    let http = executor::bind_reuseport(cfg.http_addr, n)
+        .map_err(|e| format!("cannot listen on {}: {e}", cfg.http_addr))?;
+    let metrics = executor::bind_reuseport(cfg.metrics_addr, n)
+        .map_err(|e| format!("cannot listen on {}: {e}", cfg.metrics_addr))?;
+    let p2p = executor::bind_reuseport(cfg.p2p_addr, n)
+        .map_err(|e| format!("cannot listen on {}: {e}", cfg.p2p_addr))?;
     let keypair = libp2p_identity::Keypair::generate_ed25519();
     if psk.is_none() {
         warn!("no --swarm-key-file: agent links are authenticated by noise only; any peer that can reach the p2p port can register");
@@ -150,16 +181,30 @@ fn run(
         "hivenet-router starting"
     );
     let mut handles = Vec::new();
-    let lists = http.into_iter().zip(metrics).zip(p2p).zip(receivers).zip(plan);
+    let lists = http
+        .into_iter()
+        .zip(metrics)
+        .zip(p2p)
+        .zip(receivers)
+        .zip(plan);
     for (id, ((((h, m), p), rx), cpu)) in lists.enumerate() {
         let shared = shared.clone();
-        let listeners = ShardListeners { http: h, metrics: m, p2p: p };
-        let handle = executor::spawn_runtime(format!("shard-{id}"), cpu, driver, move || shard::run(id, shared, listeners, rx))
-            .map_err(|e| format!("cannot start shard {id}: {e}"))?;
+        let listeners = ShardListeners {
+            http: h,
+            metrics: m,
+            p2p: p,
+        };
+        let handle = executor::spawn_runtime(format!("shard-{id}"), cpu, driver, move || {
+            shard::run(id, shared, listeners, rx)
+        })
+        .map_err(|e| format!("cannot start shard {id}: {e}"))?;
         handles.push(handle);
     }
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])
-        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     if let Some(sig) = signals.forever().next() {
         info!(signal = sig, "shutting down");
     }

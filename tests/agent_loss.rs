@@ -28,8 +28,14 @@ fn run(driver: &str) {
 
     let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let mut s = TcpStream::connect(("127.0.0.1", router.http)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}", body.len()).expect("write");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
     let mut got = Vec::new();
     let mut tmp = [0u8; 4096];
     while !String::from_utf8_lossy(&got).contains("data: ") {
@@ -46,8 +52,16 @@ fn run(driver: &str) {
         .expect("one agent active")
         .to_string();
     let a1_log = a1.log_text();
-    let a1_peer = a1_log.split("peer_id=").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or("").to_string();
-    assert!(a1_peer.starts_with("12D3KooW"), "peer id from the agent log: {a1_log}");
+    let a1_peer = a1_log
+        .split("peer_id=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        a1_peer.starts_with("12D3KooW"),
+        "peer id from the agent log: {a1_log}"
+    );
     let a1_serving = serving_line.contains(&a1_peer);
     let killed_at = Instant::now();
     if a1_serving {
@@ -73,12 +87,25 @@ fn run(driver: &str) {
     assert!(!clean_end, "a cut stream must not look complete");
     assert!(!String::from_utf8_lossy(&got).contains("[DONE]"));
     // Gone from routing at once.
-    wait_until(Duration::from_secs(2), || healthy_agents(router.http, "m") == 1, "agent removal");
+    wait_until(
+        Duration::from_secs(2),
+        || healthy_agents(router.http, "m") == 1,
+        "agent removal",
+    );
     assert!(killed_at.elapsed() < Duration::from_secs(5));
     // No slot leak.
-    wait_until(Duration::from_secs(2), || active_total(router.metrics) == 0.0, "slots released");
+    wait_until(
+        Duration::from_secs(2),
+        || active_total(router.metrics) == 0.0,
+        "slots released",
+    );
     // The survivor still serves.
-    let (st, b) = post(router.http, "/v1/chat/completions", r#"{"model":"m","max_tokens":2,"messages":[]}"#).expect("req");
+    let (st, b) = post(
+        router.http,
+        "/v1/chat/completions",
+        r#"{"model":"m","max_tokens":2,"messages":[]}"#,
+    )
+    .expect("req");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
 }
 

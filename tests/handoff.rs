@@ -15,7 +15,10 @@ fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> (u16, Vec<u8>) {
             let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
             let cl: usize = head
                 .lines()
-                .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
+                .find_map(|l| {
+                    l.strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap_or(0))
+                })
                 .expect("content-length");
             while buf.len() < end + cl {
                 let n = s.read(&mut tmp).expect("read body");
@@ -45,10 +48,12 @@ fn keep_alive_connection_follows_its_model() {
     wait_agents(router.http, "model-b", 1);
 
     let mut s = TcpStream::connect(("127.0.0.1", router.http)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
     let mut buf = Vec::new();
     for model in ["model-a", "model-b", "model-a", "model-b"] {
-        let body = format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+        let body =
+            format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
         let req = format!(
             "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
@@ -60,9 +65,26 @@ fn keep_alive_connection_follows_its_model() {
         assert_eq!(v["model"], model, "answered by the right backend");
     }
     let m = metrics_text(router.metrics);
-    let served = |shard: &str| metric(router.metrics, &format!("hivenet_shard_requests_total{{shard=\"{shard}\"}}")).unwrap_or(0.0);
-    assert!(served("0") >= 2.0 && served("1") >= 2.0, "each shard served its model's requests:\n{m}");
-    let out0 = metric(router.metrics, "hivenet_shard_handoffs_total{shard=\"0\",direction=\"out\"}").unwrap_or(0.0);
-    let out1 = metric(router.metrics, "hivenet_shard_handoffs_total{shard=\"1\",direction=\"out\"}").unwrap_or(0.0);
+    let served = |shard: &str| {
+        metric(
+            router.metrics,
+            &format!("hivenet_shard_requests_total{{shard=\"{shard}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(
+        served("0") >= 2.0 && served("1") >= 2.0,
+        "each shard served its model's requests:\n{m}"
+    );
+    let out0 = metric(
+        router.metrics,
+        "hivenet_shard_handoffs_total{shard=\"0\",direction=\"out\"}",
+    )
+    .unwrap_or(0.0);
+    let out1 = metric(
+        router.metrics,
+        "hivenet_shard_handoffs_total{shard=\"1\",direction=\"out\"}",
+    )
+    .unwrap_or(0.0);
     assert!(out0 + out1 >= 3.0, "a hand-off per model change:\n{m}");
 }

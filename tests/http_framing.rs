@@ -7,7 +7,18 @@ use std::time::Duration;
 
 fn router() -> (Router, std::path::PathBuf) {
     let dir = tmpdir("framing");
-    let r = start_router(&dir, &["--shards", "1", "--header-timeout", "1s", "--body-timeout", "1s"], &[("HIVENET_ROUTER_MAX_REQUEST_BYTES", "1000")]);
+    let r = start_router(
+        &dir,
+        &[
+            "--shards",
+            "1",
+            "--header-timeout",
+            "1s",
+            "--body-timeout",
+            "1s",
+        ],
+        &[("HIVENET_ROUTER_MAX_REQUEST_BYTES", "1000")],
+    );
     (r, dir)
 }
 
@@ -29,11 +40,22 @@ fn framing_rules() {
     ];
     for (name, bytes, want) in cases {
         let resp = raw(p, bytes, W);
-        assert_eq!(status_of(&resp), *want, "{name}: {}", String::from_utf8_lossy(&resp));
+        assert_eq!(
+            status_of(&resp),
+            *want,
+            "{name}: {}",
+            String::from_utf8_lossy(&resp)
+        );
         let text = String::from_utf8_lossy(&resp).to_ascii_lowercase();
-        assert!(text.contains("connection: close"), "{name}: must close: {text}");
+        assert!(
+            text.contains("connection: close"),
+            "{name}: must close: {text}"
+        );
         if *want == 413 {
-            assert!(text.contains("request body too large: limit is 1000 bytes"), "{name}: envelope: {text}");
+            assert!(
+                text.contains("request body too large: limit is 1000 bytes"),
+                "{name}: envelope: {text}"
+            );
         }
     }
 }
@@ -61,14 +83,22 @@ fn too_many_headers_is_431() {
 #[test]
 fn slow_header_times_out_with_408() {
     let (r, _d) = router();
-    let resp = raw(r.http, b"GET /health HTTP/1.1\r\nHost: x\r\n", Duration::from_secs(4));
+    let resp = raw(
+        r.http,
+        b"GET /health HTTP/1.1\r\nHost: x\r\n",
+        Duration::from_secs(4),
+    );
     assert_eq!(status_of(&resp), 408, "{}", String::from_utf8_lossy(&resp));
 }
 
 #[test]
 fn slow_body_times_out_with_408() {
     let (r, _d) = router();
-    let resp = raw(r.http, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\"", Duration::from_secs(4));
+    let resp = raw(
+        r.http,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\"",
+        Duration::from_secs(4),
+    );
     assert_eq!(status_of(&resp), 408, "{}", String::from_utf8_lossy(&resp));
 }
 
@@ -117,7 +147,12 @@ fn client_errors_use_the_envelope() {
     let (s, b) = post(p, "/v1/chat/completions", r#"{"messages":[]}"#).expect("req");
     assert_eq!(s, 400);
     assert!(String::from_utf8_lossy(&b).contains("model field is required"));
-    let (s, b) = post(p, "/v1/embeddings", r#"{"model":"ghost-model","input":"x"}"#).expect("req");
+    let (s, b) = post(
+        p,
+        "/v1/embeddings",
+        r#"{"model":"ghost-model","input":"x"}"#,
+    )
+    .expect("req");
     assert_eq!(s, 404);
     assert!(String::from_utf8_lossy(&b).contains("model_not_found"));
     let (s, _) = post(p, "/v1/nope", "{}").expect("req");

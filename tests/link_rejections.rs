@@ -32,16 +32,27 @@ fn rejected(r: &Router) -> f64 {
 fn garbage_and_oversize_preambles_are_refused() {
     let dir = tmpdir("preamble");
     let r = start_router(&dir, &["--shards", "1"], &[]);
-    let resp = raw(r.p2p, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", Duration::from_secs(3));
+    let resp = raw(
+        r.p2p,
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        Duration::from_secs(3),
+    );
     assert!(resp.is_empty(), "closed without an answer");
     let resp = raw(r.p2p, b"HVNP\x01\xff\xff", Duration::from_secs(3));
     assert!(resp.is_empty());
-    wait_until(Duration::from_secs(5), || rejected(&r) >= 2.0, "two refusals counted");
+    wait_until(
+        Duration::from_secs(5),
+        || rejected(&r) >= 2.0,
+        "two refusals counted",
+    );
     let log = r.proc.log_text();
     assert!(log.contains("garbage preamble"), "{log}");
     assert!(log.contains("exceeds 256"), "{log}");
     let (_, models) = get(r.http, "/v1/models").expect("models");
-    assert_eq!(String::from_utf8_lossy(&models), r#"{"data":[],"object":"list"}"#);
+    assert_eq!(
+        String::from_utf8_lossy(&models),
+        r#"{"data":[],"object":"list"}"#
+    );
 }
 
 #[test]
@@ -52,33 +63,64 @@ fn wrong_swarm_key_is_refused_and_right_key_registers() {
     let r = start_router(&dir, &["--shards", "1", "--swarm-key-file", &k1], &[]);
     let (_s, port) = start_sim(&dir, "psk-model", &[]);
     let mut bad = start_agent(&dir, &r, port, "bad.key", &["--swarm-key-file", &k2]);
-    wait_until(Duration::from_secs(10), || rejected(&r) >= 1.0, "wrong-key refusal");
+    wait_until(
+        Duration::from_secs(10),
+        || rejected(&r) >= 1.0,
+        "wrong-key refusal",
+    );
     assert_eq!(healthy_agents(r.http, "psk-model"), 0, "nothing registered");
-    assert!(r.proc.log_text().contains("agent link refused"), "{}", r.proc.log_text());
+    assert!(
+        r.proc.log_text().contains("agent link refused"),
+        "{}",
+        r.proc.log_text()
+    );
     bad.kill9();
     let _good = start_agent(&dir, &r, port, "good.key", &["--swarm-key-file", &k1]);
     wait_agents(r.http, "psk-model", 1);
 }
 
 /// Dial in-process with full control of what the registration says.
-fn register_as(p2p: u16, preamble_model: &str, reg_model: &str, fake_peer: bool) -> Result<String, String> {
+fn register_as(
+    p2p: u16,
+    preamble_model: &str,
+    reg_model: &str,
+    fake_peer: bool,
+) -> Result<String, String> {
     let mut out = Err("not run".to_string());
     run_on_runtime(DriverChoice::Auto, |_| async {
         let kp = libp2p_identity::Keypair::generate_ed25519();
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p2p));
         let res = async {
-            let (_, conn) = link::dial(addr, preamble_model, None, &kp).await.map_err(|e| e.to_string())?;
+            let (_, conn) = link::dial(addr, preamble_model, None, &kp)
+                .await
+                .map_err(|e| e.to_string())?;
             let (h, _inb, _closed) = link::spawn_driver(conn);
-            let mut ctl = h.open(link::CONTROL_PROTOCOL).await.map_err(|e| e.to_string())?;
+            let mut ctl = h
+                .open(link::CONTROL_PROTOCOL)
+                .await
+                .map_err(|e| e.to_string())?;
             let peer_id = if fake_peer {
-                libp2p_identity::Keypair::generate_ed25519().public().to_peer_id().to_string()
+                libp2p_identity::Keypair::generate_ed25519()
+                    .public()
+                    .to_peer_id()
+                    .to_string()
             } else {
                 kp.public().to_peer_id().to_string()
             };
-            let reg = Registration { peer_id, model: reg_model.into(), engine: "vllm".into(), capacity: 1, ..Default::default() };
-            link::write_frame(&mut ctl, &ControlMsg::Register(reg)).await.map_err(|e| e.to_string())?;
+            let reg = Registration {
+                peer_id,
+                model: reg_model.into(),
+                engine: "vllm".into(),
+                capacity: 1,
+                ..Default::default()
+            };
+            link::write_frame(&mut ctl, &ControlMsg::Register(reg))
+                .await
+                .map_err(|e| e.to_string())?;
             let mut buf = Vec::new();
-            let reply = link::read_frame(&mut ctl, &mut buf).await.map_err(|e| e.to_string())?;
+            let reply = link::read_frame(&mut ctl, &mut buf)
+                .await
+                .map_err(|e| e.to_string())?;
             let _ = ctl.close().await;
             match reply {
                 Some(ControlMsg::Rejected { reason }) => Err(reason),
@@ -102,5 +144,8 @@ fn registration_must_match_preamble_and_identity() {
     assert!(e.contains("noise identity"), "{e}");
     assert_eq!(healthy_agents(r.http, "model-p"), 0);
     assert_eq!(healthy_agents(r.http, "model-q"), 0);
-    assert_eq!(register_as(r.p2p, "model-p", "model-p", false).expect("valid registration"), "registered");
+    assert_eq!(
+        register_as(r.p2p, "model-p", "model-p", false).expect("valid registration"),
+        "registered"
+    );
 }

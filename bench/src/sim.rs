@@ -52,7 +52,8 @@ pub struct SimStats {
 
 /// Words the simulator "generates", in order.
 const WORDS: [&str; 16] = [
-    "The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".", " Hivenet", " routes", " every", " token", " home", ".",
+    "The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".", " Hivenet",
+    " routes", " every", " token", " home", ".",
 ];
 
 /// The text of `n` generated tokens (what a client must receive).
@@ -124,27 +125,37 @@ pub fn run(addr: SocketAddr, threads: usize, cfg: SimConfig) -> std::io::Result<
     for (i, l) in listeners.into_iter().enumerate() {
         let cfg = cfg.clone();
         let stats = stats.clone();
-        let h = shards::runtime::executor::spawn_runtime(format!("sim-{i}"), None, shards::runtime::executor::DriverChoice::Auto, move || async move {
-            let sim = Rc::new(Sim { cfg, stats, started, rng: Cell::new(0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1)) });
-            let listener = match monoio::net::TcpListener::from_std(l) {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::error!("sim listener: {e}");
-                    return;
-                }
-            };
-            loop {
-                match listener.accept().await {
-                    Ok((s, _)) => {
-                        monoio::spawn(serve(sim.clone(), Conn::new(s, Vec::new())));
-                    }
+        let h = shards::runtime::executor::spawn_runtime(
+            format!("sim-{i}"),
+            None,
+            shards::runtime::executor::DriverChoice::Auto,
+            move || async move {
+                let sim = Rc::new(Sim {
+                    cfg,
+                    stats,
+                    started,
+                    rng: Cell::new(0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1)),
+                });
+                let listener = match monoio::net::TcpListener::from_std(l) {
+                    Ok(l) => l,
                     Err(e) => {
-                        tracing::warn!("accept: {e}");
-                        monoio::time::sleep(Duration::from_millis(20)).await;
+                        tracing::error!("sim listener: {e}");
+                        return;
+                    }
+                };
+                loop {
+                    match listener.accept().await {
+                        Ok((s, _)) => {
+                            monoio::spawn(serve(sim.clone(), Conn::new(s, Vec::new())));
+                        }
+                        Err(e) => {
+                            tracing::warn!("accept: {e}");
+                            monoio::time::sleep(Duration::from_millis(20)).await;
+                        }
                     }
                 }
-            }
-        })?;
+            },
+        )?;
         handles.push(h);
     }
     for h in handles {
@@ -199,7 +210,14 @@ fn input_tokens(body: &[u8]) -> u64 {
     (body.len() as u64 / 4).max(1)
 }
 
-async fn handle(sim: &Sim, conn: &mut Conn, method: &str, path: &str, body: &[u8], keep: bool) -> bool {
+async fn handle(
+    sim: &Sim,
+    conn: &mut Conn,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    keep: bool,
+) -> bool {
     let cold = sim.started.elapsed() < sim.cfg.startup_delay;
     match (method, path) {
         ("GET", "/health") => {
@@ -222,9 +240,23 @@ async fn handle(sim: &Sim, conn: &mut Conn, method: &str, path: &str, body: &[u8
                 s.generated.load(Ordering::Relaxed),
                 m = sim.cfg.model
             );
-            reply(conn, 200, "text/plain; version=0.0.4", text.as_bytes(), keep).await
+            reply(
+                conn,
+                200,
+                "text/plain; version=0.0.4",
+                text.as_bytes(),
+                keep,
+            )
+            .await
         }
-        ("POST", "/v1/chat/completions" | "/v1/messages" | "/v1/messages/count_tokens" | "/v1/embeddings" | "/v1/rerank") => {
+        (
+            "POST",
+            "/v1/chat/completions"
+            | "/v1/messages"
+            | "/v1/messages/count_tokens"
+            | "/v1/embeddings"
+            | "/v1/rerank",
+        ) => {
             if cold {
                 return reply_json(conn, 503, &json!({"error": {"message": "model is loading", "type": "service_unavailable"}}), keep).await;
             }
@@ -236,7 +268,15 @@ async fn handle(sim: &Sim, conn: &mut Conn, method: &str, path: &str, body: &[u8
             let r = match path {
                 "/v1/chat/completions" => chat(sim, conn, body, keep).await,
                 "/v1/messages" => messages(sim, conn, body, keep).await,
-                "/v1/messages/count_tokens" => reply_json(conn, 200, &json!({"input_tokens": input_tokens(body)}), keep).await,
+                "/v1/messages/count_tokens" => {
+                    reply_json(
+                        conn,
+                        200,
+                        &json!({"input_tokens": input_tokens(body)}),
+                        keep,
+                    )
+                    .await
+                }
                 "/v1/embeddings" => embeddings(sim, conn, body, keep).await,
                 _ => rerank(sim, conn, body, keep).await,
             };
@@ -246,7 +286,15 @@ async fn handle(sim: &Sim, conn: &mut Conn, method: &str, path: &str, body: &[u8
             }
             r
         }
-        _ => reply_json(conn, 404, &json!({"error": {"message": "not found", "type": "not_found"}}), keep).await,
+        _ => {
+            reply_json(
+                conn,
+                404,
+                &json!({"error": {"message": "not found", "type": "not_found"}}),
+                keep,
+            )
+            .await
+        }
     }
 }
 
@@ -267,7 +315,9 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
     let prompt = input_tokens(body);
     let id = "chatcmpl-sim";
     let model = &sim.cfg.model;
-    sim.stats.generated.fetch_add(u64::from(n), Ordering::Relaxed);
+    sim.stats
+        .generated
+        .fetch_add(u64::from(n), Ordering::Relaxed);
     if !req.stream {
         sleep(sim.cfg.ttft + sim.cfg.itl * n.saturating_sub(1)).await;
         let v = json!({
@@ -288,7 +338,11 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         if i > 0 {
             sleep(sim.cfg.itl).await;
         }
-        let delta = if i == 0 { json!({"role": "assistant", "content": token(i)}) } else { json!({"content": token(i)}) };
+        let delta = if i == 0 {
+            json!({"role": "assistant", "content": token(i)})
+        } else {
+            json!({"content": token(i)})
+        };
         let ev = json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
         http_write::write_chunk(&mut out, format!("data: {ev}\n\n").as_bytes());
         if conn.write_all(std::mem::take(&mut out)).await.is_err() {
@@ -312,10 +366,15 @@ async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         Ok(r) => r,
         Err(e) => return reply_json(conn, 400, &json!({"type": "error", "error": {"type": "invalid_request_error", "message": e.to_string()}}), keep).await,
     };
-    let n = req.max_tokens.map(|m| m.min(sim.cfg.output_tokens)).unwrap_or(sim.cfg.output_tokens);
+    let n = req
+        .max_tokens
+        .map(|m| m.min(sim.cfg.output_tokens))
+        .unwrap_or(sim.cfg.output_tokens);
     let prompt = input_tokens(body);
     let model = &sim.cfg.model;
-    sim.stats.generated.fetch_add(u64::from(n), Ordering::Relaxed);
+    sim.stats
+        .generated
+        .fetch_add(u64::from(n), Ordering::Relaxed);
     if !req.stream {
         sleep(sim.cfg.ttft + sim.cfg.itl * n.saturating_sub(1)).await;
         let v = json!({"id": "msg_sim", "type": "message", "role": "assistant", "model": model,
@@ -328,7 +387,10 @@ async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
     let headers = [("Content-Type".to_string(), b"text/event-stream".to_vec())];
     http_write::write_response_head(&mut out, 200, &headers, OutFraming::Chunked, keep, &[]);
     let ev = |name: &str, v: Value| format!("event: {name}\ndata: {v}\n\n");
-    let start = ev("message_start", json!({"type": "message_start", "message": {"id": "msg_sim", "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": prompt, "output_tokens": 1}}}));
+    let start = ev(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": "msg_sim", "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": prompt, "output_tokens": 1}}}),
+    );
     http_write::write_chunk(&mut out, start.as_bytes());
     http_write::write_chunk(&mut out, ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})).as_bytes());
     http_write::write_chunk(&mut out, ev("ping", json!({"type": "ping"})).as_bytes());
@@ -336,15 +398,28 @@ async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         if i > 0 {
             sleep(sim.cfg.itl).await;
         }
-        let d = ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": token(i)}}));
+        let d = ev(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": token(i)}}),
+        );
         http_write::write_chunk(&mut out, d.as_bytes());
         if conn.write_all(std::mem::take(&mut out)).await.is_err() {
             return false;
         }
     }
-    http_write::write_chunk(&mut out, ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})).as_bytes());
+    http_write::write_chunk(
+        &mut out,
+        ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        )
+        .as_bytes(),
+    );
     http_write::write_chunk(&mut out, ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": n}})).as_bytes());
-    http_write::write_chunk(&mut out, ev("message_stop", json!({"type": "message_stop"})).as_bytes());
+    http_write::write_chunk(
+        &mut out,
+        ev("message_stop", json!({"type": "message_stop"})).as_bytes(),
+    );
     out.extend_from_slice(http_write::LAST_CHUNK);
     conn.write_all(out).await.is_ok()
 }
@@ -356,7 +431,10 @@ async fn embeddings(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool
     };
     let inputs: Vec<String> = match v.get("input") {
         Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a.iter().map(|x| x.as_str().unwrap_or("").to_string()).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().unwrap_or("").to_string())
+            .collect(),
         _ => return reply_json(conn, 400, &bad_request("input is required".into()), keep).await,
     };
     sleep(sim.cfg.ttft).await;
@@ -364,8 +442,12 @@ async fn embeddings(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let seed = s.bytes().fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b)));
-            let emb: Vec<f64> = (0..8).map(|k| f64::from((seed.rotate_left(k * 4) % 1000) as u16) / 1000.0).collect();
+            let seed = s
+                .bytes()
+                .fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b)));
+            let emb: Vec<f64> = (0..8)
+                .map(|k| f64::from((seed.rotate_left(k * 4) % 1000) as u16) / 1000.0)
+                .collect();
             json!({"object": "embedding", "index": i, "embedding": emb})
         })
         .collect();
@@ -378,11 +460,19 @@ async fn rerank(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         Ok(v) => v,
         Err(e) => return reply_json(conn, 400, &bad_request(e.to_string()), keep).await,
     };
-    let query = v.get("query").and_then(Value::as_str).unwrap_or("").to_lowercase();
+    let query = v
+        .get("query")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_lowercase();
     let docs: Vec<String> = v
         .get("documents")
         .and_then(Value::as_array)
-        .map(|a| a.iter().map(|d| d.as_str().unwrap_or("").to_lowercase()).collect())
+        .map(|a| {
+            a.iter()
+                .map(|d| d.as_str().unwrap_or("").to_lowercase())
+                .collect()
+        })
         .unwrap_or_default();
     sleep(sim.cfg.ttft).await;
     let mut results: Vec<(usize, f64)> = docs
@@ -395,8 +485,17 @@ async fn rerank(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         })
         .collect();
     results.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal));
-    let res: Vec<Value> = results.iter().map(|(i, s)| json!({"index": i, "relevance_score": s})).collect();
-    reply_json(conn, 200, &json!({"model": sim.cfg.model, "results": res}), keep).await
+    let res: Vec<Value> = results
+        .iter()
+        .map(|(i, s)| json!({"index": i, "relevance_score": s}))
+        .collect();
+    reply_json(
+        conn,
+        200,
+        &json!({"model": sim.cfg.model, "results": res}),
+        keep,
+    )
+    .await
 }
 
 /// Used by tests: body framing of a sim response is always explicit.

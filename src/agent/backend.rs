@@ -33,7 +33,11 @@ impl BackendUrl {
         if auth.is_empty() {
             return Err(format!("{s:?}: missing host"));
         }
-        let authority = if auth.rsplit_once(':').map(|(_, p)| p.parse::<u16>().is_ok()).unwrap_or(false) {
+        let authority = if auth
+            .rsplit_once(':')
+            .map(|(_, p)| p.parse::<u16>().is_ok())
+            .unwrap_or(false)
+        {
             auth.to_string()
         } else {
             format!("{auth}:80")
@@ -46,10 +50,12 @@ impl BackendUrl {
 
     /// Resolve the authority to a socket address.
     pub fn resolve(&self) -> io::Result<SocketAddr> {
-        self.authority
-            .to_socket_addrs()?
-            .next()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("cannot resolve {}", self.authority)))
+        self.authority.to_socket_addrs()?.next().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("cannot resolve {}", self.authority),
+            )
+        })
     }
 
     /// Full path for a request path.
@@ -72,11 +78,22 @@ pub async fn send(
     let mut conn = Conn::new(stream, Vec::new());
     let mut out = Vec::with_capacity(512 + body.len());
     let mut hs: Vec<(String, Vec<u8>)> = headers.to_vec();
-    if !hs.iter().any(|(n, _)| n.eq_ignore_ascii_case("content-type")) && !body.is_empty() {
+    if !hs
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+        && !body.is_empty()
+    {
         hs.push(("Content-Type".into(), b"application/json".to_vec()));
     }
     hs.push(("Connection".into(), b"close".to_vec()));
-    http_write::write_request_head(&mut out, method, &url.path(path), &url.authority, &hs, OutFraming::Length(body.len()));
+    http_write::write_request_head(
+        &mut out,
+        method,
+        &url.path(path),
+        &url.authority,
+        &hs,
+        OutFraming::Length(body.len()),
+    );
     out.extend_from_slice(body);
     conn.write_all(out).await?;
     Ok(conn)

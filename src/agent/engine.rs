@@ -93,12 +93,17 @@ struct OllamaModel {
 pub fn discover(engine: Engine, body: &[u8]) -> Result<String, String> {
     match engine {
         Engine::Ollama => {
-            let t: OllamaTags = serde_json::from_slice(body).map_err(|e| format!("bad /api/tags response: {e}"))?;
+            let t: OllamaTags =
+                serde_json::from_slice(body).map_err(|e| format!("bad /api/tags response: {e}"))?;
             let m = t.models.first().ok_or("backend lists no models")?;
-            Ok(m.name.strip_suffix(":latest").unwrap_or(&m.name).to_string())
+            Ok(m.name
+                .strip_suffix(":latest")
+                .unwrap_or(&m.name)
+                .to_string())
         }
         _ => {
-            let m: OpenAiModels = serde_json::from_slice(body).map_err(|e| format!("bad /v1/models response: {e}"))?;
+            let m: OpenAiModels = serde_json::from_slice(body)
+                .map_err(|e| format!("bad /v1/models response: {e}"))?;
             Ok(m.data.first().ok_or("backend lists no models")?.id.clone())
         }
     }
@@ -110,8 +115,14 @@ mod tests {
 
     #[test]
     fn discovery() {
-        assert_eq!(discover(Engine::Vllm, br#"{"data":[{"id":"m1"},{"id":"m2"}]}"#).expect("ok"), "m1");
-        assert_eq!(discover(Engine::Ollama, br#"{"models":[{"name":"llama3:latest"}]}"#).expect("ok"), "llama3");
+        assert_eq!(
+            discover(Engine::Vllm, br#"{"data":[{"id":"m1"},{"id":"m2"}]}"#).expect("ok"),
+            "m1"
+        );
+        assert_eq!(
+            discover(Engine::Ollama, br#"{"models":[{"name":"llama3:latest"}]}"#).expect("ok"),
+            "llama3"
+        );
         assert!(discover(Engine::Vllm, br#"{"data":[]}"#).is_err());
         assert!(discover(Engine::Vllm, b"x").is_err());
     }

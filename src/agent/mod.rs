@@ -72,10 +72,20 @@ pub fn parse_router_addr(s: &str) -> Result<SocketAddr, String> {
     if s.starts_with('/') {
         let parts: Vec<&str> = s.split('/').filter(|p| !p.is_empty()).collect();
         let (host, port) = match parts.as_slice() {
-            [proto, host, "tcp", port, ..] if matches!(*proto, "ip4" | "ip6" | "dns" | "dns4" | "dns6") => (*host, *port),
-            _ => return Err(format!("--router-p2p: unsupported multiaddr {s:?} (want /ip4/<ip>/tcp/<port>)")),
+            [proto, host, "tcp", port, ..]
+                if matches!(*proto, "ip4" | "ip6" | "dns" | "dns4" | "dns6") =>
+            {
+                (*host, *port)
+            }
+            _ => {
+                return Err(format!(
+                    "--router-p2p: unsupported multiaddr {s:?} (want /ip4/<ip>/tcp/<port>)"
+                ))
+            }
         };
-        let port: u16 = port.parse().map_err(|_| format!("--router-p2p: bad port in {s:?}"))?;
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("--router-p2p: bad port in {s:?}"))?;
         return (host, port)
             .to_socket_addrs()
             .map_err(|e| format!("--router-p2p: cannot resolve {host}: {e}"))?
@@ -91,8 +101,18 @@ pub fn parse_router_addr(s: &str) -> Result<SocketAddr, String> {
 async fn backend_healthy(cfg: &AgentConfig) -> bool {
     let (url, path) = match (&cfg.engine, &cfg.health_url) {
         (Engine::Custom, Some(u)) => {
-            let path = if u.prefix.is_empty() { "/".to_string() } else { u.prefix.clone() };
-            (BackendUrl { authority: u.authority.clone(), prefix: String::new() }, path)
+            let path = if u.prefix.is_empty() {
+                "/".to_string()
+            } else {
+                u.prefix.clone()
+            };
+            (
+                BackendUrl {
+                    authority: u.authority.clone(),
+                    prefix: String::new(),
+                },
+                path,
+            )
         }
         (e, _) => (cfg.backend.clone(), e.health_path().to_string()),
     };
@@ -138,12 +158,23 @@ async fn discover_model(cfg: &AgentConfig) -> String {
 async fn warm_up(cfg: &AgentConfig, model: &str) {
     let body = serde_json::json!({"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1, "stream": false}).to_string();
     loop {
-        match backend::fetch(&cfg.backend, "POST", "/v1/chat/completions", body.as_bytes(), cfg.http_timeout).await {
+        match backend::fetch(
+            &cfg.backend,
+            "POST",
+            "/v1/chat/completions",
+            body.as_bytes(),
+            cfg.http_timeout,
+        )
+        .await
+        {
             Ok((h, _)) if h.status == 200 => {
                 info!(%model, "warm-up completion succeeded");
                 return;
             }
-            Ok((h, _)) => warn!(status = h.status, "warm-up completion failed; retrying in 5s"),
+            Ok((h, _)) => warn!(
+                status = h.status,
+                "warm-up completion failed; retrying in 5s"
+            ),
             Err(e) => warn!("warm-up completion: {e}; retrying in 5s"),
         }
         monoio::time::sleep(Duration::from_secs(5)).await;
@@ -179,7 +210,7 @@ pub async fn run(cfg: AgentConfig) {
 async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(), String> {
     let (router_peer, conn) = monoio::time::timeout(
         Duration::from_secs(30),
-        link::dial(cfg.router, model, cfg.psk.clone(), &cfg.keypair),
+        link::dial(cfg.router, model, cfg.psk, &cfg.keypair),
     )
     .await
     .map_err(|_| "dial timed out".to_string())?
@@ -207,13 +238,20 @@ async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(
         .await
         .map_err(|e| format!("register: {e}"))?;
     let mut buf = Vec::new();
-    let reply = monoio::time::timeout(Duration::from_secs(30), link::read_frame(&mut ctl, &mut buf))
-        .await
-        .map_err(|_| "no registration reply within 30s".to_string())?
-        .map_err(|e| format!("registration reply: {e}"))?;
+    let reply = monoio::time::timeout(
+        Duration::from_secs(30),
+        link::read_frame(&mut ctl, &mut buf),
+    )
+    .await
+    .map_err(|_| "no registration reply within 30s".to_string())?
+    .map_err(|e| format!("registration reply: {e}"))?;
     let hb = match reply {
-        Some(ControlMsg::Registered { heartbeat_interval_ms }) => Duration::from_millis(heartbeat_interval_ms.max(100)),
-        Some(ControlMsg::Rejected { reason }) => return Err(format!("router refused registration: {reason}")),
+        Some(ControlMsg::Registered {
+            heartbeat_interval_ms,
+        }) => Duration::from_millis(heartbeat_interval_ms.max(100)),
+        Some(ControlMsg::Rejected { reason }) => {
+            return Err(format!("router refused registration: {reason}"))
+        }
         other => return Err(format!("unexpected registration reply {other:?}")),
     };
     info!(%router_peer, %model, %peer_id, "registered with the router");
@@ -249,7 +287,14 @@ async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(
                 healthy = false;
             }
         }
-        if let Err(e) = link::write_frame(&mut ctl, &ControlMsg::Heartbeat { backend_healthy: healthy }).await {
+        if let Err(e) = link::write_frame(
+            &mut ctl,
+            &ControlMsg::Heartbeat {
+                backend_healthy: healthy,
+            },
+        )
+        .await
+        {
             drop(server);
             return Err(format!("heartbeat: {e}"));
         }

@@ -34,7 +34,10 @@ async fn read_request(s: &mut LinkStream) -> io::Result<(http_parse::RequestHead
         }
         let n = s.read(&mut tmp).await?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "stream closed before a request"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "stream closed before a request",
+            ));
         }
         buf.extend_from_slice(tmp.get(..n).unwrap_or(&[]));
     };
@@ -42,15 +45,26 @@ async fn read_request(s: &mut LinkStream) -> io::Result<(http_parse::RequestHead
     let n = match head.framing {
         BodyFraming::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
         BodyFraming::None => 0,
-        _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "the router sends Content-Length bodies")),
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the router sends Content-Length bodies",
+            ))
+        }
     };
     if n > MAX_BODY {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "request body too large"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "request body too large",
+        ));
     }
     while buf.len() < n {
         let k = s.read(&mut tmp).await?;
         if k == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "request body truncated"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "request body truncated",
+            ));
         }
         buf.extend_from_slice(tmp.get(..k).unwrap_or(&[]));
     }
@@ -67,8 +81,17 @@ async fn write_error(s: &mut LinkStream, err: &ApiError) {
 }
 
 fn backend_error(status: u16, message: String) -> ApiError {
-    let code = if status == 504 { ErrorCode::RequestTimeout } else { ErrorCode::BackendUnavailable };
-    ApiError { code, status, message, source: Source::Backend }
+    let code = if status == 504 {
+        ErrorCode::RequestTimeout
+    } else {
+        ErrorCode::BackendUnavailable
+    };
+    ApiError {
+        code,
+        status,
+        message,
+        source: Source::Backend,
+    }
 }
 
 /// Serve one inbound stream.
@@ -83,7 +106,14 @@ pub async fn serve_stream(cfg: Rc<AgentConfig>, s: yamux::Stream) {
     let (head, body) = match read_request(&mut s).await {
         Ok(v) => v,
         Err(e) => {
-            write_error(&mut s, &ApiError::new(ErrorCode::RequestInvalid, format!("bad request from router: {e}"))).await;
+            write_error(
+                &mut s,
+                &ApiError::new(
+                    ErrorCode::RequestInvalid,
+                    format!("bad request from router: {e}"),
+                ),
+            )
+            .await;
             return;
         }
     };
@@ -100,7 +130,11 @@ pub async fn serve_stream(cfg: Rc<AgentConfig>, s: yamux::Stream) {
     match monoio::time::timeout(cfg.http_timeout, run).await {
         Ok(Ok(())) => {}
         Ok(Err(ProxyError::BeforeHead(e))) => {
-            write_error(&mut s, &backend_error(503, format!("backend unreachable: {e}"))).await;
+            write_error(
+                &mut s,
+                &backend_error(503, format!("backend unreachable: {e}")),
+            )
+            .await;
         }
         Ok(Err(ProxyError::AfterHead(e))) => {
             // Headers already sent: drop the stream without the last chunk
@@ -128,11 +162,21 @@ async fn proxy(
     let mut conn = backend::send(&cfg.backend, &head.method, &head.path, headers, body)
         .await
         .map_err(ProxyError::BeforeHead)?;
-    let rh = conn.read_response_head().await.map_err(ProxyError::BeforeHead)?;
+    let rh = conn
+        .read_response_head()
+        .await
+        .map_err(ProxyError::BeforeHead)?;
     if rh.is_event_stream() {
         // Stream: headers now, then every piece as it arrives.
         let mut out = Vec::with_capacity(512);
-        http_write::write_response_head(&mut out, rh.status, &rh.headers, OutFraming::Chunked, true, &[]);
+        http_write::write_response_head(
+            &mut out,
+            rh.status,
+            &rh.headers,
+            OutFraming::Chunked,
+            true,
+            &[],
+        );
         s.write_all(&out).await.map_err(ProxyError::AfterHead)?;
         s.flush().await.map_err(ProxyError::AfterHead)?;
         let mut dec = ChunkedDecoder::new();
@@ -144,9 +188,12 @@ async fn proxy(
         loop {
             match rh.framing {
                 BodyFraming::Chunked => {
-                    let used = dec
-                        .decode(&conn.buf, &mut payload, 0)
-                        .map_err(|e| ProxyError::AfterHead(io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}"))))?;
+                    let used = dec.decode(&conn.buf, &mut payload, 0).map_err(|e| {
+                        ProxyError::AfterHead(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("{e:?}"),
+                        ))
+                    })?;
                     conn.consume(used);
                 }
                 _ => {
@@ -180,13 +227,18 @@ async fn proxy(
             match conn.fill().await {
                 Ok(0) if rh.framing == BodyFraming::UntilClose => break,
                 Ok(0) => {
-                    return Err(ProxyError::AfterHead(io::Error::new(io::ErrorKind::UnexpectedEof, "backend closed mid-stream")))
+                    return Err(ProxyError::AfterHead(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "backend closed mid-stream",
+                    )))
                 }
                 Ok(_) => {}
                 Err(e) => return Err(ProxyError::AfterHead(e)),
             }
         }
-        s.write_all(http_write::LAST_CHUNK).await.map_err(ProxyError::AfterHead)?;
+        s.write_all(http_write::LAST_CHUNK)
+            .await
+            .map_err(ProxyError::AfterHead)?;
         s.flush().await.map_err(ProxyError::AfterHead)?;
         let _ = s.close().await;
         return Ok(());
@@ -197,7 +249,14 @@ async fn proxy(
         .await
         .map_err(ProxyError::BeforeHead)?;
     let mut out = Vec::with_capacity(512 + body.len());
-    http_write::write_response_head(&mut out, rh.status, &rh.headers, OutFraming::Length(body.len()), true, &[]);
+    http_write::write_response_head(
+        &mut out,
+        rh.status,
+        &rh.headers,
+        OutFraming::Length(body.len()),
+        true,
+        &[],
+    );
     out.extend_from_slice(&body);
     s.write_all(&out).await.map_err(ProxyError::AfterHead)?;
     s.flush().await.map_err(ProxyError::AfterHead)?;

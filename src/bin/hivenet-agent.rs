@@ -84,8 +84,18 @@ struct Flags {
 
 fn build() -> Result<(AgentConfig, DriverChoice), String> {
     let f: Flags = cli::parse_args();
-    let engine = Engine::parse(&f.engine).ok_or_else(|| format!("--engine: unknown engine {:?} (vllm|sglang|ollama|llamacpp|infinity|custom)", f.engine))?;
-    let capability = Capability::parse(&f.capability).ok_or_else(|| format!("--capability: unknown capability {:?} (llm|embedding|reranker)", f.capability))?;
+    let engine = Engine::parse(&f.engine).ok_or_else(|| {
+        format!(
+            "--engine: unknown engine {:?} (vllm|sglang|ollama|llamacpp|infinity|custom)",
+            f.engine
+        )
+    })?;
+    let capability = Capability::parse(&f.capability).ok_or_else(|| {
+        format!(
+            "--capability: unknown capability {:?} (llm|embedding|reranker)",
+            f.capability
+        )
+    })?;
     if engine == Engine::Ollama && capability == Capability::Reranker {
         return Err("--capability reranker is not supported with --engine ollama".into());
     }
@@ -129,18 +139,27 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
         region: f.region,
         organization: f.organization,
         machine: f.machine,
-        tags: f.tags.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect(),
+        tags: f
+            .tags
+            .split(',')
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .collect(),
         version: f.version,
         deployment_id: cli::flag_or_env(f.deployment_id, "HIVENET_ROUTER_DEPLOYMENT_ID", ""),
         replica_id: cli::flag_or_env(f.replica_id, "HIVENET_ROUTER_REPLICA_ID", ""),
         http_timeout: cli::parse_duration("--http-timeout", &f.http_timeout)?,
-        health_interval: cli::parse_duration("--hardware-sample-interval", &f.hardware_sample_interval)?,
+        health_interval: cli::parse_duration(
+            "--hardware-sample-interval",
+            &f.hardware_sample_interval,
+        )?,
         warmup,
     };
     if cfg.http_timeout < Duration::from_millis(1) {
         return Err("--http-timeout must be greater than 0".into());
     }
-    let driver = DriverChoice::parse(&f.driver).ok_or_else(|| format!("--driver: {:?} is not auto or epoll", f.driver))?;
+    let driver = DriverChoice::parse(&f.driver)
+        .ok_or_else(|| format!("--driver: {:?} is not auto or epoll", f.driver))?;
     Ok((cfg, driver))
 }
 

@@ -54,11 +54,19 @@ pub fn bin(name: &str) -> PathBuf {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
 }
 
 pub fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("hivenet-test-{tag}-{}-{}", std::process::id(), free_port()));
+    let d = std::env::temp_dir().join(format!(
+        "hivenet-test-{tag}-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
     std::fs::create_dir_all(&d).expect("tmpdir");
     d
 }
@@ -68,13 +76,20 @@ pub fn spawn(name: &str, args: &[&str], dir: &Path, env: &[(&str, &str)]) -> Pro
     let f = std::fs::File::create(&log).expect("log file");
     let f2 = f.try_clone().expect("clone");
     let mut cmd = Command::new(bin(name));
-    cmd.args(args).current_dir(dir).stdout(Stdio::from(f)).stderr(Stdio::from(f2));
+    cmd.args(args)
+        .current_dir(dir)
+        .stdout(Stdio::from(f))
+        .stderr(Stdio::from(f2));
     cmd.env("RUST_LOG", "info");
     for (k, v) in env {
         cmd.env(k, v);
     }
     let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
-    Proc { child, name: name.to_string(), log }
+    Proc {
+        child,
+        name: name.to_string(),
+        log,
+    }
 }
 
 pub struct Router {
@@ -92,8 +107,21 @@ pub fn start_router(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Router 
     let mut args = vec!["--http-port", &h, "--metrics-port", &m, "--p2p-port", &p];
     args.extend_from_slice(extra);
     let proc = spawn("hivenet-router", &args, dir, env);
-    let r = Router { proc, http, metrics, p2p };
-    wait_until(Duration::from_secs(20), || get(r.http, "/health").map(|(s, _)| s == 200).unwrap_or(false), "router health");
+    let r = Router {
+        proc,
+        http,
+        metrics,
+        p2p,
+    };
+    wait_until(
+        Duration::from_secs(20),
+        || {
+            get(r.http, "/health")
+                .map(|(s, _)| s == 200)
+                .unwrap_or(false)
+        },
+        "router health",
+    );
     r
 }
 
@@ -103,23 +131,46 @@ pub fn start_sim(dir: &Path, model: &str, extra: &[&str]) -> (Proc, u16) {
     let mut args = vec!["--port", &ps, "--model", model];
     args.extend_from_slice(extra);
     let p = spawn("hivenet-sim", &args, dir, &[]);
-    wait_until(Duration::from_secs(20), || get(port, "/v1/models").map(|(s, _)| s == 200).unwrap_or(false), "sim up");
+    wait_until(
+        Duration::from_secs(20),
+        || {
+            get(port, "/v1/models")
+                .map(|(s, _)| s == 200)
+                .unwrap_or(false)
+        },
+        "sim up",
+    );
     (p, port)
 }
 
-pub fn start_agent(dir: &Path, router: &Router, sim_port: u16, identity: &str, extra: &[&str]) -> Proc {
+pub fn start_agent(
+    dir: &Path,
+    router: &Router,
+    sim_port: u16,
+    identity: &str,
+    extra: &[&str],
+) -> Proc {
     let ra = format!("/ip4/127.0.0.1/tcp/{}", router.p2p);
     let bu = format!("http://127.0.0.1:{sim_port}");
     let id = dir.join(identity);
     let ids = id.to_string_lossy().to_string();
-    let mut args = vec!["--router-p2p", &ra, "--backend-url", &bu, "--identity-path", &ids];
+    let mut args = vec![
+        "--router-p2p",
+        &ra,
+        "--backend-url",
+        &bu,
+        "--identity-path",
+        &ids,
+    ];
     args.extend_from_slice(extra);
     spawn("hivenet-agent", &args, dir, &[])
 }
 
 /// Healthy agents of `model` per `/v1/models`.
 pub fn healthy_agents(http: u16, model: &str) -> u64 {
-    let Ok((200, body)) = get(http, "/v1/models") else { return 0 };
+    let Ok((200, body)) = get(http, "/v1/models") else {
+        return 0;
+    };
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     v["data"]
         .as_array()
@@ -129,7 +180,11 @@ pub fn healthy_agents(http: u16, model: &str) -> u64 {
 }
 
 pub fn wait_agents(http: u16, model: &str, n: u64) {
-    wait_until(Duration::from_secs(30), || healthy_agents(http, model) >= n, &format!("{n} agents for {model}"));
+    wait_until(
+        Duration::from_secs(30),
+        || healthy_agents(http, model) >= n,
+        &format!("{n} agents for {model}"),
+    );
 }
 
 pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool, what: &str) {
@@ -164,11 +219,19 @@ pub fn raw(port: u16, bytes: &[u8], wait: Duration) -> Vec<u8> {
 /// Status code of the first response in `resp`.
 pub fn status_of(resp: &[u8]) -> u16 {
     let s = String::from_utf8_lossy(resp);
-    s.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    s.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Minimal HTTP client: one request, `Connection: close`.
-pub fn request(port: u16, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+pub fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> std::io::Result<(u16, Vec<u8>)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let head = format!(
@@ -179,10 +242,17 @@ pub fn request(port: u16, method: &str, path: &str, body: &[u8]) -> std::io::Res
     s.write_all(body)?;
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
-    let split = out.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4).unwrap_or(out.len());
+    let split = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| p + 4)
+        .unwrap_or(out.len());
     let head = String::from_utf8_lossy(&out[..split]).to_string();
     let mut body = out[split..].to_vec();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         body = dechunk(&body);
     }
     Ok((status_of(head.as_bytes()), body))
@@ -198,9 +268,9 @@ pub fn post(port: u16, path: &str, body: &str) -> std::io::Result<(u16, Vec<u8>)
 
 pub fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(nl) = b.windows(2).position(|w| w == b"\r\n") else { break };
-        let n = usize::from_str_radix(std::str::from_utf8(&b[..nl]).unwrap_or("0").trim(), 16).unwrap_or(0);
+    while let Some(nl) = b.windows(2).position(|w| w == b"\r\n") {
+        let n = usize::from_str_radix(std::str::from_utf8(&b[..nl]).unwrap_or("0").trim(), 16)
+            .unwrap_or(0);
         if n == 0 {
             break;
         }
@@ -226,5 +296,7 @@ pub fn metric(metrics_port: u16, prefix: &str) -> Option<f64> {
 }
 
 pub fn metrics_text(metrics_port: u16) -> String {
-    get(metrics_port, "/metrics").map(|(_, b)| String::from_utf8_lossy(&b).to_string()).unwrap_or_default()
+    get(metrics_port, "/metrics")
+        .map(|(_, b)| String::from_utf8_lossy(&b).to_string())
+        .unwrap_or_default()
 }

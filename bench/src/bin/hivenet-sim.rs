@@ -50,7 +50,9 @@ fn main() {
     use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_ansi(std::io::stdout().is_terminal())
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_target(false)
         .try_init();
     let f: Flags = argh::from_env();

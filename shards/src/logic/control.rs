@@ -84,6 +84,7 @@ pub struct Registration {
 /// One control-stream message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[allow(clippy::large_enum_variant)] // one registration per link: size does not matter
 pub enum ControlMsg {
     /// Agent asks to join routing.
     Register(Registration),
@@ -116,7 +117,9 @@ pub enum FrameError {
 impl std::fmt::Display for FrameError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            FrameError::TooLarge(n) => write!(f, "control frame of {n} bytes exceeds {MAX_CONTROL_FRAME}"),
+            FrameError::TooLarge(n) => {
+                write!(f, "control frame of {n} bytes exceeds {MAX_CONTROL_FRAME}")
+            }
             FrameError::Invalid(e) => write!(f, "invalid control frame: {e}"),
         }
     }
@@ -175,7 +178,10 @@ mod tests {
     #[test]
     fn rejects_oversize_and_garbage() {
         assert_eq!(decode(&[0, 1, 0, 1]), Err(FrameError::TooLarge(65537)));
-        assert!(matches!(decode(b"\0\0\0\x02{}"), Err(FrameError::Invalid(_))));
+        assert!(matches!(
+            decode(b"\0\0\0\x02{}"),
+            Err(FrameError::Invalid(_))
+        ));
     }
 
     proptest! {

@@ -6,8 +6,14 @@ pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         if let Some((a, b)) = part.split_once('-') {
-            let a: usize = a.trim().parse().map_err(|_| format!("invalid CPU range {part:?}"))?;
-            let b: usize = b.trim().parse().map_err(|_| format!("invalid CPU range {part:?}"))?;
+            let a: usize = a
+                .trim()
+                .parse()
+                .map_err(|_| format!("invalid CPU range {part:?}"))?;
+            let b: usize = b
+                .trim()
+                .parse()
+                .map_err(|_| format!("invalid CPU range {part:?}"))?;
             if a > b || b - a > 4096 {
                 return Err(format!("invalid CPU range {part:?}"));
             }
@@ -26,11 +32,20 @@ pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
 
 /// Shard -> CPU plan. `available` is what the process may use (may be
 /// empty when unknown: shards then run unpinned).
-pub fn plan(shards: Option<usize>, cpus: Option<&[usize]>, available: &[usize]) -> Result<Vec<Option<usize>>, String> {
+pub fn plan(
+    shards: Option<usize>,
+    cpus: Option<&[usize]>,
+    available: &[usize],
+) -> Result<Vec<Option<usize>>, String> {
     let pool: Vec<usize> = match cpus {
         Some(list) => {
-            if let Some(bad) = list.iter().find(|c| !available.is_empty() && !available.contains(c)) {
-                return Err(format!("CPU {bad} is not available to this process (available: {available:?})"));
+            if let Some(bad) = list
+                .iter()
+                .find(|c| !available.is_empty() && !available.contains(c))
+            {
+                return Err(format!(
+                    "CPU {bad} is not available to this process (available: {available:?})"
+                ));
             }
             list.to_vec()
         }
@@ -42,7 +57,13 @@ pub fn plan(shards: Option<usize>, cpus: Option<&[usize]>, available: &[usize]) 
         None => pool.len().max(1),
     };
     Ok((0..n)
-        .map(|i| if pool.is_empty() { None } else { pool.get(i % pool.len()).copied() })
+        .map(|i| {
+            if pool.is_empty() {
+                None
+            } else {
+                pool.get(i % pool.len()).copied()
+            }
+        })
         .collect())
 }
 
@@ -59,9 +80,18 @@ mod tests {
 
     #[test]
     fn plans() {
-        assert_eq!(plan(None, None, &[0, 1]).expect("ok"), vec![Some(0), Some(1)]);
-        assert_eq!(plan(Some(3), None, &[0, 1]).expect("ok"), vec![Some(0), Some(1), Some(0)]);
-        assert_eq!(plan(Some(1), Some(&[1]), &[0, 1]).expect("ok"), vec![Some(1)]);
+        assert_eq!(
+            plan(None, None, &[0, 1]).expect("ok"),
+            vec![Some(0), Some(1)]
+        );
+        assert_eq!(
+            plan(Some(3), None, &[0, 1]).expect("ok"),
+            vec![Some(0), Some(1), Some(0)]
+        );
+        assert_eq!(
+            plan(Some(1), Some(&[1]), &[0, 1]).expect("ok"),
+            vec![Some(1)]
+        );
         assert!(plan(None, Some(&[5]), &[0, 1]).is_err());
         assert!(plan(Some(0), None, &[0]).is_err());
         assert_eq!(plan(Some(2), None, &[]).expect("ok"), vec![None, None]);

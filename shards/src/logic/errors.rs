@@ -148,7 +148,10 @@ mod tests {
 
     #[test]
     fn envelope_shape() {
-        let e = ApiError::new(ErrorCode::ModelNotFound, "No agents registered for this model");
+        let e = ApiError::new(
+            ErrorCode::ModelNotFound,
+            "No agents registered for this model",
+        );
         let v: serde_json::Value = serde_json::from_slice(&e.body()).expect("json");
         assert_eq!(v["error"]["code"], "model_not_found");
         assert_eq!(v["error"]["source"], "router");

@@ -115,8 +115,11 @@ fn head_end(buf: &[u8]) -> Option<usize> {
 
 /// Obsolete line folding: a header line that starts with SP or HT.
 fn has_obs_fold(head: &[u8]) -> bool {
-    head.windows(3)
-        .any(|w| w.first() == Some(&b'\r') && w.get(1) == Some(&b'\n') && matches!(w.get(2), Some(b' ' | b'\t')))
+    head.windows(3).any(|w| {
+        w.first() == Some(&b'\r')
+            && w.get(1) == Some(&b'\n')
+            && matches!(w.get(2), Some(b' ' | b'\t'))
+    })
 }
 
 fn parse_content_length(v: &[u8]) -> Result<u64, HeadError> {
@@ -151,9 +154,7 @@ fn framing_of(headers: &[(String, Vec<u8>)]) -> Result<Option<BodyFraming>, Head
         }
     }
     match (cl, te_seen) {
-        (Some(_), true) => Err(HeadError::Bad(
-            "both Content-Length and Transfer-Encoding",
-        )),
+        (Some(_), true) => Err(HeadError::Bad("both Content-Length and Transfer-Encoding")),
         (Some(0), false) => Ok(Some(BodyFraming::None)),
         (Some(n), false) => Ok(Some(BodyFraming::Length(n))),
         (None, true) => Ok(Some(BodyFraming::Chunked)),
@@ -162,7 +163,10 @@ fn framing_of(headers: &[(String, Vec<u8>)]) -> Result<Option<BodyFraming>, Head
 }
 
 fn trim(v: &[u8]) -> &[u8] {
-    let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
+    let start = v
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(v.len());
     let end = v
         .iter()
         .rposition(|b| !b.is_ascii_whitespace())
@@ -172,7 +176,8 @@ fn trim(v: &[u8]) -> &[u8] {
 }
 
 fn token_in(v: &[u8], token: &[u8]) -> bool {
-    v.split(|b| *b == b',').any(|t| trim(t).eq_ignore_ascii_case(token))
+    v.split(|b| *b == b',')
+        .any(|t| trim(t).eq_ignore_ascii_case(token))
 }
 
 /// Parse a request head from the start of `buf`.
@@ -222,9 +227,9 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
         (0, None) => false,
         _ => true,
     };
-    let expect_continue = headers
-        .iter()
-        .any(|(n, v)| n.eq_ignore_ascii_case("expect") && trim(v).eq_ignore_ascii_case(b"100-continue"));
+    let expect_continue = headers.iter().any(|(n, v)| {
+        n.eq_ignore_ascii_case("expect") && trim(v).eq_ignore_ascii_case(b"100-continue")
+    });
     Ok(Some((
         RequestHead {
             method,
@@ -336,7 +341,12 @@ impl ChunkedDecoder {
 
     /// Decode from `input`, appending payload to `out`; `limit` caps the
     /// total payload (0 = unlimited). Returns the bytes of `input` consumed.
-    pub fn decode(&mut self, input: &[u8], out: &mut Vec<u8>, limit: u64) -> Result<usize, ChunkError> {
+    pub fn decode(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
+        limit: u64,
+    ) -> Result<usize, ChunkError> {
         let mut pos = 0usize;
         loop {
             let rest = input.get(pos..).unwrap_or(&[]);
@@ -355,7 +365,10 @@ impl ChunkedDecoder {
                         None => line,
                     };
                     let size_part = trim(size_part);
-                    if size_part.is_empty() || size_part.len() > 15 || !size_part.iter().all(u8::is_ascii_hexdigit) {
+                    if size_part.is_empty()
+                        || size_part.len() > 15
+                        || !size_part.iter().all(u8::is_ascii_hexdigit)
+                    {
                         return Err(ChunkError::Bad);
                     }
                     let s = std::str::from_utf8(size_part).map_err(|_| ChunkError::Bad)?;
@@ -379,7 +392,11 @@ impl ChunkedDecoder {
                     self.total += take as u64;
                     pos += take;
                     let left = n - take as u64;
-                    self.state = if left == 0 { ChunkState::DataEnd } else { ChunkState::Data(left) };
+                    self.state = if left == 0 {
+                        ChunkState::DataEnd
+                    } else {
+                        ChunkState::Data(left)
+                    };
                 }
                 ChunkState::DataEnd => {
                     if rest.len() < 2 {
@@ -419,13 +436,17 @@ mod tests {
 
     #[test]
     fn simple_post() {
-        let (h, n) = req("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
-            .expect("ok")
-            .expect("complete");
+        let (h, n) =
+            req("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+                .expect("ok")
+                .expect("complete");
         assert_eq!(h.method, "POST");
         assert_eq!(h.framing, BodyFraming::Length(5));
         assert!(h.keep_alive);
-        assert_eq!(n, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n".len());
+        assert_eq!(
+            n,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n".len()
+        );
     }
 
     #[test]
@@ -455,8 +476,14 @@ mod tests {
             req("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n"),
             Err(HeadError::Bad(_))
         ));
-        assert!(matches!(req("POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n"), Err(HeadError::Bad(_))));
-        assert!(matches!(req("POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n"), Err(HeadError::Bad(_))));
+        assert!(matches!(
+            req("POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+        assert!(matches!(
+            req("POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
     }
 
     #[test]
@@ -487,9 +514,13 @@ mod tests {
     fn connection_semantics() {
         let (h, _) = req("GET / HTTP/1.0\r\n\r\n").expect("ok").expect("c");
         assert!(!h.keep_alive);
-        let (h, _) = req("GET / HTTP/1.1\r\nConnection: close\r\n\r\n").expect("ok").expect("c");
+        let (h, _) = req("GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+            .expect("ok")
+            .expect("c");
         assert!(!h.keep_alive);
-        let (h, _) = req("GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n").expect("ok").expect("c");
+        let (h, _) = req("GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n")
+            .expect("ok")
+            .expect("c");
         assert!(h.expect_continue);
     }
 
@@ -515,12 +546,15 @@ mod tests {
 
     #[test]
     fn response_framing() {
-        let (h, _) = parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
-            .expect("ok")
-            .expect("c");
+        let (h, _) =
+            parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+                .expect("ok")
+                .expect("c");
         assert_eq!(h.framing, BodyFraming::UntilClose);
         assert!(h.is_event_stream());
-        let (h, _) = parse_response_head(b"HTTP/1.1 204 No Content\r\n\r\n").expect("ok").expect("c");
+        let (h, _) = parse_response_head(b"HTTP/1.1 204 No Content\r\n\r\n")
+            .expect("ok")
+            .expect("c");
         assert_eq!(h.framing, BodyFraming::None);
     }
 

@@ -103,7 +103,14 @@ pub fn write_full_response(
     extra: &[(&str, &[u8])],
 ) {
     let headers = [("Content-Type".to_string(), content_type.as_bytes().to_vec())];
-    write_response_head(out, status, &headers, OutFraming::Length(body.len()), keep_alive, extra);
+    write_response_head(
+        out,
+        status,
+        &headers,
+        OutFraming::Length(body.len()),
+        keep_alive,
+        extra,
+    );
     out.extend_from_slice(body);
 }
 
@@ -168,7 +175,14 @@ mod tests {
             ("Content-Length".to_string(), b"999".to_vec()),
             ("Connection".to_string(), b"keep-alive".to_vec()),
         ];
-        write_response_head(&mut out, 200, &hs, OutFraming::Length(2), true, &[("X-Accel-Buffering", b"no")]);
+        write_response_head(
+            &mut out,
+            200,
+            &hs,
+            OutFraming::Length(2),
+            true,
+            &[("X-Accel-Buffering", b"no")],
+        );
         out.extend_from_slice(b"{}");
         let (h, n) = parse_response_head(&out).expect("ok").expect("complete");
         assert_eq!(h.status, 200);

@@ -2,7 +2,7 @@
 //!
 //! Every function here takes the time (`now`) and any randomness as
 //! arguments so it can be unit- and property-tested.
-#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
 
 pub mod control;
 pub mod core_plan;

@@ -28,7 +28,10 @@ impl std::fmt::Display for PreambleError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PreambleError::Garbage => write!(f, "garbage preamble (bad magic or version)"),
-            PreambleError::TooLong(n) => write!(f, "preamble model name of {n} bytes exceeds {MAX_PREAMBLE_MODEL}"),
+            PreambleError::TooLong(n) => write!(
+                f,
+                "preamble model name of {n} bytes exceeds {MAX_PREAMBLE_MODEL}"
+            ),
             PreambleError::BadModel => write!(f, "preamble model name empty or not UTF-8"),
         }
     }
@@ -84,9 +87,15 @@ mod tests {
     fn rejects() {
         assert_eq!(decode(b"GET / HTTP/1.1"), Err(PreambleError::Garbage));
         assert_eq!(decode(b"HVNP\x02\x00\x01a"), Err(PreambleError::Garbage));
-        assert_eq!(decode(b"HVNP\x01\x10\x00"), Err(PreambleError::TooLong(4096)));
+        assert_eq!(
+            decode(b"HVNP\x01\x10\x00"),
+            Err(PreambleError::TooLong(4096))
+        );
         assert_eq!(decode(b"HVNP\x01\x00\x00"), Err(PreambleError::BadModel));
-        assert_eq!(decode(b"HVNP\x01\x00\x02\xff\xfe"), Err(PreambleError::BadModel));
+        assert_eq!(
+            decode(b"HVNP\x01\x00\x02\xff\xfe"),
+            Err(PreambleError::BadModel)
+        );
         assert_eq!(decode(b"HV"), Ok(None));
     }
 

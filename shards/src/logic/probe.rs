@@ -35,7 +35,12 @@ pub fn probe(body: &[u8]) -> Result<RequestMeta, ApiError> {
         .map_err(|e| ApiError::new(ErrorCode::RequestInvalid, format!("Invalid request: {e}")))?;
     let model = match p.model {
         Some(m) if !m.is_empty() => m,
-        _ => return Err(ApiError::new(ErrorCode::RequestInvalid, "model field is required")),
+        _ => {
+            return Err(ApiError::new(
+                ErrorCode::RequestInvalid,
+                "model field is required",
+            ))
+        }
     };
     if model.len() > MAX_MODEL_BYTES {
         return Err(ApiError::new(
@@ -70,12 +75,26 @@ mod tests {
     #[test]
     fn errors() {
         assert_eq!(probe(b"not json").expect_err("bad").status, 400);
-        assert_eq!(probe(br#"{"model":""}"#).expect_err("e").message, "model field is required");
-        assert_eq!(probe(br#"{}"#).expect_err("e").message, "model field is required");
-        assert_eq!(probe(br#"{"model":"m","stream":"yes"}"#).expect_err("e").status, 400);
+        assert_eq!(
+            probe(br#"{"model":""}"#).expect_err("e").message,
+            "model field is required"
+        );
+        assert_eq!(
+            probe(br#"{}"#).expect_err("e").message,
+            "model field is required"
+        );
+        assert_eq!(
+            probe(br#"{"model":"m","stream":"yes"}"#)
+                .expect_err("e")
+                .status,
+            400
+        );
         assert_eq!(probe(br#"[1]"#).expect_err("e").status, 400);
         let long = format!(r#"{{"model":"{}"}}"#, "a".repeat(257));
-        assert!(probe(long.as_bytes()).expect_err("e").message.contains("256"));
+        assert!(probe(long.as_bytes())
+            .expect_err("e")
+            .message
+            .contains("256"));
     }
 
     proptest! {

@@ -79,7 +79,13 @@ mod tests {
     use proptest::prelude::*;
 
     fn c(active: u32, capacity: u32) -> Candidate {
-        Candidate { healthy: true, capable: true, active, capacity, excluded: false }
+        Candidate {
+            healthy: true,
+            capable: true,
+            active,
+            capacity,
+            excluded: false,
+        }
     }
 
     #[test]
@@ -105,9 +111,20 @@ mod tests {
     }
 
     fn arb() -> impl Strategy<Value = Candidate> {
-        (any::<bool>(), any::<bool>(), 0u32..12, 0u32..10, any::<bool>()).prop_map(|(h, cap, a, c, e)| Candidate {
-            healthy: h, capable: cap, active: a, capacity: c, excluded: e,
-        })
+        (
+            any::<bool>(),
+            any::<bool>(),
+            0u32..12,
+            0u32..10,
+            any::<bool>(),
+        )
+            .prop_map(|(h, cap, a, c, e)| Candidate {
+                healthy: h,
+                capable: cap,
+                active: a,
+                capacity: c,
+                excluded: e,
+            })
     }
 
     proptest! {

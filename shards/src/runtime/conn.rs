@@ -28,7 +28,11 @@ impl Conn {
     /// Wrap a stream (sets `TCP_NODELAY`).
     pub fn new(stream: TcpStream, buf: Vec<u8>) -> Self {
         let _ = stream.set_nodelay(true);
-        Conn { stream, buf, rbuf: Vec::new() }
+        Conn {
+            stream,
+            buf,
+            rbuf: Vec::new(),
+        }
     }
 
     /// Take the socket and unconsumed input apart (for a hand-off).
@@ -80,7 +84,10 @@ impl Conn {
                 Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}"))),
             }
             if self.fill().await? == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed before response head"));
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "closed before response head",
+                ));
             }
         }
     }
@@ -93,10 +100,14 @@ impl Conn {
                 if limit > 0 && n > limit {
                     return Err(io::Error::new(io::ErrorKind::InvalidData, "body too large"));
                 }
-                let n = usize::try_from(n).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "length"))?;
+                let n = usize::try_from(n)
+                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "length"))?;
                 while self.buf.len() < n {
                     if self.fill().await? == 0 {
-                        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "body truncated"));
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "body truncated",
+                        ));
                     }
                 }
                 let body = self.buf.get(..n).unwrap_or(&[]).to_vec();
@@ -107,28 +118,29 @@ impl Conn {
                 let mut dec = ChunkedDecoder::new();
                 let mut out = Vec::new();
                 loop {
-                    let used = dec
-                        .decode(&self.buf, &mut out, limit)
-                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("chunked: {e:?}")))?;
+                    let used = dec.decode(&self.buf, &mut out, limit).map_err(|e| {
+                        io::Error::new(io::ErrorKind::InvalidData, format!("chunked: {e:?}"))
+                    })?;
                     self.consume(used);
                     if dec.is_done() {
                         return Ok(out);
                     }
                     if self.fill().await? == 0 {
-                        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "chunked body truncated"));
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "chunked body truncated",
+                        ));
                     }
                 }
             }
-            BodyFraming::UntilClose => {
-                loop {
-                    if limit > 0 && self.buf.len() as u64 > limit {
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, "body too large"));
-                    }
-                    if self.fill().await? == 0 {
-                        return Ok(std::mem::take(&mut self.buf));
-                    }
+            BodyFraming::UntilClose => loop {
+                if limit > 0 && self.buf.len() as u64 > limit {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, "body too large"));
                 }
-            }
+                if self.fill().await? == 0 {
+                    return Ok(std::mem::take(&mut self.buf));
+                }
+            },
         }
     }
 }

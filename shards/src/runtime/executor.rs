@@ -52,26 +52,33 @@ pub fn bind_reuseport(addr: SocketAddr, n: usize) -> io::Result<Vec<TcpListener>
 
 /// Run `make()` on a new thread with its own runtime, pinned to `cpu`.
 /// `label` names the thread and the start-up log line.
-pub fn spawn_runtime<F, Fut>(label: String, cpu: Option<usize>, driver: DriverChoice, make: F) -> io::Result<JoinHandle<()>>
+pub fn spawn_runtime<F, Fut>(
+    label: String,
+    cpu: Option<usize>,
+    driver: DriverChoice,
+    make: F,
+) -> io::Result<JoinHandle<()>>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    std::thread::Builder::new().name(label.clone()).spawn(move || {
-        let pinned = match cpu {
-            Some(c) => core_affinity::set_for_current(core_affinity::CoreId { id: c }),
-            None => false,
-        };
-        let cpu_s = match (cpu, pinned) {
-            (Some(c), true) => c.to_string(),
-            (Some(c), false) => format!("{c} (pinning failed)"),
-            (None, _) => "unpinned".to_string(),
-        };
-        run_on_runtime(driver, |kind| {
-            info!("{label} on cpu {cpu_s}, driver {kind}");
-            make()
-        });
-    })
+    std::thread::Builder::new()
+        .name(label.clone())
+        .spawn(move || {
+            let pinned = match cpu {
+                Some(c) => core_affinity::set_for_current(core_affinity::CoreId { id: c }),
+                None => false,
+            };
+            let cpu_s = match (cpu, pinned) {
+                (Some(c), true) => c.to_string(),
+                (Some(c), false) => format!("{c} (pinning failed)"),
+                (None, _) => "unpinned".to_string(),
+            };
+            run_on_runtime(driver, |kind| {
+                info!("{label} on cpu {cpu_s}, driver {kind}");
+                make()
+            });
+        })
 }
 
 /// Run a future to completion on a runtime of the chosen driver in the
@@ -82,11 +89,17 @@ where
     Fut: Future<Output = ()>,
 {
     match driver {
-        DriverChoice::Epoll => match monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build() {
+        DriverChoice::Epoll => match monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+        {
             Ok(mut rt) => rt.block_on(make("epoll (forced)")),
             Err(e) => tracing::error!("cannot build epoll runtime: {e}"),
         },
-        DriverChoice::Auto => match monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build() {
+        DriverChoice::Auto => match monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+            .enable_timer()
+            .build()
+        {
             Ok(mut rt) => {
                 let kind = match &rt {
                     monoio::FusionRuntime::Uring(_) => "io_uring",

@@ -25,7 +25,10 @@ use crate::logic::probe;
 pub const CORS: [(&str, &[u8]); 3] = [
     ("Access-Control-Allow-Origin", b"*"),
     ("Access-Control-Allow-Methods", b"POST, GET, OPTIONS"),
-    ("Access-Control-Allow-Headers", b"Content-Type, Authorization"),
+    (
+        "Access-Control-Allow-Headers",
+        b"Content-Type, Authorization",
+    ),
 ];
 
 enum HeadRead {
@@ -67,7 +70,14 @@ async fn send_error(conn: &mut Conn, err: &ApiError, keep_alive: bool) -> bool {
 
 async fn send_json(conn: &mut Conn, status: u16, body: &[u8], keep_alive: bool) -> bool {
     let mut out = Vec::with_capacity(body.len() + 256);
-    http_write::write_full_response(&mut out, status, "application/json", body, keep_alive, &CORS);
+    http_write::write_full_response(
+        &mut out,
+        status,
+        "application/json",
+        body,
+        keep_alive,
+        &CORS,
+    );
     conn.write_all(out).await.is_ok() && keep_alive
 }
 
@@ -83,7 +93,9 @@ async fn read_body(conn: &mut Conn, framing: BodyFraming, limit: u64) -> BodyRea
     match framing {
         BodyFraming::None => BodyRead::Ok(Vec::new()),
         BodyFraming::Length(n) => {
-            let Ok(n) = usize::try_from(n) else { return BodyRead::TooLarge };
+            let Ok(n) = usize::try_from(n) else {
+                return BodyRead::TooLarge;
+            };
             while conn.buf.len() < n {
                 match conn.fill().await {
                     Ok(0) | Err(_) => return BodyRead::Closed,
@@ -133,16 +145,31 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn, first: Option<Box<PendingRe
             }
             Ok(Err(HeadRead::Closed | HeadRead::Io)) => return,
             Ok(Err(HeadRead::Bad(HeadError::Bad(why)))) => {
-                send_error(&mut conn, &ApiError::new(ErrorCode::RequestInvalid, why), false).await;
+                send_error(
+                    &mut conn,
+                    &ApiError::new(ErrorCode::RequestInvalid, why),
+                    false,
+                )
+                .await;
                 return;
             }
             Ok(Err(HeadRead::Bad(HeadError::TooLarge(why)))) => {
-                send_error(&mut conn, &ApiError::new(ErrorCode::HeadersTooLarge, why), false).await;
+                send_error(
+                    &mut conn,
+                    &ApiError::new(ErrorCode::HeadersTooLarge, why),
+                    false,
+                )
+                .await;
                 return;
             }
             Err(_) => {
                 if !conn.buf.is_empty() {
-                    send_error(&mut conn, &ApiError::new(ErrorCode::ClientTimeout, "request header timeout"), false).await;
+                    send_error(
+                        &mut conn,
+                        &ApiError::new(ErrorCode::ClientTimeout, "request header timeout"),
+                        false,
+                    )
+                    .await;
                 }
                 return;
             }
@@ -172,19 +199,39 @@ fn ok(b: bool) -> Routed {
     }
 }
 
-async fn route(shard: &Rc<Shard>, conn: &mut Conn, head: RequestHead, started: clock::Instant) -> Routed {
+async fn route(
+    shard: &Rc<Shard>,
+    conn: &mut Conn,
+    head: RequestHead,
+    started: clock::Instant,
+) -> Routed {
     let path = head.path_only().to_string();
     // Requests other than inference ones carry no body we want: close
     // rather than drain when one is declared.
     let keep = head.keep_alive && head.framing == BodyFraming::None;
     if head.method == "OPTIONS" {
         let mut out = Vec::new();
-        http_write::write_response_head(&mut out, 204, &[], http_write::OutFraming::Length(0), keep, &CORS);
+        http_write::write_response_head(
+            &mut out,
+            204,
+            &[],
+            http_write::OutFraming::Length(0),
+            keep,
+            &CORS,
+        );
         return ok(conn.write_all(out).await.is_ok() && keep);
     }
     if let Some(ep) = Endpoint::of(&path) {
         if head.method != "POST" {
-            return ok(send_error(conn, &ApiError::new(ErrorCode::MethodNotAllowed, format!("method {} not allowed on {path}", head.method)), keep).await);
+            return ok(send_error(
+                conn,
+                &ApiError::new(
+                    ErrorCode::MethodNotAllowed,
+                    format!("method {} not allowed on {path}", head.method),
+                ),
+                keep,
+            )
+            .await);
         }
         return read_and_dispatch(shard, conn, head, ep, started).await;
     }
@@ -200,16 +247,54 @@ async fn route(shard: &Rc<Shard>, conn: &mut Conn, head: RequestHead, started: c
             let snaps = shard.gather().await;
             match model_detail(&id, snaps.iter().flat_map(|s| s.agents.iter())) {
                 Some(body) => ok(send_json(conn, 200, &body, keep).await),
-                None => ok(send_error(conn, &ApiError::new(ErrorCode::ModelNotFound, format!("No agents registered for model: {id}")), keep).await),
+                None => ok(send_error(
+                    conn,
+                    &ApiError::new(
+                        ErrorCode::ModelNotFound,
+                        format!("No agents registered for model: {id}"),
+                    ),
+                    keep,
+                )
+                .await),
             }
         }
-        (_, "/health" | "/v1/models") => ok(send_error(conn, &ApiError::new(ErrorCode::MethodNotAllowed, format!("method {} not allowed on {path}", head.method)), keep).await),
-        (_, p) if p.starts_with("/v1/models/") => ok(send_error(conn, &ApiError::new(ErrorCode::MethodNotAllowed, format!("method {} not allowed on {path}", head.method)), keep).await),
-        _ => ok(send_error(conn, &ApiError::new(ErrorCode::NotFound, format!("no route for {} {path}", head.method)), keep).await),
+        (_, "/health" | "/v1/models") => ok(send_error(
+            conn,
+            &ApiError::new(
+                ErrorCode::MethodNotAllowed,
+                format!("method {} not allowed on {path}", head.method),
+            ),
+            keep,
+        )
+        .await),
+        (_, p) if p.starts_with("/v1/models/") => ok(send_error(
+            conn,
+            &ApiError::new(
+                ErrorCode::MethodNotAllowed,
+                format!("method {} not allowed on {path}", head.method),
+            ),
+            keep,
+        )
+        .await),
+        _ => ok(send_error(
+            conn,
+            &ApiError::new(
+                ErrorCode::NotFound,
+                format!("no route for {} {path}", head.method),
+            ),
+            keep,
+        )
+        .await),
     }
 }
 
-async fn read_and_dispatch(shard: &Rc<Shard>, conn: &mut Conn, head: RequestHead, ep: Endpoint, started: clock::Instant) -> Routed {
+async fn read_and_dispatch(
+    shard: &Rc<Shard>,
+    conn: &mut Conn,
+    head: RequestHead,
+    ep: Endpoint,
+    started: clock::Instant,
+) -> Routed {
     let cfg = &shard.shared.cfg;
     let limit = cfg.max_request_bytes;
     if let BodyFraming::Length(n) = head.framing {
@@ -219,27 +304,48 @@ async fn read_and_dispatch(shard: &Rc<Shard>, conn: &mut Conn, head: RequestHead
             return Routed::Close;
         }
     }
-    if head.expect_continue && head.framing != BodyFraming::None && conn.buf.is_empty() {
-        if conn.write_all(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec()).await.is_err() {
-            return Routed::Close;
-        }
+    if head.expect_continue
+        && head.framing != BodyFraming::None
+        && conn.buf.is_empty()
+        && conn
+            .write_all(
+                b"HTTP/1.1 100 Continue
+
+"
+                .to_vec(),
+            )
+            .await
+            .is_err()
+    {
+        return Routed::Close;
     }
-    let body = match monoio::time::timeout(cfg.body_timeout, read_body(conn, head.framing, limit)).await {
-        Ok(BodyRead::Ok(b)) => b,
-        Ok(BodyRead::TooLarge) => {
-            send_error(conn, &ApiError::body_too_large(limit), false).await;
-            return Routed::Close;
-        }
-        Ok(BodyRead::Bad) => {
-            send_error(conn, &ApiError::new(ErrorCode::RequestInvalid, "failed to read request body"), false).await;
-            return Routed::Close;
-        }
-        Ok(BodyRead::Closed) => return Routed::Close,
-        Err(_) => {
-            send_error(conn, &ApiError::new(ErrorCode::ClientTimeout, "request body deadline exceeded"), false).await;
-            return Routed::Close;
-        }
-    };
+    let body =
+        match monoio::time::timeout(cfg.body_timeout, read_body(conn, head.framing, limit)).await {
+            Ok(BodyRead::Ok(b)) => b,
+            Ok(BodyRead::TooLarge) => {
+                send_error(conn, &ApiError::body_too_large(limit), false).await;
+                return Routed::Close;
+            }
+            Ok(BodyRead::Bad) => {
+                send_error(
+                    conn,
+                    &ApiError::new(ErrorCode::RequestInvalid, "failed to read request body"),
+                    false,
+                )
+                .await;
+                return Routed::Close;
+            }
+            Ok(BodyRead::Closed) => return Routed::Close,
+            Err(_) => {
+                send_error(
+                    conn,
+                    &ApiError::new(ErrorCode::ClientTimeout, "request body deadline exceeded"),
+                    false,
+                )
+                .await;
+                return Routed::Close;
+            }
+        };
     let keep = head.keep_alive;
     let meta = match probe::probe(&body) {
         Ok(m) => m,
@@ -247,9 +353,23 @@ async fn read_and_dispatch(shard: &Rc<Shard>, conn: &mut Conn, head: RequestHead
     };
     // Unknown model: answered here; no directory entry, no metric series.
     let Some(owner) = shard.shared.owner(&meta.model) else {
-        return ok(send_error(conn, &ApiError::new(ErrorCode::ModelNotFound, "No agents registered for this model"), keep).await);
+        return ok(send_error(
+            conn,
+            &ApiError::new(
+                ErrorCode::ModelNotFound,
+                "No agents registered for this model",
+            ),
+            keep,
+        )
+        .await);
     };
-    let pending = PendingRequest { head, body, meta, endpoint: ep, received_at: started };
+    let pending = PendingRequest {
+        head,
+        body,
+        meta,
+        endpoint: ep,
+        received_at: started,
+    };
     if owner != shard.id {
         return Routed::HandOff(Box::new(pending), owner);
     }
@@ -272,11 +392,19 @@ fn hand_off(shard: &Shard, conn: Conn, pending: PendingRequest, owner: usize) {
         return;
     };
     let (stream, buf) = conn.into_parts();
-    let msg = ShardMsg::AdoptHttp { stream: handoff::into_std(stream), buf, pending: Box::new(pending) };
+    let msg = ShardMsg::AdoptHttp {
+        stream: handoff::into_std(stream),
+        buf,
+        pending: Box::new(pending),
+    };
     if tx.unbounded_send(msg).is_ok() {
         shard.count_handoff_out();
     } else {
-        tracing::warn!(shard = shard.id, owner, "hand-off failed: owner shard is gone; connection dropped");
+        tracing::warn!(
+            shard = shard.id,
+            owner,
+            "hand-off failed: owner shard is gone; connection dropped"
+        );
     }
 }
 
@@ -295,13 +423,24 @@ pub fn models_list<'a>(agents: impl Iterator<Item = &'a AgentView>) -> Vec<u8> {
 }
 
 fn model_object(model: &str, agents: &[&AgentView], with_list: bool) -> serde_json::Value {
-    let mut engines: Vec<&str> = agents.iter().map(|a| a.reg.engine.as_str()).filter(|s| !s.is_empty()).collect();
+    let mut engines: Vec<&str> = agents
+        .iter()
+        .map(|a| a.reg.engine.as_str())
+        .filter(|s| !s.is_empty())
+        .collect();
     engines.sort_unstable();
     engines.dedup();
-    let mut regions: Vec<&str> = agents.iter().map(|a| a.reg.region.as_str()).filter(|s| !s.is_empty()).collect();
+    let mut regions: Vec<&str> = agents
+        .iter()
+        .map(|a| a.reg.region.as_str())
+        .filter(|s| !s.is_empty())
+        .collect();
     regions.sort_unstable();
     regions.dedup();
-    let capability = agents.first().map(|a| a.reg.capability.as_str()).unwrap_or("llm");
+    let capability = agents
+        .first()
+        .map(|a| a.reg.capability.as_str())
+        .unwrap_or("llm");
     let mut summary = json!({
         "total": agents.len(),
         "healthy": agents.iter().filter(|a| a.healthy).count(),

@@ -20,7 +20,11 @@ pub type BoxIo = Box<dyn LinkIo>;
 pub struct FuturesIo<T>(pub T);
 
 impl<T: tokio::io::AsyncRead + Unpin> AsyncRead for FuturesIo<T> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
         let mut rb = tokio::io::ReadBuf::new(buf);
         match Pin::new(&mut self.0).poll_read(cx, &mut rb) {
             Poll::Ready(Ok(())) => Poll::Ready(Ok(rb.filled().len())),
@@ -31,7 +35,11 @@ impl<T: tokio::io::AsyncRead + Unpin> AsyncRead for FuturesIo<T> {
 }
 
 impl<T: tokio::io::AsyncWrite + Unpin> AsyncWrite for FuturesIo<T> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.0).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -52,12 +60,20 @@ pub struct Prefixed<T> {
 impl<T> Prefixed<T> {
     /// Wrap `inner`, replaying `prefix` first.
     pub fn new(prefix: Vec<u8>, inner: T) -> Self {
-        Prefixed { prefix, pos: 0, inner }
+        Prefixed {
+            prefix,
+            pos: 0,
+            inner,
+        }
     }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
         if self.pos < self.prefix.len() {
             let rest = self.prefix.get(self.pos..).unwrap_or(&[]);
             let n = rest.len().min(buf.len());
@@ -72,7 +88,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -95,13 +115,21 @@ impl<T> ThreadBound<T> {
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for ThreadBound<T> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut *self.0).poll_read(cx, buf)
     }
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for ThreadBound<T> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut *self.0).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

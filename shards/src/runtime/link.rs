@@ -49,7 +49,9 @@ impl std::fmt::Display for LinkError {
         match self {
             LinkError::Io(e) => write!(f, "i/o: {e}"),
             LinkError::Pnet(e) => write!(f, "private network handshake: {e}"),
-            LinkError::Noise(e) => write!(f, "noise handshake (wrong swarm key or not an agent?): {e}"),
+            LinkError::Noise(e) => {
+                write!(f, "noise handshake (wrong swarm key or not an agent?): {e}")
+            }
         }
     }
 }
@@ -81,7 +83,9 @@ async fn secure(io: BoxIo, psk: Option<PreSharedKey>) -> Result<BoxIo, LinkError
             let mut got = [0u8; 8];
             out.read_exact(&mut got).await?;
             if &got != PSK_CHECK {
-                return Err(LinkError::Pnet("wrong swarm key (the peer holds another pre-shared key)".into()));
+                return Err(LinkError::Pnet(
+                    "wrong swarm key (the peer holds another pre-shared key)".into(),
+                ));
             }
             Ok(Box::new(out))
         }
@@ -107,7 +111,10 @@ pub async fn accept(
         .await
         .map_err(|e| LinkError::Noise(e.to_string()))?;
     let io: BoxIo = Box::new(out);
-    Ok((peer, yamux::Connection::new(io, yamux_config(), yamux::Mode::Server)))
+    Ok((
+        peer,
+        yamux::Connection::new(io, yamux_config(), yamux::Mode::Server),
+    ))
 }
 
 /// Agent side: connect, send the preamble, handshake.
@@ -131,7 +138,10 @@ pub async fn dial(
         .await
         .map_err(|e| LinkError::Noise(e.to_string()))?;
     let io: BoxIo = Box::new(out);
-    Ok((peer, yamux::Connection::new(io, yamux_config(), yamux::Mode::Client)))
+    Ok((
+        peer,
+        yamux::Connection::new(io, yamux_config(), yamux::Mode::Client),
+    ))
 }
 
 type OpenReply = oneshot::Sender<Result<yamux::Stream, io::Error>>;
@@ -174,7 +184,11 @@ impl LinkHandle {
 /// when the connection ends.
 pub fn spawn_driver(
     conn: yamux::Connection<BoxIo>,
-) -> (LinkHandle, mpsc::UnboundedReceiver<yamux::Stream>, oneshot::Receiver<()>) {
+) -> (
+    LinkHandle,
+    mpsc::UnboundedReceiver<yamux::Stream>,
+    oneshot::Receiver<()>,
+) {
     let (open_tx, open_rx) = mpsc::unbounded::<OpenReply>();
     let (in_tx, in_rx) = mpsc::unbounded();
     let (done_tx, done_rx) = oneshot::channel::<()>();
@@ -204,7 +218,9 @@ async fn drive(
             if let Some(reply) = pending.take() {
                 match conn.poll_new_outbound(cx) {
                     Poll::Ready(r) => {
-                        let _ = reply.send(r.map_err(|e| io::Error::new(io::ErrorKind::ConnectionAborted, e.to_string())));
+                        let _ = reply.send(r.map_err(|e| {
+                            io::Error::new(io::ErrorKind::ConnectionAborted, e.to_string())
+                        }));
                         progressed = true;
                     }
                     Poll::Pending => pending = Some(reply),
@@ -235,14 +251,20 @@ async fn drive(
 }
 
 /// Accept the protocol on an inbound stream.
-pub async fn accept_protocol(s: yamux::Stream, protocols: &[&'static str]) -> io::Result<(&'static str, LinkStream)> {
+pub async fn accept_protocol(
+    s: yamux::Stream,
+    protocols: &[&'static str],
+) -> io::Result<(&'static str, LinkStream)> {
     multistream_select::listener_select_proto(s, protocols.iter().copied())
         .await
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
 }
 
 /// Read one control frame (`Ok(None)` on clean EOF).
-pub async fn read_frame<R: futures::AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> io::Result<Option<ControlMsg>> {
+pub async fn read_frame<R: futures::AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+) -> io::Result<Option<ControlMsg>> {
     loop {
         match control::decode(buf) {
             Ok(Some((m, n))) => {
@@ -262,7 +284,10 @@ pub async fn read_frame<R: futures::AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<
 }
 
 /// Write one control frame and flush.
-pub async fn write_frame<W: futures::AsyncWrite + Unpin>(w: &mut W, m: &ControlMsg) -> io::Result<()> {
+pub async fn write_frame<W: futures::AsyncWrite + Unpin>(
+    w: &mut W,
+    m: &ControlMsg,
+) -> io::Result<()> {
     w.write_all(&control::encode(m)).await?;
     w.flush().await
 }
@@ -270,8 +295,12 @@ pub async fn write_frame<W: futures::AsyncWrite + Unpin>(w: &mut W, m: &ControlM
 /// Load an Ed25519 identity from `path`, creating it (mode 0600) when absent.
 pub fn load_or_create_identity(path: &Path) -> Result<Keypair, String> {
     match std::fs::read(path) {
-        Ok(bytes) => Keypair::from_protobuf_encoding(&bytes)
-            .map_err(|e| format!("identity file {} is not a libp2p private key: {e}", path.display())),
+        Ok(bytes) => Keypair::from_protobuf_encoding(&bytes).map_err(|e| {
+            format!(
+                "identity file {} is not a libp2p private key: {e}",
+                path.display()
+            )
+        }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             let kp = Keypair::generate_ed25519();
             let bytes = kp
@@ -279,10 +308,12 @@ pub fn load_or_create_identity(path: &Path) -> Result<Keypair, String> {
                 .map_err(|e| format!("cannot encode identity: {e}"))?;
             if let Some(dir) = path.parent() {
                 if !dir.as_os_str().is_empty() {
-                    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
                 }
             }
-            write_private(path, &bytes).map_err(|e| format!("cannot write identity {}: {e}", path.display()))?;
+            write_private(path, &bytes)
+                .map_err(|e| format!("cannot write identity {}: {e}", path.display()))?;
             Ok(kp)
         }
         Err(e) => Err(format!("cannot read identity {}: {e}", path.display())),
@@ -303,7 +334,8 @@ fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
 
 /// Load a standard `swarm.key` file (`/key/swarm/psk/1.0.0/`, `/base16/`, 64 hex digits).
 pub fn load_swarm_key(path: &Path) -> Result<PreSharedKey, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read swarm key {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read swarm key {}: {e}", path.display()))?;
     text.trim()
         .parse::<PreSharedKey>()
         .map_err(|e| format!("swarm key {} is invalid: {e}", path.display()))

@@ -40,7 +40,9 @@ impl Endpoint {
     pub fn capability(self) -> crate::logic::control::Capability {
         use crate::logic::control::Capability;
         match self {
-            Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::CountTokens => Capability::Llm,
+            Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::CountTokens => {
+                Capability::Llm
+            }
             Endpoint::Embeddings => Capability::Embedding,
             Endpoint::Rerank => Capability::Reranker,
         }

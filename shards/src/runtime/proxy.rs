@@ -31,7 +31,9 @@ pub enum Outcome {
 
 /// Client headers never forwarded to agents (credentials stay at the router).
 fn forwardable(name: &str) -> bool {
-    !(name.eq_ignore_ascii_case("authorization") || name.eq_ignore_ascii_case("cookie") || name.eq_ignore_ascii_case("x-api-key"))
+    !(name.eq_ignore_ascii_case("authorization")
+        || name.eq_ignore_ascii_case("cookie")
+        || name.eq_ignore_ascii_case("x-api-key"))
 }
 
 fn build_request(p: &PendingRequest) -> Vec<u8> {
@@ -43,13 +45,23 @@ fn build_request(p: &PendingRequest) -> Vec<u8> {
         .cloned()
         .collect();
     let mut out = Vec::with_capacity(512 + p.body.len());
-    http_write::write_request_head(&mut out, &p.head.method, &p.head.path, "agent", &headers, OutFraming::Length(p.body.len()));
+    http_write::write_request_head(
+        &mut out,
+        &p.head.method,
+        &p.head.path,
+        "agent",
+        &headers,
+        OutFraming::Length(p.body.len()),
+    );
     out.extend_from_slice(&p.body);
     out
 }
 
 /// Open a stream, write the request, read the response head.
-async fn exchange_head(agent: &Agent, request: &[u8]) -> io::Result<(LinkStream, ResponseHead, Vec<u8>)> {
+async fn exchange_head(
+    agent: &Agent,
+    request: &[u8],
+) -> io::Result<(LinkStream, ResponseHead, Vec<u8>)> {
     let mut s = agent.link.open(HTTP_PROTOCOL).await?;
     s.write_all(request).await?;
     s.flush().await?;
@@ -62,11 +74,19 @@ async fn exchange_head(agent: &Agent, request: &[u8]) -> io::Result<(LinkStream,
                 return Ok((s, h, buf));
             }
             Ok(None) => {}
-            Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad response head from agent: {e:?}"))),
+            Err(e) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("bad response head from agent: {e:?}"),
+                ))
+            }
         }
         let n = s.read(&mut tmp).await?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "agent closed the stream before the response head"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "agent closed the stream before the response head",
+            ));
         }
         buf.extend_from_slice(tmp.get(..n).unwrap_or(&[]));
     }
@@ -78,12 +98,25 @@ enum Relay {
     ClientGone,
 }
 
-async fn relay(conn: &mut Conn, mut s: LinkStream, head: &ResponseHead, mut buf: Vec<u8>, keep: bool) -> Relay {
+async fn relay(
+    conn: &mut Conn,
+    mut s: LinkStream,
+    head: &ResponseHead,
+    mut buf: Vec<u8>,
+    keep: bool,
+) -> Relay {
     let mut tmp = vec![0u8; 16 * 1024];
     match head.framing {
         BodyFraming::None => {
             let mut out = Vec::with_capacity(512);
-            http_write::write_response_head(&mut out, head.status, &head.headers, OutFraming::Length(0), keep, &CORS);
+            http_write::write_response_head(
+                &mut out,
+                head.status,
+                &head.headers,
+                OutFraming::Length(0),
+                keep,
+                &CORS,
+            );
             if conn.write_all(out).await.is_err() {
                 return Relay::ClientGone;
             }
@@ -102,7 +135,14 @@ async fn relay(conn: &mut Conn, mut s: LinkStream, head: &ResponseHead, mut buf:
             }
             buf.truncate(n);
             let mut out = Vec::with_capacity(512 + n);
-            http_write::write_response_head(&mut out, head.status, &head.headers, OutFraming::Length(n), keep, &CORS);
+            http_write::write_response_head(
+                &mut out,
+                head.status,
+                &head.headers,
+                OutFraming::Length(n),
+                keep,
+                &CORS,
+            );
             out.extend_from_slice(&buf);
             if conn.write_all(out).await.is_err() {
                 return Relay::ClientGone;
@@ -119,7 +159,14 @@ async fn relay(conn: &mut Conn, mut s: LinkStream, head: &ResponseHead, mut buf:
             } else {
                 CORS.to_vec()
             };
-            http_write::write_response_head(&mut out, head.status, &head.headers, OutFraming::Chunked, keep, &extra);
+            http_write::write_response_head(
+                &mut out,
+                head.status,
+                &head.headers,
+                OutFraming::Chunked,
+                keep,
+                &extra,
+            );
             let until_close = head.framing == BodyFraming::UntilClose;
             let mut dec = ChunkedDecoder::new();
             let mut payload = Vec::with_capacity(16 * 1024);
@@ -131,7 +178,11 @@ async fn relay(conn: &mut Conn, mut s: LinkStream, head: &ResponseHead, mut buf:
                         Ok(used) => {
                             buf.drain(..used);
                         }
-                        Err(e) => return Relay::UpstreamFailed(format!("bad chunked body from agent: {e:?}")),
+                        Err(e) => {
+                            return Relay::UpstreamFailed(format!(
+                                "bad chunked body from agent: {e:?}"
+                            ))
+                        }
                     }
                 }
                 // Each piece goes out as it arrives: one chunk per read.
@@ -155,7 +206,11 @@ async fn relay(conn: &mut Conn, mut s: LinkStream, head: &ResponseHead, mut buf:
                         let _ = conn.write_all(http_write::LAST_CHUNK.to_vec()).await;
                         return Relay::Done;
                     }
-                    Ok(0) => return Relay::UpstreamFailed("agent stream ended before the last chunk".into()),
+                    Ok(0) => {
+                        return Relay::UpstreamFailed(
+                            "agent stream ended before the last chunk".into(),
+                        )
+                    }
                     Ok(k) => buf.extend_from_slice(tmp.get(..k).unwrap_or(&[])),
                     Err(e) => return Relay::UpstreamFailed(e.to_string()),
                 }
@@ -186,7 +241,10 @@ pub async fn forward(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest) -> 
             Ok(a) => a,
             Err(e) if attempt == 0 => return send_error(conn, &e, keep).await,
             Err(_) => {
-                let e = ApiError::new(ErrorCode::NoAgentsAvailable, "all policy steps exhausted: no eligible agents");
+                let e = ApiError::new(
+                    ErrorCode::NoAgentsAvailable,
+                    "all policy steps exhausted: no eligible agents",
+                );
                 return send_error(conn, &e, keep).await;
             }
         };
@@ -235,11 +293,17 @@ pub async fn forward(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest) -> 
             Err(_) => {
                 agent.failed.set(agent.failed.get() + 1);
                 drop(slot);
-                let e = ApiError::new(ErrorCode::RequestTimeout, "Request deadline exceeded while contacting agent");
+                let e = ApiError::new(
+                    ErrorCode::RequestTimeout,
+                    "Request deadline exceeded while contacting agent",
+                );
                 return send_error(conn, &e, keep).await;
             }
         }
     }
-    let e = ApiError::new(ErrorCode::NoAgentsAvailable, "all policy steps exhausted: no eligible agents");
+    let e = ApiError::new(
+        ErrorCode::NoAgentsAvailable,
+        "all policy steps exhausted: no eligible agents",
+    );
     send_error(conn, &e, keep).await
 }

@@ -174,7 +174,12 @@ impl Shard {
     }
 
     /// Choose an agent for `model` with `cap`, skipping `excluded` ids.
-    pub fn pick(&self, model: &str, cap: Capability, excluded: &[u64]) -> Result<Rc<Agent>, ApiError> {
+    pub fn pick(
+        &self,
+        model: &str,
+        cap: Capability,
+        excluded: &[u64],
+    ) -> Result<Rc<Agent>, ApiError> {
         let mut models = self.models.borrow_mut();
         let Some(pool) = models.get_mut(model) else {
             return Err(ApiError::new(
@@ -309,7 +314,12 @@ pub struct ShardListeners {
 }
 
 /// Run a shard until its mesh channel closes.
-pub async fn run(id: usize, shared: SharedRef, listeners: ShardListeners, mut rx: UnboundedReceiver<ShardMsg>) {
+pub async fn run(
+    id: usize,
+    shared: SharedRef,
+    listeners: ShardListeners,
+    mut rx: UnboundedReceiver<ShardMsg>,
+) {
     let shard = Rc::new(Shard::new(id, shared));
     let http = match monoio::net::TcpListener::from_std(listeners.http) {
         Ok(l) => l,
@@ -355,7 +365,10 @@ pub async fn run(id: usize, shared: SharedRef, listeners: ShardListeners, mut rx
             loop {
                 match metrics.accept().await {
                     Ok((s, _)) => {
-                        monoio::spawn(super::metrics::serve(shard.clone(), Conn::new(s, Vec::new())));
+                        monoio::spawn(super::metrics::serve(
+                            shard.clone(),
+                            Conn::new(s, Vec::new()),
+                        ));
                     }
                     Err(e) => {
                         warn!(shard = shard.id, "metrics accept: {e}");
@@ -383,14 +396,26 @@ pub async fn run(id: usize, shared: SharedRef, listeners: ShardListeners, mut rx
     }
     while let Some(msg) = rx.next().await {
         match msg {
-            ShardMsg::AdoptHttp { stream, buf, pending } => match handoff::adopt(stream) {
+            ShardMsg::AdoptHttp {
+                stream,
+                buf,
+                pending,
+            } => match handoff::adopt(stream) {
                 Ok(s) => {
                     inc(&shard.counters.handoffs_in);
-                    monoio::spawn(super::ingress::serve(shard.clone(), Conn::new(s, buf), Some(pending)));
+                    monoio::spawn(super::ingress::serve(
+                        shard.clone(),
+                        Conn::new(s, buf),
+                        Some(pending),
+                    ));
                 }
                 Err(e) => warn!(shard = id, "cannot adopt client connection: {e}"),
             },
-            ShardMsg::AdoptLink { stream, prefix, model } => match handoff::adopt(stream) {
+            ShardMsg::AdoptLink {
+                stream,
+                prefix,
+                model,
+            } => match handoff::adopt(stream) {
                 Ok(s) => {
                     monoio::spawn(serve_link(shard.clone(), s, prefix, model));
                 }
@@ -455,11 +480,16 @@ async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream, peer: std
 }
 
 /// Handshake, registration, then heartbeats until the link ends.
-async fn serve_link(shard: Rc<Shard>, stream: monoio::net::TcpStream, prefix: Vec<u8>, model: String) {
+async fn serve_link(
+    shard: Rc<Shard>,
+    stream: monoio::net::TcpStream,
+    prefix: Vec<u8>,
+    model: String,
+) {
     let peer_addr = stream.peer_addr().ok();
     let cfg = shard.shared.cfg.clone();
     let setup = async {
-        let (peer, conn) = link::accept(stream, prefix, shard.shared.psk.clone(), &shard.shared.keypair)
+        let (peer, conn) = link::accept(stream, prefix, shard.shared.psk, &shard.shared.keypair)
             .await
             .map_err(|e| e.to_string())?;
         let (handle, mut inbound, closed) = link::spawn_driver(conn);
@@ -477,43 +507,83 @@ async fn serve_link(shard: Rc<Shard>, stream: monoio::net::TcpStream, prefix: Ve
             .ok_or_else(|| "link closed before registration".to_string())?;
         Ok::<_, String>((peer, handle, inbound, closed, ctl, buf, msg))
     };
-    let (peer, handle, _inbound, _closed, mut ctl, mut buf, msg) =
-        match monoio::time::timeout(cfg.handshake_timeout, setup).await {
-            Ok(Ok(v)) => v,
-            Ok(Err(reason)) => {
-                inc(&shard.counters.links_rejected);
-                warn!(shard = shard.id, peer = ?peer_addr, %model, "agent link refused: {reason}");
-                return;
-            }
-            Err(_) => {
-                inc(&shard.counters.links_rejected);
-                warn!(shard = shard.id, peer = ?peer_addr, %model, "agent link refused: handshake or registration timed out after {:?}", cfg.handshake_timeout);
-                return;
-            }
-        };
+    let (peer, handle, _inbound, _closed, mut ctl, mut buf, msg) = match monoio::time::timeout(
+        cfg.handshake_timeout,
+        setup,
+    )
+    .await
+    {
+        Ok(Ok(v)) => v,
+        Ok(Err(reason)) => {
+            inc(&shard.counters.links_rejected);
+            warn!(shard = shard.id, peer = ?peer_addr, %model, "agent link refused: {reason}");
+            return;
+        }
+        Err(_) => {
+            inc(&shard.counters.links_rejected);
+            warn!(shard = shard.id, peer = ?peer_addr, %model, "agent link refused: handshake or registration timed out after {:?}", cfg.handshake_timeout);
+            return;
+        }
+    };
     let reg = match msg {
         ControlMsg::Register(r) => r,
         other => {
-            reject(&shard, &mut ctl, &model, format!("expected a registration, got {other:?}")).await;
+            reject(
+                &shard,
+                &mut ctl,
+                &model,
+                format!("expected a registration, got {other:?}"),
+            )
+            .await;
             return;
         }
     };
     let peer_id = peer.to_string();
     if reg.peer_id != peer_id {
-        reject(&shard, &mut ctl, &model, format!("registration peer_id {} does not match the noise identity {peer_id}", reg.peer_id)).await;
+        reject(
+            &shard,
+            &mut ctl,
+            &model,
+            format!(
+                "registration peer_id {} does not match the noise identity {peer_id}",
+                reg.peer_id
+            ),
+        )
+        .await;
         return;
     }
     if reg.model != model {
-        reject(&shard, &mut ctl, &model, format!("registration names model {:?} but the preamble named {model:?}", reg.model)).await;
+        reject(
+            &shard,
+            &mut ctl,
+            &model,
+            format!(
+                "registration names model {:?} but the preamble named {model:?}",
+                reg.model
+            ),
+        )
+        .await;
         return;
     }
     if reg.capacity == 0 {
-        reject(&shard, &mut ctl, &model, "capacity must be greater than 0".to_string()).await;
+        reject(
+            &shard,
+            &mut ctl,
+            &model,
+            "capacity must be greater than 0".to_string(),
+        )
+        .await;
         return;
     }
     let owner = shard.shared.assign(&model, shard.id);
     if owner != shard.id {
-        reject(&shard, &mut ctl, &model, format!("model is owned by shard {owner}; reconnect")).await;
+        reject(
+            &shard,
+            &mut ctl,
+            &model,
+            format!("model is owned by shard {owner}; reconnect"),
+        )
+        .await;
         return;
     }
     let hb = ControlMsg::Registered {

@@ -78,8 +78,8 @@ impl Shared {
     /// The owner for a registering agent's model: known owner, or the
     /// shard a new model would get.
     pub fn owner_or_tentative(&self, model: &str) -> usize {
-        match self.directory.read() {
-            Ok(d) => d.owner(model).unwrap_or_else(|| d.tentative()),
+        match self.directory.write() {
+            Ok(mut d) => d.reserve(model),
             Err(_) => 0,
         }
     }
