@@ -1,0 +1,97 @@
+//! The agent as a process: identity file created 0600 and reused, bad
+//! flags exit with a one-line reason, a dead backend's requests retry on
+//! another agent, and the agent reconnects when the router comes back.
+
+mod common;
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::time::Duration;
+
+fn peer_in_log(p: &Proc) -> String {
+    let log = p.log_text();
+    log.split("peer_id=").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or("").to_string()
+}
+
+#[test]
+fn identity_is_created_private_and_reused() {
+    let dir = tmpdir("identity");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let (_s, port) = start_sim(&dir, "id-model", &[]);
+    let mut a = start_agent(&dir, &r, port, "keys/agent.key", &[]);
+    wait_agents(r.http, "id-model", 1);
+    let first = peer_in_log(&a);
+    assert!(first.starts_with("12D3KooW"), "{first}");
+    let mode = std::fs::metadata(dir.join("keys/agent.key")).expect("key file").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    a.kill9();
+    wait_until(Duration::from_secs(3), || healthy_agents(r.http, "id-model") == 0, "removal");
+    let b = start_agent(&dir, &r, port, "keys/agent.key", &[]);
+    wait_agents(r.http, "id-model", 1);
+    assert_eq!(peer_in_log(&b), first, "same identity after restart");
+}
+
+#[test]
+fn bad_flags_exit_with_one_line() {
+    let cases: &[&[&str]] = &[
+        &["--engine", "tgi"],
+        &["--capability", "vision"],
+        &["--engine", "ollama", "--capability", "reranker"],
+        &["--capacity", "0"],
+        &["--engine", "custom", "--model", "m"],
+        &["--router-p2p", "/ip4/1.2.3.4/udp/9"],
+        &["--backend-url", "https://x"],
+        &["--http-timeout", "soon"],
+    ];
+    for args in cases {
+        let out = Command::new(bin("hivenet-agent")).args(*args).output().expect("run");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("hivenet-agent: "), "{err}");
+    }
+    let out = Command::new(bin("hivenet-router")).args(["--cpus", "9-1"]).output().expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--cpus"));
+}
+
+#[test]
+fn dead_backend_retries_on_another_agent() {
+    let dir = tmpdir("retry");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let (mut s1, p1) = start_sim(&dir, "retry-model", &[]);
+    let (_s2, p2) = start_sim(&dir, "retry-model", &[]);
+    let _a1 = start_agent(&dir, &r, p1, "a1.key", &[]);
+    let _a2 = start_agent(&dir, &r, p2, "a2.key", &[]);
+    wait_agents(r.http, "retry-model", 2);
+    // Agent 1 stays registered for a few seconds (3 failed health checks)
+    // while its backend is gone: its requests must be retried on agent 2.
+    s1.kill9();
+    for i in 0..6 {
+        let (st, b) = post(r.http, "/v1/chat/completions", r#"{"model":"retry-model","messages":[]}"#).expect("req");
+        assert_eq!(st, 200, "request {i}: {}", String::from_utf8_lossy(&b));
+    }
+    let failed: f64 = metrics_text(r.metrics)
+        .lines()
+        .filter(|l| l.starts_with("hivenet_agent_requests_failed_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(failed >= 1.0, "the dead backend's attempts are counted as failures");
+}
+
+#[test]
+fn agent_reconnects_after_router_restart() {
+    let dir = tmpdir("reconnect");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let (_s, port) = start_sim(&dir, "back-model", &[]);
+    let _a = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_agents(r.http, "back-model", 1);
+    let (http, metrics, p2p) = (r.http, r.metrics, r.p2p);
+    drop(r);
+    std::thread::sleep(Duration::from_millis(300));
+    let h = format!("127.0.0.1:{http}");
+    let m = format!("127.0.0.1:{metrics}");
+    let p = p2p.to_string();
+    let _r2 = spawn("hivenet-router", &["--shards", "1", "--http-port", &h, "--metrics-port", &m, "--p2p-port", &p], &dir, &[]);
+    wait_until(Duration::from_secs(20), || healthy_agents(http, "back-model") == 1, "re-registration after restart");
+}
