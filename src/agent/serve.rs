@@ -159,11 +159,7 @@ async fn proxy(
     headers: &[(String, Vec<u8>)],
     body: &[u8],
 ) -> Result<(), ProxyError> {
-    let mut conn = backend::send(&cfg.backend, &head.method, &head.path, headers, body)
-        .await
-        .map_err(ProxyError::BeforeHead)?;
-    let rh = conn
-        .read_response_head()
+    let (mut conn, rh) = backend::request(&cfg.backend, &head.method, &head.path, headers, body)
         .await
         .map_err(ProxyError::BeforeHead)?;
     if rh.is_event_stream() {
@@ -236,6 +232,7 @@ async fn proxy(
                 Err(e) => return Err(ProxyError::AfterHead(e)),
             }
         }
+        backend::release(&cfg.backend, conn, &rh);
         s.write_all(http_write::LAST_CHUNK)
             .await
             .map_err(ProxyError::AfterHead)?;
@@ -248,6 +245,7 @@ async fn proxy(
         .read_body(rh.framing, MAX_BODY as u64)
         .await
         .map_err(ProxyError::BeforeHead)?;
+    backend::release(&cfg.backend, conn, &rh);
     let mut out = Vec::with_capacity(512 + body.len());
     http_write::write_response_head(
         &mut out,
