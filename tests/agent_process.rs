@@ -10,7 +10,11 @@ use std::time::Duration;
 
 fn peer_in_log(p: &Proc) -> String {
     let log = p.log_text();
-    log.split("peer_id=").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or("").to_string()
+    log.split("peer_id=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or("")
+        .to_string()
 }
 
 #[test]
@@ -22,10 +26,17 @@ fn identity_is_created_private_and_reused() {
     wait_agents(r.http, "id-model", 1);
     let first = peer_in_log(&a);
     assert!(first.starts_with("12D3KooW"), "{first}");
-    let mode = std::fs::metadata(dir.join("keys/agent.key")).expect("key file").permissions().mode();
+    let mode = std::fs::metadata(dir.join("keys/agent.key"))
+        .expect("key file")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600);
     a.kill9();
-    wait_until(Duration::from_secs(3), || healthy_agents(r.http, "id-model") == 0, "removal");
+    wait_until(
+        Duration::from_secs(3),
+        || healthy_agents(r.http, "id-model") == 0,
+        "removal",
+    );
     let b = start_agent(&dir, &r, port, "keys/agent.key", &[]);
     wait_agents(r.http, "id-model", 1);
     assert_eq!(peer_in_log(&b), first, "same identity after restart");
@@ -44,13 +55,19 @@ fn bad_flags_exit_with_one_line() {
         &["--http-timeout", "soon"],
     ];
     for args in cases {
-        let out = Command::new(bin("hivenet-agent")).args(*args).output().expect("run");
+        let out = Command::new(bin("hivenet-agent"))
+            .args(*args)
+            .output()
+            .expect("run");
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
         assert!(err.starts_with("hivenet-agent: "), "{err}");
     }
-    let out = Command::new(bin("hivenet-router")).args(["--cpus", "9-1"]).output().expect("run");
+    let out = Command::new(bin("hivenet-router"))
+        .args(["--cpus", "9-1"])
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--cpus"));
 }
@@ -68,7 +85,12 @@ fn dead_backend_retries_on_another_agent() {
     // while its backend is gone: its requests must be retried on agent 2.
     s1.kill9();
     for i in 0..6 {
-        let (st, b) = post(r.http, "/v1/chat/completions", r#"{"model":"retry-model","messages":[]}"#).expect("req");
+        let (st, b) = post(
+            r.http,
+            "/v1/chat/completions",
+            r#"{"model":"retry-model","messages":[]}"#,
+        )
+        .expect("req");
         assert_eq!(st, 200, "request {i}: {}", String::from_utf8_lossy(&b));
     }
     let failed: f64 = metrics_text(r.metrics)
@@ -76,7 +98,10 @@ fn dead_backend_retries_on_another_agent() {
         .filter(|l| l.starts_with("hivenet_agent_requests_failed_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    assert!(failed >= 1.0, "the dead backend's attempts are counted as failures");
+    assert!(
+        failed >= 1.0,
+        "the dead backend's attempts are counted as failures"
+    );
 }
 
 #[test]
@@ -92,6 +117,24 @@ fn agent_reconnects_after_router_restart() {
     let h = format!("127.0.0.1:{http}");
     let m = format!("127.0.0.1:{metrics}");
     let p = p2p.to_string();
-    let _r2 = spawn("hivenet-router", &["--shards", "1", "--http-port", &h, "--metrics-port", &m, "--p2p-port", &p], &dir, &[]);
-    wait_until(Duration::from_secs(20), || healthy_agents(http, "back-model") == 1, "re-registration after restart");
+    let _r2 = spawn(
+        "hivenet-router",
+        &[
+            "--shards",
+            "1",
+            "--http-port",
+            &h,
+            "--metrics-port",
+            &m,
+            "--p2p-port",
+            &p,
+        ],
+        &dir,
+        &[],
+    );
+    wait_until(
+        Duration::from_secs(20),
+        || healthy_agents(http, "back-model") == 1,
+        "re-registration after restart",
+    );
 }

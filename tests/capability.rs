@@ -10,25 +10,51 @@ fn embeddings_rerank_and_mismatch() {
     let r = start_router(&dir, &["--shards", "2"], &[]);
     let (_se, pe) = start_sim(&dir, "embed-model", &[]);
     let (_sr, pr) = start_sim(&dir, "rerank-model", &[]);
-    let _ae = start_agent(&dir, &r, pe, "e.key", &["--capability", "embedding", "--engine", "infinity"]);
+    let _ae = start_agent(
+        &dir,
+        &r,
+        pe,
+        "e.key",
+        &["--capability", "embedding", "--engine", "infinity"],
+    );
     let _ar = start_agent(&dir, &r, pr, "r.key", &["--capability", "reranker"]);
     wait_agents(r.http, "embed-model", 1);
     wait_agents(r.http, "rerank-model", 1);
 
-    let (st, b) = post(r.http, "/v1/embeddings", r#"{"model":"embed-model","input":["a","b"]}"#).expect("req");
+    let (st, b) = post(
+        r.http,
+        "/v1/embeddings",
+        r#"{"model":"embed-model","input":["a","b"]}"#,
+    )
+    .expect("req");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(v["data"].as_array().map(Vec::len), Some(2));
 
-    let (st, b) = post(r.http, "/v1/rerank", r#"{"model":"rerank-model","query":"red fox","documents":["blue sky","red fox"]}"#).expect("req");
+    let (st, b) = post(
+        r.http,
+        "/v1/rerank",
+        r#"{"model":"rerank-model","query":"red fox","documents":["blue sky","red fox"]}"#,
+    )
+    .expect("req");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(v["results"][0]["index"], 1);
 
-    let (st, b) = post(r.http, "/v1/chat/completions", r#"{"model":"embed-model","messages":[]}"#).expect("req");
+    let (st, b) = post(
+        r.http,
+        "/v1/chat/completions",
+        r#"{"model":"embed-model","messages":[]}"#,
+    )
+    .expect("req");
     assert_eq!(st, 503, "{}", String::from_utf8_lossy(&b));
     assert!(String::from_utf8_lossy(&b).contains("no_agents_available"));
-    let (st, _) = post(r.http, "/v1/messages/count_tokens", r#"{"model":"rerank-model","messages":[]}"#).expect("req");
+    let (st, _) = post(
+        r.http,
+        "/v1/messages/count_tokens",
+        r#"{"model":"rerank-model","messages":[]}"#,
+    )
+    .expect("req");
     assert_eq!(st, 503);
     let (st, b) = get(r.http, "/v1/models/embed-model").expect("req");
     assert_eq!(st, 200);

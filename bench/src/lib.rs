@@ -1,5 +1,233 @@
-//! `bench`: the simulated backend (`hivenet-sim`) and, later, the load
-//! generator (`hivenet-bench`).
+//! `bench`: the simulated backend (`hivenet-sim`) and the load generator
+//! (`hivenet-bench`). The generator is a library with a thin `main`, so
+//! tests call [`run`] with [`Opts`].
 #![forbid(unsafe_code)]
 
+pub mod report;
+pub mod schedule;
 pub mod sim;
+pub mod template;
+pub mod timer;
+pub mod worker;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use argh::FromArgs;
+use shards::runtime::executor::{spawn_runtime, DriverChoice};
+
+use report::{Recorder, Report};
+use schedule::Arrivals;
+use template::{Dist, Endpoint, Template};
+use worker::{Progress, WorkerSpec};
+
+/// Open-loop (or closed-loop) HTTP load generator for LLM inference APIs.
+#[derive(FromArgs, Debug, Clone)]
+pub struct Opts {
+    /// base URL, e.g. http://127.0.0.1:8080
+    #[argh(option)]
+    pub url: String,
+    /// open loop: requests per second
+    #[argh(option)]
+    pub rate: Option<f64>,
+    /// closed loop: connections sending back to back (used when --rate is absent)
+    #[argh(option)]
+    pub connections: Option<usize>,
+    /// run length, e.g. 10s (default 10s)
+    #[argh(option, default = "String::from(\"10s\")")]
+    pub duration: String,
+    /// arrivals: constant or poisson (default poisson)
+    #[argh(option, default = "String::from(\"poisson\")")]
+    pub arrivals: String,
+    /// endpoint: chat, messages, embeddings or rerank (default chat)
+    #[argh(option, default = "String::from(\"chat\")")]
+    pub endpoint: String,
+    /// comma-separated models, picked uniformly (default sim-model)
+    #[argh(option, default = "String::from(\"sim-model\")")]
+    pub model: String,
+    /// ask for streamed responses (chat and messages)
+    #[argh(switch)]
+    pub stream: bool,
+    /// prompt length in tokens: N or A-B (default 16)
+    #[argh(option, default = "String::from(\"16\")")]
+    pub prompt_tokens: String,
+    /// max_tokens: N or A-B (default 16)
+    #[argh(option, default = "String::from(\"16\")")]
+    pub max_tokens: String,
+    /// API key sent as Authorization: Bearer
+    #[argh(option)]
+    pub api_key: Option<String>,
+    /// worker threads (default 1)
+    #[argh(option, default = "1")]
+    pub threads: usize,
+    /// CPUs to pin worker threads to, e.g. 0 or 0-1
+    #[argh(option)]
+    pub cpus: Option<String>,
+    /// per-request timeout (default 60s)
+    #[argh(option, default = "String::from(\"60s\")")]
+    pub timeout: String,
+    /// most connections per worker in open loop (default 4096)
+    #[argh(option, default = "4096")]
+    pub max_connections: usize,
+    /// seed for arrivals and bodies (default 1)
+    #[argh(option, default = "1")]
+    pub seed: u64,
+    /// JSON report path; the SVG plot goes beside it (default bench-report.json)
+    #[argh(option, default = "String::from(\"bench-report.json\")")]
+    pub out: String,
+    /// no progress line each second
+    #[argh(switch)]
+    pub quiet: bool,
+}
+
+fn parse_target(url: &str) -> Result<(SocketAddr, String), String> {
+    let rest = url
+        .trim()
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("--url {url:?}: only http:// is supported"))?;
+    let auth = rest.split('/').next().unwrap_or("");
+    let addr = auth
+        .to_socket_addrs()
+        .map_err(|e| format!("--url {url:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("--url {url:?}: cannot resolve"))?;
+    Ok((addr, auth.to_string()))
+}
+
+/// Run a benchmark and return its report (also written as JSON and SVG).
+pub fn run(opts: &Opts) -> Result<Report, String> {
+    let (addr, host) = parse_target(&opts.url)?;
+    let duration =
+        humantime::parse_duration(&opts.duration).map_err(|e| format!("--duration: {e}"))?;
+    let timeout =
+        humantime::parse_duration(&opts.timeout).map_err(|e| format!("--timeout: {e}"))?;
+    let arrivals =
+        Arrivals::parse(&opts.arrivals).ok_or("--arrivals must be constant or poisson")?;
+    let endpoint = Endpoint::parse(&opts.endpoint)
+        .ok_or("--endpoint must be chat, messages, embeddings or rerank")?;
+    let template = Template {
+        endpoint,
+        models: opts
+            .model
+            .split(',')
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .map(String::from)
+            .collect(),
+        prompt_tokens: Dist::parse(&opts.prompt_tokens)
+            .map_err(|e| format!("--prompt-tokens: {e}"))?,
+        max_tokens: Dist::parse(&opts.max_tokens).map_err(|e| format!("--max-tokens: {e}"))?,
+        stream: opts.stream,
+    };
+    let threads = opts.threads.max(1);
+    let cpus: Vec<usize> = match &opts.cpus {
+        Some(s) => {
+            shards::logic::core_plan::parse_cpu_list(s).map_err(|e| format!("--cpus: {e}"))?
+        }
+        None => Vec::new(),
+    };
+    let (mode, rate, connections) = match (opts.rate, opts.connections) {
+        (Some(r), _) if r > 0.0 && r.is_finite() => ("open", r, 0),
+        (Some(_), _) => return Err("--rate must be a positive number".into()),
+        (None, Some(c)) if c > 0 => ("closed", 0.0, c),
+        _ => return Err("give --rate (open loop) or --connections (closed loop)".into()),
+    };
+    let offsets = if mode == "open" {
+        schedule::schedule(arrivals, rate, duration, opts.seed)
+    } else {
+        Vec::new()
+    };
+    let progress = Arc::new(Progress::default());
+    // Workers start together a little in the future.
+    let start = Instant::now() + Duration::from_millis(50);
+    let (tx, rx) = std::sync::mpsc::channel::<Recorder>();
+    let mut handles = Vec::new();
+    for w in 0..threads {
+        let spec = WorkerSpec {
+            addr,
+            host: host.clone(),
+            template: template.clone(),
+            api_key: opts.api_key.clone(),
+            timeout,
+            max_connections: opts.max_connections.max(1),
+            seed: opts.seed.wrapping_add(w as u64 * 7919),
+        };
+        let mine: Vec<Duration> = offsets.iter().skip(w).step_by(threads).copied().collect();
+        let conns = connections / threads + usize::from(w < connections % threads);
+        let progress = progress.clone();
+        let tx = tx.clone();
+        let cpu = if cpus.is_empty() {
+            None
+        } else {
+            cpus.get(w % cpus.len()).copied()
+        };
+        let is_open = mode == "open";
+        let h = spawn_runtime(
+            format!("bench-{w}"),
+            cpu,
+            DriverChoice::Auto,
+            move || async move {
+                let rec = if is_open {
+                    worker::open_loop(spec, mine, start, progress).await
+                } else {
+                    worker::closed_loop(spec, conns, start + duration, start, progress).await
+                };
+                let _ = tx.send(rec);
+            },
+        )
+        .map_err(|e| format!("cannot start worker: {e}"))?;
+        handles.push(h);
+    }
+    drop(tx);
+    // Progress line each second until every worker reported.
+    let mut merged = Recorder::default();
+    let mut done = 0;
+    let mut last_ok = 0;
+    let mut tick = 0u64;
+    while done < threads {
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(r) => {
+                merged.merge(&r);
+                done += 1;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                tick += 1;
+                if !opts.quiet {
+                    let ok = progress.ok.load(Ordering::Relaxed);
+                    eprintln!(
+                        "t={tick}s sent={} ok={ok} errors={} last_s={} req/s",
+                        progress.sent.load(Ordering::Relaxed),
+                        progress.errors.load(Ordering::Relaxed),
+                        ok - last_ok
+                    );
+                    last_ok = ok;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    for h in handles {
+        let _ = h.join();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let report = report::build(
+        &merged,
+        mode,
+        &opts.url,
+        rate,
+        connections,
+        duration.as_secs_f64(),
+        elapsed,
+    );
+    let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+    std::fs::write(&opts.out, json).map_err(|e| format!("cannot write {}: {e}", opts.out))?;
+    let svg_path = match opts.out.strip_suffix(".json") {
+        Some(stem) => format!("{stem}.svg"),
+        None => format!("{}.svg", opts.out),
+    };
+    std::fs::write(&svg_path, report::svg(&report))
+        .map_err(|e| format!("cannot write {svg_path}: {e}"))?;
+    Ok(report)
+}

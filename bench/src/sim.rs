@@ -35,6 +35,11 @@ pub struct SimConfig {
     pub error_rate: f64,
     /// `/health` answers 503 until this long after start.
     pub startup_delay: Duration,
+    /// Stall the whole server once, when this many inference requests have
+    /// arrived (0: never), for `stall_for` (a GC pause, a host hiccup).
+    pub stall_after: u64,
+    /// Length of the one stall.
+    pub stall_for: Duration,
 }
 
 /// Counters shared by the simulator's threads.
@@ -48,6 +53,10 @@ pub struct SimStats {
     pub running: AtomicU64,
     /// Tokens generated.
     pub generated: AtomicU64,
+    /// Inference requests arrived.
+    pub arrived: AtomicU64,
+    /// End of the stall, once it started.
+    pub stall_until: std::sync::Mutex<Option<Instant>>,
 }
 
 /// Words the simulator "generates", in order.
@@ -108,9 +117,7 @@ impl Sim {
 }
 
 async fn sleep(d: Duration) {
-    if !d.is_zero() {
-        monoio::time::sleep(d).await;
-    }
+    crate::timer::sleep(d).await;
 }
 
 /// Run the simulator on `threads` threads sharing `addr` (SO_REUSEPORT).
@@ -260,6 +267,7 @@ async fn handle(
             if cold {
                 return reply_json(conn, 503, &json!({"error": {"message": "model is loading", "type": "service_unavailable"}}), keep).await;
             }
+            stall(sim).await;
             if path != "/v1/messages/count_tokens" && sim.roll_error() {
                 sim.stats.errors.fetch_add(1, Ordering::Relaxed);
                 return reply_json(conn, 500, &json!({"error": {"message": "simulated backend error", "type": "server_error"}}), keep).await;
@@ -295,6 +303,24 @@ async fn handle(
             )
             .await
         }
+    }
+}
+
+/// The one server-wide stall: every request that arrives during it waits
+/// for its end.
+async fn stall(sim: &Sim) {
+    let n = sim.stats.arrived.fetch_add(1, Ordering::Relaxed) + 1;
+    let until = match sim.stats.stall_until.lock() {
+        Ok(mut g) => {
+            if sim.cfg.stall_after > 0 && n == sim.cfg.stall_after && g.is_none() {
+                *g = Some(Instant::now() + sim.cfg.stall_for);
+            }
+            *g
+        }
+        Err(_) => None,
+    };
+    if let Some(u) = until {
+        crate::timer::sleep_until(u).await;
     }
 }
 

@@ -81,7 +81,10 @@ fn take_idle(url: &BackendUrl) -> Option<Conn> {
 /// Return a connection whose response was read to its end, unless the
 /// backend asked to close it or its framing was "until close".
 pub fn release(url: &BackendUrl, conn: Conn, head: &ResponseHead) {
-    let closes = head.header("connection").map(|v| contains_ci(v, b"close")).unwrap_or(false);
+    let closes = head
+        .header("connection")
+        .map(|v| contains_ci(v, b"close"))
+        .unwrap_or(false);
     if closes || head.framing == BodyFraming::UntilClose || !conn.buf.is_empty() {
         return;
     }
@@ -104,10 +107,21 @@ async fn write_request(
 ) -> io::Result<()> {
     let mut out = Vec::with_capacity(512 + body.len());
     let mut hs: Vec<(String, Vec<u8>)> = headers.to_vec();
-    if !hs.iter().any(|(n, _)| n.eq_ignore_ascii_case("content-type")) && !body.is_empty() {
+    if !hs
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+        && !body.is_empty()
+    {
         hs.push(("Content-Type".into(), b"application/json".to_vec()));
     }
-    http_write::write_request_head(&mut out, method, &url.path(path), &url.authority, &hs, OutFraming::Length(body.len()));
+    http_write::write_request_head(
+        &mut out,
+        method,
+        &url.path(path),
+        &url.authority,
+        &hs,
+        OutFraming::Length(body.len()),
+    );
     out.extend_from_slice(body);
     conn.write_all(out).await
 }
@@ -124,10 +138,20 @@ pub async fn request(
     body: &[u8],
 ) -> io::Result<(Conn, ResponseHead)> {
     if let Some(mut conn) = take_idle(url) {
-        if write_request(&mut conn, url, method, path, headers, body).await.is_ok() {
+        if write_request(&mut conn, url, method, path, headers, body)
+            .await
+            .is_ok()
+        {
             match conn.read_response_head().await {
                 Ok(h) => return Ok((conn, h)),
-                Err(e) if conn.buf.is_empty() && matches!(e.kind(), io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe) => {}
+                Err(e)
+                    if conn.buf.is_empty()
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::UnexpectedEof
+                                | io::ErrorKind::ConnectionReset
+                                | io::ErrorKind::BrokenPipe
+                        ) => {}
                 Err(e) => return Err(e),
             }
         }

@@ -31,6 +31,12 @@ struct Flags {
     /// cold start: /health answers 503 for this long (default 0s)
     #[argh(option, default = "String::from(\"0s\")")]
     startup_delay: String,
+    /// stall the whole server once after this many inference requests (default 0: never)
+    #[argh(option, default = "0")]
+    stall_after: u64,
+    /// length of that stall (default 1s)
+    #[argh(option, default = "String::from(\"1s\")")]
+    stall_for: String,
     /// worker threads (default 1)
     #[argh(option, default = "1")]
     threads: usize,
@@ -74,6 +80,8 @@ fn main() {
         output_tokens: f.output_tokens,
         error_rate: f.error_rate,
         startup_delay: dur("startup-delay", &f.startup_delay),
+        stall_after: f.stall_after,
+        stall_for: dur("stall-for", &f.stall_for),
     };
     if let Err(e) = sim::run(std::net::SocketAddr::new(ip, f.port), f.threads.max(1), cfg) {
         eprintln!("hivenet-sim: {e}");
