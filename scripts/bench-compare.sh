@@ -9,6 +9,7 @@
 #
 # usage: scripts/bench-compare.sh one-conn|open|stream|shards|all
 set -euo pipefail
+export HIVENET_ROUTER_ADMIN_API_KEYS="${HIVENET_ROUTER_ADMIN_API_KEYS:-demo-admin-$(date +%s%N)}"
 cd "$(dirname "$0")/.."
 SCENARIO="${1:-all}"
 ROUNDS="${ROUNDS:-2}"

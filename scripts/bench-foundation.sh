@@ -4,6 +4,7 @@
 # 32 connections, interleaved A B A B in one run. wrk until hivenet-bench
 # lands. Writes perf/<date>-foundation-wrk/.
 set -euo pipefail
+export HIVENET_ROUTER_ADMIN_API_KEYS="${HIVENET_ROUTER_ADMIN_API_KEYS:-demo-admin-$(date +%s%N)}"
 cd "$(dirname "$0")/.."
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 cargo build -q --release --workspace --bins

@@ -2,5 +2,7 @@
 //! binaries: flag helpers, logging set-up. No per-request logic lives here.
 #![forbid(unsafe_code)]
 
+pub mod admin_keys;
 pub mod agent;
 pub mod cli;
+pub mod store;

@@ -54,6 +54,18 @@ struct Flags {
     /// time allowed to receive a whole request body (default 60s)
     #[argh(option, default = "String::from(\"60s\")")]
     body_timeout: String,
+    /// history store directory (default ./hivenet-data; env HIVENET_ROUTER_DISK_DB_PATH)
+    #[argh(option)]
+    disk_db_path: Option<String>,
+    /// empty the history store at start
+    #[argh(switch)]
+    reset_disk_db: bool,
+    /// days a history record is kept after its last write; 0 keeps forever (default 30)
+    #[argh(option, default = "30")]
+    disk_db_ttl: u64,
+    /// period of the history flush (default 30s)
+    #[argh(option, default = "String::from(\"30s\")")]
+    universal_flush_interval: String,
     /// driver: auto (io_uring, falling back to epoll) or epoll (env HIVENET_ROUTER_DRIVER)
     #[argh(option)]
     driver: Option<String>,
@@ -61,6 +73,9 @@ struct Flags {
 
 /// Validated start-up settings.
 struct Startup {
+    store: hivenet_router::store::StoreConfig,
+    admin_keys: Vec<[u8; 32]>,
+    insecure_admin: bool,
     cfg: RouterConfig,
     plan: Vec<Option<usize>>,
     driver: DriverChoice,
@@ -118,7 +133,25 @@ fn build() -> Result<Startup, String> {
         )?),
         None => None,
     };
+    cfg.flush_interval =
+        cli::parse_duration("--universal-flush-interval", &f.universal_flush_interval)?;
+    if cfg.flush_interval.is_zero() {
+        return Err("--universal-flush-interval must be greater than 0".into());
+    }
+    let store = hivenet_router::store::StoreConfig {
+        path: std::path::PathBuf::from(cli::flag_or_env(
+            f.disk_db_path,
+            "HIVENET_ROUTER_DISK_DB_PATH",
+            "./hivenet-data",
+        )),
+        reset: f.reset_disk_db,
+        ttl_days: f.disk_db_ttl,
+    };
+    let (admin_keys, insecure_admin) = hivenet_router::admin_keys::from_env()?;
     Ok(Startup {
+        store,
+        admin_keys,
+        insecure_admin,
         cfg,
         plan,
         driver,
@@ -126,9 +159,24 @@ fn build() -> Result<Startup, String> {
     })
 }
 
+/// A timer future for the main thread (no runtime there).
+fn futures_timer(d: std::time::Duration) -> impl std::future::Future<Output = ()> {
+    let (tx, rx) = futures::channel::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        std::thread::sleep(d);
+        let _ = tx.send(());
+    });
+    async move {
+        let _ = rx.await;
+    }
+}
+
 fn main() {
     cli::init_logging();
     let Startup {
+        store,
+        admin_keys,
+        insecure_admin,
         cfg,
         plan,
         driver,
@@ -140,18 +188,22 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = run(cfg, plan, driver, psk) {
+    if let Err(e) = run(cfg, plan, driver, psk, store, admin_keys, insecure_admin) {
         error!("{e}");
         eprintln!("hivenet-router: {e}");
         std::process::exit(1);
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
     cfg: RouterConfig,
     plan: Vec<Option<usize>>,
     driver: DriverChoice,
     psk: Option<libp2p_pnet::PreSharedKey>,
+    store_cfg: hivenet_router::store::StoreConfig,
+    admin_keys: Vec<[u8; 32]>,
+    insecure_admin: bool,
 ) -> Result<(), String> {
     let n = plan.len();
     let http = executor::bind_reuseport(cfg.http_addr, n)
@@ -164,6 +216,12 @@ fn run(
     if psk.is_none() {
         warn!("no --swarm-key-file: agent links are authenticated by noise only; any peer that can reach the p2p port can register");
     }
+    if insecure_admin {
+        warn!("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN=true: admin routes are open without a key");
+    }
+    let storage_errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (store_tx, store_thread) = hivenet_router::store::start(store_cfg, storage_errors.clone())
+        .map_err(|e| format!("cannot start the store thread: {e}"))?;
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded()).unzip();
     let shared = Arc::new(Shared {
         cfg: cfg.clone(),
@@ -171,6 +229,10 @@ fn run(
         mesh: senders,
         keypair: keypair.clone(),
         psk,
+        store: Some(store_tx.clone()),
+        storage_errors,
+        admin_keys,
+        insecure_admin,
     });
     info!(
         peer_id = %keypair.public().to_peer_id(),
@@ -206,7 +268,36 @@ fn run(
     ])
     .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     if let Some(sig) = signals.forever().next() {
-        info!(signal = sig, "shutting down");
+        info!(signal = sig, "shutting down: flushing history");
     }
+    // Every shard hands its agents' history to the store, then the store
+    // persists and stops (one FIFO channel keeps that order).
+    let mut waits = Vec::new();
+    for tx in &shared.mesh {
+        let (t, r) = futures::channel::oneshot::channel();
+        if tx
+            .unbounded_send(shards::runtime::mesh::ShardMsg::Shutdown { reply: t })
+            .is_ok()
+        {
+            waits.push(r);
+        }
+    }
+    for r in waits {
+        futures::executor::block_on(async {
+            let timeout =
+                futures::FutureExt::fuse(futures_timer(std::time::Duration::from_secs(5)));
+            futures::pin_mut!(timeout);
+            futures::select! { _ = futures::FutureExt::fuse(r) => {}, _ = timeout => {} }
+        });
+    }
+    let (t, r) = futures::channel::oneshot::channel();
+    if store_tx
+        .send(shards::runtime::store_api::StoreMsg::Shutdown { done: t })
+        .is_ok()
+    {
+        let _ = futures::executor::block_on(r);
+    }
+    let _ = store_thread.join();
+    info!("history persisted; bye");
     Ok(())
 }

@@ -8,6 +8,38 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The admin key every test router is started with.
+pub const ADMIN_KEY: &str = "test-admin-key";
+
+/// GET with a bearer key.
+pub fn get_auth(port: u16, path: &str, key: &str) -> std::io::Result<(u16, Vec<u8>)> {
+    request_h(
+        port,
+        "GET",
+        path,
+        b"",
+        &format!("Authorization: Bearer {key}\r\n"),
+    )
+}
+
+/// POST with a bearer key.
+pub fn post_auth(port: u16, path: &str, body: &str, key: &str) -> std::io::Result<(u16, Vec<u8>)> {
+    request_h(
+        port,
+        "POST",
+        path,
+        body.as_bytes(),
+        &format!("Authorization: Bearer {key}\r\n"),
+    )
+}
+
+/// The routing table as JSON.
+pub fn routing_table(http: u16) -> serde_json::Value {
+    let (st, b) = get_auth(http, "/admin/routing-table", ADMIN_KEY).expect("routing table");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    serde_json::from_slice(&b).expect("json")
+}
+
 /// A child process killed on drop.
 pub struct Proc {
     pub child: Child,
@@ -81,6 +113,7 @@ pub fn spawn(name: &str, args: &[&str], dir: &Path, env: &[(&str, &str)]) -> Pro
         .stdout(Stdio::from(f))
         .stderr(Stdio::from(f2));
     cmd.env("RUST_LOG", "info");
+    cmd.env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -232,10 +265,21 @@ pub fn request(
     path: &str,
     body: &[u8],
 ) -> std::io::Result<(u16, Vec<u8>)> {
+    request_h(port, method, path, body, "")
+}
+
+/// Same with extra header lines (each ending in CRLF).
+pub fn request_h(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    extra: &str,
+) -> std::io::Result<(u16, Vec<u8>)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes())?;

@@ -44,7 +44,7 @@ class Fleet:
 
     def spawn(self, name, args):
         log = open(os.path.join(self.tmp, f"{name}-{len(self.procs)}.log"), "w")
-        env = dict(os.environ, RUST_LOG="info")
+        env = dict(os.environ, RUST_LOG="info", HIVENET_ROUTER_ADMIN_API_KEYS="test-admin-key")
         p = subprocess.Popen([os.path.join(BIN, name)] + args, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp, env=env)
         p.log_path = log.name
         self.procs.append(p)

@@ -235,6 +235,9 @@ async fn route(
         }
         return read_and_dispatch(shard, conn, head, ep, started).await;
     }
+    if path.starts_with("/admin/") || path == "/admin" {
+        return admin_route(shard, conn, &head, &path, keep).await;
+    }
     match (head.method.as_str(), path.as_str()) {
         ("GET", "/health") => ok(send_json(conn, 200, br#"{"status":"ok"}"#, keep).await),
         ("GET", "/v1/models") => {
@@ -268,6 +271,71 @@ async fn route(
         )
         .await),
         (_, p) if p.starts_with("/v1/models/") => ok(send_error(
+            conn,
+            &ApiError::new(
+                ErrorCode::MethodNotAllowed,
+                format!("method {} not allowed on {path}", head.method),
+            ),
+            keep,
+        )
+        .await),
+        _ => ok(send_error(
+            conn,
+            &ApiError::new(
+                ErrorCode::NotFound,
+                format!("no route for {} {path}", head.method),
+            ),
+            keep,
+        )
+        .await),
+    }
+}
+
+async fn admin_route(
+    shard: &Rc<Shard>,
+    conn: &mut Conn,
+    head: &RequestHead,
+    path: &str,
+    keep: bool,
+) -> Routed {
+    if !super::admin::authorized(shard, head) {
+        let err = super::admin::unauthorized();
+        let mut out = Vec::with_capacity(256);
+        let body = err.body();
+        let headers = [("Content-Type".to_string(), b"application/json".to_vec())];
+        let mut extra = CORS.to_vec();
+        extra.push(("WWW-Authenticate", br#"Bearer realm="hivenet-router""#));
+        http_write::write_response_head(
+            &mut out,
+            401,
+            &headers,
+            http_write::OutFraming::Length(body.len()),
+            keep,
+            &extra,
+        );
+        out.extend_from_slice(&body);
+        return ok(conn.write_all(out).await.is_ok() && keep);
+    }
+    match (head.method.as_str(), path) {
+        ("GET", "/admin/routing-table") => {
+            let body = super::admin::routing_table(shard).await;
+            ok(send_json(conn, 200, &body, keep).await)
+        }
+        ("POST", "/admin/metrics/reset") => match super::admin::reset_metrics(shard).await {
+            Ok(body) => ok(send_json(conn, 200, &body, keep).await),
+            Err(e) => {
+                let body =
+                    serde_json::to_vec(&json!({"error": format!("failed to reset metrics: {e}")}))
+                        .unwrap_or_default();
+                ok(send_json(conn, 500, &body, keep).await)
+            }
+        },
+        ("GET", "/admin/models") => {
+            let snaps = shard.gather().await;
+            let body = models_list(snaps.iter().flat_map(|s| s.agents.iter()));
+            ok(send_json(conn, 200, &body, keep).await)
+        }
+        (_, "/admin/routing-table" | "/admin/metrics/reset" | "/admin/models") => ok(send_error(
             conn,
             &ApiError::new(
                 ErrorCode::MethodNotAllowed,

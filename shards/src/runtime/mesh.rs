@@ -84,6 +84,16 @@ pub enum ShardMsg {
         /// The model the preamble named.
         model: String,
     },
+    /// Clear every agent's lifetime metrics (admin reset).
+    ResetMetrics {
+        /// Signalled when done.
+        reply: oneshot::Sender<()>,
+    },
+    /// Flush history before the process exits.
+    Shutdown {
+        /// Signalled when the flush was handed to the store.
+        reply: oneshot::Sender<()>,
+    },
     /// Reply with this shard's snapshot.
     Snapshot {
         /// Where to send it.

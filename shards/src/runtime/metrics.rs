@@ -16,8 +16,11 @@ fn esc(v: &str) -> String {
 }
 
 /// Render snapshots as Prometheus text.
-pub fn render(snaps: &[ShardSnapshot]) -> String {
+pub fn render(snaps: &[ShardSnapshot], storage_errors: u64) -> String {
     let mut o = String::with_capacity(4096);
+    let _ = writeln!(o, "# HELP hivenet_storage_errors_total Failed history-store operations (open, flush, lookup, reset).");
+    let _ = writeln!(o, "# TYPE hivenet_storage_errors_total counter");
+    let _ = writeln!(o, "hivenet_storage_errors_total {storage_errors}");
     let _ = writeln!(
         o,
         "# HELP hivenet_shard_requests_total Inference requests served by each shard."
@@ -133,6 +136,82 @@ pub fn render(snaps: &[ShardSnapshot]) -> String {
             a.failed
         );
     }
+    type Get = fn(&super::shard::AgentView) -> Option<f64>;
+    let per_agent: [(&str, &str, &str, Get); 10] = [
+        (
+            "hivenet_agent_input_tokens_total",
+            "counter",
+            "Input tokens per agent (from response usage).",
+            |a| Some(a.input_tokens as f64),
+        ),
+        (
+            "hivenet_agent_output_tokens_total",
+            "counter",
+            "Output tokens per agent (from response usage).",
+            |a| Some(a.output_tokens as f64),
+        ),
+        (
+            "hivenet_agent_disconnections_total",
+            "counter",
+            "Times the agent's link closed.",
+            |a| Some(a.disconnections as f64),
+        ),
+        (
+            "hivenet_agent_failure_total",
+            "counter",
+            "Missed-heartbeat healthy to unhealthy transitions.",
+            |a| Some(a.agent_failures as f64),
+        ),
+        (
+            "hivenet_model_backend_failure_total",
+            "counter",
+            "Backend-unhealthy transitions reported by the agent.",
+            |a| Some(a.backend_failures as f64),
+        ),
+        (
+            "hivenet_agent_success_rate",
+            "gauge",
+            "Lifetime successful / all requests.",
+            |a| {
+                let t = a.success + a.failed;
+                (t > 0).then(|| a.success as f64 / t as f64)
+            },
+        ),
+        // Latency: emitted only while the estimator is KNOWN (no misleading 0).
+        (
+            "hivenet_agent_srtt_ms",
+            "gauge",
+            "Smoothed request latency to response headers, ms (only once known).",
+            |a| a.srtt,
+        ),
+        (
+            "hivenet_agent_rttvar_ms",
+            "gauge",
+            "Latency variation, ms (only once known).",
+            |a| a.rttvar,
+        ),
+        (
+            "hivenet_router_agent_srtt_ms",
+            "gauge",
+            "Older name of hivenet_agent_srtt_ms.",
+            |a| a.srtt,
+        ),
+        (
+            "hivenet_router_agent_rttvar_ms",
+            "gauge",
+            "Older name of hivenet_agent_rttvar_ms.",
+            |a| a.rttvar,
+        ),
+    ];
+    for (name, kind, help, get) in per_agent {
+        let _ = writeln!(o, "# HELP {name} {help}");
+        let _ = writeln!(o, "# TYPE {name} {kind}");
+        for a in &agents {
+            if let Some(v) = get(a) {
+                let _ = writeln!(o, "{name}{{{}}} {v}", label_u(a));
+            }
+        }
+    }
     o
 }
 
@@ -157,7 +236,13 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
         let mut out = Vec::new();
         if head.method == "GET" && head.path_only() == "/metrics" {
             let snaps = shard.gather().await;
-            let body = render(&snaps);
+            let body = render(
+                &snaps,
+                shard
+                    .shared
+                    .storage_errors
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            );
             http_write::write_full_response(
                 &mut out,
                 200,

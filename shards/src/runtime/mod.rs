@@ -6,6 +6,7 @@
 //! cross-core messages), [`link`] (the agent link stack, used by both the
 //! router and the agent).
 
+pub mod admin;
 pub mod clock;
 pub mod conn;
 pub mod executor;
@@ -18,3 +19,4 @@ pub mod metrics;
 pub mod proxy;
 pub mod shard;
 pub mod shared;
+pub mod store_api;

@@ -19,6 +19,7 @@ use super::shard::{Agent, Shard, Slot};
 use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::http_parse::{self, BodyFraming, ChunkedDecoder, ResponseHead};
 use crate::logic::http_write::{self, OutFraming};
+use crate::logic::usage::{self, SseUsage, Tokens};
 
 /// What the connection does after the exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,12 +58,38 @@ fn build_request(p: &PendingRequest) -> Vec<u8> {
     out
 }
 
-/// Open a stream, write the request, read the response head.
+/// Why an exchange failed, and whether a latency sample exists.
+enum ExchangeError {
+    /// The stream could not be opened: nothing reached the agent.
+    Open(io::Error),
+    /// Failed after the request was written (elapsed ms since the write began).
+    AfterSend(io::Error, f64),
+}
+
+/// Open a stream, write the request, read the response head. The latency
+/// clock starts immediately before the request is written to the stream
+/// and stops when the response head has arrived.
 async fn exchange_head(
     agent: &Agent,
     request: &[u8],
+) -> Result<(LinkStream, ResponseHead, Vec<u8>, f64), ExchangeError> {
+    let s = agent
+        .link
+        .open(HTTP_PROTOCOL)
+        .await
+        .map_err(ExchangeError::Open)?;
+    let t0 = clock::now();
+    let ms = |t0: clock::Instant| t0.elapsed().as_secs_f64() * 1e3;
+    match send_and_read_head(s, request).await {
+        Ok((s, h, rest)) => Ok((s, h, rest, ms(t0))),
+        Err(e) => Err(ExchangeError::AfterSend(e, ms(t0))),
+    }
+}
+
+async fn send_and_read_head(
+    mut s: LinkStream,
+    request: &[u8],
 ) -> io::Result<(LinkStream, ResponseHead, Vec<u8>)> {
-    let mut s = agent.link.open(HTTP_PROTOCOL).await?;
     s.write_all(request).await?;
     s.flush().await?;
     let mut buf = Vec::with_capacity(8192);
@@ -93,7 +120,7 @@ async fn exchange_head(
 }
 
 enum Relay {
-    Done,
+    Done(Option<Tokens>),
     UpstreamFailed(String),
     ClientGone,
 }
@@ -120,7 +147,7 @@ async fn relay(
             if conn.write_all(out).await.is_err() {
                 return Relay::ClientGone;
             }
-            Relay::Done
+            Relay::Done(None)
         }
         BodyFraming::Length(n) => {
             let Ok(n) = usize::try_from(n) else {
@@ -134,6 +161,7 @@ async fn relay(
                 }
             }
             buf.truncate(n);
+            let tokens = usage::from_body(&buf);
             let mut out = Vec::with_capacity(512 + n);
             http_write::write_response_head(
                 &mut out,
@@ -147,7 +175,7 @@ async fn relay(
             if conn.write_all(out).await.is_err() {
                 return Relay::ClientGone;
             }
-            Relay::Done
+            Relay::Done(tokens)
         }
         BodyFraming::Chunked | BodyFraming::UntilClose => {
             let sse = head.is_event_stream();
@@ -169,6 +197,7 @@ async fn relay(
             );
             let until_close = head.framing == BodyFraming::UntilClose;
             let mut dec = ChunkedDecoder::new();
+            let mut meter = SseUsage::default();
             let mut payload = Vec::with_capacity(16 * 1024);
             loop {
                 if until_close {
@@ -186,6 +215,9 @@ async fn relay(
                     }
                 }
                 // Each piece goes out as it arrives: one chunk per read.
+                if sse {
+                    meter.feed(&payload);
+                }
                 http_write::write_chunk(&mut out, &payload);
                 payload.clear();
                 let finished = !until_close && dec.is_done();
@@ -199,12 +231,12 @@ async fn relay(
                     out = Vec::with_capacity(16 * 1024);
                 }
                 if finished {
-                    return Relay::Done;
+                    return Relay::Done(meter.seen.then_some(meter.tokens));
                 }
                 match s.read(&mut tmp).await {
                     Ok(0) if until_close => {
                         let _ = conn.write_all(http_write::LAST_CHUNK.to_vec()).await;
-                        return Relay::Done;
+                        return Relay::Done(meter.seen.then_some(meter.tokens));
                     }
                     Ok(0) => {
                         return Relay::UpstreamFailed(
@@ -249,14 +281,15 @@ pub async fn forward(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest) -> 
             }
         };
         let slot = Slot::take(agent.clone());
-        let t0 = clock::now();
         match monoio::time::timeout(timeout, exchange_head(&agent, &request)).await {
-            Ok(Ok((stream, head, rest))) => {
-                let sample = t0.elapsed();
-                debug!(peer_id = %agent.reg.peer_id, status = head.status, sample_ms = sample.as_secs_f64() * 1e3, "agent response head");
+            Ok(Ok((stream, head, rest, sample_ms))) => {
+                // The sample is applied on this (the model's) shard before
+                // the next routing decision, success or error status alike.
+                agent.observe(sample_ms);
+                debug!(peer_id = %agent.reg.peer_id, status = head.status, sample_ms, "agent response head");
                 // Backend overloaded or unreachable behind this agent: try another once.
                 if attempt == 0 && matches!(head.status, 502 | 503) {
-                    agent.failed.set(agent.failed.get() + 1);
+                    agent.fail();
                     excluded.push(agent.id);
                     drop(slot);
                     continue;
@@ -264,11 +297,14 @@ pub async fn forward(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest) -> 
                 let result = relay(conn, stream, &head, rest, keep).await;
                 drop(slot);
                 return match result {
-                    Relay::Done => {
+                    Relay::Done(tokens) => {
                         if head.status < 400 {
-                            agent.success.set(agent.success.get() + 1);
+                            agent.succeed();
                         } else {
-                            agent.failed.set(agent.failed.get() + 1);
+                            agent.fail();
+                        }
+                        if let Some(t) = tokens {
+                            agent.add_tokens(t);
                         }
                         if keep {
                             Outcome::KeepAlive
@@ -277,21 +313,30 @@ pub async fn forward(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest) -> 
                         }
                     }
                     Relay::UpstreamFailed(why) => {
-                        agent.failed.set(agent.failed.get() + 1);
+                        agent.fail();
                         warn!(peer_id = %agent.reg.peer_id, "response from agent failed mid-body: {why}; closing the client connection");
                         Outcome::Close
                     }
                     Relay::ClientGone => Outcome::Close,
                 };
             }
-            Ok(Err(e)) => {
-                agent.failed.set(agent.failed.get() + 1);
+            Ok(Err(ExchangeError::Open(e))) => {
+                // Nothing reached the agent: a failure, but no sample.
+                agent.fail();
+                warn!(peer_id = %agent.reg.peer_id, attempt, "cannot open a stream to the agent: {e}");
+                excluded.push(agent.id);
+                drop(slot);
+            }
+            Ok(Err(ExchangeError::AfterSend(e, elapsed_ms))) => {
+                agent.observe(elapsed_ms);
+                agent.fail();
                 warn!(peer_id = %agent.reg.peer_id, attempt, "forward to agent failed: {e}");
                 excluded.push(agent.id);
                 drop(slot);
             }
             Err(_) => {
-                agent.failed.set(agent.failed.get() + 1);
+                agent.observe(timeout.as_secs_f64() * 1e3);
+                agent.fail();
                 drop(slot);
                 let e = ApiError::new(
                     ErrorCode::RequestTimeout,

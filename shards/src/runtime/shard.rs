@@ -20,10 +20,13 @@ use super::handoff;
 use super::link::{self, LinkHandle};
 use super::mesh::ShardMsg;
 use super::shared::SharedRef;
+use super::store_api::StoreMsg;
 use crate::logic::control::{Capability, ControlMsg, Registration};
 use crate::logic::errors::{ApiError, ErrorCode};
+use crate::logic::history::History;
 use crate::logic::preamble;
 use crate::logic::selection::{self, Candidate, Pick};
+use crate::logic::srtt::Estimator;
 
 /// One registered agent, owned by its model's shard.
 pub struct Agent {
@@ -45,9 +48,84 @@ pub struct Agent {
     pub failed: Cell<u64>,
     /// Unix seconds of registration or last heartbeat.
     pub last_seen: Cell<u64>,
+    /// Latency estimator (live: updated before the next routing decision).
+    pub est: Cell<Estimator>,
+    /// Lifetime input tokens (from response usage).
+    pub input_tokens: Cell<u64>,
+    /// Lifetime output tokens.
+    pub output_tokens: Cell<u64>,
+    /// Times the agent left routing (restored from history).
+    pub disconnections: Cell<u64>,
+    /// Healthy -> unhealthy transitions from missed heartbeats.
+    pub agent_failures: Cell<u64>,
+    /// Healthy -> unhealthy transitions of reported backend health.
+    pub backend_failures: Cell<u64>,
 }
 
 impl Agent {
+    /// Record one outcome's latency sample (ms) and log the update.
+    pub fn observe(&self, sample_ms: f64) {
+        let mut e = self.est.get();
+        if let Some(u) = e.observe(sample_ms) {
+            self.est.set(e);
+            tracing::debug!(
+                target: "router",
+                peer_id = %self.reg.peer_id, model = %self.reg.model, sample_ms = u.sample,
+                old_srtt_ms = ?u.old_srtt, old_rttvar_ms = ?u.old_rttvar, srtt_ms = u.srtt, rttvar_ms = u.rttvar,
+                "SRTT update"
+            );
+        }
+    }
+
+    /// Count one success.
+    pub fn succeed(&self) {
+        self.success.set(self.success.get() + 1);
+    }
+
+    /// Count one failure.
+    pub fn fail(&self) {
+        self.failed.set(self.failed.get() + 1);
+    }
+
+    /// Add usage tokens.
+    pub fn add_tokens(&self, t: crate::logic::usage::Tokens) {
+        self.input_tokens.set(self.input_tokens.get() + t.input);
+        self.output_tokens.set(self.output_tokens.get() + t.output);
+    }
+
+    /// The record to persist.
+    pub fn history(&self) -> History {
+        let e = self.est.get();
+        History {
+            srtt: e.srtt(),
+            rttvar: e.rttvar(),
+            success: self.success.get(),
+            failed: self.failed.get(),
+            input_tokens: self.input_tokens.get(),
+            output_tokens: self.output_tokens.get(),
+            disconnections: self.disconnections.get(),
+            agent_failures: self.agent_failures.get(),
+            backend_failures: self.backend_failures.get(),
+            written_at: 0,
+        }
+    }
+
+    /// Clear the lifetime metrics (admin reset).
+    pub fn reset_metrics(&self) {
+        self.est.set(Estimator::new());
+        for c in [
+            &self.success,
+            &self.failed,
+            &self.input_tokens,
+            &self.output_tokens,
+            &self.disconnections,
+            &self.agent_failures,
+            &self.backend_failures,
+        ] {
+            c.set(0);
+        }
+    }
+
     /// Routable: live and backend healthy.
     pub fn healthy(&self) -> bool {
         self.live.get() && self.backend_healthy.get()
@@ -130,6 +208,24 @@ pub struct AgentView {
     pub failed: u64,
     /// Unix seconds.
     pub last_seen: u64,
+    /// Heartbeats arrive in time.
+    pub live: bool,
+    /// Agent-reported backend health.
+    pub backend_healthy: bool,
+    /// SRTT, ms (None: UNKNOWN).
+    pub srtt: Option<f64>,
+    /// RTTVAR, ms.
+    pub rttvar: Option<f64>,
+    /// Lifetime input tokens.
+    pub input_tokens: u64,
+    /// Lifetime output tokens.
+    pub output_tokens: u64,
+    /// Lifetime disconnections.
+    pub disconnections: u64,
+    /// Missed-heartbeat transitions.
+    pub agent_failures: u64,
+    /// Backend-unhealthy transitions.
+    pub backend_failures: u64,
 }
 
 /// Plain-data view of a shard.
@@ -224,9 +320,14 @@ impl Shard {
         }
     }
 
-    fn add_agent(&self, reg: Registration, link: LinkHandle) -> Rc<Agent> {
+    fn add_agent(&self, reg: Registration, link: LinkHandle, h: Option<History>) -> Rc<Agent> {
         let id = self.next_agent.get();
         self.next_agent.set(id + 1);
+        let h = h.unwrap_or_default();
+        let est = match (h.srtt, h.rttvar) {
+            (Some(s), Some(v)) => Estimator::restored(s, v),
+            _ => Estimator::new(),
+        };
         let agent = Rc::new(Agent {
             id,
             reg,
@@ -234,9 +335,15 @@ impl Shard {
             live: Cell::new(true),
             backend_healthy: Cell::new(true),
             active: Cell::new(0),
-            success: Cell::new(0),
-            failed: Cell::new(0),
+            success: Cell::new(h.success),
+            failed: Cell::new(h.failed),
             last_seen: Cell::new(clock::unix_secs()),
+            est: Cell::new(est),
+            input_tokens: Cell::new(h.input_tokens),
+            output_tokens: Cell::new(h.output_tokens),
+            disconnections: Cell::new(h.disconnections),
+            agent_failures: Cell::new(h.agent_failures),
+            backend_failures: Cell::new(h.backend_failures),
         });
         let mut models = self.models.borrow_mut();
         let pool = models.entry(agent.reg.model.clone()).or_default();
@@ -250,6 +357,63 @@ impl Shard {
         let mut models = self.models.borrow_mut();
         if let Some(pool) = models.get_mut(&agent.reg.model) {
             pool.agents.retain(|a| a.id != agent.id);
+        }
+    }
+
+    /// Ask the store for a peer's history (bounded wait; None without a store).
+    async fn lookup_history(&self, peer_id: &str) -> Option<History> {
+        let tx = self.shared.store.as_ref()?;
+        let (reply, rx) = futures::channel::oneshot::channel();
+        tx.send(StoreMsg::Lookup {
+            peer_id: peer_id.to_string(),
+            reply,
+        })
+        .ok()?;
+        match monoio::time::timeout(std::time::Duration::from_secs(2), rx).await {
+            Ok(Ok(h)) => h,
+            _ => {
+                warn!(%peer_id, "history lookup timed out; starting without history");
+                None
+            }
+        }
+    }
+
+    /// Send records to the store (never waits).
+    pub fn flush(
+        &self,
+        records: Vec<(String, History)>,
+        done: Option<futures::channel::oneshot::Sender<()>>,
+    ) {
+        if let Some(tx) = &self.shared.store {
+            if records.is_empty() && done.is_none() {
+                return;
+            }
+            if tx.send(StoreMsg::Flush { records, done }).is_err() {
+                self.shared
+                    .storage_errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        } else if let Some(d) = done {
+            let _ = d.send(());
+        }
+    }
+
+    /// Every agent's record.
+    pub fn all_history(&self) -> Vec<(String, History)> {
+        self.models
+            .borrow()
+            .values()
+            .flat_map(|p| p.agents.iter())
+            .map(|a| (a.reg.peer_id.clone(), a.history()))
+            .collect()
+    }
+
+    /// Clear every agent's lifetime metrics in memory.
+    pub fn reset_metrics(&self) {
+        for p in self.models.borrow().values() {
+            for a in &p.agents {
+                a.reset_metrics();
+            }
         }
     }
 
@@ -267,6 +431,15 @@ impl Shard {
                 success: a.success.get(),
                 failed: a.failed.get(),
                 last_seen: a.last_seen.get(),
+                live: a.live.get(),
+                backend_healthy: a.backend_healthy.get(),
+                srtt: a.est.get().srtt(),
+                rttvar: a.est.get().rttvar(),
+                input_tokens: a.input_tokens.get(),
+                output_tokens: a.output_tokens.get(),
+                disconnections: a.disconnections.get(),
+                agent_failures: a.agent_failures.get(),
+                backend_failures: a.backend_failures.get(),
             })
             .collect();
         ShardSnapshot {
@@ -394,8 +567,29 @@ pub async fn run(
             }
         });
     }
+    {
+        // Periodic history flush.
+        let shard = shard.clone();
+        monoio::spawn(async move {
+            let every = shard.shared.cfg.flush_interval;
+            loop {
+                monoio::time::sleep(every).await;
+                shard.flush(shard.all_history(), None);
+            }
+        });
+    }
     while let Some(msg) = rx.next().await {
         match msg {
+            ShardMsg::ResetMetrics { reply } => {
+                shard.reset_metrics();
+                let _ = reply.send(());
+            }
+            ShardMsg::Shutdown { reply } => {
+                // Flush everything; the store processes this before the
+                // main thread's shutdown message (one FIFO channel).
+                shard.flush(shard.all_history(), None);
+                let _ = reply.send(());
+            }
             ShardMsg::AdoptHttp {
                 stream,
                 buf,
@@ -593,7 +787,14 @@ async fn serve_link(
         warn!(shard = shard.id, %peer_id, "cannot confirm registration: {e}");
         return;
     }
-    let agent = shard.add_agent(reg, handle);
+    // Warm start: the store's record for this peer ID (the registration path
+    // may wait for the store; the request path never does).
+    let history = shard.lookup_history(&reg.peer_id).await;
+    if let Some(h) = &history {
+        info!(peer_id = %reg.peer_id, srtt_ms = ?h.srtt, rttvar_ms = ?h.rttvar, success = h.success, failed = h.failed,
+              record_age_s = clock::unix_secs().saturating_sub(h.written_at), "warm start from the history store");
+    }
+    let agent = shard.add_agent(reg, handle, history);
     info!(
         shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, engine = %agent.reg.engine,
         capability = agent.reg.capability.as_str(), capacity = agent.reg.capacity, "agent registered"
@@ -606,6 +807,9 @@ async fn serve_link(
                 agent.live.set(true);
                 if agent.backend_healthy.get() != backend_healthy {
                     info!(peer_id = %agent.reg.peer_id, backend_healthy, "agent backend health changed");
+                    if !backend_healthy {
+                        agent.backend_failures.set(agent.backend_failures.get() + 1);
+                    }
                 }
                 agent.backend_healthy.set(backend_healthy);
                 agent.last_seen.set(clock::unix_secs());
@@ -625,13 +829,16 @@ async fn serve_link(
             Err(_) => {
                 if agent.live.get() {
                     warn!(peer_id = %agent.reg.peer_id, "3 heartbeats missed: agent unhealthy");
+                    agent.agent_failures.set(agent.agent_failures.get() + 1);
                 }
                 agent.live.set(false);
             }
         }
     }
-    // The link is gone: leave routing at once.
+    // The link is gone: leave routing at once, and flush its history.
     shard.remove_agent(&agent);
+    agent.disconnections.set(agent.disconnections.get() + 1);
+    shard.flush(vec![(agent.reg.peer_id.clone(), agent.history())], None);
     info!(shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, "agent left routing");
 }
 

@@ -36,6 +36,8 @@ pub struct RouterConfig {
     pub preamble_timeout: Duration,
     /// Time allowed for the pnet + noise handshake and registration.
     pub handshake_timeout: Duration,
+    /// Period of the history flush to the store.
+    pub flush_interval: Duration,
 }
 
 impl Default for RouterConfig {
@@ -51,6 +53,7 @@ impl Default for RouterConfig {
             heartbeat_interval: Duration::from_secs(5),
             preamble_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(10),
+            flush_interval: Duration::from_secs(30),
         }
     }
 }
@@ -67,6 +70,14 @@ pub struct Shared {
     pub keypair: Keypair,
     /// Fleet secret for the private network; `None`: noise only.
     pub psk: Option<PreSharedKey>,
+    /// The store thread (None: no persistence).
+    pub store: Option<super::store_api::StoreTx>,
+    /// Failed store operations.
+    pub storage_errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// SHA-256 of each admin key; empty with `insecure_admin`.
+    pub admin_keys: Vec<[u8; 32]>,
+    /// Admin routes open without a key (explicit opt-in).
+    pub insecure_admin: bool,
 }
 
 impl Shared {

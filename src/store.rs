@@ -1,0 +1,230 @@
+//! The store thread: owns the fjall database (agent history keyed by peer
+//! ID). Blocking I/O and fjall's own workers stay off the shard cores.
+//!
+//! - Open: `--reset-disk-db` empties it first; a store that cannot be
+//!   opened (corruption) is moved aside with a loud log line and a fresh
+//!   one is created; if even that fails the router runs without
+//!   persistence.
+//! - Writes: batched per flush, each flush ends with a persist (fsync); a
+//!   failed write keeps the router serving and counts a storage error.
+//! - Retention: records older than `--disk-db-ttl` days read as absent and
+//!   are swept at open and hourly.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use shards::logic::history::History;
+use shards::runtime::clock;
+use shards::runtime::store_api::StoreMsg;
+use tracing::{error, info, warn};
+
+const KEYSPACE: &str = "agent_history";
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
+
+/// Store settings.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// `--disk-db-path`.
+    pub path: PathBuf,
+    /// `--reset-disk-db`.
+    pub reset: bool,
+    /// `--disk-db-ttl` days (0: keep forever).
+    pub ttl_days: u64,
+}
+
+struct Open {
+    db: Database,
+    ks: Keyspace,
+}
+
+fn try_open(path: &Path) -> Result<Open, String> {
+    let db = Database::builder(path).open().map_err(|e| e.to_string())?;
+    let ks = db
+        .keyspace(KEYSPACE, KeyspaceCreateOptions::default)
+        .map_err(|e| e.to_string())?;
+    // Read every record once: a store whose data cannot be read is treated
+    // as corrupt now rather than failing later on the request path's side.
+    for kv in ks.iter() {
+        kv.into_inner().map_err(|e| e.to_string())?;
+    }
+    Ok(Open { db, ks })
+}
+
+fn open(cfg: &StoreConfig, errors: &AtomicU64) -> Option<Open> {
+    if cfg.reset && cfg.path.exists() {
+        match std::fs::remove_dir_all(&cfg.path) {
+            Ok(()) => info!(path = %cfg.path.display(), "--reset-disk-db: store emptied"),
+            Err(e) => {
+                error!(path = %cfg.path.display(), "--reset-disk-db: cannot remove the store: {e}")
+            }
+        }
+    }
+    match try_open(&cfg.path) {
+        Ok(o) => return Some(o),
+        Err(e) => {
+            let aside = PathBuf::from(format!(
+                "{}.corrupt-{}",
+                cfg.path.display(),
+                clock::unix_secs()
+            ));
+            error!(
+                path = %cfg.path.display(), moved_to = %aside.display(),
+                "STORE CORRUPT: cannot open the history store ({e}); moving it aside and starting EMPTY: latency history and counters are lost"
+            );
+            errors.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = std::fs::rename(&cfg.path, &aside) {
+                error!("cannot move the corrupt store aside: {e}");
+            }
+        }
+    }
+    match try_open(&cfg.path) {
+        Ok(o) => Some(o),
+        Err(e) => {
+            error!(path = %cfg.path.display(), "cannot create a fresh store ({e}); running WITHOUT persistence");
+            errors.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+fn sweep(o: &Open, ttl_days: u64, errors: &AtomicU64) {
+    if ttl_days == 0 {
+        return;
+    }
+    let now = clock::unix_secs();
+    let mut expired = Vec::new();
+    for kv in o.ks.iter() {
+        let Ok((k, v)) = kv.into_inner() else {
+            continue;
+        };
+        match History::decode(&v) {
+            Ok(h) if !h.expired(now, ttl_days) => {}
+            _ => expired.push(k),
+        }
+    }
+    if expired.is_empty() {
+        return;
+    }
+    let n = expired.len();
+    let mut b = o.db.batch();
+    for k in expired {
+        b.remove(&o.ks, k);
+    }
+    if let Err(e) = b.commit().and_then(|_| o.db.persist(PersistMode::SyncAll)) {
+        errors.fetch_add(1, Ordering::Relaxed);
+        warn!("store sweep failed: {e}");
+    } else {
+        info!(removed = n, "expired history records swept");
+    }
+}
+
+/// Start the store thread; returns its sender and join handle.
+pub fn start(
+    cfg: StoreConfig,
+    errors: Arc<AtomicU64>,
+) -> std::io::Result<(
+    std::sync::mpsc::Sender<StoreMsg>,
+    std::thread::JoinHandle<()>,
+)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = std::thread::Builder::new()
+        .name("store".into())
+        .spawn(move || run(cfg, rx, errors))?;
+    Ok((tx, h))
+}
+
+fn run(cfg: StoreConfig, rx: Receiver<StoreMsg>, errors: Arc<AtomicU64>) {
+    let store = open(&cfg, &errors);
+    if let Some(o) = &store {
+        sweep(o, cfg.ttl_days, &errors);
+        info!(path = %cfg.path.display(), records = o.ks.iter().count(), ttl_days = cfg.ttl_days, "history store open");
+    }
+    let mut last_sweep = Instant::now();
+    loop {
+        let msg = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(m) => m,
+            Err(RecvTimeoutError::Timeout) => {
+                if let Some(o) = &store {
+                    if last_sweep.elapsed() > SWEEP_EVERY {
+                        sweep(o, cfg.ttl_days, &errors);
+                        last_sweep = Instant::now();
+                    }
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        match msg {
+            StoreMsg::Flush { records, done } => {
+                if let Some(o) = &store {
+                    let now = clock::unix_secs();
+                    let mut b = o.db.batch();
+                    let n = records.len();
+                    for (peer, mut h) in records {
+                        h.written_at = now;
+                        b.insert(&o.ks, peer.into_bytes(), h.encode());
+                    }
+                    match b.commit().and_then(|_| o.db.persist(PersistMode::SyncAll)) {
+                        Ok(()) => tracing::debug!(records = n, "history flushed"),
+                        Err(e) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            error!("history flush failed ({e}); still serving from memory");
+                        }
+                    }
+                }
+                if let Some(d) = done {
+                    let _ = d.send(());
+                }
+            }
+            StoreMsg::Lookup { peer_id, reply } => {
+                let found = store
+                    .as_ref()
+                    .and_then(|o| match o.ks.get(peer_id.as_bytes()) {
+                        Ok(Some(v)) => match History::decode(&v) {
+                            Ok(h) if !h.expired(clock::unix_secs(), cfg.ttl_days) => Some(h),
+                            Ok(_) => None,
+                            Err(e) => {
+                                warn!(%peer_id, "unreadable history record ignored: {e:?}");
+                                None
+                            }
+                        },
+                        Ok(None) => None,
+                        Err(e) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            warn!(%peer_id, "history lookup failed: {e}");
+                            None
+                        }
+                    });
+                let _ = reply.send(found);
+            }
+            StoreMsg::ResetAll { reply } => {
+                let r = match &store {
+                    Some(o) => {
+                        o.ks.clear()
+                            .and_then(|_| o.db.persist(PersistMode::SyncAll))
+                            .map_err(|e| {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                                e.to_string()
+                            })
+                    }
+                    None => Ok(()),
+                };
+                let _ = reply.send(r);
+            }
+            StoreMsg::Shutdown { done } => {
+                if let Some(o) = &store {
+                    if let Err(e) = o.db.persist(PersistMode::SyncAll) {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        error!("final persist failed: {e}");
+                    }
+                }
+                let _ = done.send(());
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,490 @@
+//! Latency tracking end to end: SRTT per agent from real sims, persisted
+//! and restored by peer ID across graceful and hard restarts, reset by the
+//! admin API, exported only while KNOWN; admin authentication; a corrupt
+//! store moved aside.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+fn agents(http: u16) -> Vec<serde_json::Value> {
+    routing_table(http)["agents"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn by_machine(http: u16, machine: &str) -> serde_json::Value {
+    agents(http)
+        .into_iter()
+        .find(|a| a["metadata"]["machine"] == machine)
+        .unwrap_or_else(|| panic!("no agent on machine {machine}"))
+}
+
+fn srtt(a: &serde_json::Value) -> Option<f64> {
+    a["universal"]["srtt_ms"].as_f64()
+}
+
+fn rttvar(a: &serde_json::Value) -> Option<f64> {
+    a["universal"]["rttvar_ms"].as_f64()
+}
+
+fn sigterm(p: &mut Proc) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &p.child.id().to_string()])
+        .status();
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(Some(st)) = p.child.try_wait() {
+            assert!(st.success(), "graceful exit: {st:?}\n{}", p.log_text());
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "router did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn router_on(dir: &Path, ports: (u16, u16, u16), extra: &[&str]) -> Proc {
+    let h = format!("127.0.0.1:{}", ports.0);
+    let m = format!("127.0.0.1:{}", ports.1);
+    let p = ports.2.to_string();
+    let mut args = vec![
+        "--shards",
+        "2",
+        "--http-port",
+        &h,
+        "--metrics-port",
+        &m,
+        "--p2p-port",
+        &p,
+    ];
+    args.extend_from_slice(extra);
+    let proc = spawn("hivenet-router", &args, dir, &[]);
+    wait_until(
+        Duration::from_secs(20),
+        || {
+            get(ports.0, "/health")
+                .map(|(s, _)| s == 200)
+                .unwrap_or(false)
+        },
+        "router",
+    );
+    proc
+}
+
+fn chat(http: u16, model: &str, stream: bool, max_tokens: u32) {
+    let body = format!(
+        r#"{{"model":"{model}","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
+    let (st, b) = post(http, "/v1/chat/completions", &body).expect("chat");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+}
+
+#[test]
+fn srtt_follows_each_sims_timing() {
+    let dir = tmpdir("srtt");
+    let r = start_router(&dir, &["--shards", "2"], &[]);
+    let (_f, pf) = start_sim(
+        &dir,
+        "lat-model",
+        &["--ttft", "20ms", "--itl", "10ms", "--output-tokens", "21"],
+    );
+    let (_s, ps) = start_sim(
+        &dir,
+        "lat-model",
+        &["--ttft", "200ms", "--itl", "10ms", "--output-tokens", "21"],
+    );
+    let _af = start_agent(&dir, &r, pf, "fast.key", &["--machine", "fast"]);
+    let _as = start_agent(&dir, &r, ps, "slow.key", &["--machine", "slow"]);
+    wait_agents(r.http, "lat-model", 2);
+    for a in agents(r.http) {
+        assert_eq!(a["universal"]["latency_state"], "UNKNOWN");
+        assert!(a["universal"]["srtt_ms"].is_null() && a["universal"]["rttvar_ms"].is_null());
+    }
+    assert!(
+        !metrics_text(r.metrics).contains("hivenet_agent_srtt_ms{"),
+        "no SRTT series before a sample"
+    );
+    // Streaming: the sample ends at the response head, which the sim sends with its first token.
+    for _ in 0..8 {
+        chat(r.http, "lat-model", true, 21);
+    }
+    let fast = by_machine(r.http, "fast");
+    let slow = by_machine(r.http, "slow");
+    for (a, ttft) in [(&fast, 20.0), (&slow, 200.0)] {
+        assert_eq!(a["universal"]["latency_state"], "KNOWN", "{a}");
+        let s = srtt(a).expect("srtt");
+        assert!(
+            s >= ttft * 0.95 && s <= ttft + 25.0,
+            "streaming SRTT {s} near ttft {ttft}"
+        );
+    }
+    let m = metrics_text(r.metrics);
+    assert_eq!(m.matches("hivenet_agent_srtt_ms{").count(), 2, "{m}");
+    assert_eq!(m.matches("hivenet_router_agent_rttvar_ms{").count(), 2);
+    // Non-streaming: the agent buffers the whole completion (20 gaps of 10 ms) before the head.
+    for _ in 0..24 {
+        chat(r.http, "lat-model", false, 21);
+    }
+    let fast2 = srtt(&by_machine(r.http, "fast")).expect("srtt");
+    let slow2 = srtt(&by_machine(r.http, "slow")).expect("srtt");
+    assert!(
+        fast2 > 20.0 + 100.0,
+        "non-streaming SRTT {fast2} includes the generation time"
+    );
+    assert!(
+        slow2 > 200.0 + 100.0,
+        "non-streaming SRTT {slow2} includes the generation time"
+    );
+    let u = &by_machine(r.http, "fast")["universal"];
+    assert!(u["successful_requests_total"].as_u64().unwrap_or(0) >= 10);
+    assert!(
+        u["output_tokens_total"].as_u64().unwrap_or(0) > 0,
+        "usage of non-streaming responses is counted: {u}"
+    );
+}
+
+fn solve_sample_consistent(old_s: f64, old_v: f64, new_s: f64, new_v: f64) -> bool {
+    // Either alpha: R = old + (new - old)/alpha; check the RTTVAR rule.
+    [0.5, 0.125].iter().any(|alpha| {
+        let r = old_s + (new_s - old_s) / alpha;
+        let improving = r < old_s;
+        let alpha_ok = if improving {
+            *alpha == 0.5
+        } else {
+            *alpha == 0.125
+        };
+        let v = 0.75 * old_v + 0.25 * (old_s - r).abs();
+        alpha_ok && r > 0.0 && (v - new_v).abs() < 1e-6 * new_v.max(1.0)
+    })
+}
+
+#[test]
+fn graceful_restart_restores_history() {
+    let dir = tmpdir("restart");
+    let ports = (free_port(), free_port(), free_port());
+    let mut router = router_on(&dir, ports, &[]);
+    let r = Router {
+        proc: spawn(
+            "hivenet-sim",
+            &["--port", "1", "--model", "none"],
+            &dir,
+            &[],
+        ),
+        http: ports.0,
+        metrics: ports.1,
+        p2p: ports.2,
+    };
+    let (_s, port) = start_sim(&dir, "warm-model", &["--ttft", "15ms"]);
+    let _a = start_agent(&dir, &r, port, "warm.key", &["--machine", "w"]);
+    wait_agents(ports.0, "warm-model", 1);
+    for _ in 0..5 {
+        chat(ports.0, "warm-model", true, 2);
+    }
+    let before = by_machine(ports.0, "w");
+    let (s1, v1) = (
+        srtt(&before).expect("known"),
+        rttvar(&before).expect("known"),
+    );
+    let ok1 = before["universal"]["successful_requests_total"]
+        .as_u64()
+        .expect("count");
+    sigterm(&mut router);
+    assert!(
+        router.log_text().contains("history persisted"),
+        "{}",
+        router.log_text()
+    );
+    let _router2 = router_on(&dir, ports, &[]);
+    wait_agents(ports.0, "warm-model", 1);
+    let after = by_machine(ports.0, "w");
+    assert_eq!(after["peer_id"], before["peer_id"], "same identity");
+    assert_eq!(srtt(&after), Some(s1), "SRTT restored before any request");
+    assert_eq!(rttvar(&after), Some(v1));
+    assert_eq!(
+        after["universal"]["successful_requests_total"].as_u64(),
+        Some(ok1)
+    );
+    assert_eq!(
+        after["universal"]["disconnections_total"].as_u64(),
+        Some(0),
+        "a router restart is not an agent disconnection"
+    );
+    chat(ports.0, "warm-model", true, 2);
+    let next = by_machine(ports.0, "w");
+    let (s2, v2) = (srtt(&next).expect("known"), rttvar(&next).expect("known"));
+    assert!(
+        solve_sample_consistent(s1, v1, s2, v2),
+        "next sample continues from the restored state: {s1},{v1} -> {s2},{v2}"
+    );
+}
+
+#[test]
+fn kill_9_keeps_what_was_flushed() {
+    let dir = tmpdir("kill9");
+    let ports = (free_port(), free_port(), free_port());
+    let mut router = router_on(&dir, ports, &["--universal-flush-interval", "300ms"]);
+    let r = Router {
+        proc: spawn(
+            "hivenet-sim",
+            &["--port", "1", "--model", "none"],
+            &dir,
+            &[],
+        ),
+        http: ports.0,
+        metrics: ports.1,
+        p2p: ports.2,
+    };
+    let (_s, port) = start_sim(&dir, "k9-model", &["--ttft", "12ms"]);
+    let _a = start_agent(&dir, &r, port, "k9.key", &["--machine", "k"]);
+    wait_agents(ports.0, "k9-model", 1);
+    for _ in 0..4 {
+        chat(ports.0, "k9-model", true, 2);
+    }
+    let before = by_machine(ports.0, "k");
+    std::thread::sleep(Duration::from_millis(1200)); // several flushes
+    router.kill9();
+    let _router2 = router_on(&dir, ports, &["--universal-flush-interval", "300ms"]);
+    wait_agents(ports.0, "k9-model", 1);
+    let after = by_machine(ports.0, "k");
+    assert_eq!(srtt(&after), srtt(&before), "flushed SRTT survives kill -9");
+    assert_eq!(
+        after["universal"]["successful_requests_total"],
+        before["universal"]["successful_requests_total"]
+    );
+}
+
+#[test]
+fn new_identity_unknown_and_reset_clears_memory_and_disk() {
+    let dir = tmpdir("reset");
+    let ports = (free_port(), free_port(), free_port());
+    let mut router = router_on(&dir, ports, &[]);
+    let r = Router {
+        proc: spawn(
+            "hivenet-sim",
+            &["--port", "1", "--model", "none"],
+            &dir,
+            &[],
+        ),
+        http: ports.0,
+        metrics: ports.1,
+        p2p: ports.2,
+    };
+    let (_s, port) = start_sim(&dir, "rs-model", &[]);
+    let _a = start_agent(&dir, &r, port, "one.key", &["--machine", "one"]);
+    wait_agents(ports.0, "rs-model", 1);
+    for _ in 0..3 {
+        chat(ports.0, "rs-model", false, 2);
+    }
+    assert_eq!(
+        by_machine(ports.0, "one")["universal"]["latency_state"],
+        "KNOWN"
+    );
+    let _b = start_agent(&dir, &r, port, "two.key", &["--machine", "two"]);
+    wait_agents(ports.0, "rs-model", 2);
+    assert_eq!(
+        by_machine(ports.0, "two")["universal"]["latency_state"],
+        "UNKNOWN",
+        "a new identity starts UNKNOWN"
+    );
+
+    let (st, _) = post(ports.0, "/admin/metrics/reset", "").expect("reset without key");
+    assert_eq!(st, 401);
+    let (st, b) = post_auth(ports.0, "/admin/metrics/reset", "", ADMIN_KEY).expect("reset");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    for a in agents(ports.0) {
+        assert_eq!(a["universal"]["latency_state"], "UNKNOWN");
+        assert_eq!(a["universal"]["successful_requests_total"], 0);
+    }
+    assert!(!metrics_text(ports.1).contains("hivenet_agent_srtt_ms{"));
+    sigterm(&mut router);
+    let _router2 = router_on(&dir, ports, &[]);
+    wait_agents(ports.0, "rs-model", 2);
+    let one = by_machine(ports.0, "one");
+    assert_eq!(
+        one["universal"]["latency_state"], "UNKNOWN",
+        "the reset reached the disk: {one}"
+    );
+    assert_eq!(one["universal"]["successful_requests_total"], 0);
+    chat(ports.0, "rs-model", false, 2);
+    chat(ports.0, "rs-model", false, 2);
+    let known = agents(ports.0)
+        .iter()
+        .filter(|a| a["universal"]["latency_state"] == "KNOWN")
+        .count();
+    assert!(known >= 1, "the next sample initialises again");
+}
+
+#[test]
+fn admin_authentication() {
+    let dir = tmpdir("admin");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let (st, b) = get(r.http, "/admin/routing-table").expect("no key");
+    assert_eq!(st, 401);
+    assert!(String::from_utf8_lossy(&b).contains(r#""code":"unauthorized""#));
+    let raw_resp = raw(r.http, b"GET /admin/routing-table HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nConnection: close\r\n\r\n", Duration::from_secs(3));
+    let text = String::from_utf8_lossy(&raw_resp);
+    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    assert!(
+        text.contains(r#"WWW-Authenticate: Bearer realm="hivenet-router""#),
+        "{text}"
+    );
+    let (st, _) = get_auth(r.http, "/admin/routing-table", ADMIN_KEY).expect("right key");
+    assert_eq!(st, 200);
+    // Without keys and without the insecure opt-in, the router refuses to start.
+    let out = Command::new(bin("hivenet-router"))
+        .args([
+            "--http-port",
+            "127.0.0.1:0",
+            "--metrics-port",
+            "127.0.0.1:0",
+            "--p2p-port",
+            "0",
+        ])
+        .env_remove("HIVENET_ROUTER_ADMIN_API_KEYS")
+        .env_remove("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HIVENET_ROUTER_ADMIN_API_KEYS"));
+}
+
+#[test]
+fn corrupt_store_is_moved_aside() {
+    let dir = tmpdir("corrupt");
+    let db = dir.join("hivenet-data");
+    std::fs::create_dir_all(&db).expect("mkdir");
+    std::fs::write(db.join("version"), b"\xff\xfe garbage not a fjall version").expect("write");
+    std::fs::write(db.join("keyspaces"), b"garbage").expect("write");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let log = r.proc.log_text();
+    assert!(log.contains("STORE CORRUPT"), "{log}");
+    let moved = std::fs::read_dir(&dir)
+        .expect("ls")
+        .filter_map(Result::ok)
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("hivenet-data.corrupt-")
+        });
+    assert!(moved, "the corrupt store was moved aside");
+    let (_s, port) = start_sim(&dir, "c-model", &[]);
+    let _a = start_agent(&dir, &r, port, "c.key", &[]);
+    wait_agents(r.http, "c-model", 1);
+    chat(r.http, "c-model", false, 2);
+    let m = metrics_text(r.metrics);
+    assert!(m.contains("hivenet_storage_errors_total 1"), "{m}");
+}
+
+#[test]
+fn debug_logs_show_every_update() {
+    for (var, val) in [
+        ("RUST_LOG", "router=debug"),
+        ("GOLOG_LOG_LEVEL", "router=debug,metrics=debug"),
+    ] {
+        let dir = tmpdir("debuglog");
+        let env: Vec<(&str, &str)> = if var == "RUST_LOG" {
+            vec![(var, val)]
+        } else {
+            vec![("RUST_LOG", ""), (var, val)]
+        };
+        let r = start_router(&dir, &["--shards", "1"], &env);
+        let (_s, port) = start_sim(&dir, "dbg-model", &["--ttft", "5ms"]);
+        let _a = start_agent(&dir, &r, port, "d.key", &[]);
+        wait_agents(r.http, "dbg-model", 1);
+        chat(r.http, "dbg-model", true, 2);
+        chat(r.http, "dbg-model", true, 2);
+        wait_until(
+            Duration::from_secs(3),
+            || {
+                r.proc
+                    .log_text()
+                    .to_lowercase()
+                    .matches("srtt update")
+                    .count()
+                    >= 2
+            },
+            "srtt debug lines",
+        );
+        let log = r.proc.log_text();
+        let line = log
+            .lines()
+            .filter(|l| l.contains("SRTT update"))
+            .nth(1)
+            .expect("second update");
+        for field in [
+            "peer_id=12D3KooW",
+            "sample_ms=",
+            "old_srtt_ms=Some(",
+            "old_rttvar_ms=Some(",
+            "srtt_ms=",
+            "rttvar_ms=",
+        ] {
+            assert!(line.contains(field), "{var}: {field} missing in {line}");
+        }
+    }
+}
+
+#[test]
+fn metrics_pass_promtool() {
+    let have = Command::new("promtool")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !have {
+        assert!(
+            std::env::var("CI").is_err(),
+            "promtool is required in CI (.ci/run installs the prometheus package)"
+        );
+        eprintln!("promtool not installed: skipped outside CI");
+        return;
+    }
+    let dir = tmpdir("promtool");
+    let r = start_router(&dir, &["--shards", "2"], &[]);
+    let (_s, port) = start_sim(&dir, "p-model", &[]);
+    let _a = start_agent(&dir, &r, port, "p.key", &[]);
+    wait_agents(r.http, "p-model", 1);
+    chat(r.http, "p-model", false, 2);
+    let text = metrics_text(r.metrics);
+    assert!(text.contains("hivenet_agent_srtt_ms{"));
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("promtool output");
+    // The exposition must parse, and the only lint findings allowed are the
+    // abbreviated-unit names that the seed and the spec fix for existing
+    // dashboards (`*_srtt_ms`, `*_rttvar_ms`).
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let allowed = [
+        "hivenet_agent_srtt_ms",
+        "hivenet_agent_rttvar_ms",
+        "hivenet_router_agent_srtt_ms",
+        "hivenet_router_agent_rttvar_ms",
+    ];
+    for line in report.lines().filter(|l| !l.trim().is_empty()) {
+        let ok = line.ends_with("metric names should not contain abbreviated units")
+            && allowed.iter().any(|n| line.starts_with(&format!("{n} ")));
+        assert!(ok, "promtool finding: {line}\nfull report:\n{report}");
+    }
+}
