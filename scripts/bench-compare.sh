@@ -56,7 +56,7 @@ start_sims() { # args for the sim; one sim per model in $MODELS
   for p in "${SIM_PORTS[@]}"; do wait_http "http://127.0.0.1:$p/health"; done
 }
 start_hivenet() { # shards
-  "$BIN/hivenet-router" --http-port 127.0.0.1:38080 --metrics-port 127.0.0.1:32112 --p2p-port 39000 --shards "$1" >"$WORK/router.log" 2>&1 & ROUTER_PID=$!; PIDS+=($!)
+  "$BIN/hivenet-router" --http-port 127.0.0.1:38080 --metrics-port 127.0.0.1:32112 --p2p-port 39000 --shards "$1" --disk-db-path "$WORK/db" --reset-disk-db >"$WORK/router.log" 2>&1 & ROUTER_PID=$!; PIDS+=($!)
   wait_http http://127.0.0.1:38080/health
   AGENT_PIDS=()
   local i=0 m

@@ -19,7 +19,7 @@ trap cleanup EXIT
 
 SIM=28881; HTTP=28080; MET=22112; P2P=29000
 "$BIN/hivenet-sim" --port $SIM --model bench-model --output-tokens 16 >"$WORK/sim.log" 2>&1 & SIM_PID=$!; PIDS+=($SIM_PID)
-"$BIN/hivenet-router" --http-port 127.0.0.1:$HTTP --metrics-port 127.0.0.1:$MET --p2p-port $P2P --shards 1 >"$WORK/router.log" 2>&1 & R_PID=$!; PIDS+=($R_PID)
+"$BIN/hivenet-router" --http-port 127.0.0.1:$HTTP --metrics-port 127.0.0.1:$MET --p2p-port $P2P --shards 1 --disk-db-path "$WORK/db" >"$WORK/router.log" 2>&1 & R_PID=$!; PIDS+=($R_PID)
 sleep 0.5
 "$BIN/hivenet-agent" --router-p2p 127.0.0.1:$P2P --backend-url http://127.0.0.1:$SIM --identity-path "$WORK/a.key" --capacity 1000 >"$WORK/agent.log" 2>&1 & A_PID=$!; PIDS+=($A_PID)
 for _ in $(seq 1 100); do curl -sf http://127.0.0.1:$HTTP/v1/models | grep -q '"healthy":1' && break; sleep 0.1; done
