@@ -12,6 +12,7 @@ pub mod history;
 pub mod http_parse;
 pub mod http_write;
 pub mod preamble;
+pub mod policy;
 pub mod probe;
 pub mod selection;
 pub mod srtt;

@@ -1,0 +1,537 @@
+//! Routing policies (spec 04 §3-5, §11): parsing and validation of the
+//! YAML documents, and the per-step candidate pipeline. Pure: agents are
+//! read through a closure, time and the rotation are passed in.
+//!
+//! Gate order per step: model, health, capability, match, this request's
+//! earlier failures (in this step), capacity, `exclude_if`; then
+//! least-loaded among the survivors with a rotating tie-break. An agent
+//! with no value for an `exclude_if` field passes that rule.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::control::Capability;
+
+/// A comparison in an `exclude_if` rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    /// `>`.
+    Gt,
+    /// `>=`.
+    Gte,
+    /// `<`.
+    Lt,
+    /// `<=`.
+    Lte,
+}
+
+/// A signal an `exclude_if` rule can read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Field {
+    /// Live SRTT, ms.
+    Srtt,
+    /// Lifetime success / all.
+    SuccessRate,
+    /// Failures since the last success.
+    ConsecutiveFailures,
+    /// active / capacity.
+    CapacityUtilization,
+    /// Engine KV cache use (agents do not report engine signals yet: always absent).
+    KvCacheUtilization,
+    /// Engine running requests (absent until reported).
+    RunningRequests,
+    /// Engine waiting requests (absent until reported).
+    WaitingRequests,
+    /// Engine mean TTFT, s (absent until reported).
+    AvgTtftSeconds,
+    /// Engine p90 TTFT, s (absent until reported).
+    P90TtftSeconds,
+    /// Engine mean ITL, s (absent until reported).
+    AvgItlSeconds,
+    /// Engine p90 ITL, s (absent until reported).
+    P90ItlSeconds,
+    /// Max GPU temperature (absent until reported).
+    GpuTemperatureC,
+    /// Max GPU utilisation 0-1 (absent until reported).
+    GpuUtilPercent,
+    /// Max GPU VRAM use 0-1 (absent until reported).
+    GpuVramUsedPercent,
+    /// Host memory use 0-1 (absent until reported).
+    MemoryUsedPercent,
+    /// Host CPU use 0-1 (absent until reported).
+    CpuUsagePercent,
+}
+
+const FIELDS: [(&str, Field); 16] = [
+    ("srtt", Field::Srtt),
+    ("success_rate", Field::SuccessRate),
+    ("consecutive_failures", Field::ConsecutiveFailures),
+    ("capacity_utilization", Field::CapacityUtilization),
+    ("kv_cache_utilization", Field::KvCacheUtilization),
+    ("running_requests", Field::RunningRequests),
+    ("waiting_requests", Field::WaitingRequests),
+    ("avg_ttft_seconds", Field::AvgTtftSeconds),
+    ("p90_ttft_seconds", Field::P90TtftSeconds),
+    ("avg_itl_seconds", Field::AvgItlSeconds),
+    ("p90_itl_seconds", Field::P90ItlSeconds),
+    ("gpu_temperature_c", Field::GpuTemperatureC),
+    ("gpu_util_percent", Field::GpuUtilPercent),
+    ("gpu_vram_used_percent", Field::GpuVramUsedPercent),
+    ("memory_used_percent", Field::MemoryUsedPercent),
+    ("cpu_usage_percent", Field::CpuUsagePercent),
+];
+
+impl Field {
+    /// YAML name.
+    pub fn name(self) -> &'static str {
+        FIELDS.iter().find(|(_, f)| *f == self).map(|(n, _)| *n).unwrap_or("?")
+    }
+}
+
+/// One `exclude_if` rule: exclude the agent when `value op threshold`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Rule {
+    /// Signal.
+    pub field: Field,
+    /// Comparison.
+    pub op: Op,
+    /// Threshold.
+    pub value: f64,
+}
+
+impl Rule {
+    /// Whether `v` violates the rule (so the agent is excluded).
+    pub fn violated(&self, v: f64) -> bool {
+        match self.op {
+            Op::Gt => v > self.value,
+            Op::Gte => v >= self.value,
+            Op::Lt => v < self.value,
+            Op::Lte => v <= self.value,
+        }
+    }
+}
+
+/// Metadata an agent must match (empty fields match anything).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Match {
+    /// Region label.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub region: String,
+    /// Engine name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub engine: String,
+    /// Organization label.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub organization: String,
+    /// Machine label.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub machine: String,
+    /// Capability (`llm|embedding|reranker`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub capability: String,
+    /// GPU model label (agents do not report it yet: only empty matches).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub gpu_model: String,
+    /// Every tag must be present.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+}
+
+/// One step of a policy.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Step {
+    /// `routing_policy` or the fallback's name.
+    pub name: String,
+    /// Metadata filter.
+    #[serde(rename = "match")]
+    pub matcher: Match,
+    /// Exclusion rules.
+    pub exclude_if: Vec<Rule>,
+    /// Tries in this step (0: the router's `--max-tries-per-step`).
+    pub max_tries: u32,
+}
+
+/// A validated policy.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Policy {
+    /// Models a per-model document claims.
+    pub models: Vec<String>,
+    /// The primary step followed by the fallback steps.
+    pub steps: Vec<Step>,
+}
+
+impl Default for Policy {
+    /// The built-in default: least-loaded over every agent, no fallback.
+    fn default() -> Self {
+        Policy {
+            models: Vec::new(),
+            steps: vec![Step { name: "routing_policy".into(), matcher: Match::default(), exclude_if: Vec::new(), max_tries: 0 }],
+        }
+    }
+}
+
+// === raw YAML ===
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    #[serde(default)]
+    models: Vec<String>,
+    routing_policy: Option<RawStep>,
+    #[serde(default)]
+    fallback_chain: Vec<RawStep>,
+    // Admission fields of the spec, accepted and ignored until admission lands.
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    max_input_tokens: Option<i64>,
+    #[serde(default)]
+    images_max: Option<i64>,
+    #[serde(default)]
+    admit_budget_tokens: Option<i64>,
+    #[serde(default)]
+    max_inflight: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStep {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default, rename = "match")]
+    matcher: Option<Match>,
+    #[serde(default)]
+    exclude_if: Option<BTreeMap<String, BTreeMap<String, f64>>>,
+    strategy: Option<String>,
+    #[serde(default)]
+    max_tries: Option<i64>,
+}
+
+/// A validation error: file, line, field path and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    /// File name (or `<api>`).
+    pub file: String,
+    /// 1-based line, 0 when unknown.
+    pub line: u64,
+    /// Field path, e.g. `fallback_chain[0].exclude_if.srtt_ms`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "policy: {}:{}: {}: {}", self.file, self.line, self.path, self.message)
+    }
+}
+
+/// Line of the last key of `path` (keys like `fallback_chain[1].exclude_if.srtt`),
+/// found by walking the text in order; 0 when not found.
+fn line_of(text: &str, path: &str) -> u64 {
+    let mut from = 0usize;
+    let mut found = 0u64;
+    for part in path.split('.') {
+        let (key, index) = match part.split_once('[') {
+            Some((k, rest)) => (k, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        let mut hit = None;
+        for (i, l) in lines.iter().enumerate().skip(from) {
+            let t = l.trim_start().trim_start_matches("- ");
+            if t.starts_with(&format!("{key}:")) || t.starts_with(&format!("\"{key}\":")) {
+                hit = Some(i);
+                break;
+            }
+        }
+        let Some(mut i) = hit else { return found };
+        if let Some(n) = index {
+            // The n-th list item after the key.
+            let mut seen = 0usize;
+            for (j, l) in lines.iter().enumerate().skip(i + 1) {
+                if l.trim_start().starts_with("- ") {
+                    if seen == n {
+                        i = j;
+                        break;
+                    }
+                    seen += 1;
+                }
+            }
+            from = i;
+        } else {
+            from = i + 1;
+        }
+        found = i as u64 + 1;
+    }
+    found
+}
+
+fn err(file: &str, text: &str, path: &str, message: impl Into<String>) -> PolicyError {
+    PolicyError { file: file.into(), line: line_of(text, path), path: path.into(), message: message.into() }
+}
+
+fn step(file: &str, text: &str, path: &str, default_name: &str, raw: RawStep) -> Result<Step, PolicyError> {
+    match raw.strategy.as_deref() {
+        Some("least-loaded") => {}
+        Some("lowest-srtt") => {
+            return Err(err(file, text, &format!("{path}.strategy"), "strategy \"lowest-srtt\" is not supported: SRTT is a gate (exclude_if: {srtt: ...}), not a ranking; the only strategy is least-loaded"))
+        }
+        Some(other) => return Err(err(file, text, &format!("{path}.strategy"), format!("unknown strategy {other:?}; the only strategy is least-loaded"))),
+        None => return Err(err(file, text, path, "strategy is required (least-loaded)")),
+    }
+    let mut rules = Vec::new();
+    for (name, ops) in raw.exclude_if.unwrap_or_default() {
+        let fpath = format!("{path}.exclude_if.{name}");
+        if name == "srtt_ms" {
+            return Err(err(file, text, &fpath, "use `srtt`, not `srtt_ms`: srtt_ms is the JSON and Prometheus name; the policy field is srtt (milliseconds)"));
+        }
+        let Some(field) = FIELDS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f) else {
+            let known: Vec<&str> = FIELDS.iter().map(|(n, _)| *n).collect();
+            return Err(err(file, text, &fpath, format!("unknown exclude_if field {name:?} (known: {})", known.join(", "))));
+        };
+        if ops.len() != 1 {
+            return Err(err(file, text, &fpath, format!("exactly one operator (gt, gte, lt, lte) per field, found {}", ops.len())));
+        }
+        for (op, value) in ops {
+            let op = match op.as_str() {
+                "gt" => Op::Gt,
+                "gte" => Op::Gte,
+                "lt" => Op::Lt,
+                "lte" => Op::Lte,
+                other => return Err(err(file, text, &format!("{fpath}.{other}"), format!("unknown operator {other:?} (gt, gte, lt, lte)"))),
+            };
+            if !value.is_finite() {
+                return Err(err(file, text, &fpath, "threshold must be a finite number"));
+            }
+            rules.push(Rule { field, op, value });
+        }
+    }
+    let matcher = raw.matcher.unwrap_or_default();
+    if !matcher.capability.is_empty() && Capability::parse(&matcher.capability).is_none() {
+        return Err(err(file, text, &format!("{path}.match.capability"), format!("unknown capability {:?} (llm, embedding, reranker)", matcher.capability)));
+    }
+    let max_tries = match raw.max_tries {
+        Some(n) if n < 0 => return Err(err(file, text, &format!("{path}.max_tries"), "max_tries must be >= 0")),
+        Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
+        None => 0,
+    };
+    Ok(Step { name: raw.name.filter(|n| !n.is_empty()).unwrap_or_else(|| default_name.to_string()), matcher, exclude_if: rules, max_tries })
+}
+
+/// Parse and validate one policy document (`file` names it in errors).
+pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
+    let raw: RawPolicy = serde_saphyr::from_str(text).map_err(|e| {
+        let line = e.location().map(|l| l.line()).unwrap_or(0);
+        let msg = e.to_string();
+        let first = msg.lines().next().unwrap_or("invalid YAML").to_string();
+        // serde names the offending key in "unknown field `x`" messages.
+        let path = first.split('`').nth(1).unwrap_or("").to_string();
+        PolicyError { file: file.into(), line, path, message: first }
+    })?;
+    for (name, v) in [("max_input_tokens", raw.max_input_tokens), ("images_max", raw.images_max), ("admit_budget_tokens", raw.admit_budget_tokens), ("max_inflight", raw.max_inflight)] {
+        if v.unwrap_or(0) < 0 {
+            return Err(err(file, text, name, format!("{name} must be >= 0")));
+        }
+    }
+    if let Some(m) = raw.mode.as_deref() {
+        if m != "reserved" && m != "serverless" {
+            return Err(err(file, text, "mode", format!("unknown mode {m:?} (reserved, serverless)")));
+        }
+    }
+    let Some(primary) = raw.routing_policy else {
+        return Err(PolicyError { file: file.into(), line: 1, path: "routing_policy".into(), message: "routing_policy is required".into() });
+    };
+    let mut steps = vec![step(file, text, "routing_policy", "routing_policy", primary)?];
+    for (i, s) in raw.fallback_chain.into_iter().enumerate() {
+        steps.push(step(file, text, &format!("fallback_chain[{i}]"), &format!("fallback_chain[{i}]"), s)?);
+    }
+    Ok(Policy { models: raw.models, steps })
+}
+
+// === evaluation ===
+
+/// What the pipeline reads of one agent.
+#[derive(Debug, Clone, Copy)]
+pub struct AgentFacts<'a> {
+    /// Shard-local id (for "failed earlier in this step").
+    pub id: u64,
+    /// Routable.
+    pub healthy: bool,
+    /// Declared capability.
+    pub capability: Capability,
+    /// Engine.
+    pub engine: &'a str,
+    /// Region.
+    pub region: &'a str,
+    /// Organization.
+    pub organization: &'a str,
+    /// Machine.
+    pub machine: &'a str,
+    /// Tags.
+    pub tags: &'a [String],
+    /// In flight.
+    pub active: u32,
+    /// Capacity.
+    pub capacity: u32,
+    /// Live SRTT (None: UNKNOWN).
+    pub srtt: Option<f64>,
+    /// Lifetime success rate (None: no history).
+    pub success_rate: Option<f64>,
+    /// Failures since the last success (None: no history).
+    pub consecutive_failures: Option<u64>,
+}
+
+impl AgentFacts<'_> {
+    fn signal(&self, f: Field) -> Option<f64> {
+        match f {
+            Field::Srtt => self.srtt.filter(|v| *v > 0.0),
+            Field::SuccessRate => self.success_rate,
+            Field::ConsecutiveFailures => self.consecutive_failures.map(|v| v as f64),
+            Field::CapacityUtilization => (self.capacity > 0).then(|| f64::from(self.active) / f64::from(self.capacity)),
+            // Engine and hardware signals are not reported by agents yet: absent passes.
+            _ => None,
+        }
+    }
+
+    fn matches(&self, m: &Match) -> bool {
+        (m.region.is_empty() || m.region == self.region)
+            && (m.engine.is_empty() || m.engine == self.engine)
+            && (m.organization.is_empty() || m.organization == self.organization)
+            && (m.machine.is_empty() || m.machine == self.machine)
+            && (m.capability.is_empty() || m.capability == self.capability.as_str())
+            && m.gpu_model.is_empty()
+            && m.tags.iter().all(|t| self.tags.contains(t))
+    }
+}
+
+/// How many agents each gate removed in one step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct GateCounts {
+    /// Agents of the model.
+    pub pool: usize,
+    /// Removed by health.
+    pub unhealthy: usize,
+    /// Removed by capability.
+    pub capability: usize,
+    /// Removed by match.
+    pub unmatched: usize,
+    /// Removed because they failed this request in this step.
+    pub prev_failed: usize,
+    /// Removed because full.
+    pub at_capacity: usize,
+    /// Removed by exclude_if.
+    pub excluded: usize,
+}
+
+/// Result of one step's pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepPick {
+    /// Use the agent at this index.
+    Agent(usize),
+    /// Candidates exist but all are full (queue-eligible).
+    Full(GateCounts),
+    /// No candidate.
+    Empty(GateCounts),
+}
+
+/// Run one step over `n` agents read through `get`, skipping `failed` ids.
+/// One pass, no sort, no copy.
+pub fn select<'a>(step: &Step, cap: Capability, n: usize, get: impl Fn(usize) -> Option<AgentFacts<'a>>, failed: &[u64], rotation: usize) -> StepPick {
+    let mut c = GateCounts { pool: n, ..GateCounts::default() };
+    let mut best: Option<(usize, u64, u64)> = None;
+    let start = if n == 0 { 0 } else { rotation % n };
+    for k in 0..n {
+        let i = (start + k) % n;
+        let Some(a) = get(i) else { continue };
+        if !a.healthy {
+            c.unhealthy += 1;
+            continue;
+        }
+        if a.capability != cap {
+            c.capability += 1;
+            continue;
+        }
+        if !a.matches(&step.matcher) {
+            c.unmatched += 1;
+            continue;
+        }
+        if failed.contains(&a.id) {
+            c.prev_failed += 1;
+            continue;
+        }
+        if a.capacity == 0 || a.active >= a.capacity {
+            c.at_capacity += 1;
+            continue;
+        }
+        if step.exclude_if.iter().any(|r| a.signal(r.field).map(|v| r.violated(v)).unwrap_or(false)) {
+            c.excluded += 1;
+            continue;
+        }
+        let (act, capy) = (u64::from(a.active), u64::from(a.capacity));
+        let better = match best {
+            None => true,
+            Some((_, ba, bc)) => act * bc < ba * capy,
+        };
+        if better {
+            best = Some((i, act, capy));
+        }
+    }
+    match best {
+        Some((i, _, _)) => StepPick::Agent(i),
+        None if c.at_capacity > 0 && c.excluded == 0 && c.unmatched == 0 && c.capability == 0 => StepPick::Full(c),
+        None => StepPick::Empty(c),
+    }
+}
+
+/// A request's cursor over the steps of its policy snapshot.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// Current step index.
+    pub step: usize,
+    /// Tries used in this step.
+    pub tries: u32,
+    /// Agents that failed in this step.
+    pub failed: Vec<u64>,
+    /// Gate counts per step visited (for the exhaustion log).
+    pub trail: Vec<(usize, GateCounts)>,
+    steps: usize,
+    default_tries: u32,
+}
+
+impl Session {
+    /// Start at the primary step.
+    pub fn new(policy: &Policy, default_tries: u32) -> Self {
+        Session { step: 0, tries: 0, failed: Vec::new(), trail: Vec::new(), steps: policy.steps.len(), default_tries: default_tries.max(1) }
+    }
+
+    /// Whether every step is used up.
+    pub fn exhausted(&self) -> bool {
+        self.step >= self.steps
+    }
+
+    /// Move to the next step.
+    pub fn advance(&mut self) {
+        self.step += 1;
+        self.tries = 0;
+        self.failed.clear();
+    }
+
+    /// A retryable failure on `agent`: exclude it in this step; advance
+    /// when the step's tries are used up.
+    pub fn record_failure(&mut self, policy: &Policy, agent: u64) {
+        self.failed.push(agent);
+        self.tries += 1;
+        let max = policy.steps.get(self.step).map(|s| s.max_tries).filter(|m| *m > 0).unwrap_or(self.default_tries);
+        if self.tries >= max {
+            self.advance();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

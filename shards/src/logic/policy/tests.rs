@@ -1,0 +1,135 @@
+use super::*;
+use proptest::prelude::*;
+
+const SEED_GATE: &str = "routing_policy:\n  exclude_if:\n    srtt:\n      gt: 500\n\n  strategy: least-loaded\n";
+const SEED_FALLBACK: &str = "routing_policy:\n  match:\n    engine: vllm\n\n  exclude_if:\n    srtt:\n      gt: 500\n\n  strategy: least-loaded\n\nfallback_chain:\n  - name: relaxed-latency\n\n    match:\n      engine: vllm\n\n    exclude_if:\n      srtt:\n        gt: 1500\n\n    strategy: least-loaded\n";
+
+#[test]
+fn seed_documents_are_accepted() {
+    let p = parse("gate.yaml", SEED_GATE).expect("seed gate");
+    assert_eq!(p.steps.len(), 1);
+    assert_eq!(p.steps[0].exclude_if, vec![Rule { field: Field::Srtt, op: Op::Gt, value: 500.0 }]);
+    let p = parse("fallback.yaml", SEED_FALLBACK).expect("seed fallback");
+    assert_eq!(p.steps.len(), 2);
+    assert_eq!(p.steps[1].name, "relaxed-latency");
+    assert_eq!(p.steps[1].matcher.engine, "vllm");
+    assert_eq!(p.steps[1].exclude_if[0].value, 1500.0);
+}
+
+#[test]
+fn validation_table() {
+    let cases: &[(&str, &str, u64, &str)] = &[
+        ("routing_policy:\n  exclude_if:\n    srtt_ms:\n      gt: 500\n  strategy: least-loaded\n", "routing_policy.exclude_if.srtt_ms", 3, "use `srtt`, not `srtt_ms`"),
+        ("routing_policy:\n  strategy: lowest-srtt\n", "routing_policy.strategy", 2, "lowest-srtt"),
+        ("routing_policy:\n  strategy: round-robin\n", "routing_policy.strategy", 2, "unknown strategy"),
+        ("routing_policy:\n  match: {engine: vllm}\n", "routing_policy", 1, "strategy is required"),
+        ("fallback_chain: []\n", "routing_policy", 1, "routing_policy is required"),
+        ("routing_policy:\n  strategy: least-loaded\n  exclude_if:\n    latency:\n      gt: 1\n", "routing_policy.exclude_if.latency", 4, "unknown exclude_if field"),
+        ("routing_policy:\n  strategy: least-loaded\n  exclude_if:\n    srtt:\n      gt: 1\n      lt: 0\n", "routing_policy.exclude_if.srtt", 4, "exactly one operator"),
+        ("routing_policy:\n  strategy: least-loaded\n  exclude_if:\n    srtt:\n      above: 1\n", "routing_policy.exclude_if.srtt.above", 5, "unknown operator"),
+        ("routing_policy:\n  strategy: least-loaded\nfallback_chain:\n  - name: a\n    strategy: least-loaded\n  - name: b\n    strategy: fastest\n", "fallback_chain[1].strategy", 7, "unknown strategy"),
+        ("routing_policy:\n  strategy: least-loaded\n  max_tries: -1\n", "routing_policy.max_tries", 3, "max_tries"),
+        ("routing_policy:\n  strategy: least-loaded\n  match:\n    capability: vision\n", "routing_policy.match.capability", 4, "unknown capability"),
+        ("routing_policy:\n  strategy: least-loaded\nfallback_chains: []\n", "fallback_chains", 3, "unknown field"),
+        ("routing_policy:\n  strategy: least-loaded\n  max_try: 2\n", "max_try", 3, "unknown field"),
+        ("mode: turbo\nrouting_policy:\n  strategy: least-loaded\n", "mode", 1, "unknown mode"),
+        ("routing_policy: [\n", "", 0, ""),
+    ];
+    for (text, path, line, msg) in cases {
+        let e = parse("p.yaml", text).expect_err(text);
+        assert_eq!(e.file, "p.yaml");
+        if !path.is_empty() {
+            assert_eq!(&e.path, path, "{text}: {e}");
+        }
+        if *line > 0 {
+            assert_eq!(e.line, *line, "{text}: {e}");
+        }
+        assert!(e.message.contains(msg), "{text}: {e}");
+        assert!(e.to_string().starts_with("policy: p.yaml:"), "{e}");
+    }
+}
+
+fn facts(id: u64, healthy: bool, active: u32, capacity: u32, srtt: Option<f64>, engine: &'static str) -> AgentFacts<'static> {
+    AgentFacts {
+        id,
+        healthy,
+        capability: Capability::Llm,
+        engine,
+        region: "eu",
+        organization: "o",
+        machine: "m",
+        tags: &[],
+        active,
+        capacity,
+        srtt,
+        success_rate: None,
+        consecutive_failures: None,
+    }
+}
+
+fn gate(th: f64) -> Step {
+    Step { name: "s".into(), matcher: Match::default(), exclude_if: vec![Rule { field: Field::Srtt, op: Op::Gt, value: th }], max_tries: 0 }
+}
+
+#[test]
+fn srtt_gate_passes_unknown_and_excludes_slow() {
+    let agents = [facts(1, true, 0, 10, Some(50.0), "vllm"), facts(2, true, 0, 10, Some(900.0), "vllm"), facts(3, true, 5, 10, None, "vllm")];
+    let step = gate(500.0);
+    let picks: Vec<_> = (0..6).map(|r| select(&step, Capability::Llm, 3, |i| agents.get(i).copied(), &[], r)).collect();
+    assert!(picks.iter().all(|p| *p == StepPick::Agent(0)), "{picks:?}: least loaded of {{1, 3}} is 1");
+    let only_slow = [facts(2, true, 0, 10, Some(900.0), "vllm")];
+    assert!(matches!(select(&step, Capability::Llm, 1, |i| only_slow.get(i).copied(), &[], 0), StepPick::Empty(c) if c.excluded == 1));
+}
+
+#[test]
+fn full_is_queue_eligible_and_session_advances() {
+    let agents = [facts(1, true, 2, 2, None, "vllm")];
+    let step = Policy::default().steps[0].clone();
+    assert!(matches!(select(&step, Capability::Llm, 1, |i| agents.get(i).copied(), &[], 0), StepPick::Full(_)));
+    let p = parse("f", SEED_FALLBACK).expect("ok");
+    let mut s = Session::new(&p, 2);
+    s.record_failure(&p, 1);
+    assert_eq!(s.step, 0);
+    s.record_failure(&p, 2);
+    assert_eq!(s.step, 1, "two tries used: next step");
+    s.advance();
+    assert!(s.exhausted());
+}
+
+fn arb_facts() -> impl Strategy<Value = (u64, bool, u32, u32, Option<f64>, bool, bool)> {
+    (0u64..50, any::<bool>(), 0u32..6, 0u32..6, proptest::option::of(1.0f64..2000.0), any::<bool>(), any::<bool>())
+}
+
+proptest! {
+    /// Never selects an unhealthy, excluded, failed, full or non-matching
+    /// agent; same inputs, same choice; the SRTT gate excludes exactly the
+    /// agents above the threshold and passes the unknown ones.
+    #[test]
+    fn pipeline_properties(raw in proptest::collection::vec(arb_facts(), 0..30), th in 1.0f64..2000.0, rot in 0usize..64, failed in proptest::collection::vec(0u64..50, 0..5), want_sglang in any::<bool>()) {
+        let agents: Vec<AgentFacts<'static>> = raw.iter().map(|(id, h, a, c, s, sg, _)| {
+            let mut f = facts(*id, *h, *a, *c, *s, if *sg { "sglang" } else { "vllm" });
+            f.capability = Capability::Llm;
+            f
+        }).collect();
+        let mut step = gate(th);
+        if want_sglang {
+            step.matcher.engine = "sglang".into();
+        }
+        let pick = select(&step, Capability::Llm, agents.len(), |i| agents.get(i).copied(), &failed, rot);
+        prop_assert_eq!(pick, select(&step, Capability::Llm, agents.len(), |i| agents.get(i).copied(), &failed, rot));
+        let eligible = |a: &AgentFacts| a.healthy && !failed.contains(&a.id) && a.capacity > 0 && a.active < a.capacity
+            && (!want_sglang || a.engine == "sglang") && a.srtt.map(|s| s <= th).unwrap_or(true);
+        match pick {
+            StepPick::Agent(i) => {
+                let a = agents[i];
+                prop_assert!(eligible(&a));
+                for o in &agents {
+                    if eligible(o) {
+                        prop_assert!(u64::from(a.active) * u64::from(o.capacity) <= u64::from(o.active) * u64::from(a.capacity));
+                    }
+                }
+            }
+            StepPick::Full(_) | StepPick::Empty(_) => prop_assert!(!agents.iter().any(|a| eligible(a))),
+        }
+    }
+}
