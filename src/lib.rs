@@ -5,4 +5,5 @@
 pub mod admin_keys;
 pub mod agent;
 pub mod cli;
+pub mod policy_files;
 pub mod store;

@@ -66,6 +66,18 @@ struct Flags {
     /// period of the history flush (default 30s)
     #[argh(option, default = "String::from(\"30s\")")]
     universal_flush_interval: String,
+    /// global routing policy YAML (env HIVENET_ROUTER_POLICY_FILE)
+    #[argh(option)]
+    policy_file: Option<String>,
+    /// directory of per-model policy YAML files, _default.yaml is global (env HIVENET_ROUTER_POLICY_MODEL_DIR)
+    #[argh(option)]
+    policy_model_dir: Option<String>,
+    /// tries per policy step before the next fallback step (default 3; env HIVENET_ROUTER_MAX_TRIES_PER_STEP)
+    #[argh(option)]
+    max_tries_per_step: Option<String>,
+    /// capacity queue bound per model, 0 disables (default 30; env HIVENET_ROUTER_QUEUE_DEPTH)
+    #[argh(option)]
+    queue_depth: Option<String>,
     /// driver: auto (io_uring, falling back to epoll) or epoll (env HIVENET_ROUTER_DRIVER)
     #[argh(option)]
     driver: Option<String>,
@@ -73,6 +85,8 @@ struct Flags {
 
 /// Validated start-up settings.
 struct Startup {
+    policy_sources: hivenet_router::policy_files::PolicySources,
+    policies: shards::runtime::shared::PolicySet,
     store: hivenet_router::store::StoreConfig,
     admin_keys: Vec<[u8; 32]>,
     insecure_admin: bool,
@@ -148,7 +162,24 @@ fn build() -> Result<Startup, String> {
         ttl_days: f.disk_db_ttl,
     };
     let (admin_keys, insecure_admin) = hivenet_router::admin_keys::from_env()?;
+    let tries = cli::flag_or_env(f.max_tries_per_step, "HIVENET_ROUTER_MAX_TRIES_PER_STEP", "3");
+    cfg.max_tries_per_step = match tries.trim().parse::<u32>() {
+        Ok(n) if n >= 1 => n,
+        _ => return Err(format!("--max-tries-per-step: {tries:?} must be an integer >= 1")),
+    };
+    let depth = cli::flag_or_env(f.queue_depth, "HIVENET_ROUTER_QUEUE_DEPTH", "30");
+    cfg.queue_depth = depth
+        .trim()
+        .parse::<usize>()
+        .map_err(|_| format!("--queue-depth: {depth:?} must be an integer >= 0"))?;
+    let policy_sources = hivenet_router::policy_files::PolicySources {
+        file: f.policy_file.or_else(|| std::env::var("HIVENET_ROUTER_POLICY_FILE").ok().filter(|v| !v.is_empty())).map(Into::into),
+        dir: f.policy_model_dir.or_else(|| std::env::var("HIVENET_ROUTER_POLICY_MODEL_DIR").ok().filter(|v| !v.is_empty())).map(Into::into),
+    };
+    let policies = hivenet_router::policy_files::load(&policy_sources)?;
     Ok(Startup {
+        policy_sources,
+        policies,
         store,
         admin_keys,
         insecure_admin,
@@ -174,6 +205,8 @@ fn futures_timer(d: std::time::Duration) -> impl std::future::Future<Output = ()
 fn main() {
     cli::init_logging();
     let Startup {
+        policy_sources,
+        policies,
         store,
         admin_keys,
         insecure_admin,
@@ -188,7 +221,8 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = run(cfg, plan, driver, psk, store, admin_keys, insecure_admin) {
+    let policy = (policy_sources, policies);
+    if let Err(e) = run(cfg, plan, driver, psk, store, admin_keys, insecure_admin, policy) {
         error!("{e}");
         eprintln!("hivenet-router: {e}");
         std::process::exit(1);
@@ -204,7 +238,9 @@ fn run(
     store_cfg: hivenet_router::store::StoreConfig,
     admin_keys: Vec<[u8; 32]>,
     insecure_admin: bool,
+    policy: (hivenet_router::policy_files::PolicySources, shards::runtime::shared::PolicySet),
 ) -> Result<(), String> {
+    let (policy_sources, policies) = policy;
     let n = plan.len();
     let http = executor::bind_reuseport(cfg.http_addr, n)
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.http_addr))?;
@@ -233,6 +269,8 @@ fn run(
         storage_errors,
         admin_keys,
         insecure_admin,
+        policies: RwLock::new(Arc::new(policies)),
+        policy_reloads: std::sync::Mutex::new(Default::default()),
     });
     info!(
         peer_id = %keypair.public().to_peer_id(),
@@ -265,10 +303,26 @@ fn run(
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
     ])
     .map_err(|e| format!("cannot install signal handlers: {e}"))?;
-    if let Some(sig) = signals.forever().next() {
+    for sig in signals.forever() {
+        if sig == signal_hook::consts::SIGHUP {
+            // Reload policies; an invalid set keeps the old one.
+            match hivenet_router::policy_files::load(&policy_sources) {
+                Ok(set) => match shared.swap_policies(set, "sighup") {
+                    Ok(()) => info!("SIGHUP: policies reloaded"),
+                    Err(e) => error!("SIGHUP: policy reload rejected, keeping the previous policies: {e}"),
+                },
+                Err(e) => {
+                    shared.count_reload("sighup", false);
+                    error!("SIGHUP: policy reload rejected, keeping the previous policies: {e}");
+                }
+            }
+            continue;
+        }
         info!(signal = sig, "shutting down: flushing history");
+        break;
     }
     // Every shard hands its agents' history to the store, then the store
     // persists and stops (one FIFO channel keeps that order).

@@ -17,3 +17,4 @@ pub mod probe;
 pub mod selection;
 pub mod srtt;
 pub mod usage;
+pub mod wait_queue;

@@ -236,7 +236,28 @@ async fn route(
         return read_and_dispatch(shard, conn, head, ep, started).await;
     }
     if path.starts_with("/admin/") || path == "/admin" {
-        return admin_route(shard, conn, &head, &path, keep).await;
+        // Admin bodies (policy documents) are small: read up to 1 MiB.
+        const ADMIN_BODY: u64 = 1024 * 1024;
+        if let BodyFraming::Length(n) = head.framing {
+            if n > ADMIN_BODY {
+                let body = br#"{"error":"failed to read request body (max 1 MB)"}"#;
+                let mut out = Vec::new();
+                http_write::write_full_response(&mut out, 400, "application/json", body, false, &CORS);
+                let _ = conn.write_all(out).await;
+                return Routed::Close;
+            }
+        }
+        let body = match monoio::time::timeout(shard.shared.cfg.body_timeout, read_body(conn, head.framing, ADMIN_BODY)).await {
+            Ok(BodyRead::Ok(b)) => b,
+            _ => {
+                let body = br#"{"error":"failed to read request body (max 1 MB)"}"#;
+                let mut out = Vec::new();
+                http_write::write_full_response(&mut out, 400, "application/json", body, false, &CORS);
+                let _ = conn.write_all(out).await;
+                return Routed::Close;
+            }
+        };
+        return admin_route(shard, conn, &head, &path, head.keep_alive, &body).await;
     }
     match (head.method.as_str(), path.as_str()) {
         ("GET", "/health") => ok(send_json(conn, 200, br#"{"status":"ok"}"#, keep).await),
@@ -297,6 +318,7 @@ async fn admin_route(
     head: &RequestHead,
     path: &str,
     keep: bool,
+    body: &[u8],
 ) -> Routed {
     if !super::admin::authorized(shard, head) {
         let err = super::admin::unauthorized();
@@ -315,6 +337,9 @@ async fn admin_route(
         );
         out.extend_from_slice(&body);
         return ok(conn.write_all(out).await.is_ok() && keep);
+    }
+    if let Some((status, body)) = super::admin::policy_api(shard, &head.method, path, body) {
+        return ok(send_json(conn, status, &body, keep).await);
     }
     match (head.method.as_str(), path) {
         ("GET", "/admin/routing-table") => {

@@ -15,7 +15,8 @@ use super::conn::Conn;
 use super::ingress::CORS;
 use super::link::{LinkStream, HTTP_PROTOCOL};
 use super::mesh::PendingRequest;
-use super::shard::{Agent, Shard, Slot};
+use super::shard::{Agent, Shard, Slot, StepOutcome};
+use crate::logic::policy::Session;
 use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::http_parse::{self, BodyFraming, ChunkedDecoder, ResponseHead};
 use crate::logic::http_write::{self, OutFraming};
@@ -261,94 +262,194 @@ async fn send_error(conn: &mut Conn, err: &ApiError, keep: bool) -> Outcome {
     }
 }
 
-/// Forward `p` to an agent of its model and relay the answer.
+fn labels(agent: &Agent) -> (String, String) {
+    (agent.reg.region.clone(), agent.reg.engine.clone())
+}
+
+/// How a forward attempt ended, for the session.
+enum Attempt {
+    /// The response went out (or the client left): done.
+    Done(Outcome),
+    /// A retryable failure on this agent.
+    Retry,
+}
+
+async fn attempt(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest, agent: Rc<Agent>, request: &[u8], deadline: clock::Instant, step: usize) -> Attempt {
+    let keep = p.head.keep_alive;
+    let model = &p.meta.model;
+    let slot = Slot::take(agent.clone());
+    let remaining = deadline.saturating_duration_since(clock::now());
+    match monoio::time::timeout(remaining, exchange_head(&agent, request)).await {
+        Ok(Ok((stream, head, rest, sample_ms))) => {
+            // The sample is applied on this (the model's) shard before the
+            // next routing decision, success or error status alike.
+            agent.observe(sample_ms);
+            debug!(peer_id = %agent.reg.peer_id, status = head.status, sample_ms, "agent response head");
+            // Backend overloaded or unreachable behind this agent: retryable.
+            if matches!(head.status, 502..=504) {
+                agent.fail();
+                shard.with_stats(model, |s| *s.failed.entry(labels(&agent)).or_default() += 1);
+                drop(slot);
+                return Attempt::Retry;
+            }
+            let result = relay(conn, stream, &head, rest, keep).await;
+            drop(slot);
+            match result {
+                Relay::Done(tokens) => {
+                    if head.status < 400 {
+                        agent.succeed();
+                        shard.with_stats(model, |s| {
+                            *s.routed.entry(labels(&agent)).or_default() += 1;
+                            if step == 0 {
+                                s.primary_routed += 1;
+                            } else {
+                                s.fallback_routed += 1;
+                            }
+                        });
+                    } else {
+                        agent.fail();
+                        shard.with_stats(model, |s| *s.failed.entry(labels(&agent)).or_default() += 1);
+                    }
+                    if let Some(t) = tokens {
+                        agent.add_tokens(t);
+                    }
+                    Attempt::Done(if keep { Outcome::KeepAlive } else { Outcome::Close })
+                }
+                Relay::UpstreamFailed(why) => {
+                    agent.fail();
+                    shard.with_stats(model, |s| *s.failed.entry(labels(&agent)).or_default() += 1);
+                    warn!(peer_id = %agent.reg.peer_id, "response from agent failed mid-body: {why}; closing the client connection");
+                    Attempt::Done(Outcome::Close)
+                }
+                Relay::ClientGone => Attempt::Done(Outcome::Close),
+            }
+        }
+        Ok(Err(ExchangeError::Open(e))) => {
+            // Nothing reached the agent: a failure, but no sample.
+            agent.fail();
+            shard.with_stats(model, |s| *s.failed.entry(labels(&agent)).or_default() += 1);
+            warn!(peer_id = %agent.reg.peer_id, "cannot open a stream to the agent: {e}");
+            Attempt::Retry
+        }
+        Ok(Err(ExchangeError::AfterSend(e, elapsed_ms))) => {
+            agent.observe(elapsed_ms);
+            agent.fail();
+            shard.with_stats(model, |s| *s.failed.entry(labels(&agent)).or_default() += 1);
+            warn!(peer_id = %agent.reg.peer_id, "forward to agent failed: {e}");
+            Attempt::Retry
+        }
+        Err(_) => {
+            agent.observe(remaining.as_secs_f64() * 1e3);
+            agent.fail();
+            shard.with_stats(model, |s| *s.failed.entry(labels(&agent)).or_default() += 1);
+            drop(slot);
+            let e = ApiError::new(ErrorCode::RequestTimeout, "Request deadline exceeded while contacting agent");
+            Attempt::Done(send_error(conn, &e, keep).await)
+        }
+    }
+}
+
+/// Forward `p` following its model's policy snapshot: per step, the gate
+/// pipeline picks an agent; a retryable failure excludes it for the step
+/// and tries another (`max_tries`); a full step waits in the model's
+/// capacity queue (FIFO, `--queue-depth`) until a slot frees or the
+/// request deadline passes; an exhausted step moves to the next one.
 pub async fn forward(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest) -> Outcome {
     let keep = p.head.keep_alive;
     let cap = p.endpoint.capability();
+    let model = p.meta.model.as_str();
     let request = build_request(p);
-    let timeout = shard.shared.cfg.request_timeout;
-    let mut excluded: Vec<u64> = Vec::new();
-    for attempt in 0..2 {
-        let agent: Rc<Agent> = match shard.pick(&p.meta.model, cap, &excluded) {
-            Ok(a) => a,
-            Err(e) if attempt == 0 => return send_error(conn, &e, keep).await,
-            Err(_) => {
-                let e = ApiError::new(
-                    ErrorCode::NoAgentsAvailable,
-                    "all policy steps exhausted: no eligible agents",
-                );
-                return send_error(conn, &e, keep).await;
-            }
-        };
-        let slot = Slot::take(agent.clone());
-        match monoio::time::timeout(timeout, exchange_head(&agent, &request)).await {
-            Ok(Ok((stream, head, rest, sample_ms))) => {
-                // The sample is applied on this (the model's) shard before
-                // the next routing decision, success or error status alike.
-                agent.observe(sample_ms);
-                debug!(peer_id = %agent.reg.peer_id, status = head.status, sample_ms, "agent response head");
-                // Backend overloaded or unreachable behind this agent: try another once.
-                if attempt == 0 && matches!(head.status, 502 | 503) {
-                    agent.fail();
-                    excluded.push(agent.id);
-                    drop(slot);
-                    continue;
+    let cfg = &shard.shared.cfg;
+    let deadline = p.received_at + cfg.request_timeout;
+    let policy = shard.shared.policy_for(model);
+    let mut session = Session::new(&policy, cfg.max_tries_per_step);
+    let mut last_full = false;
+    // The queue place this request holds (kept when it loses a race).
+    let mut place: Option<u64> = None;
+    while let Some(step) = policy.steps.get(session.step) {
+        match shard.select_step(model, step, cap, &session.failed) {
+            StepOutcome::Agent(agent) => {
+                last_full = false;
+                place = None;
+                match attempt(shard, conn, p, agent.clone(), &request, deadline, session.step).await {
+                    Attempt::Done(o) => return o,
+                    Attempt::Retry => session.record_failure(&policy, agent.id),
                 }
-                let result = relay(conn, stream, &head, rest, keep).await;
-                drop(slot);
-                return match result {
-                    Relay::Done(tokens) => {
-                        if head.status < 400 {
-                            agent.succeed();
-                        } else {
-                            agent.fail();
-                        }
-                        if let Some(t) = tokens {
-                            agent.add_tokens(t);
-                        }
-                        if keep {
-                            Outcome::KeepAlive
-                        } else {
-                            Outcome::Close
-                        }
-                    }
-                    Relay::UpstreamFailed(why) => {
-                        agent.fail();
-                        warn!(peer_id = %agent.reg.peer_id, "response from agent failed mid-body: {why}; closing the client connection");
-                        Outcome::Close
-                    }
-                    Relay::ClientGone => Outcome::Close,
+            }
+            StepOutcome::Full(counts) => {
+                last_full = true;
+                let queue = shard.models.borrow().get(model).map(|pool| pool.queue.clone());
+                let Some(queue) = queue else {
+                    session.trail.push((session.step, counts));
+                    session.advance();
+                    continue;
                 };
+                let (tx, rx) = futures::channel::oneshot::channel();
+                let seq = match place {
+                    Some(seq) => {
+                        queue.borrow_mut().requeue(seq, tx);
+                        Ok(seq)
+                    }
+                    None => queue.borrow_mut().push(tx, cfg.queue_depth).map_err(|_| ()),
+                };
+                let Ok(seq) = seq else {
+                    // Queue full or disabled: next step now.
+                    session.trail.push((session.step, counts));
+                    session.advance();
+                    continue;
+                };
+                place = Some(seq);
+                let waited = clock::now();
+                let remaining = deadline.saturating_duration_since(waited);
+                match monoio::time::timeout(remaining, rx).await {
+                    Ok(Ok(())) => {
+                        let secs = waited.elapsed().as_secs_f64();
+                        shard.with_stats(model, |s| s.observe_wait(secs));
+                        // Retry the same step; keep the place if we lose.
+                    }
+                    _ => {
+                        queue.borrow_mut().remove(seq);
+                        place = None;
+                        session.trail.push((session.step, counts));
+                        session.advance();
+                        if session.exhausted() || clock::now() >= deadline {
+                            shard.with_stats(model, |s| s.exhausted += 1);
+                            warn!(model, steps = ?session.trail, "capacity queue wait timed out");
+                            let e = ApiError::new(ErrorCode::RequestTimeout, "Request timed out waiting for an available agent");
+                            return send_error(conn, &e, keep).await;
+                        }
+                    }
+                }
             }
-            Ok(Err(ExchangeError::Open(e))) => {
-                // Nothing reached the agent: a failure, but no sample.
-                agent.fail();
-                warn!(peer_id = %agent.reg.peer_id, attempt, "cannot open a stream to the agent: {e}");
-                excluded.push(agent.id);
-                drop(slot);
-            }
-            Ok(Err(ExchangeError::AfterSend(e, elapsed_ms))) => {
-                agent.observe(elapsed_ms);
-                agent.fail();
-                warn!(peer_id = %agent.reg.peer_id, attempt, "forward to agent failed: {e}");
-                excluded.push(agent.id);
-                drop(slot);
-            }
-            Err(_) => {
-                agent.observe(timeout.as_secs_f64() * 1e3);
-                agent.fail();
-                drop(slot);
-                let e = ApiError::new(
-                    ErrorCode::RequestTimeout,
-                    "Request deadline exceeded while contacting agent",
-                );
-                return send_error(conn, &e, keep).await;
+            StepOutcome::Empty(counts) => {
+                last_full = false;
+                session.trail.push((session.step, counts));
+                session.advance();
             }
         }
     }
-    let e = ApiError::new(
-        ErrorCode::NoAgentsAvailable,
-        "all policy steps exhausted: no eligible agents",
-    );
+    shard.with_stats(model, |s| {
+        s.exhausted += 1;
+        *s.failed.entry((String::new(), String::new())).or_default() += 1;
+    });
+    let trail: Vec<String> = session
+        .trail
+        .iter()
+        .map(|(i, c)| {
+            let name = policy.steps.get(*i).map(|s| s.name.as_str()).unwrap_or("?");
+            format!(
+                "{name}: pool={} unhealthy={} capability_mismatch={} unmatched={} prev_failed={} at_capacity={} exclude_if={}",
+                c.pool, c.unhealthy, c.capability, c.unmatched, c.prev_failed, c.at_capacity, c.excluded
+            )
+        })
+        .collect();
+    warn!(model, capability = cap.as_str(), steps = policy.steps.len(), "policy_exhausted: {}", trail.join(" | "));
+    let e = if shard.all_unhealthy(model) {
+        ApiError::new(ErrorCode::NoAgentsAvailable, "All agents for this model are currently offline or unhealthy")
+    } else if last_full {
+        ApiError::new(ErrorCode::NoCapacity, "All agents for this model are at maximum capacity")
+    } else {
+        ApiError::new(ErrorCode::NoAgentsAvailable, "all policy steps exhausted: no eligible agents")
+    };
     send_error(conn, &e, keep).await
 }

@@ -26,7 +26,9 @@ use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::history::History;
 use crate::logic::preamble;
 use crate::logic::selection::{self, Candidate, Pick};
+use crate::logic::policy::{self, AgentFacts, GateCounts, Step, StepPick};
 use crate::logic::srtt::Estimator;
+use crate::logic::wait_queue::WaitQueue;
 
 /// One registered agent, owned by its model's shard.
 pub struct Agent {
@@ -60,6 +62,36 @@ pub struct Agent {
     pub agent_failures: Cell<u64>,
     /// Healthy -> unhealthy transitions of reported backend health.
     pub backend_failures: Cell<u64>,
+    /// Failures since the last success (this registration only).
+    pub consecutive_failures: Cell<u64>,
+    /// The model's capacity queue (a freed slot wakes its head).
+    pub queue: Rc<RefCell<Waiters>>,
+}
+
+/// The capacity queue's waiters: each is woken through its channel.
+pub type Waiters = WaitQueue<futures::channel::oneshot::Sender<()>>;
+
+/// Wake the oldest waiter still waiting (a cancelled one passes the signal on).
+pub fn wake_head(q: &RefCell<Waiters>) {
+    loop {
+        let next = q.borrow_mut().pop_head();
+        match next {
+            Some((_, tx)) => {
+                if tx.send(()).is_ok() {
+                    return;
+                }
+            }
+            None => return,
+        }
+    }
+}
+
+/// Wake every waiter (a new or recovered agent).
+pub fn wake_all(q: &RefCell<Waiters>) {
+    let all = q.borrow_mut().drain();
+    for (_, tx) in all {
+        let _ = tx.send(());
+    }
 }
 
 impl Agent {
@@ -80,11 +112,13 @@ impl Agent {
     /// Count one success.
     pub fn succeed(&self) {
         self.success.set(self.success.get() + 1);
+        self.consecutive_failures.set(0);
     }
 
     /// Count one failure.
     pub fn fail(&self) {
         self.failed.set(self.failed.get() + 1);
+        self.consecutive_failures.set(self.consecutive_failures.get() + 1);
     }
 
     /// Add usage tokens.
@@ -147,6 +181,8 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.0.active.set(self.0.active.get().saturating_sub(1));
+        // A freed slot wakes the head of the model's queue.
+        wake_head(&self.0.queue);
     }
 }
 
@@ -157,6 +193,61 @@ pub struct ModelPool {
     pub agents: Vec<Rc<Agent>>,
     /// Rotates the tie-break start.
     pub rotation: usize,
+    /// Requests waiting for a slot.
+    pub queue: Rc<RefCell<Waiters>>,
+    /// Routing counters.
+    pub stats: PoolStats,
+}
+
+/// Per-model routing counters (plain, per shard; summed at scrape).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PoolStats {
+    /// Successful forwards by (region, engine).
+    pub routed: std::collections::BTreeMap<(String, String), u64>,
+    /// Failed forward attempts and exhaustions by (region, engine).
+    pub failed: std::collections::BTreeMap<(String, String), u64>,
+    /// Served by the primary step.
+    pub primary_routed: u64,
+    /// Served by a fallback step.
+    pub fallback_routed: u64,
+    /// Every step exhausted.
+    pub exhausted: u64,
+    /// Queue wait histogram: counts per bucket of `QUEUE_BUCKETS`, then +Inf.
+    pub wait_buckets: Vec<u64>,
+    /// Sum of waits, seconds.
+    pub wait_sum: f64,
+    /// Waits observed.
+    pub wait_count: u64,
+    /// Waiters now (filled at snapshot).
+    pub queue_depth: usize,
+}
+
+/// `hivenet_queue_wait_seconds` buckets: 0.01 x 2^k, k = 0..12.
+pub const QUEUE_BUCKETS: [f64; 13] = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96];
+
+impl PoolStats {
+    /// Record one successful queue wait.
+    pub fn observe_wait(&mut self, secs: f64) {
+        if self.wait_buckets.len() != QUEUE_BUCKETS.len() + 1 {
+            self.wait_buckets = vec![0; QUEUE_BUCKETS.len() + 1];
+        }
+        let i = QUEUE_BUCKETS.iter().position(|b| secs <= *b).unwrap_or(QUEUE_BUCKETS.len());
+        if let Some(c) = self.wait_buckets.get_mut(i) {
+            *c += 1;
+        }
+        self.wait_sum += secs;
+        self.wait_count += 1;
+    }
+}
+
+/// Outcome of one policy step on this shard.
+pub enum StepOutcome {
+    /// Use this agent.
+    Agent(Rc<Agent>),
+    /// Candidates exist but are full: the request may queue.
+    Full(GateCounts),
+    /// No candidate in this step.
+    Empty(GateCounts),
 }
 
 /// Plain per-shard counters.
@@ -245,6 +336,8 @@ pub struct ShardSnapshot {
     pub links_rejected: u64,
     /// Agents owned here.
     pub agents: Vec<AgentView>,
+    /// Routing counters per model owned here.
+    pub models: Vec<(String, PoolStats)>,
 }
 
 impl Shard {
@@ -320,7 +413,64 @@ impl Shard {
         }
     }
 
+    /// The capacity queue of a model (created with its pool).
+    fn queue_of(&self, model: &str) -> Rc<RefCell<Waiters>> {
+        self.models.borrow_mut().entry(model.to_string()).or_default().queue.clone()
+    }
+
+    /// Run one policy step for `model`.
+    pub fn select_step(&self, model: &str, step: &Step, cap: Capability, failed: &[u64]) -> StepOutcome {
+        let mut models = self.models.borrow_mut();
+        let Some(pool) = models.get_mut(model) else {
+            return StepOutcome::Empty(GateCounts::default());
+        };
+        let r = pool.rotation;
+        pool.rotation = pool.rotation.wrapping_add(1);
+        let agents = &pool.agents;
+        let pick = policy::select(step, cap, agents.len(), |i| {
+            agents.get(i).map(|a| {
+                let total = a.success.get() + a.failed.get();
+                AgentFacts {
+                    id: a.id,
+                    healthy: a.healthy(),
+                    capability: a.reg.capability,
+                    engine: &a.reg.engine,
+                    region: &a.reg.region,
+                    organization: &a.reg.organization,
+                    machine: &a.reg.machine,
+                    tags: &a.reg.tags,
+                    active: a.active.get(),
+                    capacity: a.reg.capacity,
+                    srtt: a.est.get().srtt(),
+                    success_rate: (total > 0).then(|| a.success.get() as f64 / total as f64),
+                    consecutive_failures: (total > 0).then(|| a.consecutive_failures.get()),
+                }
+            })
+        }, failed, r);
+        match pick {
+            StepPick::Agent(i) => match agents.get(i) {
+                Some(a) => StepOutcome::Agent(a.clone()),
+                None => StepOutcome::Empty(GateCounts::default()),
+            },
+            StepPick::Full(c) => StepOutcome::Full(c),
+            StepPick::Empty(c) => StepOutcome::Empty(c),
+        }
+    }
+
+    /// Whether every registered agent of `model` is unhealthy (or none exists).
+    pub fn all_unhealthy(&self, model: &str) -> bool {
+        self.models.borrow().get(model).map(|p| p.agents.iter().all(|a| !a.healthy())).unwrap_or(true)
+    }
+
+    /// Update a model's routing counters.
+    pub fn with_stats(&self, model: &str, f: impl FnOnce(&mut PoolStats)) {
+        if let Some(p) = self.models.borrow_mut().get_mut(model) {
+            f(&mut p.stats);
+        }
+    }
+
     fn add_agent(&self, reg: Registration, link: LinkHandle, h: Option<History>) -> Rc<Agent> {
+        let reg_model = reg.model.clone();
         let id = self.next_agent.get();
         self.next_agent.set(id + 1);
         let h = h.unwrap_or_default();
@@ -344,12 +494,18 @@ impl Shard {
             disconnections: Cell::new(h.disconnections),
             agent_failures: Cell::new(h.agent_failures),
             backend_failures: Cell::new(h.backend_failures),
+            consecutive_failures: Cell::new(0),
+            queue: self.queue_of(&reg_model),
         });
         let mut models = self.models.borrow_mut();
         let pool = models.entry(agent.reg.model.clone()).or_default();
         // A re-registration of the same peer replaces its old entry.
         pool.agents.retain(|a| a.reg.peer_id != agent.reg.peer_id);
         pool.agents.push(agent.clone());
+        // A new agent wakes every queued request of its model.
+        let q = pool.queue.clone();
+        drop(models);
+        wake_all(&q);
         agent
     }
 
@@ -450,6 +606,14 @@ impl Shard {
             link_handoffs_out: self.counters.link_handoffs_out.get(),
             links_rejected: self.counters.links_rejected.get(),
             agents,
+            models: models
+                .iter()
+                .map(|(m, p)| {
+                    let mut st = p.stats.clone();
+                    st.queue_depth = p.queue.borrow().len();
+                    (m.clone(), st)
+                })
+                .collect(),
         }
     }
 
@@ -804,6 +968,7 @@ async fn serve_link(
     loop {
         match monoio::time::timeout(miss, link::read_frame(&mut ctl, &mut buf)).await {
             Ok(Ok(Some(ControlMsg::Heartbeat { backend_healthy }))) => {
+                let was_healthy = agent.healthy();
                 agent.live.set(true);
                 if agent.backend_healthy.get() != backend_healthy {
                     info!(peer_id = %agent.reg.peer_id, backend_healthy, "agent backend health changed");
@@ -813,6 +978,10 @@ async fn serve_link(
                 }
                 agent.backend_healthy.set(backend_healthy);
                 agent.last_seen.set(clock::unix_secs());
+                if !was_healthy && agent.healthy() {
+                    // A recovered agent wakes every queued request.
+                    wake_all(&agent.queue);
+                }
             }
             Ok(Ok(Some(other))) => {
                 warn!(peer_id = %agent.reg.peer_id, "unexpected control message {other:?}; closing link");

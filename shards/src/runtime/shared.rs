@@ -12,6 +12,7 @@ use libp2p_pnet::PreSharedKey;
 
 use super::mesh::ShardMsg;
 use crate::logic::directory::Directory;
+use crate::logic::policy::Policy;
 
 /// Router settings the shards need.
 #[derive(Debug, Clone)]
@@ -38,6 +39,10 @@ pub struct RouterConfig {
     pub handshake_timeout: Duration,
     /// Period of the history flush to the store.
     pub flush_interval: Duration,
+    /// Tries per policy step (`--max-tries-per-step`).
+    pub max_tries_per_step: u32,
+    /// Capacity-queue bound per model (`--queue-depth`; 0: no queue).
+    pub queue_depth: usize,
 }
 
 impl Default for RouterConfig {
@@ -54,6 +59,8 @@ impl Default for RouterConfig {
             preamble_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(10),
             flush_interval: Duration::from_secs(30),
+            max_tries_per_step: 3,
+            queue_depth: 30,
         }
     }
 }
@@ -78,6 +85,46 @@ pub struct Shared {
     pub admin_keys: Vec<[u8; 32]>,
     /// Admin routes open without a key (explicit opt-in).
     pub insecure_admin: bool,
+    /// Routing policies; a request takes one snapshot at its start.
+    pub policies: RwLock<Arc<PolicySet>>,
+    /// `hivenet_policy_reload_total{trigger,result}`.
+    pub policy_reloads: std::sync::Mutex<std::collections::BTreeMap<(String, String), u64>>,
+}
+
+/// The policies in force: the global one and the per-model documents.
+#[derive(Debug, Clone, Default)]
+pub struct PolicySet {
+    /// Used for models no named document claims.
+    pub global: Arc<Policy>,
+    /// Named (per-model) documents.
+    pub named: std::collections::BTreeMap<String, Arc<Policy>>,
+}
+
+impl PolicySet {
+    /// Check that no model is claimed twice.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut owner: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+        for (name, p) in &self.named {
+            if p.models.is_empty() {
+                return Err(format!("policy {name:?} must include a 'models:' field with at least one model name"));
+            }
+            for m in &p.models {
+                if let Some(other) = owner.insert(m, name) {
+                    return Err(format!("model {m:?} is already claimed by policy {other:?}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The effective policy of a model.
+    pub fn for_model(&self, model: &str) -> Arc<Policy> {
+        self.named
+            .values()
+            .find(|p| p.models.iter().any(|m| m == model))
+            .cloned()
+            .unwrap_or_else(|| self.global.clone())
+    }
 }
 
 impl Shared {
@@ -92,6 +139,40 @@ impl Shared {
         match self.directory.write() {
             Ok(mut d) => d.reserve(model),
             Err(_) => 0,
+        }
+    }
+
+    /// The policy snapshot for a request.
+    pub fn policy_for(&self, model: &str) -> Arc<Policy> {
+        match self.policies.read() {
+            Ok(p) => p.for_model(model),
+            Err(_) => Arc::new(Policy::default()),
+        }
+    }
+
+    /// The whole policy set.
+    pub fn policy_set(&self) -> Arc<PolicySet> {
+        match self.policies.read() {
+            Ok(p) => p.clone(),
+            Err(_) => Arc::new(PolicySet::default()),
+        }
+    }
+
+    /// Replace the policy set (validated) and count the reload.
+    pub fn swap_policies(&self, set: PolicySet, trigger: &str) -> Result<(), String> {
+        let r = set.validate();
+        self.count_reload(trigger, r.is_ok());
+        r?;
+        if let Ok(mut g) = self.policies.write() {
+            *g = Arc::new(set);
+        }
+        Ok(())
+    }
+
+    /// Count a reload attempt.
+    pub fn count_reload(&self, trigger: &str, ok: bool) {
+        if let Ok(mut m) = self.policy_reloads.lock() {
+            *m.entry((trigger.to_string(), if ok { "success" } else { "error" }.to_string())).or_default() += 1;
         }
     }
 
