@@ -159,3 +159,42 @@ fn bad_reload_keeps_the_policy() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("policy.yaml:4") && err.contains("srtt_ms"), "{err}");
 }
+
+#[test]
+fn per_model_directory_and_admin_documents() {
+    let dir = tmpdir("modeldir");
+    let pd = dir.join("policies");
+    std::fs::create_dir_all(&pd).expect("mkdir");
+    std::fs::write(pd.join("_default.yaml"), "routing_policy:\n  strategy: least-loaded\n").expect("default");
+    // Any agent with a known SRTT above 0.001 ms is excluded: after one sample, model m-a has no eligible agent.
+    std::fs::write(pd.join("strict.yaml"), "models: [m-a]\nrouting_policy:\n  exclude_if:\n    srtt:\n      gt: 0.001\n  strategy: least-loaded\n").expect("strict");
+    std::fs::write(pd.join("notes.txt"), "not a policy").expect("ignored");
+    let pds = pd.to_string_lossy().to_string();
+    let r = start_router(&dir, &["--shards", "2", "--policy-model-dir", &pds], &[]);
+    let (_a, pa) = start_sim(&dir, "m-a", &[]);
+    let (_b, pb) = start_sim(&dir, "m-b", &[]);
+    let _aa = start_agent(&dir, &r, pa, "a.key", &[]);
+    let _ab = start_agent(&dir, &r, pb, "b.key", &[]);
+    wait_agents(r.http, "m-a", 1);
+    wait_agents(r.http, "m-b", 1);
+    assert_eq!(chat(r.http, "m-a", false).0, 200, "unknown SRTT passes");
+    assert_eq!(chat(r.http, "m-a", false).0, 503, "the per-model document applies to m-a");
+    for _ in 0..3 {
+        assert_eq!(chat(r.http, "m-b", false).0, 200, "m-b uses _default");
+    }
+    let auth = format!("Authorization: Bearer {ADMIN_KEY}\r\n");
+    let (st, b) = get_auth(r.http, "/admin/policy/models", ADMIN_KEY).expect("list");
+    assert_eq!(st, 200);
+    assert!(String::from_utf8_lossy(&b).contains("\"strict\""));
+    let (st, b) = request_h(r.http, "PUT", "/admin/policy/models/other", b"models: [m-a]\nrouting_policy:\n  strategy: least-loaded\n", &auth).expect("put");
+    assert_eq!(st, 409, "{}", String::from_utf8_lossy(&b));
+    assert!(String::from_utf8_lossy(&b).contains("already claimed by policy"));
+    let (st, _) = request_h(r.http, "PUT", "/admin/policy/models/other", b"routing_policy:\n  strategy: least-loaded\n", &auth).expect("put");
+    assert_eq!(st, 400, "a named document needs models");
+    let (st, _) = request_h(r.http, "DELETE", "/admin/policy/models/strict", b"", &auth).expect("delete");
+    assert_eq!(st, 200);
+    assert_eq!(chat(r.http, "m-a", false).0, 200, "m-a falls back to the global policy");
+    let (st, b) = get_auth(r.http, "/admin/policy/models/strict", ADMIN_KEY).expect("get");
+    assert_eq!(st, 404);
+    assert!(String::from_utf8_lossy(&b).contains("no policy named: strict"));
+}
