@@ -162,10 +162,18 @@ fn build() -> Result<Startup, String> {
         ttl_days: f.disk_db_ttl,
     };
     let (admin_keys, insecure_admin) = hivenet_router::admin_keys::from_env()?;
-    let tries = cli::flag_or_env(f.max_tries_per_step, "HIVENET_ROUTER_MAX_TRIES_PER_STEP", "3");
+    let tries = cli::flag_or_env(
+        f.max_tries_per_step,
+        "HIVENET_ROUTER_MAX_TRIES_PER_STEP",
+        "3",
+    );
     cfg.max_tries_per_step = match tries.trim().parse::<u32>() {
         Ok(n) if n >= 1 => n,
-        _ => return Err(format!("--max-tries-per-step: {tries:?} must be an integer >= 1")),
+        _ => {
+            return Err(format!(
+                "--max-tries-per-step: {tries:?} must be an integer >= 1"
+            ))
+        }
     };
     let depth = cli::flag_or_env(f.queue_depth, "HIVENET_ROUTER_QUEUE_DEPTH", "30");
     cfg.queue_depth = depth
@@ -173,8 +181,22 @@ fn build() -> Result<Startup, String> {
         .parse::<usize>()
         .map_err(|_| format!("--queue-depth: {depth:?} must be an integer >= 0"))?;
     let policy_sources = hivenet_router::policy_files::PolicySources {
-        file: f.policy_file.or_else(|| std::env::var("HIVENET_ROUTER_POLICY_FILE").ok().filter(|v| !v.is_empty())).map(Into::into),
-        dir: f.policy_model_dir.or_else(|| std::env::var("HIVENET_ROUTER_POLICY_MODEL_DIR").ok().filter(|v| !v.is_empty())).map(Into::into),
+        file: f
+            .policy_file
+            .or_else(|| {
+                std::env::var("HIVENET_ROUTER_POLICY_FILE")
+                    .ok()
+                    .filter(|v| !v.is_empty())
+            })
+            .map(Into::into),
+        dir: f
+            .policy_model_dir
+            .or_else(|| {
+                std::env::var("HIVENET_ROUTER_POLICY_MODEL_DIR")
+                    .ok()
+                    .filter(|v| !v.is_empty())
+            })
+            .map(Into::into),
     };
     let policies = hivenet_router::policy_files::load(&policy_sources)?;
     Ok(Startup {
@@ -222,7 +244,16 @@ fn main() {
         }
     };
     let policy = (policy_sources, policies);
-    if let Err(e) = run(cfg, plan, driver, psk, store, admin_keys, insecure_admin, policy) {
+    if let Err(e) = run(
+        cfg,
+        plan,
+        driver,
+        psk,
+        store,
+        admin_keys,
+        insecure_admin,
+        policy,
+    ) {
         error!("{e}");
         eprintln!("hivenet-router: {e}");
         std::process::exit(1);
@@ -238,7 +269,10 @@ fn run(
     store_cfg: hivenet_router::store::StoreConfig,
     admin_keys: Vec<[u8; 32]>,
     insecure_admin: bool,
-    policy: (hivenet_router::policy_files::PolicySources, shards::runtime::shared::PolicySet),
+    policy: (
+        hivenet_router::policy_files::PolicySources,
+        shards::runtime::shared::PolicySet,
+    ),
 ) -> Result<(), String> {
     let (policy_sources, policies) = policy;
     let n = plan.len();
@@ -312,7 +346,9 @@ fn run(
             match hivenet_router::policy_files::load(&policy_sources) {
                 Ok(set) => match shared.swap_policies(set, "sighup") {
                     Ok(()) => info!("SIGHUP: policies reloaded"),
-                    Err(e) => error!("SIGHUP: policy reload rejected, keeping the previous policies: {e}"),
+                    Err(e) => {
+                        error!("SIGHUP: policy reload rejected, keeping the previous policies: {e}")
+                    }
                 },
                 Err(e) => {
                     shared.count_reload("sighup", false);

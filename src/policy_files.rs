@@ -21,7 +21,8 @@ pub struct PolicySources {
 }
 
 fn read(path: &Path) -> Result<Policy, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("policy: cannot read {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("policy: cannot read {}: {e}", path.display()))?;
     policy::parse(&path.display().to_string(), &text).map_err(|e| e.to_string())
 }
 
@@ -41,7 +42,11 @@ pub fn load(src: &PolicySources) -> Result<PolicySet, String> {
             .collect();
         files.sort();
         for f in files {
-            let stem = f.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
+            let stem = f
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("")
+                .to_string();
             let p = read(&f)?;
             if stem == "_default" {
                 if src.file.is_some() {
@@ -50,13 +55,19 @@ pub fn load(src: &PolicySources) -> Result<PolicySet, String> {
                 global = p;
             } else {
                 if p.models.is_empty() {
-                    return Err(format!("policy: {}:1: models: a per-model document must list at least one model", f.display()));
+                    return Err(format!(
+                        "policy: {}:1: models: a per-model document must list at least one model",
+                        f.display()
+                    ));
                 }
                 named.insert(stem, Arc::new(p));
             }
         }
     }
-    let set = PolicySet { global: Arc::new(global), named };
+    let set = PolicySet {
+        global: Arc::new(global),
+        named,
+    };
     set.validate().map_err(|e| format!("policy: {e}"))?;
     Ok(set)
 }

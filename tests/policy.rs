@@ -13,17 +13,27 @@ fn successes(http: u16) -> std::collections::HashMap<String, u64> {
         .cloned()
         .unwrap_or_default()
         .iter()
-        .map(|a| (a["metadata"]["machine"].as_str().unwrap_or("").to_string(), a["universal"]["successful_requests_total"].as_u64().unwrap_or(0)))
+        .map(|a| {
+            (
+                a["metadata"]["machine"].as_str().unwrap_or("").to_string(),
+                a["universal"]["successful_requests_total"]
+                    .as_u64()
+                    .unwrap_or(0),
+            )
+        })
         .collect()
 }
 
 fn chat(http: u16, model: &str, stream: bool) -> (u16, Vec<u8>) {
-    let body = format!(r#"{{"model":"{model}","stream":{stream},"max_tokens":2,"messages":[{{"role":"user","content":"hi"}}]}}"#);
+    let body = format!(
+        r#"{{"model":"{model}","stream":{stream},"max_tokens":2,"messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
     post(http, "/v1/chat/completions", &body).expect("chat")
 }
 
 const GATED: &str = "routing_policy:\n  exclude_if:\n    srtt:\n      gt: 100\n  strategy: least-loaded\nfallback_chain:\n  - name: relaxed\n    exclude_if:\n      srtt:\n        gt: 1500\n    strategy: least-loaded\n";
-const PRIMARY_ONLY: &str = "routing_policy:\n  exclude_if:\n    srtt:\n      gt: 100\n  strategy: least-loaded\n";
+const PRIMARY_ONLY: &str =
+    "routing_policy:\n  exclude_if:\n    srtt:\n      gt: 100\n  strategy: least-loaded\n";
 
 #[test]
 fn srtt_gate_with_relaxed_fallback() {
@@ -42,37 +52,84 @@ fn srtt_gate_with_relaxed_fallback() {
         assert_eq!(chat(r.http, "g-model", true).0, 200);
     }
     let before = successes(r.http);
-    assert!(before["slow"] >= 1 && before["fast"] >= 1, "both warmed up: {before:?}");
+    assert!(
+        before["slow"] >= 1 && before["fast"] >= 1,
+        "both warmed up: {before:?}"
+    );
     for _ in 0..10 {
         assert_eq!(chat(r.http, "g-model", true).0, 200);
     }
     let after = successes(r.http);
-    assert_eq!(after["slow"], before["slow"], "the slow agent (SRTT > 100) gets nothing after warm-up");
+    assert_eq!(
+        after["slow"], before["slow"],
+        "the slow agent (SRTT > 100) gets nothing after warm-up"
+    );
     assert_eq!(after["fast"], before["fast"] + 10);
     // The fast agent goes away: the relaxed step serves from the slow one.
     fast.kill9();
-    wait_until(Duration::from_secs(3), || healthy_agents(r.http, "g-model") == 1, "fast agent gone");
+    wait_until(
+        Duration::from_secs(3),
+        || healthy_agents(r.http, "g-model") == 1,
+        "fast agent gone",
+    );
     let (st, b) = chat(r.http, "g-model", true);
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
-    assert!(metric(r.metrics, "hivenet_policy_fallback_routed_total{model=\"g-model\"}").unwrap_or(0.0) >= 1.0);
+    assert!(
+        metric(
+            r.metrics,
+            "hivenet_policy_fallback_routed_total{model=\"g-model\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+    );
     // With only the primary step, the client gets the exhaustion error.
-    let (st, b) = request_h(r.http, "PUT", "/admin/policy", PRIMARY_ONLY.as_bytes(), &format!("Authorization: Bearer {ADMIN_KEY}\r\n")).expect("put");
+    let (st, b) = request_h(
+        r.http,
+        "PUT",
+        "/admin/policy",
+        PRIMARY_ONLY.as_bytes(),
+        &format!("Authorization: Bearer {ADMIN_KEY}\r\n"),
+    )
+    .expect("put");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     let (st, b) = chat(r.http, "g-model", true);
     assert_eq!(st, 503, "{}", String::from_utf8_lossy(&b));
     assert!(String::from_utf8_lossy(&b).contains("no_agents_available"));
-    assert!(metric(r.metrics, "hivenet_policy_exhausted_total{model=\"g-model\"}").unwrap_or(0.0) >= 1.0);
-    assert!(r.proc.log_text().contains("policy_exhausted: routing_policy: pool=1"), "exhaustion log names the gates");
+    assert!(
+        metric(
+            r.metrics,
+            "hivenet_policy_exhausted_total{model=\"g-model\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+    );
+    assert!(
+        r.proc
+            .log_text()
+            .contains("policy_exhausted: routing_policy: pool=1"),
+        "exhaustion log names the gates"
+    );
 }
 
 /// Send `n` requests `gap` apart from threads; returns (index, status, finish time).
-fn burst(http: u16, model: &str, n: usize, gap: Duration, stream: bool) -> Vec<(usize, u16, Instant, String)> {
+fn burst(
+    http: u16,
+    model: &str,
+    n: usize,
+    gap: Duration,
+    stream: bool,
+) -> Vec<(usize, u16, Instant, String)> {
     let mut hs = Vec::new();
     for i in 0..n {
         let model = model.to_string();
         hs.push(std::thread::spawn(move || {
             let (st, b) = chat(http, &model, stream);
-            (i, st, Instant::now(), String::from_utf8_lossy(&b).to_string())
+            (
+                i,
+                st,
+                Instant::now(),
+                String::from_utf8_lossy(&b).to_string(),
+            )
         }));
         std::thread::sleep(gap);
     }
@@ -87,12 +144,22 @@ fn capacity_queue_fifo_depth_zero_and_timeout() {
     let _a = start_agent(&dir, &r, port, "q.key", &["--capacity", "2"]);
     wait_agents(r.http, "q-model", 1);
     let mut out = burst(r.http, "q-model", 10, Duration::from_millis(25), false);
-    assert!(out.iter().all(|o| o.1 == 200), "all succeed with --queue-depth 30: {out:?}");
+    assert!(
+        out.iter().all(|o| o.1 == 200),
+        "all succeed with --queue-depth 30: {out:?}"
+    );
     out.sort_by_key(|o| o.2);
     let order: Vec<usize> = out.iter().map(|o| o.0).collect();
-    assert_eq!(order, (0..10).collect::<Vec<_>>(), "served in arrival order");
+    assert_eq!(
+        order,
+        (0..10).collect::<Vec<_>>(),
+        "served in arrival order"
+    );
     let m = metrics_text(r.metrics);
-    assert!(m.contains("hivenet_queue_wait_seconds_count{model=\"q-model\"} 8"), "{m}");
+    assert!(
+        m.contains("hivenet_queue_wait_seconds_count{model=\"q-model\"} 8"),
+        "{m}"
+    );
     drop(r);
 
     let r0 = start_router(&dir, &["--shards", "1", "--queue-depth", "0"], &[]);
@@ -107,7 +174,11 @@ fn capacity_queue_fifo_depth_zero_and_timeout() {
     drop(r0);
 
     // A waiter times out: a 3 s stream holds the only slot, the deadline is 1 s.
-    let (_s2, port2) = start_sim(&dir, "t-model", &["--ttft", "5ms", "--itl", "100ms", "--output-tokens", "30"]);
+    let (_s2, port2) = start_sim(
+        &dir,
+        "t-model",
+        &["--ttft", "5ms", "--itl", "100ms", "--output-tokens", "30"],
+    );
     let r1 = start_router(&dir, &["--shards", "1", "--request-timeout", "1s"], &[]);
     let _a1 = start_agent(&dir, &r1, port2, "t.key", &["--capacity", "1"]);
     wait_agents(r1.http, "t-model", 1);
@@ -118,12 +189,23 @@ fn capacity_queue_fifo_depth_zero_and_timeout() {
     });
     std::thread::sleep(Duration::from_millis(200));
     let t0 = Instant::now();
-    let (st, b) = post(http1, "/v1/chat/completions", r#"{"model":"t-model","messages":[]}"#).expect("waiter");
+    let (st, b) = post(
+        http1,
+        "/v1/chat/completions",
+        r#"{"model":"t-model","messages":[]}"#,
+    )
+    .expect("waiter");
     let waited = t0.elapsed();
     assert_eq!(st, 504, "{}", String::from_utf8_lossy(&b));
     let text = String::from_utf8_lossy(&b);
-    assert!(text.contains("request_timeout") && text.contains("waiting for an available agent"), "{text}");
-    assert!(waited < Duration::from_millis(1500), "timed out near the 1 s deadline: {waited:?}");
+    assert!(
+        text.contains("request_timeout") && text.contains("waiting for an available agent"),
+        "{text}"
+    );
+    assert!(
+        waited < Duration::from_millis(1500),
+        "timed out near the 1 s deadline: {waited:?}"
+    );
     assert_eq!(holder.join().expect("holder").expect("stream"), 200);
 }
 
@@ -135,29 +217,82 @@ fn bad_reload_keeps_the_policy() {
     let pfs = pf.to_string_lossy().to_string();
     let r = start_router(&dir, &["--shards", "1", "--policy-file", &pfs], &[]);
     let (_, before) = get_auth(r.http, "/admin/policy", ADMIN_KEY).expect("get");
-    std::fs::write(&pf, "routing_policy:\n  exclude_if:\n    srtt_ms:\n      gt: 100\n  strategy: least-loaded\n").expect("bad");
-    let _ = Command::new("kill").args(["-HUP", &r.proc.child.id().to_string()]).status();
-    wait_until(Duration::from_secs(5), || r.proc.log_text().contains("policy reload rejected"), "reload error line");
+    std::fs::write(
+        &pf,
+        "routing_policy:\n  exclude_if:\n    srtt_ms:\n      gt: 100\n  strategy: least-loaded\n",
+    )
+    .expect("bad");
+    let _ = Command::new("kill")
+        .args(["-HUP", &r.proc.child.id().to_string()])
+        .status();
+    wait_until(
+        Duration::from_secs(5),
+        || r.proc.log_text().contains("policy reload rejected"),
+        "reload error line",
+    );
     assert!(r.proc.log_text().contains("srtt_ms"), "the error says why");
     let (_, after) = get_auth(r.http, "/admin/policy", ADMIN_KEY).expect("get");
     assert_eq!(before, after, "routing unchanged");
-    assert_eq!(metric(r.metrics, "hivenet_policy_reload_total{trigger=\"sighup\",result=\"error\"}"), Some(1.0));
+    assert_eq!(
+        metric(
+            r.metrics,
+            "hivenet_policy_reload_total{trigger=\"sighup\",result=\"error\"}"
+        ),
+        Some(1.0)
+    );
     // The admin API refuses a bad document with 400 and the reason.
-    let (st, b) = request_h(r.http, "PUT", "/admin/policy", b"routing_policy:\n  strategy: lowest-srtt\n", &format!("Authorization: Bearer {ADMIN_KEY}\r\n")).expect("put");
+    let (st, b) = request_h(
+        r.http,
+        "PUT",
+        "/admin/policy",
+        b"routing_policy:\n  strategy: lowest-srtt\n",
+        &format!("Authorization: Bearer {ADMIN_KEY}\r\n"),
+    )
+    .expect("put");
     assert_eq!(st, 400);
     assert!(String::from_utf8_lossy(&b).contains("lowest-srtt"));
     // A good file on SIGHUP applies.
     std::fs::write(&pf, PRIMARY_ONLY).expect("good");
-    let _ = Command::new("kill").args(["-HUP", &r.proc.child.id().to_string()]).status();
-    wait_until(Duration::from_secs(5), || r.proc.log_text().contains("policies reloaded"), "reload ok");
+    let _ = Command::new("kill")
+        .args(["-HUP", &r.proc.child.id().to_string()])
+        .status();
+    wait_until(
+        Duration::from_secs(5),
+        || r.proc.log_text().contains("policies reloaded"),
+        "reload ok",
+    );
     let (_, now) = get_auth(r.http, "/admin/policy", ADMIN_KEY).expect("get");
-    assert!(!String::from_utf8_lossy(&now).contains("fallback_chain"), "{}", String::from_utf8_lossy(&now));
+    assert!(
+        !String::from_utf8_lossy(&now).contains("fallback_chain"),
+        "{}",
+        String::from_utf8_lossy(&now)
+    );
     // Invalid policy at start: one-line reason naming file and line.
-    std::fs::write(&pf, "routing_policy:\n  strategy: least-loaded\n  exclude_if:\n    srtt_ms:\n      gt: 1\n").expect("bad");
-    let out = Command::new(bin("hivenet-router")).args(["--policy-file", &pfs, "--http-port", "127.0.0.1:0", "--metrics-port", "127.0.0.1:0", "--p2p-port", "0"]).env("HIVENET_ROUTER_ADMIN_API_KEYS", "k").output().expect("run");
+    std::fs::write(
+        &pf,
+        "routing_policy:\n  strategy: least-loaded\n  exclude_if:\n    srtt_ms:\n      gt: 1\n",
+    )
+    .expect("bad");
+    let out = Command::new(bin("hivenet-router"))
+        .args([
+            "--policy-file",
+            &pfs,
+            "--http-port",
+            "127.0.0.1:0",
+            "--metrics-port",
+            "127.0.0.1:0",
+            "--p2p-port",
+            "0",
+        ])
+        .env("HIVENET_ROUTER_ADMIN_API_KEYS", "k")
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("policy.yaml:4") && err.contains("srtt_ms"), "{err}");
+    assert!(
+        err.contains("policy.yaml:4") && err.contains("srtt_ms"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -165,7 +300,11 @@ fn per_model_directory_and_admin_documents() {
     let dir = tmpdir("modeldir");
     let pd = dir.join("policies");
     std::fs::create_dir_all(&pd).expect("mkdir");
-    std::fs::write(pd.join("_default.yaml"), "routing_policy:\n  strategy: least-loaded\n").expect("default");
+    std::fs::write(
+        pd.join("_default.yaml"),
+        "routing_policy:\n  strategy: least-loaded\n",
+    )
+    .expect("default");
     // Any agent with a known SRTT above 0.001 ms is excluded: after one sample, model m-a has no eligible agent.
     std::fs::write(pd.join("strict.yaml"), "models: [m-a]\nrouting_policy:\n  exclude_if:\n    srtt:\n      gt: 0.001\n  strategy: least-loaded\n").expect("strict");
     std::fs::write(pd.join("notes.txt"), "not a policy").expect("ignored");
@@ -178,7 +317,11 @@ fn per_model_directory_and_admin_documents() {
     wait_agents(r.http, "m-a", 1);
     wait_agents(r.http, "m-b", 1);
     assert_eq!(chat(r.http, "m-a", false).0, 200, "unknown SRTT passes");
-    assert_eq!(chat(r.http, "m-a", false).0, 503, "the per-model document applies to m-a");
+    assert_eq!(
+        chat(r.http, "m-a", false).0,
+        503,
+        "the per-model document applies to m-a"
+    );
     for _ in 0..3 {
         assert_eq!(chat(r.http, "m-b", false).0, 200, "m-b uses _default");
     }
@@ -186,14 +329,33 @@ fn per_model_directory_and_admin_documents() {
     let (st, b) = get_auth(r.http, "/admin/policy/models", ADMIN_KEY).expect("list");
     assert_eq!(st, 200);
     assert!(String::from_utf8_lossy(&b).contains("\"strict\""));
-    let (st, b) = request_h(r.http, "PUT", "/admin/policy/models/other", b"models: [m-a]\nrouting_policy:\n  strategy: least-loaded\n", &auth).expect("put");
+    let (st, b) = request_h(
+        r.http,
+        "PUT",
+        "/admin/policy/models/other",
+        b"models: [m-a]\nrouting_policy:\n  strategy: least-loaded\n",
+        &auth,
+    )
+    .expect("put");
     assert_eq!(st, 409, "{}", String::from_utf8_lossy(&b));
     assert!(String::from_utf8_lossy(&b).contains("already claimed by policy"));
-    let (st, _) = request_h(r.http, "PUT", "/admin/policy/models/other", b"routing_policy:\n  strategy: least-loaded\n", &auth).expect("put");
+    let (st, _) = request_h(
+        r.http,
+        "PUT",
+        "/admin/policy/models/other",
+        b"routing_policy:\n  strategy: least-loaded\n",
+        &auth,
+    )
+    .expect("put");
     assert_eq!(st, 400, "a named document needs models");
-    let (st, _) = request_h(r.http, "DELETE", "/admin/policy/models/strict", b"", &auth).expect("delete");
+    let (st, _) =
+        request_h(r.http, "DELETE", "/admin/policy/models/strict", b"", &auth).expect("delete");
     assert_eq!(st, 200);
-    assert_eq!(chat(r.http, "m-a", false).0, 200, "m-a falls back to the global policy");
+    assert_eq!(
+        chat(r.http, "m-a", false).0,
+        200,
+        "m-a falls back to the global policy"
+    );
     let (st, b) = get_auth(r.http, "/admin/policy/models/strict", ADMIN_KEY).expect("get");
     assert_eq!(st, 404);
     assert!(String::from_utf8_lossy(&b).contains("no policy named: strict"));

@@ -24,10 +24,17 @@ fn agents(n: usize) -> Vec<Agent> {
     (0..n)
         .map(|i| Agent {
             id: i as u64,
-            peer: format!("12D3KooW{:040x}", (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+            peer: format!(
+                "12D3KooW{:040x}",
+                (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ),
             active: (i % 7) as u32,
             capacity: 10,
-            srtt: if i % 5 == 0 { None } else { Some(50.0 + (i % 300) as f64) },
+            srtt: if i % 5 == 0 {
+                None
+            } else {
+                Some(50.0 + (i % 300) as f64)
+            },
             tags: vec!["production".into()],
         })
         .collect()
@@ -53,20 +60,49 @@ fn facts(a: &Agent) -> AgentFacts<'_> {
 
 fn step(gates: usize) -> Step {
     let all = [
-        Rule { field: Field::Srtt, op: Op::Gt, value: 300.0 },
-        Rule { field: Field::SuccessRate, op: Op::Lt, value: 0.5 },
-        Rule { field: Field::ConsecutiveFailures, op: Op::Gte, value: 5.0 },
-        Rule { field: Field::CapacityUtilization, op: Op::Gt, value: 0.95 },
-        Rule { field: Field::KvCacheUtilization, op: Op::Gt, value: 0.9 },
+        Rule {
+            field: Field::Srtt,
+            op: Op::Gt,
+            value: 300.0,
+        },
+        Rule {
+            field: Field::SuccessRate,
+            op: Op::Lt,
+            value: 0.5,
+        },
+        Rule {
+            field: Field::ConsecutiveFailures,
+            op: Op::Gte,
+            value: 5.0,
+        },
+        Rule {
+            field: Field::CapacityUtilization,
+            op: Op::Gt,
+            value: 0.95,
+        },
+        Rule {
+            field: Field::KvCacheUtilization,
+            op: Op::Gt,
+            value: 0.9,
+        },
     ];
-    Step { name: "s".into(), matcher: Match::default(), exclude_if: all.iter().take(gates).copied().collect(), max_tries: 0 }
+    Step {
+        name: "s".into(),
+        matcher: Match::default(),
+        exclude_if: all.iter().take(gates).copied().collect(),
+        max_tries: 0,
+    }
 }
 
 /// The baseline: copy, sort by peer ID, scan with the same gates.
 fn naive(step: &Step, agents: &[Agent]) -> Option<u64> {
     // The copy the baseline makes on every attempt.
     let copy: Vec<AgentFacts<'_>> = agents.iter().map(facts).collect();
-    let mut peers: Vec<(&str, usize)> = agents.iter().enumerate().map(|(i, a)| (a.peer.as_str(), i)).collect();
+    let mut peers: Vec<(&str, usize)> = agents
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.peer.as_str(), i))
+        .collect();
     peers.sort_unstable();
     let order: Vec<usize> = peers.into_iter().map(|(_, i)| i).collect();
     let mut best: Option<(u64, f64)> = None;
@@ -105,7 +141,10 @@ fn time<F: FnMut()>(iters: u32, mut f: F) -> f64 {
 }
 
 fn main() {
-    println!("{:>7} {:>6} {:>14} {:>14} {:>8}", "agents", "gates", "ours ns/pick", "naive ns/pick", "ratio");
+    println!(
+        "{:>7} {:>6} {:>14} {:>14} {:>8}",
+        "agents", "gates", "ours ns/pick", "naive ns/pick", "ratio"
+    );
     for n in [1usize, 10, 100, 1000] {
         let a = agents(n);
         for gates in [0usize, 2, 5] {
@@ -114,13 +153,23 @@ fn main() {
             let mut rot = 0usize;
             let ours = time(iters, || {
                 rot = rot.wrapping_add(1);
-                let p = select(&s, Capability::Llm, a.len(), |i| a.get(i).map(facts), &[], rot);
+                let p = select(
+                    &s,
+                    Capability::Llm,
+                    a.len(),
+                    |i| a.get(i).map(facts),
+                    &[],
+                    rot,
+                );
                 black_box(matches!(p, StepPick::Agent(_)));
             });
             let base = time(iters, || {
                 black_box(naive(&s, &a));
             });
-            println!("{n:>7} {gates:>6} {ours:>14.1} {base:>14.1} {:>8.1}", base / ours);
+            println!(
+                "{n:>7} {gates:>6} {ours:>14.1} {base:>14.1} {:>8.1}",
+                base / ours
+            );
         }
     }
 }

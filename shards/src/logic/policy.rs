@@ -87,7 +87,11 @@ const FIELDS: [(&str, Field); 16] = [
 impl Field {
     /// YAML name.
     pub fn name(self) -> &'static str {
-        FIELDS.iter().find(|(_, f)| *f == self).map(|(n, _)| *n).unwrap_or("?")
+        FIELDS
+            .iter()
+            .find(|(_, f)| *f == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("?")
     }
 }
 
@@ -169,7 +173,12 @@ impl Default for Policy {
     fn default() -> Self {
         Policy {
             models: Vec::new(),
-            steps: vec![Step { name: "routing_policy".into(), matcher: Match::default(), exclude_if: Vec::new(), max_tries: 0 }],
+            steps: vec![Step {
+                name: "routing_policy".into(),
+                matcher: Match::default(),
+                exclude_if: Vec::new(),
+                max_tries: 0,
+            }],
         }
     }
 }
@@ -226,7 +235,11 @@ pub struct PolicyError {
 
 impl std::fmt::Display for PolicyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "policy: {}:{}: {}: {}", self.file, self.line, self.path, self.message)
+        write!(
+            f,
+            "policy: {}:{}: {}: {}",
+            self.file, self.line, self.path, self.message
+        )
     }
 }
 
@@ -272,10 +285,21 @@ fn line_of(text: &str, path: &str) -> u64 {
 }
 
 fn err(file: &str, text: &str, path: &str, message: impl Into<String>) -> PolicyError {
-    PolicyError { file: file.into(), line: line_of(text, path), path: path.into(), message: message.into() }
+    PolicyError {
+        file: file.into(),
+        line: line_of(text, path),
+        path: path.into(),
+        message: message.into(),
+    }
 }
 
-fn step(file: &str, text: &str, path: &str, default_name: &str, raw: RawStep) -> Result<Step, PolicyError> {
+fn step(
+    file: &str,
+    text: &str,
+    path: &str,
+    default_name: &str,
+    raw: RawStep,
+) -> Result<Step, PolicyError> {
     match raw.strategy.as_deref() {
         Some("least-loaded") => {}
         Some("lowest-srtt") => {
@@ -292,10 +316,26 @@ fn step(file: &str, text: &str, path: &str, default_name: &str, raw: RawStep) ->
         }
         let Some(field) = FIELDS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f) else {
             let known: Vec<&str> = FIELDS.iter().map(|(n, _)| *n).collect();
-            return Err(err(file, text, &fpath, format!("unknown exclude_if field {name:?} (known: {})", known.join(", "))));
+            return Err(err(
+                file,
+                text,
+                &fpath,
+                format!(
+                    "unknown exclude_if field {name:?} (known: {})",
+                    known.join(", ")
+                ),
+            ));
         };
         if ops.len() != 1 {
-            return Err(err(file, text, &fpath, format!("exactly one operator (gt, gte, lt, lte) per field, found {}", ops.len())));
+            return Err(err(
+                file,
+                text,
+                &fpath,
+                format!(
+                    "exactly one operator (gt, gte, lt, lte) per field, found {}",
+                    ops.len()
+                ),
+            ));
         }
         for (op, value) in ops {
             let op = match op.as_str() {
@@ -303,7 +343,14 @@ fn step(file: &str, text: &str, path: &str, default_name: &str, raw: RawStep) ->
                 "gte" => Op::Gte,
                 "lt" => Op::Lt,
                 "lte" => Op::Lte,
-                other => return Err(err(file, text, &format!("{fpath}.{other}"), format!("unknown operator {other:?} (gt, gte, lt, lte)"))),
+                other => {
+                    return Err(err(
+                        file,
+                        text,
+                        &format!("{fpath}.{other}"),
+                        format!("unknown operator {other:?} (gt, gte, lt, lte)"),
+                    ))
+                }
             };
             if !value.is_finite() {
                 return Err(err(file, text, &fpath, "threshold must be a finite number"));
@@ -313,14 +360,37 @@ fn step(file: &str, text: &str, path: &str, default_name: &str, raw: RawStep) ->
     }
     let matcher = raw.matcher.unwrap_or_default();
     if !matcher.capability.is_empty() && Capability::parse(&matcher.capability).is_none() {
-        return Err(err(file, text, &format!("{path}.match.capability"), format!("unknown capability {:?} (llm, embedding, reranker)", matcher.capability)));
+        return Err(err(
+            file,
+            text,
+            &format!("{path}.match.capability"),
+            format!(
+                "unknown capability {:?} (llm, embedding, reranker)",
+                matcher.capability
+            ),
+        ));
     }
     let max_tries = match raw.max_tries {
-        Some(n) if n < 0 => return Err(err(file, text, &format!("{path}.max_tries"), "max_tries must be >= 0")),
+        Some(n) if n < 0 => {
+            return Err(err(
+                file,
+                text,
+                &format!("{path}.max_tries"),
+                "max_tries must be >= 0",
+            ))
+        }
         Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
         None => 0,
     };
-    Ok(Step { name: raw.name.filter(|n| !n.is_empty()).unwrap_or_else(|| default_name.to_string()), matcher, exclude_if: rules, max_tries })
+    Ok(Step {
+        name: raw
+            .name
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| default_name.to_string()),
+        matcher,
+        exclude_if: rules,
+        max_tries,
+    })
 }
 
 /// Parse and validate one policy document (`file` names it in errors).
@@ -331,26 +401,61 @@ pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
         let first = msg.lines().next().unwrap_or("invalid YAML").to_string();
         // serde names the offending key in "unknown field `x`" messages.
         let path = first.split('`').nth(1).unwrap_or("").to_string();
-        PolicyError { file: file.into(), line, path, message: first }
+        PolicyError {
+            file: file.into(),
+            line,
+            path,
+            message: first,
+        }
     })?;
-    for (name, v) in [("max_input_tokens", raw.max_input_tokens), ("images_max", raw.images_max), ("admit_budget_tokens", raw.admit_budget_tokens), ("max_inflight", raw.max_inflight)] {
+    for (name, v) in [
+        ("max_input_tokens", raw.max_input_tokens),
+        ("images_max", raw.images_max),
+        ("admit_budget_tokens", raw.admit_budget_tokens),
+        ("max_inflight", raw.max_inflight),
+    ] {
         if v.unwrap_or(0) < 0 {
             return Err(err(file, text, name, format!("{name} must be >= 0")));
         }
     }
     if let Some(m) = raw.mode.as_deref() {
         if m != "reserved" && m != "serverless" {
-            return Err(err(file, text, "mode", format!("unknown mode {m:?} (reserved, serverless)")));
+            return Err(err(
+                file,
+                text,
+                "mode",
+                format!("unknown mode {m:?} (reserved, serverless)"),
+            ));
         }
     }
     let Some(primary) = raw.routing_policy else {
-        return Err(PolicyError { file: file.into(), line: 1, path: "routing_policy".into(), message: "routing_policy is required".into() });
+        return Err(PolicyError {
+            file: file.into(),
+            line: 1,
+            path: "routing_policy".into(),
+            message: "routing_policy is required".into(),
+        });
     };
-    let mut steps = vec![step(file, text, "routing_policy", "routing_policy", primary)?];
+    let mut steps = vec![step(
+        file,
+        text,
+        "routing_policy",
+        "routing_policy",
+        primary,
+    )?];
     for (i, s) in raw.fallback_chain.into_iter().enumerate() {
-        steps.push(step(file, text, &format!("fallback_chain[{i}]"), &format!("fallback_chain[{i}]"), s)?);
+        steps.push(step(
+            file,
+            text,
+            &format!("fallback_chain[{i}]"),
+            &format!("fallback_chain[{i}]"),
+            s,
+        )?);
     }
-    Ok(Policy { models: raw.models, steps })
+    Ok(Policy {
+        models: raw.models,
+        steps,
+    })
 }
 
 // === evaluation ===
@@ -392,7 +497,9 @@ impl AgentFacts<'_> {
             Field::Srtt => self.srtt.filter(|v| *v > 0.0),
             Field::SuccessRate => self.success_rate,
             Field::ConsecutiveFailures => self.consecutive_failures.map(|v| v as f64),
-            Field::CapacityUtilization => (self.capacity > 0).then(|| f64::from(self.active) / f64::from(self.capacity)),
+            Field::CapacityUtilization => {
+                (self.capacity > 0).then(|| f64::from(self.active) / f64::from(self.capacity))
+            }
             // Engine and hardware signals are not reported by agents yet: absent passes.
             _ => None,
         }
@@ -441,8 +548,18 @@ pub enum StepPick {
 
 /// Run one step over `n` agents read through `get`, skipping `failed` ids.
 /// One pass, no sort, no copy.
-pub fn select<'a>(step: &Step, cap: Capability, n: usize, get: impl Fn(usize) -> Option<AgentFacts<'a>>, failed: &[u64], rotation: usize) -> StepPick {
-    let mut c = GateCounts { pool: n, ..GateCounts::default() };
+pub fn select<'a>(
+    step: &Step,
+    cap: Capability,
+    n: usize,
+    get: impl Fn(usize) -> Option<AgentFacts<'a>>,
+    failed: &[u64],
+    rotation: usize,
+) -> StepPick {
+    let mut c = GateCounts {
+        pool: n,
+        ..GateCounts::default()
+    };
     let mut best: Option<(usize, u64, u64)> = None;
     let start = if n == 0 { 0 } else { rotation % n };
     for k in 0..n {
@@ -468,7 +585,11 @@ pub fn select<'a>(step: &Step, cap: Capability, n: usize, get: impl Fn(usize) ->
             c.at_capacity += 1;
             continue;
         }
-        if step.exclude_if.iter().any(|r| a.signal(r.field).map(|v| r.violated(v)).unwrap_or(false)) {
+        if step
+            .exclude_if
+            .iter()
+            .any(|r| a.signal(r.field).map(|v| r.violated(v)).unwrap_or(false))
+        {
             c.excluded += 1;
             continue;
         }
@@ -483,7 +604,9 @@ pub fn select<'a>(step: &Step, cap: Capability, n: usize, get: impl Fn(usize) ->
     }
     match best {
         Some((i, _, _)) => StepPick::Agent(i),
-        None if c.at_capacity > 0 && c.excluded == 0 && c.unmatched == 0 && c.capability == 0 => StepPick::Full(c),
+        None if c.at_capacity > 0 && c.excluded == 0 && c.unmatched == 0 && c.capability == 0 => {
+            StepPick::Full(c)
+        }
         None => StepPick::Empty(c),
     }
 }
@@ -506,7 +629,14 @@ pub struct Session {
 impl Session {
     /// Start at the primary step.
     pub fn new(policy: &Policy, default_tries: u32) -> Self {
-        Session { step: 0, tries: 0, failed: Vec::new(), trail: Vec::new(), steps: policy.steps.len(), default_tries: default_tries.max(1) }
+        Session {
+            step: 0,
+            tries: 0,
+            failed: Vec::new(),
+            trail: Vec::new(),
+            steps: policy.steps.len(),
+            default_tries: default_tries.max(1),
+        }
     }
 
     /// Whether every step is used up.
@@ -526,7 +656,12 @@ impl Session {
     pub fn record_failure(&mut self, policy: &Policy, agent: u64) {
         self.failed.push(agent);
         self.tries += 1;
-        let max = policy.steps.get(self.step).map(|s| s.max_tries).filter(|m| *m > 0).unwrap_or(self.default_tries);
+        let max = policy
+            .steps
+            .get(self.step)
+            .map(|s| s.max_tries)
+            .filter(|m| *m > 0)
+            .unwrap_or(self.default_tries);
         if self.tries >= max {
             self.advance();
         }

@@ -13,7 +13,10 @@ pub struct WaitQueue<T> {
 
 impl<T> Default for WaitQueue<T> {
     fn default() -> Self {
-        WaitQueue { items: BTreeMap::new(), next: 0 }
+        WaitQueue {
+            items: BTreeMap::new(),
+            next: 0,
+        }
     }
 }
 
@@ -75,7 +78,10 @@ mod tests {
         assert_eq!(q.pop_head(), Some((a, "a")));
         // "a" lost the race: it goes back ahead of b and c.
         q.requeue(a, "a");
-        assert_eq!(q.drain().into_iter().map(|(_, v)| v).collect::<Vec<_>>(), vec!["a", "b", "c"]);
+        assert_eq!(
+            q.drain().into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+            vec!["a", "b", "c"]
+        );
         assert_eq!(q.push("x", 0), Err("x"), "depth 0: no queue");
     }
 

@@ -201,7 +201,10 @@ pub fn policy_api(shard: &Shard, method: &str, path: &str, body: &[u8]) -> Optio
             Some(match parsed {
                 Ok(p) => {
                     let mut next = (*set).clone();
-                    next.global = Arc::new(policy::Policy { models: Vec::new(), ..p });
+                    next.global = Arc::new(policy::Policy {
+                        models: Vec::new(),
+                        ..p
+                    });
                     match shared.swap_policies(next, "api") {
                         Ok(()) => reply(200, json!({"status": "policy updated"})),
                         Err(e) => reply(400, json!({"error": e})),
@@ -214,13 +217,20 @@ pub fn policy_api(shard: &Shard, method: &str, path: &str, body: &[u8]) -> Optio
             })
         }
         ("GET", "/admin/policy/models") => {
-            let m: serde_json::Map<String, Value> = set.named.iter().map(|(k, p)| (k.clone(), policy_json(p))).collect();
+            let m: serde_json::Map<String, Value> = set
+                .named
+                .iter()
+                .map(|(k, p)| (k.clone(), policy_json(p)))
+                .collect();
             Some(reply(200, Value::Object(m)))
         }
         (_, p) if p.starts_with("/admin/policy/models/") => {
             let name = p.trim_start_matches("/admin/policy/models/").to_string();
             if name.is_empty() {
-                return Some(reply(400, json!({"error": "policy name is required in URL"})));
+                return Some(reply(
+                    400,
+                    json!({"error": "policy name is required in URL"}),
+                ));
             }
             match method {
                 "GET" => Some(match set.named.get(&name) {
@@ -228,18 +238,26 @@ pub fn policy_api(shard: &Shard, method: &str, path: &str, body: &[u8]) -> Optio
                     None => reply(404, json!({"error": format!("no policy named: {name}")})),
                 }),
                 "PUT" => {
-                    let parsed = text().and_then(|t| policy::parse(&format!("<api:{name}>"), t).map_err(|e| e.to_string()));
+                    let parsed = text().and_then(|t| {
+                        policy::parse(&format!("<api:{name}>"), t).map_err(|e| e.to_string())
+                    });
                     Some(match parsed {
                         Ok(p) if p.models.is_empty() => {
                             shared.count_reload("api", false);
-                            reply(400, json!({"error": "policy body must include a 'models:' field with at least one model name"}))
+                            reply(
+                                400,
+                                json!({"error": "policy body must include a 'models:' field with at least one model name"}),
+                            )
                         }
                         Ok(p) => {
                             let models = p.models.clone();
                             let mut next = (*set).clone();
                             next.named.insert(name.clone(), Arc::new(p));
                             match shared.swap_policies(next, "api") {
-                                Ok(()) => reply(200, json!({"status": "policy updated", "name": name, "models": models})),
+                                Ok(()) => reply(
+                                    200,
+                                    json!({"status": "policy updated", "name": name, "models": models}),
+                                ),
                                 Err(e) => reply(409, json!({"error": e})),
                             }
                         }
@@ -253,7 +271,10 @@ pub fn policy_api(shard: &Shard, method: &str, path: &str, body: &[u8]) -> Optio
                     let mut next = (*set).clone();
                     next.named.remove(&name);
                     let _ = shared.swap_policies(next, "api");
-                    Some(reply(200, json!({"status": "policy deleted", "name": name})))
+                    Some(reply(
+                        200,
+                        json!({"status": "policy deleted", "name": name}),
+                    ))
                 }
                 _ => None,
             }

@@ -242,17 +242,36 @@ async fn route(
             if n > ADMIN_BODY {
                 let body = br#"{"error":"failed to read request body (max 1 MB)"}"#;
                 let mut out = Vec::new();
-                http_write::write_full_response(&mut out, 400, "application/json", body, false, &CORS);
+                http_write::write_full_response(
+                    &mut out,
+                    400,
+                    "application/json",
+                    body,
+                    false,
+                    &CORS,
+                );
                 let _ = conn.write_all(out).await;
                 return Routed::Close;
             }
         }
-        let body = match monoio::time::timeout(shard.shared.cfg.body_timeout, read_body(conn, head.framing, ADMIN_BODY)).await {
+        let body = match monoio::time::timeout(
+            shard.shared.cfg.body_timeout,
+            read_body(conn, head.framing, ADMIN_BODY),
+        )
+        .await
+        {
             Ok(BodyRead::Ok(b)) => b,
             _ => {
                 let body = br#"{"error":"failed to read request body (max 1 MB)"}"#;
                 let mut out = Vec::new();
-                http_write::write_full_response(&mut out, 400, "application/json", body, false, &CORS);
+                http_write::write_full_response(
+                    &mut out,
+                    400,
+                    "application/json",
+                    body,
+                    false,
+                    &CORS,
+                );
                 let _ = conn.write_all(out).await;
                 return Routed::Close;
             }

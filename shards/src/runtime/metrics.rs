@@ -16,24 +16,41 @@ fn esc(v: &str) -> String {
 }
 
 /// Render snapshots as Prometheus text.
-pub fn render(snaps: &[ShardSnapshot], storage_errors: u64, reloads: &std::collections::BTreeMap<(String, String), u64>) -> String {
+pub fn render(
+    snaps: &[ShardSnapshot],
+    storage_errors: u64,
+    reloads: &std::collections::BTreeMap<(String, String), u64>,
+) -> String {
     let mut o = String::with_capacity(4096);
-    let _ = writeln!(o, "# HELP hivenet_policy_reload_total Policy reloads by trigger and result.");
+    let _ = writeln!(
+        o,
+        "# HELP hivenet_policy_reload_total Policy reloads by trigger and result."
+    );
     let _ = writeln!(o, "# TYPE hivenet_policy_reload_total counter");
     for ((t, r), n) in reloads {
-        let _ = writeln!(o, "hivenet_policy_reload_total{{trigger=\"{}\",result=\"{}\"}} {n}", esc(t), esc(r));
+        let _ = writeln!(
+            o,
+            "hivenet_policy_reload_total{{trigger=\"{}\",result=\"{}\"}} {n}",
+            esc(t),
+            esc(r)
+        );
     }
     // Per-model routing counters, summed over shards.
     let mut routed: std::collections::BTreeMap<(String, String, String), u64> = Default::default();
     let mut failed: std::collections::BTreeMap<(String, String, String), u64> = Default::default();
-    let mut per_model: std::collections::BTreeMap<String, super::shard::PoolStats> = Default::default();
+    let mut per_model: std::collections::BTreeMap<String, super::shard::PoolStats> =
+        Default::default();
     for s in snaps {
         for (m, st) in &s.models {
             for ((region, engine), n) in &st.routed {
-                *routed.entry((region.clone(), engine.clone(), m.clone())).or_default() += n;
+                *routed
+                    .entry((region.clone(), engine.clone(), m.clone()))
+                    .or_default() += n;
             }
             for ((region, engine), n) in &st.failed {
-                *failed.entry((region.clone(), engine.clone(), m.clone())).or_default() += n;
+                *failed
+                    .entry((region.clone(), engine.clone(), m.clone()))
+                    .or_default() += n;
             }
             let e = per_model.entry(m.clone()).or_default();
             e.primary_routed += st.primary_routed;
@@ -53,21 +70,55 @@ pub fn render(snaps: &[ShardSnapshot], storage_errors: u64, reloads: &std::colle
         }
     }
     for (name, help, map) in [
-        ("hivenet_routing_requests_routed_total", "Successful forwards.", &routed),
-        ("hivenet_routing_requests_failed_total", "Failed forward attempts and exhaustions (empty region/engine).", &failed),
+        (
+            "hivenet_routing_requests_routed_total",
+            "Successful forwards.",
+            &routed,
+        ),
+        (
+            "hivenet_routing_requests_failed_total",
+            "Failed forward attempts and exhaustions (empty region/engine).",
+            &failed,
+        ),
     ] {
         let _ = writeln!(o, "# HELP {name} {help}");
         let _ = writeln!(o, "# TYPE {name} counter");
         for ((region, engine, model), n) in map {
-            let _ = writeln!(o, "{name}{{region=\"{}\",engine=\"{}\",model=\"{}\",tenant_id=\"\"}} {n}", esc(region), esc(engine), esc(model));
+            let _ = writeln!(
+                o,
+                "{name}{{region=\"{}\",engine=\"{}\",model=\"{}\",tenant_id=\"\"}} {n}",
+                esc(region),
+                esc(engine),
+                esc(model)
+            );
         }
     }
     type PGet = fn(&super::shard::PoolStats) -> f64;
     let pm: [(&str, &str, &str, PGet); 4] = [
-        ("hivenet_policy_primary_routed_total", "counter", "Requests served by the primary step.", |s| s.primary_routed as f64),
-        ("hivenet_policy_fallback_routed_total", "counter", "Requests served by a fallback step.", |s| s.fallback_routed as f64),
-        ("hivenet_policy_exhausted_total", "counter", "Requests for which every policy step was exhausted.", |s| s.exhausted as f64),
-        ("hivenet_queue_depth", "gauge", "Requests waiting in the model's capacity queue.", |s| s.queue_depth as f64),
+        (
+            "hivenet_policy_primary_routed_total",
+            "counter",
+            "Requests served by the primary step.",
+            |s| s.primary_routed as f64,
+        ),
+        (
+            "hivenet_policy_fallback_routed_total",
+            "counter",
+            "Requests served by a fallback step.",
+            |s| s.fallback_routed as f64,
+        ),
+        (
+            "hivenet_policy_exhausted_total",
+            "counter",
+            "Requests for which every policy step was exhausted.",
+            |s| s.exhausted as f64,
+        ),
+        (
+            "hivenet_queue_depth",
+            "gauge",
+            "Requests waiting in the model's capacity queue.",
+            |s| s.queue_depth as f64,
+        ),
     ];
     for (name, kind, help, get) in pm {
         let _ = writeln!(o, "# HELP {name} {help}");
@@ -76,17 +127,39 @@ pub fn render(snaps: &[ShardSnapshot], storage_errors: u64, reloads: &std::colle
             let _ = writeln!(o, "{name}{{model=\"{}\"}} {}", esc(m), get(st));
         }
     }
-    let _ = writeln!(o, "# HELP hivenet_queue_wait_seconds Waits in the capacity queue that ended with a slot.");
+    let _ = writeln!(
+        o,
+        "# HELP hivenet_queue_wait_seconds Waits in the capacity queue that ended with a slot."
+    );
     let _ = writeln!(o, "# TYPE hivenet_queue_wait_seconds histogram");
     for (m, st) in &per_model {
         let mut cum = 0u64;
         for (i, b) in super::shard::QUEUE_BUCKETS.iter().enumerate() {
             cum += st.wait_buckets.get(i).copied().unwrap_or(0);
-            let _ = writeln!(o, "hivenet_queue_wait_seconds_bucket{{model=\"{}\",le=\"{b}\"}} {cum}", esc(m));
+            let _ = writeln!(
+                o,
+                "hivenet_queue_wait_seconds_bucket{{model=\"{}\",le=\"{b}\"}} {cum}",
+                esc(m)
+            );
         }
-        let _ = writeln!(o, "hivenet_queue_wait_seconds_bucket{{model=\"{}\",le=\"+Inf\"}} {}", esc(m), st.wait_count);
-        let _ = writeln!(o, "hivenet_queue_wait_seconds_sum{{model=\"{}\"}} {}", esc(m), st.wait_sum);
-        let _ = writeln!(o, "hivenet_queue_wait_seconds_count{{model=\"{}\"}} {}", esc(m), st.wait_count);
+        let _ = writeln!(
+            o,
+            "hivenet_queue_wait_seconds_bucket{{model=\"{}\",le=\"+Inf\"}} {}",
+            esc(m),
+            st.wait_count
+        );
+        let _ = writeln!(
+            o,
+            "hivenet_queue_wait_seconds_sum{{model=\"{}\"}} {}",
+            esc(m),
+            st.wait_sum
+        );
+        let _ = writeln!(
+            o,
+            "hivenet_queue_wait_seconds_count{{model=\"{}\"}} {}",
+            esc(m),
+            st.wait_count
+        );
     }
     let _ = writeln!(o, "# HELP hivenet_storage_errors_total Failed history-store operations (open, flush, lookup, reset).");
     let _ = writeln!(o, "# TYPE hivenet_storage_errors_total counter");
@@ -306,8 +379,20 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
         let mut out = Vec::new();
         if head.method == "GET" && head.path_only() == "/metrics" {
             let snaps = shard.gather().await;
-            let reloads = shard.shared.policy_reloads.lock().map(|m| m.clone()).unwrap_or_default();
-            let body = render(&snaps, shard.shared.storage_errors.load(std::sync::atomic::Ordering::Relaxed), &reloads);
+            let reloads = shard
+                .shared
+                .policy_reloads
+                .lock()
+                .map(|m| m.clone())
+                .unwrap_or_default();
+            let body = render(
+                &snaps,
+                shard
+                    .shared
+                    .storage_errors
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                &reloads,
+            );
             http_write::write_full_response(
                 &mut out,
                 200,

@@ -16,10 +16,10 @@ use super::ingress::CORS;
 use super::link::{LinkStream, HTTP_PROTOCOL};
 use super::mesh::PendingRequest;
 use super::shard::{Agent, Shard, Slot, StepOutcome};
-use crate::logic::policy::Session;
 use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::http_parse::{self, BodyFraming, ChunkedDecoder, ResponseHead};
 use crate::logic::http_write::{self, OutFraming};
+use crate::logic::policy::Session;
 use crate::logic::usage::{self, SseUsage, Tokens};
 
 /// What the connection does after the exchange.
@@ -274,7 +274,15 @@ enum Attempt {
     Retry,
 }
 
-async fn attempt(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest, agent: Rc<Agent>, request: &[u8], deadline: clock::Instant, step: usize) -> Attempt {
+async fn attempt(
+    shard: &Rc<Shard>,
+    conn: &mut Conn,
+    p: &PendingRequest,
+    agent: Rc<Agent>,
+    request: &[u8],
+    deadline: clock::Instant,
+    step: usize,
+) -> Attempt {
     let keep = p.head.keep_alive;
     let model = &p.meta.model;
     let slot = Slot::take(agent.clone());
@@ -308,12 +316,18 @@ async fn attempt(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest, agent: 
                         });
                     } else {
                         agent.fail();
-                        shard.with_stats(model, |s| *s.failed.entry(labels(&agent)).or_default() += 1);
+                        shard.with_stats(model, |s| {
+                            *s.failed.entry(labels(&agent)).or_default() += 1
+                        });
                     }
                     if let Some(t) = tokens {
                         agent.add_tokens(t);
                     }
-                    Attempt::Done(if keep { Outcome::KeepAlive } else { Outcome::Close })
+                    Attempt::Done(if keep {
+                        Outcome::KeepAlive
+                    } else {
+                        Outcome::Close
+                    })
                 }
                 Relay::UpstreamFailed(why) => {
                     agent.fail();
@@ -343,7 +357,10 @@ async fn attempt(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest, agent: 
             agent.fail();
             shard.with_stats(model, |s| *s.failed.entry(labels(&agent)).or_default() += 1);
             drop(slot);
-            let e = ApiError::new(ErrorCode::RequestTimeout, "Request deadline exceeded while contacting agent");
+            let e = ApiError::new(
+                ErrorCode::RequestTimeout,
+                "Request deadline exceeded while contacting agent",
+            );
             Attempt::Done(send_error(conn, &e, keep).await)
         }
     }
@@ -371,14 +388,28 @@ pub async fn forward(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest) -> 
             StepOutcome::Agent(agent) => {
                 last_full = false;
                 place = None;
-                match attempt(shard, conn, p, agent.clone(), &request, deadline, session.step).await {
+                match attempt(
+                    shard,
+                    conn,
+                    p,
+                    agent.clone(),
+                    &request,
+                    deadline,
+                    session.step,
+                )
+                .await
+                {
                     Attempt::Done(o) => return o,
                     Attempt::Retry => session.record_failure(&policy, agent.id),
                 }
             }
             StepOutcome::Full(counts) => {
                 last_full = true;
-                let queue = shard.models.borrow().get(model).map(|pool| pool.queue.clone());
+                let queue = shard
+                    .models
+                    .borrow()
+                    .get(model)
+                    .map(|pool| pool.queue.clone());
                 let Some(queue) = queue else {
                     session.trail.push((session.step, counts));
                     session.advance();
@@ -415,7 +446,10 @@ pub async fn forward(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest) -> 
                         if session.exhausted() || clock::now() >= deadline {
                             shard.with_stats(model, |s| s.exhausted += 1);
                             warn!(model, steps = ?session.trail, "capacity queue wait timed out");
-                            let e = ApiError::new(ErrorCode::RequestTimeout, "Request timed out waiting for an available agent");
+                            let e = ApiError::new(
+                                ErrorCode::RequestTimeout,
+                                "Request timed out waiting for an available agent",
+                            );
                             return send_error(conn, &e, keep).await;
                         }
                     }
@@ -443,13 +477,28 @@ pub async fn forward(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest) -> 
             )
         })
         .collect();
-    warn!(model, capability = cap.as_str(), steps = policy.steps.len(), "policy_exhausted: {}", trail.join(" | "));
+    warn!(
+        model,
+        capability = cap.as_str(),
+        steps = policy.steps.len(),
+        "policy_exhausted: {}",
+        trail.join(" | ")
+    );
     let e = if shard.all_unhealthy(model) {
-        ApiError::new(ErrorCode::NoAgentsAvailable, "All agents for this model are currently offline or unhealthy")
+        ApiError::new(
+            ErrorCode::NoAgentsAvailable,
+            "All agents for this model are currently offline or unhealthy",
+        )
     } else if last_full {
-        ApiError::new(ErrorCode::NoCapacity, "All agents for this model are at maximum capacity")
+        ApiError::new(
+            ErrorCode::NoCapacity,
+            "All agents for this model are at maximum capacity",
+        )
     } else {
-        ApiError::new(ErrorCode::NoAgentsAvailable, "all policy steps exhausted: no eligible agents")
+        ApiError::new(
+            ErrorCode::NoAgentsAvailable,
+            "all policy steps exhausted: no eligible agents",
+        )
     };
     send_error(conn, &e, keep).await
 }

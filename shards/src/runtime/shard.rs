@@ -22,11 +22,9 @@ use super::mesh::ShardMsg;
 use super::shared::SharedRef;
 use super::store_api::StoreMsg;
 use crate::logic::control::{Capability, ControlMsg, Registration};
-use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::history::History;
-use crate::logic::preamble;
-use crate::logic::selection::{self, Candidate, Pick};
 use crate::logic::policy::{self, AgentFacts, GateCounts, Step, StepPick};
+use crate::logic::preamble;
 use crate::logic::srtt::Estimator;
 use crate::logic::wait_queue::WaitQueue;
 
@@ -118,7 +116,8 @@ impl Agent {
     /// Count one failure.
     pub fn fail(&self) {
         self.failed.set(self.failed.get() + 1);
-        self.consecutive_failures.set(self.consecutive_failures.get() + 1);
+        self.consecutive_failures
+            .set(self.consecutive_failures.get() + 1);
     }
 
     /// Add usage tokens.
@@ -223,7 +222,9 @@ pub struct PoolStats {
 }
 
 /// `hivenet_queue_wait_seconds` buckets: 0.01 x 2^k, k = 0..12.
-pub const QUEUE_BUCKETS: [f64; 13] = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96];
+pub const QUEUE_BUCKETS: [f64; 13] = [
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96,
+];
 
 impl PoolStats {
     /// Record one successful queue wait.
@@ -231,7 +232,10 @@ impl PoolStats {
         if self.wait_buckets.len() != QUEUE_BUCKETS.len() + 1 {
             self.wait_buckets = vec![0; QUEUE_BUCKETS.len() + 1];
         }
-        let i = QUEUE_BUCKETS.iter().position(|b| secs <= *b).unwrap_or(QUEUE_BUCKETS.len());
+        let i = QUEUE_BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(QUEUE_BUCKETS.len());
         if let Some(c) = self.wait_buckets.get_mut(i) {
             *c += 1;
         }
@@ -362,64 +366,24 @@ impl Shard {
         inc(&self.counters.handoffs_out);
     }
 
-    /// Choose an agent for `model` with `cap`, skipping `excluded` ids.
-    pub fn pick(
-        &self,
-        model: &str,
-        cap: Capability,
-        excluded: &[u64],
-    ) -> Result<Rc<Agent>, ApiError> {
-        let mut models = self.models.borrow_mut();
-        let Some(pool) = models.get_mut(model) else {
-            return Err(ApiError::new(
-                ErrorCode::NoAgentsAvailable,
-                "All agents for this model are currently offline or unhealthy",
-            ));
-        };
-        let agents = &pool.agents;
-        let r = pool.rotation;
-        pool.rotation = pool.rotation.wrapping_add(1);
-        let pick = selection::pick_with(agents.len(), r, |i| {
-            agents.get(i).map(|a| Candidate {
-                healthy: a.healthy(),
-                capable: a.reg.capability == cap,
-                active: a.active.get(),
-                capacity: a.reg.capacity,
-                excluded: excluded.contains(&a.id),
-            })
-        });
-        match pick {
-            Pick::Agent(i) => agents
-                .get(i)
-                .cloned()
-                .ok_or_else(|| ApiError::new(ErrorCode::NoAgentsAvailable, "agent vanished")),
-            Pick::AllFull => Err(ApiError::new(
-                ErrorCode::NoCapacity,
-                "All agents for this model are at maximum capacity",
-            )),
-            Pick::NoneEligible => {
-                if agents.iter().any(|a| a.healthy()) {
-                    Err(ApiError::new(
-                        ErrorCode::NoAgentsAvailable,
-                        "all policy steps exhausted: no eligible agents",
-                    ))
-                } else {
-                    Err(ApiError::new(
-                        ErrorCode::NoAgentsAvailable,
-                        "All agents for this model are currently offline or unhealthy",
-                    ))
-                }
-            }
-        }
-    }
-
     /// The capacity queue of a model (created with its pool).
     fn queue_of(&self, model: &str) -> Rc<RefCell<Waiters>> {
-        self.models.borrow_mut().entry(model.to_string()).or_default().queue.clone()
+        self.models
+            .borrow_mut()
+            .entry(model.to_string())
+            .or_default()
+            .queue
+            .clone()
     }
 
     /// Run one policy step for `model`.
-    pub fn select_step(&self, model: &str, step: &Step, cap: Capability, failed: &[u64]) -> StepOutcome {
+    pub fn select_step(
+        &self,
+        model: &str,
+        step: &Step,
+        cap: Capability,
+        failed: &[u64],
+    ) -> StepOutcome {
         let mut models = self.models.borrow_mut();
         let Some(pool) = models.get_mut(model) else {
             return StepOutcome::Empty(GateCounts::default());
@@ -427,26 +391,33 @@ impl Shard {
         let r = pool.rotation;
         pool.rotation = pool.rotation.wrapping_add(1);
         let agents = &pool.agents;
-        let pick = policy::select(step, cap, agents.len(), |i| {
-            agents.get(i).map(|a| {
-                let total = a.success.get() + a.failed.get();
-                AgentFacts {
-                    id: a.id,
-                    healthy: a.healthy(),
-                    capability: a.reg.capability,
-                    engine: &a.reg.engine,
-                    region: &a.reg.region,
-                    organization: &a.reg.organization,
-                    machine: &a.reg.machine,
-                    tags: &a.reg.tags,
-                    active: a.active.get(),
-                    capacity: a.reg.capacity,
-                    srtt: a.est.get().srtt(),
-                    success_rate: (total > 0).then(|| a.success.get() as f64 / total as f64),
-                    consecutive_failures: (total > 0).then(|| a.consecutive_failures.get()),
-                }
-            })
-        }, failed, r);
+        let pick = policy::select(
+            step,
+            cap,
+            agents.len(),
+            |i| {
+                agents.get(i).map(|a| {
+                    let total = a.success.get() + a.failed.get();
+                    AgentFacts {
+                        id: a.id,
+                        healthy: a.healthy(),
+                        capability: a.reg.capability,
+                        engine: &a.reg.engine,
+                        region: &a.reg.region,
+                        organization: &a.reg.organization,
+                        machine: &a.reg.machine,
+                        tags: &a.reg.tags,
+                        active: a.active.get(),
+                        capacity: a.reg.capacity,
+                        srtt: a.est.get().srtt(),
+                        success_rate: (total > 0).then(|| a.success.get() as f64 / total as f64),
+                        consecutive_failures: (total > 0).then(|| a.consecutive_failures.get()),
+                    }
+                })
+            },
+            failed,
+            r,
+        );
         match pick {
             StepPick::Agent(i) => match agents.get(i) {
                 Some(a) => StepOutcome::Agent(a.clone()),
@@ -459,7 +430,11 @@ impl Shard {
 
     /// Whether every registered agent of `model` is unhealthy (or none exists).
     pub fn all_unhealthy(&self, model: &str) -> bool {
-        self.models.borrow().get(model).map(|p| p.agents.iter().all(|a| !a.healthy())).unwrap_or(true)
+        self.models
+            .borrow()
+            .get(model)
+            .map(|p| p.agents.iter().all(|a| !a.healthy()))
+            .unwrap_or(true)
     }
 
     /// Update a model's routing counters.

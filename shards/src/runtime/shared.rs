@@ -106,11 +106,15 @@ impl PolicySet {
         let mut owner: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
         for (name, p) in &self.named {
             if p.models.is_empty() {
-                return Err(format!("policy {name:?} must include a 'models:' field with at least one model name"));
+                return Err(format!(
+                    "policy {name:?} must include a 'models:' field with at least one model name"
+                ));
             }
             for m in &p.models {
                 if let Some(other) = owner.insert(m, name) {
-                    return Err(format!("model {m:?} is already claimed by policy {other:?}"));
+                    return Err(format!(
+                        "model {m:?} is already claimed by policy {other:?}"
+                    ));
                 }
             }
         }
@@ -172,7 +176,11 @@ impl Shared {
     /// Count a reload attempt.
     pub fn count_reload(&self, trigger: &str, ok: bool) {
         if let Ok(mut m) = self.policy_reloads.lock() {
-            *m.entry((trigger.to_string(), if ok { "success" } else { "error" }.to_string())).or_default() += 1;
+            *m.entry((
+                trigger.to_string(),
+                if ok { "success" } else { "error" }.to_string(),
+            ))
+            .or_default() += 1;
         }
     }
 

@@ -1,14 +1,22 @@
 use super::*;
 use proptest::prelude::*;
 
-const SEED_GATE: &str = "routing_policy:\n  exclude_if:\n    srtt:\n      gt: 500\n\n  strategy: least-loaded\n";
+const SEED_GATE: &str =
+    "routing_policy:\n  exclude_if:\n    srtt:\n      gt: 500\n\n  strategy: least-loaded\n";
 const SEED_FALLBACK: &str = "routing_policy:\n  match:\n    engine: vllm\n\n  exclude_if:\n    srtt:\n      gt: 500\n\n  strategy: least-loaded\n\nfallback_chain:\n  - name: relaxed-latency\n\n    match:\n      engine: vllm\n\n    exclude_if:\n      srtt:\n        gt: 1500\n\n    strategy: least-loaded\n";
 
 #[test]
 fn seed_documents_are_accepted() {
     let p = parse("gate.yaml", SEED_GATE).expect("seed gate");
     assert_eq!(p.steps.len(), 1);
-    assert_eq!(p.steps[0].exclude_if, vec![Rule { field: Field::Srtt, op: Op::Gt, value: 500.0 }]);
+    assert_eq!(
+        p.steps[0].exclude_if,
+        vec![Rule {
+            field: Field::Srtt,
+            op: Op::Gt,
+            value: 500.0
+        }]
+    );
     let p = parse("fallback.yaml", SEED_FALLBACK).expect("seed fallback");
     assert_eq!(p.steps.len(), 2);
     assert_eq!(p.steps[1].name, "relaxed-latency");
@@ -49,7 +57,14 @@ fn validation_table() {
     }
 }
 
-fn facts(id: u64, healthy: bool, active: u32, capacity: u32, srtt: Option<f64>, engine: &'static str) -> AgentFacts<'static> {
+fn facts(
+    id: u64,
+    healthy: bool,
+    active: u32,
+    capacity: u32,
+    srtt: Option<f64>,
+    engine: &'static str,
+) -> AgentFacts<'static> {
     AgentFacts {
         id,
         healthy,
@@ -68,24 +83,63 @@ fn facts(id: u64, healthy: bool, active: u32, capacity: u32, srtt: Option<f64>, 
 }
 
 fn gate(th: f64) -> Step {
-    Step { name: "s".into(), matcher: Match::default(), exclude_if: vec![Rule { field: Field::Srtt, op: Op::Gt, value: th }], max_tries: 0 }
+    Step {
+        name: "s".into(),
+        matcher: Match::default(),
+        exclude_if: vec![Rule {
+            field: Field::Srtt,
+            op: Op::Gt,
+            value: th,
+        }],
+        max_tries: 0,
+    }
 }
 
 #[test]
 fn srtt_gate_passes_unknown_and_excludes_slow() {
-    let agents = [facts(1, true, 0, 10, Some(50.0), "vllm"), facts(2, true, 0, 10, Some(900.0), "vllm"), facts(3, true, 5, 10, None, "vllm")];
+    let agents = [
+        facts(1, true, 0, 10, Some(50.0), "vllm"),
+        facts(2, true, 0, 10, Some(900.0), "vllm"),
+        facts(3, true, 5, 10, None, "vllm"),
+    ];
     let step = gate(500.0);
-    let picks: Vec<_> = (0..6).map(|r| select(&step, Capability::Llm, 3, |i| agents.get(i).copied(), &[], r)).collect();
-    assert!(picks.iter().all(|p| *p == StepPick::Agent(0)), "{picks:?}: least loaded of {{1, 3}} is 1");
+    let picks: Vec<_> = (0..6)
+        .map(|r| {
+            select(
+                &step,
+                Capability::Llm,
+                3,
+                |i| agents.get(i).copied(),
+                &[],
+                r,
+            )
+        })
+        .collect();
+    assert!(
+        picks.iter().all(|p| *p == StepPick::Agent(0)),
+        "{picks:?}: least loaded of {{1, 3}} is 1"
+    );
     let only_slow = [facts(2, true, 0, 10, Some(900.0), "vllm")];
-    assert!(matches!(select(&step, Capability::Llm, 1, |i| only_slow.get(i).copied(), &[], 0), StepPick::Empty(c) if c.excluded == 1));
+    assert!(
+        matches!(select(&step, Capability::Llm, 1, |i| only_slow.get(i).copied(), &[], 0), StepPick::Empty(c) if c.excluded == 1)
+    );
 }
 
 #[test]
 fn full_is_queue_eligible_and_session_advances() {
     let agents = [facts(1, true, 2, 2, None, "vllm")];
     let step = Policy::default().steps[0].clone();
-    assert!(matches!(select(&step, Capability::Llm, 1, |i| agents.get(i).copied(), &[], 0), StepPick::Full(_)));
+    assert!(matches!(
+        select(
+            &step,
+            Capability::Llm,
+            1,
+            |i| agents.get(i).copied(),
+            &[],
+            0
+        ),
+        StepPick::Full(_)
+    ));
     let p = parse("f", SEED_FALLBACK).expect("ok");
     let mut s = Session::new(&p, 2);
     s.record_failure(&p, 1);
@@ -97,7 +151,15 @@ fn full_is_queue_eligible_and_session_advances() {
 }
 
 fn arb_facts() -> impl Strategy<Value = (u64, bool, u32, u32, Option<f64>, bool, bool)> {
-    (0u64..50, any::<bool>(), 0u32..6, 0u32..6, proptest::option::of(1.0f64..2000.0), any::<bool>(), any::<bool>())
+    (
+        0u64..50,
+        any::<bool>(),
+        0u32..6,
+        0u32..6,
+        proptest::option::of(1.0f64..2000.0),
+        any::<bool>(),
+        any::<bool>(),
+    )
 }
 
 proptest! {
@@ -129,7 +191,7 @@ proptest! {
                     }
                 }
             }
-            StepPick::Full(_) | StepPick::Empty(_) => prop_assert!(!agents.iter().any(|a| eligible(a))),
+            StepPick::Full(_) | StepPick::Empty(_) => prop_assert!(!agents.iter().any(eligible)),
         }
     }
 }
