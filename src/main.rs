@@ -78,6 +78,9 @@ struct Flags {
     /// capacity queue bound per model, 0 disables (default 30; env HIVENET_ROUTER_QUEUE_DEPTH)
     #[argh(option)]
     queue_depth: Option<String>,
+    /// on SIGTERM/SIGINT, time allowed for in-flight requests to finish (default 10s)
+    #[argh(option, default = "String::from(\"10s\")")]
+    drain_timeout: String,
     /// driver: auto (io_uring, falling back to epoll) or epoll (env HIVENET_ROUTER_DRIVER)
     #[argh(option)]
     driver: Option<String>,
@@ -85,6 +88,7 @@ struct Flags {
 
 /// Validated start-up settings.
 struct Startup {
+    drain: std::time::Duration,
     policy_sources: hivenet_router::policy_files::PolicySources,
     policies: shards::runtime::shared::PolicySet,
     store: hivenet_router::store::StoreConfig,
@@ -199,7 +203,9 @@ fn build() -> Result<Startup, String> {
             .map(Into::into),
     };
     let policies = hivenet_router::policy_files::load(&policy_sources)?;
+    let drain = cli::parse_duration("--drain-timeout", &f.drain_timeout)?;
     Ok(Startup {
+        drain,
         policy_sources,
         policies,
         store,
@@ -210,6 +216,30 @@ fn build() -> Result<Startup, String> {
         driver,
         psk,
     })
+}
+
+/// Requests in flight on every shard (from their snapshots).
+fn in_flight(shared: &Shared) -> u64 {
+    let mut total = 0u64;
+    for tx in &shared.mesh {
+        let (t, r) = futures::channel::oneshot::channel();
+        if tx
+            .unbounded_send(shards::runtime::mesh::ShardMsg::Snapshot { reply: t })
+            .is_err()
+        {
+            continue;
+        }
+        let got = futures::executor::block_on(async {
+            let timeout =
+                futures::FutureExt::fuse(futures_timer(std::time::Duration::from_secs(1)));
+            futures::pin_mut!(timeout);
+            futures::select! { s = futures::FutureExt::fuse(r) => s.ok(), _ = timeout => None }
+        });
+        if let Some(s) = got {
+            total += s.agents.iter().map(|a| u64::from(a.active)).sum::<u64>();
+        }
+    }
+    total
 }
 
 /// A timer future for the main thread (no runtime there).
@@ -227,6 +257,7 @@ fn futures_timer(d: std::time::Duration) -> impl std::future::Future<Output = ()
 fn main() {
     cli::init_logging();
     let Startup {
+        drain,
         policy_sources,
         policies,
         store,
@@ -243,7 +274,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let policy = (policy_sources, policies);
+    let policy = (policy_sources, policies, drain);
     if let Err(e) = run(
         cfg,
         plan,
@@ -272,9 +303,10 @@ fn run(
     policy: (
         hivenet_router::policy_files::PolicySources,
         shards::runtime::shared::PolicySet,
+        std::time::Duration,
     ),
 ) -> Result<(), String> {
-    let (policy_sources, policies) = policy;
+    let (policy_sources, policies, drain) = policy;
     let n = plan.len();
     let http = executor::bind_reuseport(cfg.http_addr, n)
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.http_addr))?;
@@ -357,9 +389,23 @@ fn run(
             }
             continue;
         }
-        info!(signal = sig, "shutting down: flushing history");
+        info!(signal = sig, drain = ?drain, "shutting down: draining in-flight requests");
         break;
     }
+    // Let in-flight requests (streams included) finish, up to --drain-timeout.
+    let started = std::time::Instant::now();
+    loop {
+        let active = in_flight(&shared);
+        if active == 0 {
+            break;
+        }
+        if started.elapsed() >= drain {
+            warn!(active, "drain timeout: cutting the remaining requests");
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    info!("flushing history");
     // Every shard hands its agents' history to the store, then the store
     // persists and stops (one FIFO channel keeps that order).
     let mut waits = Vec::new();

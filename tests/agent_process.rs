@@ -40,6 +40,12 @@ fn identity_is_created_private_and_reused() {
     let b = start_agent(&dir, &r, port, "keys/agent.key", &[]);
     wait_agents(r.http, "id-model", 1);
     assert_eq!(peer_in_log(&b), first, "same identity after restart");
+    // The lost link was counted and flushed; the re-registration restored it.
+    let table = routing_table(r.http);
+    assert_eq!(
+        table["agents"][0]["universal"]["disconnections_total"], 1,
+        "{table}"
+    );
 }
 
 #[test]

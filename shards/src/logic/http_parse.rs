@@ -113,6 +113,16 @@ fn head_end(buf: &[u8]) -> Option<usize> {
     buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
 }
 
+/// The complete head at the start of `buf` (`None` while incomplete),
+/// bounded by [`MAX_HEAD_BYTES`] whether complete or not.
+fn complete_head(buf: &[u8]) -> Result<Option<&[u8]>, HeadError> {
+    match head_end(buf) {
+        Some(end) if end <= MAX_HEAD_BYTES => Ok(buf.get(..end)),
+        None if buf.len() <= MAX_HEAD_BYTES => Ok(None),
+        _ => Err(HeadError::TooLarge("header section too large")),
+    }
+}
+
 /// Obsolete line folding: a header line that starts with SP or HT.
 fn has_obs_fold(head: &[u8]) -> bool {
     head.windows(3).any(|w| {
@@ -185,16 +195,10 @@ fn token_in(v: &[u8], token: &[u8]) -> bool {
 /// `Ok(None)`: incomplete, read more. `Ok(Some((head, n)))`: the head used
 /// the first `n` bytes.
 pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
-    let Some(end) = head_end(buf) else {
-        if buf.len() > MAX_HEAD_BYTES {
-            return Err(HeadError::TooLarge("header section too large"));
-        }
+    let Some(head_bytes) = complete_head(buf)? else {
         return Ok(None);
     };
-    if end > MAX_HEAD_BYTES {
-        return Err(HeadError::TooLarge("header section too large"));
-    }
-    let head_bytes = buf.get(..end).unwrap_or(&[]);
+    let end = head_bytes.len();
     if has_obs_fold(head_bytes) {
         return Err(HeadError::Bad("obsolete line folding"));
     }
@@ -248,16 +252,10 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
 ///
 /// `request_was_head` and 1xx/204/304 statuses mean no body.
 pub fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, HeadError> {
-    let Some(end) = head_end(buf) else {
-        if buf.len() > MAX_HEAD_BYTES {
-            return Err(HeadError::TooLarge("header section too large"));
-        }
+    let Some(head_bytes) = complete_head(buf)? else {
         return Ok(None);
     };
-    if end > MAX_HEAD_BYTES {
-        return Err(HeadError::TooLarge("header section too large"));
-    }
-    let head_bytes = buf.get(..end).unwrap_or(&[]);
+    let end = head_bytes.len();
     let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut storage);
     match resp.parse(head_bytes) {

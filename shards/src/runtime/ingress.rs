@@ -31,6 +31,17 @@ pub const CORS: [(&str, &[u8]); 3] = [
     ),
 ];
 
+fn method_not_allowed(method: &str, path: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        format!("method {method} not allowed on {path}"),
+    )
+}
+
+fn no_route(method: &str, path: &str) -> ApiError {
+    ApiError::new(ErrorCode::NotFound, format!("no route for {method} {path}"))
+}
+
 enum HeadRead {
     Closed,
     Bad(HeadError),
@@ -223,15 +234,7 @@ async fn route(
     }
     if let Some(ep) = Endpoint::of(&path) {
         if head.method != "POST" {
-            return ok(send_error(
-                conn,
-                &ApiError::new(
-                    ErrorCode::MethodNotAllowed,
-                    format!("method {} not allowed on {path}", head.method),
-                ),
-                keep,
-            )
-            .await);
+            return ok(send_error(conn, &method_not_allowed(&head.method, &path), keep).await);
         }
         return read_and_dispatch(shard, conn, head, ep, started).await;
     }
@@ -301,33 +304,13 @@ async fn route(
                 .await),
             }
         }
-        (_, "/health" | "/v1/models") => ok(send_error(
-            conn,
-            &ApiError::new(
-                ErrorCode::MethodNotAllowed,
-                format!("method {} not allowed on {path}", head.method),
-            ),
-            keep,
-        )
-        .await),
-        (_, p) if p.starts_with("/v1/models/") => ok(send_error(
-            conn,
-            &ApiError::new(
-                ErrorCode::MethodNotAllowed,
-                format!("method {} not allowed on {path}", head.method),
-            ),
-            keep,
-        )
-        .await),
-        _ => ok(send_error(
-            conn,
-            &ApiError::new(
-                ErrorCode::NotFound,
-                format!("no route for {} {path}", head.method),
-            ),
-            keep,
-        )
-        .await),
+        (_, "/health" | "/v1/models") => {
+            ok(send_error(conn, &method_not_allowed(&head.method, &path), keep).await)
+        }
+        (_, p) if p.starts_with("/v1/models/") => {
+            ok(send_error(conn, &method_not_allowed(&head.method, &path), keep).await)
+        }
+        _ => ok(send_error(conn, &no_route(&head.method, &path), keep).await),
     }
 }
 
@@ -379,24 +362,10 @@ async fn admin_route(
             let body = models_list(snaps.iter().flat_map(|s| s.agents.iter()));
             ok(send_json(conn, 200, &body, keep).await)
         }
-        (_, "/admin/routing-table" | "/admin/metrics/reset" | "/admin/models") => ok(send_error(
-            conn,
-            &ApiError::new(
-                ErrorCode::MethodNotAllowed,
-                format!("method {} not allowed on {path}", head.method),
-            ),
-            keep,
-        )
-        .await),
-        _ => ok(send_error(
-            conn,
-            &ApiError::new(
-                ErrorCode::NotFound,
-                format!("no route for {} {path}", head.method),
-            ),
-            keep,
-        )
-        .await),
+        (_, "/admin/routing-table" | "/admin/metrics/reset" | "/admin/models") => {
+            ok(send_error(conn, &method_not_allowed(&head.method, &path), keep).await)
+        }
+        _ => ok(send_error(conn, &no_route(&head.method, &path), keep).await),
     }
 }
 

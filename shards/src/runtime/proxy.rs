@@ -120,6 +120,22 @@ async fn send_and_read_head(
     }
 }
 
+/// One read from the agent's stream, bounded by an idle timeout so a hung
+/// agent cannot hold a client (and a slot) forever.
+async fn read_idle(
+    s: &mut LinkStream,
+    buf: &mut [u8],
+    idle: std::time::Duration,
+) -> io::Result<usize> {
+    match monoio::time::timeout(idle, s.read(buf)).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("agent stream idle for {idle:?}"),
+        )),
+    }
+}
+
 enum Relay {
     Done(Option<Tokens>),
     UpstreamFailed(String),
@@ -132,6 +148,7 @@ async fn relay(
     head: &ResponseHead,
     mut buf: Vec<u8>,
     keep: bool,
+    idle: std::time::Duration,
 ) -> Relay {
     let mut tmp = vec![0u8; 16 * 1024];
     match head.framing {
@@ -155,7 +172,7 @@ async fn relay(
                 return Relay::UpstreamFailed("response too large".into());
             };
             while buf.len() < n {
-                match s.read(&mut tmp).await {
+                match read_idle(&mut s, &mut tmp, idle).await {
                     Ok(0) => return Relay::UpstreamFailed("agent closed mid-body".into()),
                     Ok(k) => buf.extend_from_slice(tmp.get(..k).unwrap_or(&[])),
                     Err(e) => return Relay::UpstreamFailed(e.to_string()),
@@ -234,7 +251,7 @@ async fn relay(
                 if finished {
                     return Relay::Done(meter.seen.then_some(meter.tokens));
                 }
-                match s.read(&mut tmp).await {
+                match read_idle(&mut s, &mut tmp, idle).await {
                     Ok(0) if until_close => {
                         let _ = conn.write_all(http_write::LAST_CHUNK.to_vec()).await;
                         return Relay::Done(meter.seen.then_some(meter.tokens));
@@ -300,7 +317,15 @@ async fn attempt(
                 drop(slot);
                 return Attempt::Retry;
             }
-            let result = relay(conn, stream, &head, rest, keep).await;
+            let result = relay(
+                conn,
+                stream,
+                &head,
+                rest,
+                keep,
+                shard.shared.cfg.request_timeout,
+            )
+            .await;
             drop(slot);
             match result {
                 Relay::Done(tokens) => {
