@@ -363,9 +363,9 @@ async fn admin_route(
             ok(send_json(conn, 200, &body, keep).await)
         }
         (_, "/admin/routing-table" | "/admin/metrics/reset" | "/admin/models") => {
-            ok(send_error(conn, &method_not_allowed(&head.method, &path), keep).await)
+            ok(send_error(conn, &method_not_allowed(&head.method, path), keep).await)
         }
-        _ => ok(send_error(conn, &no_route(&head.method, &path), keep).await),
+        _ => ok(send_error(conn, &no_route(&head.method, path), keep).await),
     }
 }
 
