@@ -144,3 +144,15 @@ fn agent_reconnects_after_router_restart() {
         "re-registration after restart",
     );
 }
+
+#[test]
+fn capacity_is_capped_to_the_link_stream_budget() {
+    let dir = tmpdir("capcap");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let (_s, port) = start_sim(&dir, "cap-model", &[]);
+    let _a = start_agent(&dir, &r, port, "cap.key", &["--capacity", "100000"]);
+    wait_agents(r.http, "cap-model", 1);
+    let t = routing_table(r.http);
+    assert_eq!(t["agents"][0]["metadata"]["capacity"], 1024, "{t}");
+    assert!(r.proc.log_text().contains("agent capacity capped"));
+}

@@ -62,8 +62,20 @@ impl From<io::Error> for LinkError {
     }
 }
 
+/// Streams a link accepts at once. yamux terminates the whole connection
+/// when an inbound stream would exceed its limit (seen at 20k req/s with an
+/// agent declaring capacity 100000: every request then failed), so the
+/// router also caps an agent's capacity well below it ([`MAX_AGENT_CAPACITY`]).
+pub const MAX_LINK_STREAMS: usize = 4096;
+
+/// Largest capacity the router grants one agent (slots = concurrent streams).
+pub const MAX_AGENT_CAPACITY: u32 = 1024;
+
 fn yamux_config() -> yamux::Config {
-    yamux::Config::default()
+    let mut c = yamux::Config::default();
+    // 4096 x 256 KiB default credit = the default 1 GiB connection window.
+    c.set_max_num_streams(MAX_LINK_STREAMS);
+    c
 }
 
 /// Sent by both sides right after the private-network handshake: a peer

@@ -898,6 +898,12 @@ async fn serve_link(
         .await;
         return;
     }
+    let mut reg = reg;
+    if reg.capacity > link::MAX_AGENT_CAPACITY {
+        warn!(peer_id = %reg.peer_id, declared = reg.capacity, granted = link::MAX_AGENT_CAPACITY,
+              "agent capacity capped to the link's stream budget");
+        reg.capacity = link::MAX_AGENT_CAPACITY;
+    }
     if reg.capacity == 0 {
         reject(
             &shard,
