@@ -47,7 +47,7 @@ ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(aw
 # --- servers -------------------------------------------------------------
 SIM_PIDS=()
 start_sims() { # args for the sim; one sim per model in $MODELS
-  local port=38881 m
+  local port=21881 m
   SIM_PORTS=()
   for m in $MODELS; do
     "$BIN/hivenet-sim" --port $port --model "$m" "$@" >"$WORK/sim-$m.log" 2>&1 & PIDS+=($!); SIM_PIDS+=($!)
@@ -56,15 +56,15 @@ start_sims() { # args for the sim; one sim per model in $MODELS
   for p in "${SIM_PORTS[@]}"; do wait_http "http://127.0.0.1:$p/health"; done
 }
 start_hivenet() { # shards
-  "$BIN/hivenet-router" --http-port 127.0.0.1:38080 --metrics-port 127.0.0.1:32112 --p2p-port 39000 --shards "$1" --disk-db-path "$WORK/db" --reset-disk-db >"$WORK/router.log" 2>&1 & ROUTER_PID=$!; PIDS+=($!)
-  wait_http http://127.0.0.1:38080/health
+  "$BIN/hivenet-router" --http-port 127.0.0.1:21080 --metrics-port 127.0.0.1:21112 --p2p-port 21900 --shards "$1" --disk-db-path "$WORK/db" --reset-disk-db >"$WORK/router.log" 2>&1 & ROUTER_PID=$!; PIDS+=($!)
+  wait_http http://127.0.0.1:21080/health
   AGENT_PIDS=()
   local i=0 m
   for m in $MODELS; do
-    "$BIN/hivenet-agent" --router-p2p 127.0.0.1:39000 --backend-url "http://127.0.0.1:${SIM_PORTS[$i]}" --identity-path "$WORK/agent-$m.key" --capacity 100000 >"$WORK/agent-$m.log" 2>&1 & PIDS+=($!); AGENT_PIDS+=($!)
+    "$BIN/hivenet-agent" --router-p2p 127.0.0.1:21900 --backend-url "http://127.0.0.1:${SIM_PORTS[$i]}" --identity-path "$WORK/agent-$m.key" --capacity 100000 >"$WORK/agent-$m.log" 2>&1 & PIDS+=($!); AGENT_PIDS+=($!)
     i=$((i + 1))
   done
-  for m in $MODELS; do for _ in $(seq 1 200); do curl -s http://127.0.0.1:38080/v1/models | grep -q "\"id\":\"$m\"" && break; sleep 0.05; done; done
+  for m in $MODELS; do for _ in $(seq 1 200); do curl -s http://127.0.0.1:21080/v1/models | grep -q "\"id\":\"$m\"" && break; sleep 0.05; done; done
 }
 start_nginx() {
   cat >"$WORK/nginx.conf" <<NGX
@@ -76,7 +76,7 @@ http {
   access_log off;
   upstream sim { server 127.0.0.1:${SIM_PORTS[0]}; keepalive 256; }
   server {
-    listen 127.0.0.1:38180 reuseport;
+    listen 127.0.0.1:21180 reuseport;
     location / {
       proxy_pass http://sim;
       proxy_http_version 1.1;
@@ -88,13 +88,13 @@ http {
 }
 NGX
   nginx -c "$WORK/nginx.conf" -p "$WORK"
-  wait_http http://127.0.0.1:38180/health
+  wait_http http://127.0.0.1:21180/health
   NGINX_PIDS=("$(cat "$WORK/nginx.pid")" $(pgrep -P "$(cat "$WORK/nginx.pid")"))
 }
 start_vllm_router() {
-  "$VENV/bin/vllm-router" --host 127.0.0.1 --port 38280 --worker-urls "http://127.0.0.1:${SIM_PORTS[0]}" --policy round_robin \
-    --disable-retries --disable-circuit-breaker --log-level warning --prometheus-port 38290 >"$WORK/vllm-router.log" 2>&1 & VR_PID=$!; PIDS+=($!)
-  wait_http http://127.0.0.1:38280/health || wait_http http://127.0.0.1:38280/v1/models
+  "$VENV/bin/vllm-router" --host 127.0.0.1 --port 21280 --worker-urls "http://127.0.0.1:${SIM_PORTS[0]}" --policy round_robin \
+    --disable-retries --disable-circuit-breaker --log-level warning --prometheus-port 21290 >"$WORK/vllm-router.log" 2>&1 & VR_PID=$!; PIDS+=($!)
+  wait_http http://127.0.0.1:21280/health || wait_http http://127.0.0.1:21280/v1/models
 }
 
 # --- one measured run ----------------------------------------------------
@@ -118,9 +118,9 @@ run() {
 peers() { # NAME -- bench args : runs all four targets once, interleaved by the caller's rounds
   local name=$1; shift
   run "$name" direct http://127.0.0.1:${SIM_PORTS[0]} "sim:${SIM_PIDS[*]}" -- "$@"
-  run "$name" hivenet http://127.0.0.1:38080 "router:$ROUTER_PID" "agent:${AGENT_PIDS[*]}" "sim:${SIM_PIDS[*]}" -- "$@"
-  run "$name" nginx http://127.0.0.1:38180 "nginx:${NGINX_PIDS[*]}" "sim:${SIM_PIDS[*]}" -- "$@"
-  run "$name" vllm-router http://127.0.0.1:38280 "vllm-router:$VR_PID" "sim:${SIM_PIDS[*]}" -- "$@"
+  run "$name" hivenet http://127.0.0.1:21080 "router:$ROUTER_PID" "agent:${AGENT_PIDS[*]}" "sim:${SIM_PIDS[*]}" -- "$@"
+  run "$name" nginx http://127.0.0.1:21180 "nginx:${NGINX_PIDS[*]}" "sim:${SIM_PIDS[*]}" -- "$@"
+  run "$name" vllm-router http://127.0.0.1:21280 "vllm-router:$VR_PID" "sim:${SIM_PIDS[*]}" -- "$@"
 }
 
 scenario_peers() { # label sim-args... -- round body
@@ -164,7 +164,7 @@ if [ "$SCENARIO" = shards ] || [ "$SCENARIO" = all ]; then
   for r in $(seq 1 "$ROUNDS"); do
     for n in 1 2; do
       start_hivenet "$n"
-      run "shards-r$r" "hivenet-$n-shard" http://127.0.0.1:38080 "router:$ROUTER_PID" "agent:${AGENT_PIDS[*]}" "sim:${SIM_PIDS[*]}" -- \
+      run "shards-r$r" "hivenet-$n-shard" http://127.0.0.1:21080 "router:$ROUTER_PID" "agent:${AGENT_PIDS[*]}" "sim:${SIM_PIDS[*]}" -- \
         --connections 64 --duration "$DUR" --model model-a,model-b --max-tokens 16
       kill "$ROUTER_PID" "${AGENT_PIDS[@]}" 2>/dev/null || true; wait "$ROUTER_PID" "${AGENT_PIDS[@]}" 2>/dev/null || true
     done
