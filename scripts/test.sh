@@ -13,6 +13,8 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --bins
-cargo test --workspace
+# One test at a time: the integration tests start real processes and make
+# timing assertions; running them side by side on 2 cores invites flakes.
+cargo test --workspace -- --test-threads=1
 cargo test -p shards --no-default-features
 HIVENET_BIN_DIR="$PWD/target/debug" "$VENV/bin/python" -m pytest -q tests/python

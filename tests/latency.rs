@@ -362,8 +362,12 @@ fn corrupt_store_is_moved_aside() {
     std::fs::write(db.join("version"), b"\xff\xfe garbage not a fjall version").expect("write");
     std::fs::write(db.join("keyspaces"), b"garbage").expect("write");
     let r = start_router(&dir, &["--shards", "1"], &[]);
-    let log = r.proc.log_text();
-    assert!(log.contains("STORE CORRUPT"), "{log}");
+    // The store thread opens beside the shards; its verdict follows shortly.
+    wait_until(
+        Duration::from_secs(5),
+        || r.proc.log_text().contains("STORE CORRUPT"),
+        "the corrupt-store log line",
+    );
     let moved = std::fs::read_dir(&dir)
         .expect("ls")
         .filter_map(Result::ok)

@@ -382,6 +382,7 @@ pub async fn closed_loop(
             });
             while Instant::now() < until {
                 let bytes = request_bytes(&single, &mut rng);
+                let before = progress.errors.load(Ordering::Relaxed);
                 one(
                     single.clone(),
                     pool.clone(),
@@ -393,6 +394,10 @@ pub async fn closed_loop(
                     progress.clone(),
                 )
                 .await;
+                // A refused connection fails at once: pause briefly rather than spin.
+                if open.get() == 0 && progress.errors.load(Ordering::Relaxed) > before {
+                    monoio::time::sleep(Duration::from_millis(10)).await;
+                }
             }
         }));
     }
