@@ -15,10 +15,11 @@ use super::conn::Conn;
 use super::ingress::CORS;
 use super::link::{LinkStream, HTTP_PROTOCOL};
 use super::mesh::PendingRequest;
-use super::shard::{Agent, Shard, Slot, StepOutcome};
+use super::shard::{wake_head, Agent, Shard, Slot, StepOutcome};
 use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::http_parse::{self, BodyFraming, ChunkedDecoder, ResponseHead};
 use crate::logic::http_write::{self, OutFraming};
+use crate::logic::policy::GateCounts;
 use crate::logic::policy::Session;
 use crate::logic::usage::{self, SseUsage, Tokens};
 
@@ -406,13 +407,35 @@ pub async fn forward(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest) -> 
     let policy = shard.shared.policy_for(model);
     let mut session = Session::new(&policy, cfg.max_tries_per_step);
     let mut last_full = false;
-    // The queue place this request holds (kept when it loses a race).
+    // The queue place this request holds (kept when it loses a race), and
+    // when it first queued (one wait observation per request that waited).
     let mut place: Option<u64> = None;
+    let mut queued_at: Option<clock::Instant> = None;
     while let Some(step) = policy.steps.get(session.step) {
-        match shard.select_step(model, step, cap, &session.failed) {
+        let mut outcome = shard.select_step(model, step, cap, &session.failed);
+        if matches!(outcome, StepOutcome::Agent(_)) && place.is_none() && cfg.queue_depth > 0 {
+            // Requests already waiting came first: a newcomer joins the line
+            // and the free slot goes to the head (strict FIFO).
+            let queue = shard
+                .models
+                .borrow()
+                .get(model)
+                .map(|pool| pool.queue.clone());
+            if let Some(q) = queue {
+                if !q.borrow().is_empty() {
+                    wake_head(&q);
+                    outcome = StepOutcome::Full(GateCounts::default());
+                }
+            }
+        }
+        match outcome {
             StepOutcome::Agent(agent) => {
                 last_full = false;
                 place = None;
+                if let Some(t) = queued_at.take() {
+                    let secs = t.elapsed().as_secs_f64();
+                    shard.with_stats(model, |s| s.observe_wait(secs));
+                }
                 match attempt(
                     shard,
                     conn,
@@ -456,11 +479,10 @@ pub async fn forward(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest) -> 
                 };
                 place = Some(seq);
                 let waited = clock::now();
+                queued_at.get_or_insert(waited);
                 let remaining = deadline.saturating_duration_since(waited);
                 match monoio::time::timeout(remaining, rx).await {
                     Ok(Ok(())) => {
-                        let secs = waited.elapsed().as_secs_f64();
-                        shard.with_stats(model, |s| s.observe_wait(secs));
                         // Retry the same step; keep the place if we lose.
                     }
                     _ => {
