@@ -166,3 +166,41 @@ fn client_errors_use_the_envelope() {
     // No metric series and no directory entry for the attacker-chosen name.
     assert!(!metrics_text(r.metrics).contains("ghost-model"));
 }
+
+#[test]
+fn request_id_is_echoed_or_generated() {
+    let (r, _d) = router();
+    let uuid = "123E4567-E89B-12D3-A456-426614174000";
+    let resp = String::from_utf8_lossy(&raw(
+        r.http,
+        format!("GET /v1/models/none HTTP/1.1\r\nHost: x\r\nX-Request-ID: {uuid}\r\nConnection: close\r\n\r\n").as_bytes(),
+        W,
+    ))
+    .to_string();
+    assert!(
+        resp.contains(&format!("X-Request-ID: {uuid}")),
+        "a UUID is echoed verbatim: {resp}"
+    );
+    let resp = String::from_utf8_lossy(&raw(
+        r.http,
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Request-ID: not-a-uuid\r\nConnection: close\r\n\r\n",
+        W,
+    ))
+    .to_string();
+    let id = resp
+        .lines()
+        .find_map(|l| l.strip_prefix("X-Request-ID: "))
+        .expect("generated id")
+        .to_string();
+    assert_ne!(id, "not-a-uuid");
+    assert_eq!(id.len(), 36);
+    assert_eq!(&id[14..15], "4", "a v4 UUID: {id}");
+    // Framing errors carry one too.
+    let resp = String::from_utf8_lossy(&raw(
+        r.http,
+        b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        W,
+    ))
+    .to_string();
+    assert!(resp.contains("X-Request-ID: "), "{resp}");
+}

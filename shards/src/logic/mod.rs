@@ -14,6 +14,7 @@ pub mod http_write;
 pub mod policy;
 pub mod preamble;
 pub mod probe;
+pub mod request_id;
 pub mod srtt;
 pub mod usage;
 pub mod wait_queue;

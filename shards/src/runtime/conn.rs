@@ -22,6 +22,8 @@ pub struct Conn {
     /// Spare read buffer: reads land here first so a read cancelled by a
     /// timeout never loses what `buf` already holds.
     rbuf: Vec<u8>,
+    /// `X-Request-ID` of the request being answered (echoed on the response).
+    pub request_id: String,
 }
 
 impl Conn {
@@ -32,6 +34,7 @@ impl Conn {
             stream,
             buf,
             rbuf: Vec::new(),
+            request_id: String::new(),
         }
     }
 

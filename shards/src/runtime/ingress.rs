@@ -21,6 +21,32 @@ use crate::logic::http_parse::{self, BodyFraming, ChunkedDecoder, HeadError, Req
 use crate::logic::http_write;
 use crate::logic::probe;
 
+/// Extra headers of every response: CORS and `X-Request-ID`.
+pub fn extra_headers(request_id: &str) -> Vec<(&'static str, Vec<u8>)> {
+    let mut v: Vec<(&'static str, Vec<u8>)> = CORS.iter().map(|(k, v)| (*k, v.to_vec())).collect();
+    if !request_id.is_empty() {
+        v.push(("X-Request-ID", request_id.as_bytes().to_vec()));
+    }
+    v
+}
+
+/// Borrowed view for the writers.
+pub fn refs<'a>(v: &'a [(&'static str, Vec<u8>)]) -> Vec<(&'static str, &'a [u8])> {
+    v.iter().map(|(k, b)| (*k, b.as_slice())).collect()
+}
+
+/// The request's ID: the client's `X-Request-ID` when it is a UUID, else a new v4.
+pub fn request_id(head: &RequestHead) -> String {
+    match head
+        .header("x-request-id")
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .map(str::trim)
+    {
+        Some(v) if crate::logic::request_id::valid(v) => v.to_string(),
+        _ => crate::logic::request_id::format_v4(rand::random::<[u8; 16]>()),
+    }
+}
+
 /// CORS headers on every response (spec 01 §1).
 pub const CORS: [(&str, &[u8]); 3] = [
     ("Access-Control-Allow-Origin", b"*"),
@@ -67,13 +93,14 @@ async fn send_error(conn: &mut Conn, err: &ApiError, keep_alive: bool) -> bool {
     let mut out = Vec::with_capacity(256);
     let body = err.body();
     let headers = [("Content-Type".to_string(), b"application/json".to_vec())];
+    let ex = extra_headers(&conn.request_id);
     http_write::write_response_head(
         &mut out,
         err.status,
         &headers,
         http_write::OutFraming::Length(body.len()),
         keep_alive,
-        &CORS,
+        &refs(&ex),
     );
     out.extend_from_slice(&body);
     conn.write_all(out).await.is_ok() && keep_alive
@@ -87,7 +114,7 @@ async fn send_json(conn: &mut Conn, status: u16, body: &[u8], keep_alive: bool) 
         "application/json",
         body,
         keep_alive,
-        &CORS,
+        &refs(&extra_headers(&conn.request_id)),
     );
     conn.write_all(out).await.is_ok() && keep_alive
 }
@@ -142,6 +169,7 @@ async fn read_body(conn: &mut Conn, framing: BodyFraming, limit: u64) -> BodyRea
 /// Serve one client connection; `first` is a request handed over by another shard.
 pub async fn serve(shard: Rc<Shard>, mut conn: Conn, first: Option<Box<PendingRequest>>) {
     if let Some(p) = first {
+        conn.request_id = p.request_id.clone();
         if !serve_inference(&shard, &mut conn, *p).await {
             return;
         }
@@ -152,25 +180,17 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn, first: Option<Box<PendingRe
         let head = match monoio::time::timeout(cfg.header_timeout, read_head(&mut conn)).await {
             Ok(Ok((h, n))) => {
                 conn.consume(n);
+                conn.request_id = request_id(&h);
                 h
             }
             Ok(Err(HeadRead::Closed | HeadRead::Io)) => return,
-            Ok(Err(HeadRead::Bad(HeadError::Bad(why)))) => {
-                send_error(
-                    &mut conn,
-                    &ApiError::new(ErrorCode::RequestInvalid, why),
-                    false,
-                )
-                .await;
-                return;
-            }
-            Ok(Err(HeadRead::Bad(HeadError::TooLarge(why)))) => {
-                send_error(
-                    &mut conn,
-                    &ApiError::new(ErrorCode::HeadersTooLarge, why),
-                    false,
-                )
-                .await;
+            Ok(Err(HeadRead::Bad(e))) => {
+                conn.request_id = crate::logic::request_id::format_v4(rand::random::<[u8; 16]>());
+                let err = match e {
+                    HeadError::Bad(why) => ApiError::new(ErrorCode::RequestInvalid, why),
+                    HeadError::TooLarge(why) => ApiError::new(ErrorCode::HeadersTooLarge, why),
+                };
+                send_error(&mut conn, &err, false).await;
                 return;
             }
             Err(_) => {
@@ -228,7 +248,7 @@ async fn route(
             &[],
             http_write::OutFraming::Length(0),
             keep,
-            &CORS,
+            &refs(&extra_headers(&conn.request_id)),
         );
         return ok(conn.write_all(out).await.is_ok() && keep);
     }
@@ -251,7 +271,7 @@ async fn route(
                     "application/json",
                     body,
                     false,
-                    &CORS,
+                    &refs(&extra_headers(&conn.request_id)),
                 );
                 let _ = conn.write_all(out).await;
                 return Routed::Close;
@@ -273,7 +293,7 @@ async fn route(
                     "application/json",
                     body,
                     false,
-                    &CORS,
+                    &refs(&extra_headers(&conn.request_id)),
                 );
                 let _ = conn.write_all(out).await;
                 return Routed::Close;
@@ -327,8 +347,12 @@ async fn admin_route(
         let mut out = Vec::with_capacity(256);
         let body = err.body();
         let headers = [("Content-Type".to_string(), b"application/json".to_vec())];
-        let mut extra = CORS.to_vec();
-        extra.push(("WWW-Authenticate", br#"Bearer realm="hivenet-router""#));
+        let mut ex = extra_headers(&conn.request_id);
+        ex.push((
+            "WWW-Authenticate",
+            br#"Bearer realm="hivenet-router""#.to_vec(),
+        ));
+        let extra = refs(&ex);
         http_write::write_response_head(
             &mut out,
             401,
@@ -450,6 +474,7 @@ async fn read_and_dispatch(
         meta,
         endpoint: ep,
         received_at: started,
+        request_id: conn.request_id.clone(),
     };
     if owner != shard.id {
         return Routed::HandOff(Box::new(pending), owner);

@@ -62,6 +62,8 @@ pub struct PendingRequest {
     pub endpoint: Endpoint,
     /// When the head started arriving.
     pub received_at: Instant,
+    /// `X-Request-ID` (the client's when it is a UUID, else generated).
+    pub request_id: String,
 }
 
 /// The messages shards exchange.

@@ -12,7 +12,7 @@ use tracing::{debug, warn};
 
 use super::clock;
 use super::conn::Conn;
-use super::ingress::CORS;
+use super::ingress::{extra_headers, refs};
 use super::link::{LinkStream, HTTP_PROTOCOL};
 use super::mesh::PendingRequest;
 use super::shard::{wake_head, Agent, Shard, Slot, StepOutcome};
@@ -44,8 +44,12 @@ fn build_request(p: &PendingRequest) -> Vec<u8> {
         .head
         .headers
         .iter()
-        .filter(|(n, _)| forwardable(n))
+        .filter(|(n, _)| forwardable(n) && !n.eq_ignore_ascii_case("x-request-id"))
         .cloned()
+        .chain(std::iter::once((
+            "X-Request-ID".to_string(),
+            p.request_id.as_bytes().to_vec(),
+        )))
         .collect();
     let mut out = Vec::with_capacity(512 + p.body.len());
     http_write::write_request_head(
@@ -161,7 +165,7 @@ async fn relay(
                 &head.headers,
                 OutFraming::Length(0),
                 keep,
-                &CORS,
+                &refs(&extra_headers(&conn.request_id)),
             );
             if conn.write_all(out).await.is_err() {
                 return Relay::ClientGone;
@@ -188,7 +192,7 @@ async fn relay(
                 &head.headers,
                 OutFraming::Length(n),
                 keep,
-                &CORS,
+                &refs(&extra_headers(&conn.request_id)),
             );
             out.extend_from_slice(&buf);
             if conn.write_all(out).await.is_err() {
@@ -199,13 +203,11 @@ async fn relay(
         BodyFraming::Chunked | BodyFraming::UntilClose => {
             let sse = head.is_event_stream();
             let mut out = Vec::with_capacity(512);
-            let extra: Vec<(&str, &[u8])> = if sse {
-                let mut e = CORS.to_vec();
-                e.push(("X-Accel-Buffering", b"no"));
-                e
-            } else {
-                CORS.to_vec()
-            };
+            let mut ex = extra_headers(&conn.request_id);
+            if sse {
+                ex.push(("X-Accel-Buffering", b"no".to_vec()));
+            }
+            let extra = refs(&ex);
             http_write::write_response_head(
                 &mut out,
                 head.status,
@@ -272,7 +274,16 @@ async fn relay(
 
 async fn send_error(conn: &mut Conn, err: &ApiError, keep: bool) -> Outcome {
     let mut out = Vec::with_capacity(256);
-    http_write::write_error(&mut out, err, keep);
+    let body = err.body();
+    let ex = extra_headers(&conn.request_id);
+    http_write::write_full_response(
+        &mut out,
+        err.status,
+        "application/json",
+        &body,
+        keep,
+        &refs(&ex),
+    );
     if conn.write_all(out).await.is_ok() && keep {
         Outcome::KeepAlive
     } else {
