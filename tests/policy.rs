@@ -360,3 +360,53 @@ fn per_model_directory_and_admin_documents() {
     assert_eq!(st, 404);
     assert!(String::from_utf8_lossy(&b).contains("no policy named: strict"));
 }
+
+#[test]
+fn engine_signal_gate_from_scraped_metrics() {
+    let dir = tmpdir("kvgate");
+    let pf = dir.join("policy.yaml");
+    std::fs::write(&pf, "routing_policy:\n  exclude_if:\n    kv_cache_utilization:\n      gt: 0.9\n  strategy: least-loaded\n").expect("policy");
+    let pfs = pf.to_string_lossy().to_string();
+    let r = start_router(&dir, &["--shards", "1", "--policy-file", &pfs], &[]);
+    let (_f, p_free) = start_sim(&dir, "kv-model", &["--kv-cache-usage", "0.2"]);
+    let (_b, p_busy) = start_sim(&dir, "kv-model", &["--kv-cache-usage", "0.95"]);
+    let _af = start_agent(
+        &dir,
+        &r,
+        p_free,
+        "free.key",
+        &["--machine", "free", "--engine-sample-interval", "100ms"],
+    );
+    let _ab = start_agent(
+        &dir,
+        &r,
+        p_busy,
+        "busy.key",
+        &["--machine", "busy", "--engine-sample-interval", "100ms"],
+    );
+    wait_agents(r.http, "kv-model", 2);
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            let t = routing_table(r.http);
+            t["agents"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .all(|x| x["engine"]["kv_cache_utilization"].is_number())
+                })
+                .unwrap_or(false)
+        },
+        "engine signals in the routing table",
+    );
+    let before = successes(r.http);
+    for _ in 0..8 {
+        assert_eq!(chat(r.http, "kv-model", false).0, 200);
+    }
+    let after = successes(r.http);
+    assert_eq!(
+        after["busy"], before["busy"],
+        "the agent reporting kv 0.95 is excluded"
+    );
+    assert_eq!(after["free"], before["free"] + 8);
+}

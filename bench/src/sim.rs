@@ -40,6 +40,8 @@ pub struct SimConfig {
     pub stall_after: u64,
     /// Length of the one stall.
     pub stall_for: Duration,
+    /// KV-cache use reported in `/metrics` (0-1).
+    pub kv_cache_usage: f64,
 }
 
 /// Counters shared by the simulator's threads.
@@ -241,11 +243,12 @@ async fn handle(
         ("GET", "/metrics") => {
             let s = &sim.stats;
             let text = format!(
-                "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{m}\"}} {}\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"{m}\"}} 0\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"{m}\"}} 0\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{{finished_reason=\"stop\",model_name=\"{m}\"}} {}\n# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{model_name=\"{m}\"}} {}\n",
+                "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{m}\"}} {}\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"{m}\"}} 0\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"{m}\"}} {kv}\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{{finished_reason=\"stop\",model_name=\"{m}\"}} {}\n# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{model_name=\"{m}\"}} {}\n",
                 s.running.load(Ordering::Relaxed),
                 s.success.load(Ordering::Relaxed),
                 s.generated.load(Ordering::Relaxed),
-                m = sim.cfg.model
+                m = sim.cfg.model,
+                kv = sim.cfg.kv_cache_usage
             );
             reply(
                 conn,

@@ -55,6 +55,7 @@ fn facts(a: &Agent) -> AgentFacts<'_> {
         srtt: a.srtt,
         success_rate: Some(0.99),
         consecutive_failures: Some(0),
+        signals: Default::default(),
     }
 }
 

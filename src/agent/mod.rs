@@ -61,6 +61,8 @@ pub struct AgentConfig {
     pub http_timeout: Duration,
     /// Backend health cadence while registered.
     pub health_interval: Duration,
+    /// Engine metrics scrape and push cadence.
+    pub signal_interval: Duration,
     /// Warm-up before registering.
     pub warmup: bool,
 }
@@ -267,13 +269,59 @@ async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(
     // Heartbeats with backend health: 3 consecutive failed checks = unhealthy.
     let mut failures = 0u32;
     let mut healthy = true;
+    // Engine signals (vllm, sglang, llamacpp): scraped every
+    // --engine-sample-interval and pushed when they change (or every 5 s).
+    let scrape = shards::logic::engine_metrics::scraped(cfg.engine.as_str());
+    let tick_every = if scrape {
+        cfg.signal_interval.min(hb)
+    } else {
+        hb
+    };
+    let mut next_hb = shards::runtime::clock::now() + hb;
+    let mut last_sent: Option<(
+        shards::logic::engine_metrics::EngineSignals,
+        shards::runtime::clock::Instant,
+    )> = None;
     loop {
-        let tick = monoio::time::sleep(hb);
+        let tick = monoio::time::sleep(tick_every);
         futures::pin_mut!(tick);
         match futures::future::select(tick, &mut closed).await {
             futures::future::Either::Left(_) => {}
             futures::future::Either::Right(_) => break,
         }
+        if scrape {
+            if let Ok((h, body)) =
+                backend::fetch(&cfg.backend, "GET", "/metrics", b"", Duration::from_secs(2)).await
+            {
+                if h.status == 200 {
+                    let text = String::from_utf8_lossy(&body);
+                    let signals = shards::logic::engine_metrics::parse(cfg.engine.as_str(), &text);
+                    let now = shards::runtime::clock::now();
+                    let due = match last_sent {
+                        Some((prev, at)) => {
+                            prev != signals || now.duration_since(at) >= Duration::from_secs(5)
+                        }
+                        None => true,
+                    };
+                    if due {
+                        if let Err(e) = link::write_frame(
+                            &mut ctl,
+                            &ControlMsg::RoutingSignals { engine: signals },
+                        )
+                        .await
+                        {
+                            drop(server);
+                            return Err(format!("routing signals: {e}"));
+                        }
+                        last_sent = Some((signals, now));
+                    }
+                }
+            }
+        }
+        if shards::runtime::clock::now() < next_hb {
+            continue;
+        }
+        next_hb = shards::runtime::clock::now() + hb;
         if backend_healthy(&cfg).await {
             failures = 0;
             if !healthy {

@@ -65,6 +65,9 @@ struct Flags {
     /// backend health check cadence while registered (default 2s)
     #[argh(option, default = "String::from(\"2s\")")]
     hardware_sample_interval: String,
+    /// engine metrics scrape cadence for vllm, sglang and llamacpp (default 500ms)
+    #[argh(option, default = "String::from(\"500ms\")")]
+    engine_sample_interval: String,
     /// version label (default dev)
     #[argh(option, default = "String::from(\"dev\")")]
     version: String,
@@ -154,6 +157,10 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
             &f.hardware_sample_interval,
         )?,
         warmup,
+        signal_interval: cli::parse_duration(
+            "--engine-sample-interval",
+            &f.engine_sample_interval,
+        )?,
     };
     if cfg.http_timeout < Duration::from_millis(1) {
         return Err("--http-timeout must be greater than 0".into());

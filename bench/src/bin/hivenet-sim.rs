@@ -37,6 +37,9 @@ struct Flags {
     /// length of that stall (default 1s)
     #[argh(option, default = "String::from(\"1s\")")]
     stall_for: String,
+    /// KV-cache use reported in /metrics, 0-1 (default 0)
+    #[argh(option, default = "0.0")]
+    kv_cache_usage: f64,
     /// worker threads (default 1)
     #[argh(option, default = "1")]
     threads: usize,
@@ -82,6 +85,7 @@ fn main() {
         startup_delay: dur("startup-delay", &f.startup_delay),
         stall_after: f.stall_after,
         stall_for: dur("stall-for", &f.stall_for),
+        kv_cache_usage: f.kv_cache_usage,
     };
     if let Err(e) = sim::run(std::net::SocketAddr::new(ip, f.port), f.threads.max(1), cfg) {
         eprintln!("hivenet-sim: {e}");

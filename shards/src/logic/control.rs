@@ -103,6 +103,11 @@ pub enum ControlMsg {
         /// The agent's own check of its backend.
         backend_healthy: bool,
     },
+    /// Engine signals scraped from the backend's `/metrics`.
+    RoutingSignals {
+        /// The latest values.
+        engine: super::engine_metrics::EngineSignals,
+    },
 }
 
 /// Why a frame could not be decoded.

@@ -7,6 +7,7 @@
 pub mod control;
 pub mod core_plan;
 pub mod directory;
+pub mod engine_metrics;
 pub mod errors;
 pub mod history;
 pub mod http_parse;

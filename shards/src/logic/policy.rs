@@ -39,7 +39,7 @@ pub enum Field {
     ConsecutiveFailures,
     /// active / capacity.
     CapacityUtilization,
-    /// Engine KV cache use (agents do not report engine signals yet: always absent).
+    /// Engine KV cache use 0-1 (vllm, sglang, llamacpp agents report it).
     KvCacheUtilization,
     /// Engine running requests (absent until reported).
     RunningRequests,
@@ -489,6 +489,8 @@ pub struct AgentFacts<'a> {
     pub success_rate: Option<f64>,
     /// Failures since the last success (None: no history).
     pub consecutive_failures: Option<u64>,
+    /// Engine signals the agent reported (absent fields pass).
+    pub signals: super::engine_metrics::EngineSignals,
 }
 
 impl AgentFacts<'_> {
@@ -500,7 +502,14 @@ impl AgentFacts<'_> {
             Field::CapacityUtilization => {
                 (self.capacity > 0).then(|| f64::from(self.active) / f64::from(self.capacity))
             }
-            // Engine and hardware signals are not reported by agents yet: absent passes.
+            Field::KvCacheUtilization => self.signals.kv_cache_utilization,
+            Field::RunningRequests => self.signals.running_requests,
+            Field::WaitingRequests => self.signals.waiting_requests,
+            Field::AvgTtftSeconds => self.signals.avg_ttft_seconds,
+            Field::P90TtftSeconds => self.signals.p90_ttft_seconds,
+            Field::AvgItlSeconds => self.signals.avg_itl_seconds,
+            Field::P90ItlSeconds => self.signals.p90_itl_seconds,
+            // Hardware signals are not reported by agents yet: absent passes.
             _ => None,
         }
     }

@@ -68,7 +68,7 @@ fn agent_json(a: &AgentView) -> Value {
     }
     let total = a.success + a.failed;
     let known = a.srtt.is_some();
-    json!({
+    let mut v = json!({
         "peer_id": a.peer_id,
         "metadata": meta,
         "status": {
@@ -92,7 +92,11 @@ fn agent_json(a: &AgentView) -> Value {
             "agent_failures_total": a.agent_failures,
             "backend_failures_total": a.backend_failures,
         }
-    })
+    });
+    if a.signals != Default::default() {
+        v["engine"] = json!(a.signals);
+    }
+    v
 }
 
 /// `GET /admin/routing-table`.

@@ -22,6 +22,7 @@ use super::mesh::ShardMsg;
 use super::shared::SharedRef;
 use super::store_api::StoreMsg;
 use crate::logic::control::{Capability, ControlMsg, Registration};
+use crate::logic::engine_metrics::EngineSignals;
 use crate::logic::history::History;
 use crate::logic::policy::{self, AgentFacts, GateCounts, Step, StepPick};
 use crate::logic::preamble;
@@ -64,6 +65,8 @@ pub struct Agent {
     pub consecutive_failures: Cell<u64>,
     /// The model's capacity queue (a freed slot wakes its head).
     pub queue: Rc<RefCell<Waiters>>,
+    /// Latest engine signals from the agent.
+    pub signals: Cell<EngineSignals>,
 }
 
 /// The capacity queue's waiters: each is woken through its channel.
@@ -321,6 +324,8 @@ pub struct AgentView {
     pub agent_failures: u64,
     /// Backend-unhealthy transitions.
     pub backend_failures: u64,
+    /// Latest engine signals.
+    pub signals: EngineSignals,
 }
 
 /// Plain-data view of a shard.
@@ -412,6 +417,7 @@ impl Shard {
                         srtt: a.est.get().srtt(),
                         success_rate: (total > 0).then(|| a.success.get() as f64 / total as f64),
                         consecutive_failures: (total > 0).then(|| a.consecutive_failures.get()),
+                        signals: a.signals.get(),
                     }
                 })
             },
@@ -471,6 +477,7 @@ impl Shard {
             backend_failures: Cell::new(h.backend_failures),
             consecutive_failures: Cell::new(0),
             queue: self.queue_of(&reg_model),
+            signals: Cell::new(EngineSignals::default()),
         });
         let mut models = self.models.borrow_mut();
         let pool = models.entry(agent.reg.model.clone()).or_default();
@@ -571,6 +578,7 @@ impl Shard {
                 disconnections: a.disconnections.get(),
                 agent_failures: a.agent_failures.get(),
                 backend_failures: a.backend_failures.get(),
+                signals: a.signals.get(),
             })
             .collect();
         ShardSnapshot {
@@ -963,6 +971,10 @@ async fn serve_link(
                     // A recovered agent wakes every queued request.
                     wake_all(&agent.queue);
                 }
+            }
+            Ok(Ok(Some(ControlMsg::RoutingSignals { engine }))) => {
+                agent.live.set(true);
+                agent.signals.set(engine);
             }
             Ok(Ok(Some(other))) => {
                 warn!(peer_id = %agent.reg.peer_id, "unexpected control message {other:?}; closing link");

@@ -79,6 +79,7 @@ fn facts(
         srtt,
         success_rate: None,
         consecutive_failures: None,
+        signals: Default::default(),
     }
 }
 

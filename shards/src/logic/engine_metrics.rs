@@ -1,0 +1,216 @@
+//! Engine signals scraped from a backend's Prometheus `/metrics` (spec 03
+//! §9): KV-cache use, running and waiting requests, mean and p90 time to
+//! first token and inter-token latency. Pure: the agent passes the text.
+//! NaN and infinities are dropped; the first sample of a name wins.
+
+use serde::{Deserialize, Serialize};
+
+/// What an agent reports about its engine (each absent when not exposed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineSignals {
+    /// KV cache use, 0-1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_utilization: Option<f64>,
+    /// Requests being generated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_requests: Option<f64>,
+    /// Requests queued in the engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_requests: Option<f64>,
+    /// Mean time to first token, s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avg_ttft_seconds: Option<f64>,
+    /// p90 time to first token, s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p90_ttft_seconds: Option<f64>,
+    /// Mean inter-token latency, s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avg_itl_seconds: Option<f64>,
+    /// p90 inter-token latency, s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p90_itl_seconds: Option<f64>,
+}
+
+/// Metric names per engine.
+struct Names {
+    kv: &'static str,
+    running: &'static str,
+    waiting: &'static str,
+    ttft: &'static str,
+    itl: &'static str,
+}
+
+fn names(engine: &str) -> Option<Names> {
+    match engine {
+        "vllm" => Some(Names {
+            kv: "vllm:kv_cache_usage_perc",
+            running: "vllm:num_requests_running",
+            waiting: "vllm:num_requests_waiting",
+            ttft: "vllm:time_to_first_token_seconds",
+            itl: "vllm:inter_token_latency_seconds",
+        }),
+        "sglang" => Some(Names {
+            kv: "sglang:token_usage",
+            running: "sglang:num_running_reqs",
+            waiting: "sglang:num_queue_reqs",
+            ttft: "sglang:time_to_first_token_seconds",
+            itl: "sglang:inter_token_latency_seconds",
+        }),
+        "llamacpp" => Some(Names {
+            kv: "llamacpp:kv_cache_usage_ratio",
+            running: "llamacpp:requests_processing",
+            waiting: "llamacpp:requests_deferred",
+            ttft: "llamacpp:time_to_first_token_seconds",
+            itl: "llamacpp:time_per_output_token_seconds",
+        }),
+        _ => None,
+    }
+}
+
+/// Whether the engine exposes metrics the agent scrapes.
+pub fn scraped(engine: &str) -> bool {
+    names(engine).is_some()
+}
+
+/// One sample line: name, `le` label if any, value.
+fn sample(line: &str) -> Option<(&str, Option<f64>, f64)> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let (name_labels, value) = line.rsplit_once(' ')?;
+    let value: f64 = value.trim().parse().ok()?;
+    let (name, labels) = match name_labels.find('{') {
+        Some(i) => (name_labels.get(..i)?, name_labels.get(i..)),
+        None => (name_labels, None),
+    };
+    let le = labels.and_then(|l| {
+        let i = l.find("le=\"")?;
+        let rest = l.get(i + 4..)?;
+        let end = rest.find('"')?;
+        let v = rest.get(..end)?;
+        if v == "+Inf" {
+            Some(f64::INFINITY)
+        } else {
+            v.parse().ok()
+        }
+    });
+    Some((name.trim(), le, value))
+}
+
+/// Mean and p90 of a histogram from its cumulative buckets, sum and count
+/// (p90 by linear interpolation inside the bucket).
+fn hist(
+    buckets: &[(f64, f64)],
+    sum: Option<f64>,
+    count: Option<f64>,
+) -> (Option<f64>, Option<f64>) {
+    let Some(count) = count.filter(|c| *c > 0.0) else {
+        return (None, None);
+    };
+    let mean = sum.map(|s| s / count);
+    let target = 0.9 * count;
+    let mut prev_le = 0.0f64;
+    let mut prev_c = 0.0f64;
+    let mut p90 = None;
+    for (le, c) in buckets {
+        if *c >= target {
+            if le.is_infinite() {
+                p90 = Some(prev_le);
+            } else {
+                let span = c - prev_c;
+                let frac = if span > 0.0 {
+                    (target - prev_c) / span
+                } else {
+                    1.0
+                };
+                p90 = Some(prev_le + (le - prev_le) * frac);
+            }
+            break;
+        }
+        prev_le = *le;
+        prev_c = *c;
+    }
+    (mean, p90)
+}
+
+/// Parse a backend's metrics text for `engine`.
+pub fn parse(engine: &str, text: &str) -> EngineSignals {
+    let Some(n) = names(engine) else {
+        return EngineSignals::default();
+    };
+    let mut out = EngineSignals::default();
+    let mut ttft_b: Vec<(f64, f64)> = Vec::new();
+    let mut itl_b: Vec<(f64, f64)> = Vec::new();
+    let (mut ttft_sum, mut ttft_count, mut itl_sum, mut itl_count) = (None, None, None, None);
+    for line in text.lines() {
+        let Some((name, le, v)) = sample(line) else {
+            continue;
+        };
+        if !v.is_finite() {
+            continue;
+        }
+        let first = |slot: &mut Option<f64>| {
+            if slot.is_none() {
+                *slot = Some(v);
+            }
+        };
+        if name == n.kv {
+            first(&mut out.kv_cache_utilization);
+        } else if name == n.running {
+            first(&mut out.running_requests);
+        } else if name == n.waiting {
+            first(&mut out.waiting_requests);
+        } else if let Some(base) = name.strip_suffix("_bucket") {
+            if let Some(le) = le {
+                if base == n.ttft {
+                    ttft_b.push((le, v));
+                } else if base == n.itl {
+                    itl_b.push((le, v));
+                }
+            }
+        } else if name == format!("{}_sum", n.ttft) {
+            first(&mut ttft_sum);
+        } else if name == format!("{}_count", n.ttft) {
+            first(&mut ttft_count);
+        } else if name == format!("{}_sum", n.itl) {
+            first(&mut itl_sum);
+        } else if name == format!("{}_count", n.itl) {
+            first(&mut itl_count);
+        }
+    }
+    ttft_b.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
+    itl_b.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
+    (out.avg_ttft_seconds, out.p90_ttft_seconds) = hist(&ttft_b, ttft_sum, ttft_count);
+    (out.avg_itl_seconds, out.p90_itl_seconds) = hist(&itl_b, itl_sum, itl_count);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const VLLM: &str = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\nvllm:num_requests_waiting{model_name=\"m\"} 1\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.42\nvllm:kv_cache_usage_perc{model_name=\"other\"} 0.99\nvllm:time_to_first_token_seconds_bucket{le=\"0.1\"} 5\nvllm:time_to_first_token_seconds_bucket{le=\"0.5\"} 9\nvllm:time_to_first_token_seconds_bucket{le=\"1.0\"} 10\nvllm:time_to_first_token_seconds_bucket{le=\"+Inf\"} 10\nvllm:time_to_first_token_seconds_sum 2.5\nvllm:time_to_first_token_seconds_count 10\nvllm:num_requests_swapped NaN\n";
+
+    #[test]
+    fn vllm_text() {
+        let s = parse("vllm", VLLM);
+        assert_eq!(s.running_requests, Some(3.0));
+        assert_eq!(s.waiting_requests, Some(1.0));
+        assert_eq!(s.kv_cache_utilization, Some(0.42), "first sample wins");
+        assert_eq!(s.avg_ttft_seconds, Some(0.25));
+        // 90% of 10 = 9: reached exactly at le=0.5.
+        assert_eq!(s.p90_ttft_seconds, Some(0.5));
+        assert_eq!(s.avg_itl_seconds, None);
+        assert_eq!(parse("ollama", VLLM), EngineSignals::default());
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(t in ".{0,400}") {
+            let _ = parse("vllm", &t);
+            let _ = parse("sglang", &t);
+        }
+    }
+}
