@@ -62,3 +62,20 @@ fn embeddings_rerank_and_mismatch() {
     assert_eq!(v["capability"], "embedding");
     assert_eq!(v["agents"]["list"][0]["engine"], "infinity");
 }
+
+#[test]
+fn large_response_streams_through() {
+    let dir = tmpdir("large");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let (_s, port) = start_sim(&dir, "big-embed", &[]);
+    let _a = start_agent(&dir, &r, port, "big.key", &["--capability", "embedding"]);
+    wait_agents(r.http, "big-embed", 1);
+    // About 8 MiB of JSON back: above the router's 4 MiB buffering bound.
+    let inputs: Vec<String> = (0..60_000).map(|i| format!("w{i}")).collect();
+    let body = serde_json::json!({"model": "big-embed", "input": inputs}).to_string();
+    let (st, b) = post(r.http, "/v1/embeddings", &body).expect("req");
+    assert_eq!(st, 200);
+    assert!(b.len() > 4 * 1024 * 1024, "{} bytes", b.len());
+    let v: serde_json::Value = serde_json::from_slice(&b).expect("complete JSON");
+    assert_eq!(v["data"].as_array().map(Vec::len), Some(60_000));
+}

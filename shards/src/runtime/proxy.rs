@@ -125,6 +125,10 @@ async fn send_and_read_head(
     }
 }
 
+/// Non-streaming bodies up to this size are buffered (one write to the
+/// client, usage parsed); larger ones stream through.
+const BUFFERED_BODY: usize = 4 * 1024 * 1024;
+
 /// One read from the agent's stream, bounded by an idle timeout so a hung
 /// agent cannot hold a client (and a slot) forever.
 async fn read_idle(
@@ -176,6 +180,43 @@ async fn relay(
             let Ok(n) = usize::try_from(n) else {
                 return Relay::UpstreamFailed("response too large".into());
             };
+            if n > BUFFERED_BODY {
+                // Large bodies stream through in pieces (no usage parsing):
+                // an agent cannot make the router hold gigabytes.
+                let mut out = Vec::with_capacity(512);
+                http_write::write_response_head(
+                    &mut out,
+                    head.status,
+                    &head.headers,
+                    OutFraming::Length(n),
+                    keep,
+                    &refs(&extra_headers(&conn.request_id)),
+                );
+                buf.truncate(n);
+                let mut left = n - buf.len();
+                out.extend_from_slice(&buf);
+                if conn.write_all(out).await.is_err() {
+                    return Relay::ClientGone;
+                }
+                while left > 0 {
+                    match read_idle(&mut s, &mut tmp, idle).await {
+                        Ok(0) => return Relay::UpstreamFailed("agent closed mid-body".into()),
+                        Ok(k) => {
+                            let k = k.min(left);
+                            left -= k;
+                            if conn
+                                .write_all(tmp.get(..k).unwrap_or(&[]).to_vec())
+                                .await
+                                .is_err()
+                            {
+                                return Relay::ClientGone;
+                            }
+                        }
+                        Err(e) => return Relay::UpstreamFailed(e.to_string()),
+                    }
+                }
+                return Relay::Done(None);
+            }
             while buf.len() < n {
                 match read_idle(&mut s, &mut tmp, idle).await {
                     Ok(0) => return Relay::UpstreamFailed("agent closed mid-body".into()),
