@@ -47,9 +47,13 @@ echo "== requests served per agent (from /metrics)"
 curl -s "http://127.0.0.1:$METRICS/metrics" | grep '^hivenet_agent_requests_success_total' \
   | sed -E 's/.*peer_id="([^"]+)".*machine="([^"]+)".* ([0-9]+)$/   \2 (\1): \3/'
 echo "== latency per agent (GET /admin/routing-table)"
-curl -s -H "Authorization: Bearer $HIVENET_ROUTER_ADMIN_API_KEY_DEMO" "http://127.0.0.1:$HTTP/admin/routing-table" \
-  | python3 -c 'import json,sys; t=json.load(sys.stdin)
+TABLE="$(curl -s -H "Authorization: Bearer $HIVENET_ROUTER_ADMIN_API_KEY_DEMO" "http://127.0.0.1:$HTTP/admin/routing-table")"
+if command -v python3 >/dev/null 2>&1; then
+  printf '%s' "$TABLE" | python3 -c 'import json,sys; t=json.load(sys.stdin)
 for a in t["agents"]:
     u=a["universal"]; print("   %s %s: %s srtt=%s ms rttvar=%s ms ok=%d" % (a["metadata"].get("machine",""), a["peer_id"][:16], u["latency_state"], u["srtt_ms"] and round(u["srtt_ms"],2), u["rttvar_ms"] and round(u["rttvar_ms"],2), u["successful_requests_total"]))'
+else
+  echo "   $TABLE"
+fi
 echo "== requests served per shard"
 curl -s "http://127.0.0.1:$METRICS/metrics" | grep '^hivenet_shard_requests_total' | sed 's/^/   /'
