@@ -122,6 +122,20 @@ fn build() -> Result<Startup, String> {
         .map_err(|_| "--p2p-port: must be a port number".to_string())?;
     let ip = cli::parse_ip(&f.p2p_listen_addr).map_err(|e| format!("--p2p-listen-addr: {e}"))?;
     cfg.p2p_addr = std::net::SocketAddr::new(ip, p2p_port);
+    let ports = [
+        ("--http-port", cfg.http_addr.port()),
+        ("--metrics-port", cfg.metrics_addr.port()),
+        ("--p2p-port", cfg.p2p_addr.port()),
+    ];
+    for (i, (a, pa)) in ports.iter().enumerate() {
+        for (b, pb) in ports.iter().skip(i + 1) {
+            if *pa != 0 && pa == pb {
+                return Err(format!(
+                    "{a} and {b} use the same port {pa}; each listener needs its own"
+                ));
+            }
+        }
+    }
     cfg.request_timeout = cli::parse_duration(
         "--request-timeout",
         &cli::flag_or_env(f.request_timeout, "HIVENET_ROUTER_REQUEST_TIMEOUT", "60s"),
@@ -327,7 +341,9 @@ fn run(
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded()).unzip();
     let shared = Arc::new(Shared {
         cfg: cfg.clone(),
-        directory: RwLock::new(Directory::new(n)),
+        directory: RwLock::new(Arc::new(Directory::new(n))),
+        directory_version: std::sync::atomic::AtomicU64::new(0),
+        policy_version: std::sync::atomic::AtomicU64::new(0),
         mesh: senders,
         keypair: keypair.clone(),
         psk,

@@ -156,3 +156,42 @@ fn capacity_is_capped_to_the_link_stream_budget() {
     assert_eq!(t["agents"][0]["metadata"]["capacity"], 1024, "{t}");
     assert!(r.proc.log_text().contains("agent capacity capped"));
 }
+
+#[test]
+fn router_refuses_shared_or_taken_ports() {
+    let p = free_port().to_string();
+    let h = format!("127.0.0.1:{p}");
+    let out = Command::new(bin("hivenet-router"))
+        .args(["--http-port", &h, "--metrics-port", &h, "--p2p-port", "0"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("use the same port"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A port another listener holds is refused, not silently shared.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken = format!("127.0.0.1:{}", held.local_addr().expect("addr").port());
+    let m = format!("127.0.0.1:{}", free_port());
+    let out = Command::new(bin("hivenet-router"))
+        .args([
+            "--http-port",
+            &taken,
+            "--metrics-port",
+            &m,
+            "--p2p-port",
+            "0",
+        ])
+        .env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
+        .current_dir(tmpdir("taken"))
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot listen on"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -85,12 +85,24 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// A free port, never the same twice in one test binary (the kernel can
+/// hand a just-released port out again, and two of our SO_REUSEPORT
+/// listeners on one port would split each other's connections).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static GIVEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let given = GIVEN.get_or_init(|| Mutex::new(HashSet::new()));
+    loop {
+        let p = TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        if given.lock().expect("lock").insert(p) {
+            return p;
+        }
+    }
 }
 
 pub fn tmpdir(tag: &str) -> PathBuf {

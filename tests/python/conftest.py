@@ -14,10 +14,19 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("HIVENET_BIN_DIR", os.path.join(ROOT, "target", "debug"))
 
 
+_GIVEN = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port, never the same twice in one run (our listeners use
+    SO_REUSEPORT, so two of them on one port would split connections)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p not in _GIVEN:
+            _GIVEN.add(p)
+            return p
 
 
 def get_json(url, timeout=2):

@@ -53,6 +53,11 @@ impl Directory {
             .map(|e| e.shard)
     }
 
+    /// The shard of a confirmed or reserved model.
+    pub fn reserved(&self, model: &str) -> Option<usize> {
+        self.owners.get(model).map(|e| e.shard)
+    }
+
     /// The shard an agent of `model` should be served by: its owner or
     /// reservation, else a new reservation on the least-loaded shard
     /// (when the reservation bound is reached: the tentative shard,

@@ -33,6 +33,26 @@ impl DriverChoice {
 
 /// Bind `n` SO_REUSEPORT listeners on `addr` (port 0 resolved by the first).
 pub fn bind_reuseport(addr: SocketAddr, n: usize) -> io::Result<Vec<TcpListener>> {
+    // SO_REUSEPORT would let us join another process's (or another of our
+    // own) listeners on the same port and silently split its traffic:
+    // first check the port is free with a plain bind.
+    // A previous instance that just exited can hold its listener a little
+    // longer (io_uring tears its ring down asynchronously): retry for ~2 s.
+    if addr.port() != 0 {
+        let mut tries = 0;
+        loop {
+            let probe = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+            probe.set_reuse_address(true)?;
+            match probe.bind(&addr.into()) {
+                Ok(()) => break,
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse && tries < 40 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
     let mut out = Vec::with_capacity(n);
     let mut addr = addr;
     for _ in 0..n.max(1) {

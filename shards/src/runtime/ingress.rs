@@ -457,7 +457,7 @@ async fn read_and_dispatch(
         Err(e) => return ok(send_error(conn, &e, keep).await),
     };
     // Unknown model: answered here; no directory entry, no metric series.
-    let Some(owner) = shard.shared.owner(&meta.model) else {
+    let Some(owner) = shard.owner(&meta.model) else {
         return ok(send_error(
             conn,
             &ApiError::new(

@@ -456,7 +456,7 @@ pub async fn forward(shard: &Rc<Shard>, conn: &mut Conn, p: &PendingRequest) -> 
     let request = build_request(p);
     let cfg = &shard.shared.cfg;
     let deadline = p.received_at + cfg.request_timeout;
-    let policy = shard.shared.policy_for(model);
+    let policy = shard.policy_for(model);
     let mut session = Session::new(&policy, cfg.max_tries_per_step);
     let mut last_full = false;
     // The queue place this request holds (kept when it loses a race), and

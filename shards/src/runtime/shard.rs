@@ -8,6 +8,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::TcpListener as StdListener;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use futures::channel::mpsc::UnboundedReceiver;
 use futures::StreamExt;
@@ -287,6 +288,10 @@ pub struct Shard {
     /// Counters.
     pub counters: Counters,
     next_agent: Cell<u64>,
+    /// Directory snapshot and the version it was taken at.
+    dir_cache: RefCell<(u64, Arc<crate::logic::directory::Directory>)>,
+    /// Policy snapshot and the version it was taken at.
+    policy_cache: RefCell<(u64, Arc<super::shared::PolicySet>)>,
 }
 
 /// Plain-data view of one agent for metrics and `/v1/models`.
@@ -358,7 +363,39 @@ impl Shard {
             models: RefCell::new(HashMap::new()),
             counters: Counters::default(),
             next_agent: Cell::new(1),
+            dir_cache: RefCell::new((
+                u64::MAX,
+                Arc::new(crate::logic::directory::Directory::new(1)),
+            )),
+            policy_cache: RefCell::new((u64::MAX, Arc::new(super::shared::PolicySet::default()))),
         }
+    }
+
+    /// Owner of a confirmed model, from this shard's directory snapshot
+    /// (refreshed only when the shared version moved).
+    pub fn owner(&self, model: &str) -> Option<usize> {
+        let v = self
+            .shared
+            .directory_version
+            .load(std::sync::atomic::Ordering::Acquire);
+        let mut c = self.dir_cache.borrow_mut();
+        if c.0 != v {
+            *c = (v, self.shared.directory_snapshot());
+        }
+        c.1.owner(model)
+    }
+
+    /// The policy snapshot for a request, from this shard's cache.
+    pub fn policy_for(&self, model: &str) -> Arc<crate::logic::policy::Policy> {
+        let v = self
+            .shared
+            .policy_version
+            .load(std::sync::atomic::Ordering::Acquire);
+        let mut c = self.policy_cache.borrow_mut();
+        if c.0 != v {
+            *c = (v, self.shared.policy_set());
+        }
+        c.1.for_model(model)
     }
 
     /// Count one served inference request.

@@ -70,7 +70,12 @@ pub struct Shared {
     /// Settings.
     pub cfg: RouterConfig,
     /// Model -> owning shard.
-    pub directory: RwLock<Directory>,
+    pub directory: RwLock<Arc<Directory>>,
+    /// Bumped on every directory change: shards keep a snapshot and only
+    /// take the lock when it moved (no shared writes on the request path).
+    pub directory_version: std::sync::atomic::AtomicU64,
+    /// Bumped on every policy change (same scheme).
+    pub policy_version: std::sync::atomic::AtomicU64,
     /// One sender per shard, indexed by shard id.
     pub mesh: Vec<UnboundedSender<ShardMsg>>,
     /// The router's libp2p identity.
@@ -132,18 +137,37 @@ impl PolicySet {
 }
 
 impl Shared {
-    /// Owner of a model, if known.
-    pub fn owner(&self, model: &str) -> Option<usize> {
-        self.directory.read().ok().and_then(|d| d.owner(model))
+    /// The current directory snapshot.
+    pub fn directory_snapshot(&self) -> Arc<Directory> {
+        match self.directory.read() {
+            Ok(d) => d.clone(),
+            Err(_) => Arc::new(Directory::new(self.mesh.len())),
+        }
     }
 
-    /// The owner for a registering agent's model: known owner, or the
-    /// shard a new model would get.
+    /// Copy-on-write change of the directory (rare: agent arrivals).
+    fn update_directory<R>(&self, f: impl FnOnce(&mut Directory) -> R) -> Option<R> {
+        let mut g = self.directory.write().ok()?;
+        let mut next = (**g).clone();
+        let r = f(&mut next);
+        *g = Arc::new(next);
+        self.directory_version
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        Some(r)
+    }
+
+    /// Owner of a model, if known (slow path: shards use their snapshot).
+    pub fn owner(&self, model: &str) -> Option<usize> {
+        self.directory_snapshot().owner(model)
+    }
+
+    /// The owner for a registering agent's model: known owner or
+    /// reservation, else a new reservation on the least-loaded shard.
     pub fn owner_or_tentative(&self, model: &str) -> usize {
-        match self.directory.write() {
-            Ok(mut d) => d.reserve(model),
-            Err(_) => 0,
+        if let Some(o) = self.directory_snapshot().reserved(model) {
+            return o;
         }
+        self.update_directory(|d| d.reserve(model)).unwrap_or(0)
     }
 
     /// The policy snapshot for a request.
@@ -170,6 +194,8 @@ impl Shared {
         if let Ok(mut g) = self.policies.write() {
             *g = Arc::new(set);
         }
+        self.policy_version
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -187,10 +213,11 @@ impl Shared {
     /// Record `preferred` as the owner of `model` unless it already has one;
     /// returns the owner.
     pub fn assign(&self, model: &str, preferred: usize) -> usize {
-        match self.directory.write() {
-            Ok(mut d) => d.assign(model, preferred),
-            Err(_) => preferred,
+        if let Some(o) = self.directory_snapshot().owner(model) {
+            return o;
         }
+        self.update_directory(|d| d.assign(model, preferred))
+            .unwrap_or(preferred)
     }
 }
 
