@@ -573,6 +573,16 @@ impl Shard {
         }
     }
 
+    /// The in-memory record of a registered peer, if any.
+    fn live_history(&self, model: &str, peer_id: &str) -> Option<History> {
+        self.models.borrow().get(model).and_then(|p| {
+            p.agents
+                .iter()
+                .find(|a| a.reg.peer_id == peer_id)
+                .map(|a| a.history())
+        })
+    }
+
     /// Every agent's record.
     pub fn all_history(&self) -> Vec<(String, History)> {
         self.models
@@ -979,7 +989,13 @@ async fn serve_link(
     }
     // Warm start: the store's record for this peer ID (the registration path
     // may wait for the store; the request path never does).
-    let history = shard.lookup_history(&reg.peer_id).await;
+    // A peer that re-registers while its previous entry is still here keeps
+    // its live state (fresher than the store's last flush).
+    let live = shard.live_history(&reg.model, &reg.peer_id);
+    let history = match live {
+        Some(h) => Some(h),
+        None => shard.lookup_history(&reg.peer_id).await,
+    };
     if let Some(h) = &history {
         info!(peer_id = %reg.peer_id, srtt_ms = ?h.srtt, rttvar_ms = ?h.rttvar, success = h.success, failed = h.failed,
               record_age_s = clock::unix_secs().saturating_sub(h.written_at), "warm start from the history store");
