@@ -1,0 +1,132 @@
+//! Health: three missed heartbeats make an agent unhealthy (and a later
+//! frame makes it healthy again); a backend that stops answering its
+//! health check is reported unhealthy by its agent and comes back.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+use shards::logic::control::{ControlMsg, Registration};
+use shards::runtime::executor::{run_on_runtime, DriverChoice};
+use shards::runtime::link;
+
+#[test]
+fn missed_heartbeats_make_an_agent_unhealthy() {
+    let dir = tmpdir("heartbeat");
+    let r = start_router(
+        &dir,
+        &["--shards", "1", "--heartbeat-interval", "200ms"],
+        &[],
+    );
+    let p2p = r.p2p;
+    // An agent that registers, stays connected, and never sends a heartbeat.
+    let silent = std::thread::spawn(move || {
+        run_on_runtime(DriverChoice::Auto, |_| async move {
+            let kp = libp2p_identity::Keypair::generate_ed25519();
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p2p));
+            let Ok((_, conn)) = link::dial(addr, "hb-model", None, &kp).await else {
+                return;
+            };
+            let (h, _inb, _closed) = link::spawn_driver(conn);
+            let Ok(mut ctl) = h.open(link::CONTROL_PROTOCOL).await else {
+                return;
+            };
+            let reg = Registration {
+                peer_id: kp.public().to_peer_id().to_string(),
+                model: "hb-model".into(),
+                engine: "custom".into(),
+                capacity: 1,
+                ..Default::default()
+            };
+            let _ = link::write_frame(&mut ctl, &ControlMsg::Register(reg)).await;
+            let mut buf = Vec::new();
+            let _ = link::read_frame(&mut ctl, &mut buf).await;
+            // Silent for 1.5 s (more than 3 x 200 ms), then one heartbeat.
+            monoio::time::sleep(Duration::from_millis(1500)).await;
+            let _ = link::write_frame(
+                &mut ctl,
+                &ControlMsg::Heartbeat {
+                    backend_healthy: true,
+                },
+            )
+            .await;
+            monoio::time::sleep(Duration::from_millis(1500)).await;
+        });
+    });
+    wait_until(
+        Duration::from_secs(5),
+        || healthy_agents(r.http, "hb-model") == 1,
+        "registration",
+    );
+    wait_until(
+        Duration::from_secs(3),
+        || healthy_agents(r.http, "hb-model") == 0,
+        "unhealthy after 3 missed heartbeats",
+    );
+    let t = routing_table(r.http);
+    assert_eq!(
+        t["agents"][0]["status"]["healthy"], false,
+        "still registered, not routable: {t}"
+    );
+    assert_eq!(t["agents"][0]["universal"]["agent_failures_total"], 1);
+    wait_until(
+        Duration::from_secs(3),
+        || healthy_agents(r.http, "hb-model") == 1,
+        "healthy again after a heartbeat",
+    );
+    let _ = silent.join();
+    wait_until(
+        Duration::from_secs(3),
+        || routing_table(r.http)["total"] == 0,
+        "gone when the link closes",
+    );
+}
+
+#[test]
+fn backend_down_is_reported_and_recovers() {
+    let dir = tmpdir("backend");
+    let r = start_router(
+        &dir,
+        &["--shards", "1", "--heartbeat-interval", "200ms"],
+        &[],
+    );
+    let (mut sim, port) = start_sim(&dir, "bk-model", &[]);
+    let _a = start_agent(&dir, &r, port, "bk.key", &[]);
+    wait_agents(r.http, "bk-model", 1);
+    sim.kill9();
+    wait_until(
+        Duration::from_secs(5),
+        || healthy_agents(r.http, "bk-model") == 0,
+        "agent reports its backend down",
+    );
+    let t = routing_table(r.http);
+    assert_eq!(t["agents"][0]["status"]["backend_healthy"], false, "{t}");
+    let (st, b) = post(
+        r.http,
+        "/v1/chat/completions",
+        r#"{"model":"bk-model","messages":[]}"#,
+    )
+    .expect("req");
+    assert_eq!(st, 503, "{}", String::from_utf8_lossy(&b));
+    assert!(String::from_utf8_lossy(&b).contains("offline or unhealthy"));
+    // The backend comes back on the same port.
+    let ps = port.to_string();
+    let _sim2 = spawn(
+        "hivenet-sim",
+        &["--port", &ps, "--model", "bk-model"],
+        &dir,
+        &[],
+    );
+    wait_until(
+        Duration::from_secs(5),
+        || healthy_agents(r.http, "bk-model") == 1,
+        "healthy again",
+    );
+    let (st, _) = post(
+        r.http,
+        "/v1/chat/completions",
+        r#"{"model":"bk-model","messages":[]}"#,
+    )
+    .expect("req");
+    assert_eq!(st, 200);
+}
