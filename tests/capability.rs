@@ -61,6 +61,15 @@ fn embeddings_rerank_and_mismatch() {
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(v["capability"], "embedding");
     assert_eq!(v["agents"]["list"][0]["engine"], "infinity");
+    let (st, b) = get_auth(r.http, "/admin/models/embed-model", ADMIN_KEY).expect("admin detail");
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
+    assert_eq!(v["agents"]["total"], 1);
+    let (st, b) = get_auth(r.http, "/admin/health", ADMIN_KEY).expect("admin health");
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
+    assert_eq!(v["status"], "healthy");
+    assert_eq!(v["healthy_agents"], 2);
 }
 
 #[test]

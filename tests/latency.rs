@@ -336,6 +336,15 @@ fn admin_authentication() {
     );
     let (st, _) = get_auth(r.http, "/admin/routing-table", ADMIN_KEY).expect("right key");
     assert_eq!(st, 200);
+    let (st, b) = get_auth(r.http, "/admin/health", ADMIN_KEY).expect("health");
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
+    assert_eq!(v["status"], "degraded", "no agent yet: {v}");
+    assert_eq!(v["total_agents"], 0);
+    let (st, _) = get_auth(r.http, "/admin/models/none", ADMIN_KEY).expect("model");
+    assert_eq!(st, 404);
+    let (st, _) = get(r.http, "/admin/health").expect("no key");
+    assert_eq!(st, 401);
     // Without keys and without the insecure opt-in, the router refuses to start.
     let out = Command::new(bin("hivenet-router"))
         .args([

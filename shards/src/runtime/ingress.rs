@@ -386,9 +386,60 @@ async fn admin_route(
             let body = models_list(snaps.iter().flat_map(|s| s.agents.iter()));
             ok(send_json(conn, 200, &body, keep).await)
         }
-        (_, "/admin/routing-table" | "/admin/metrics/reset" | "/admin/models") => {
-            ok(send_error(conn, &method_not_allowed(&head.method, path), keep).await)
+        ("GET", p) if p.starts_with("/admin/models/") => {
+            let id = p.trim_start_matches("/admin/models/").to_string();
+            let snaps = shard.gather().await;
+            let v: Vec<&AgentView> = snaps
+                .iter()
+                .flat_map(|s| s.agents.iter())
+                .filter(|a| a.reg.model == id)
+                .collect();
+            if v.is_empty() {
+                let e = ApiError::new(
+                    ErrorCode::ModelNotFound,
+                    format!("No agents registered for model: {id}"),
+                );
+                return ok(send_error(conn, &e, keep).await);
+            }
+            let body = serde_json::to_vec(&model_object(&id, &v, true)).unwrap_or_default();
+            ok(send_json(conn, 200, &body, keep).await)
         }
+        ("GET", "/admin/health") => {
+            let snaps = shard.gather().await;
+            let agents: Vec<&AgentView> = snaps.iter().flat_map(|s| s.agents.iter()).collect();
+            let healthy = agents.iter().filter(|a| a.healthy).count();
+            let list: Vec<_> = agents
+                .iter()
+                .map(|a| {
+                    json!({"peer_id": a.peer_id, "model": a.reg.model, "engine": a.reg.engine, "version": a.reg.version,
+                           "capacity": a.reg.capacity, "region": a.reg.region, "is_healthy": a.healthy, "last_seen": a.last_seen})
+                })
+                .collect();
+            let queued: usize = snaps
+                .iter()
+                .flat_map(|s| s.models.iter())
+                .map(|(_, st)| st.queue_depth)
+                .sum();
+            let body = json!({
+                "status": if healthy > 0 { "healthy" } else { "degraded" },
+                "total_agents": agents.len(),
+                "healthy_agents": healthy,
+                "queue_length": queued,
+                "timestamp": super::clock::unix_secs(),
+                "agents": list,
+            });
+            ok(send_json(
+                conn,
+                200,
+                &serde_json::to_vec(&body).unwrap_or_default(),
+                keep,
+            )
+            .await)
+        }
+        (
+            _,
+            "/admin/routing-table" | "/admin/metrics/reset" | "/admin/models" | "/admin/health",
+        ) => ok(send_error(conn, &method_not_allowed(&head.method, path), keep).await),
         _ => ok(send_error(conn, &no_route(&head.method, path), keep).await),
     }
 }
