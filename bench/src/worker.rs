@@ -250,11 +250,13 @@ async fn one(
                 open.set(open.get() - 1);
             }
         }
-        Ok(Err(e)) => {
+        failed => {
+            // The connection is dropped: a transport error, a cut stream or a timeout.
             open.set(open.get() - 1);
-            let code = match e.kind() {
-                io::ErrorKind::UnexpectedEof => "cut",
-                _ => "io",
+            let code = match failed {
+                Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => "cut",
+                Ok(Err(_)) => "io",
+                _ => "timeout",
             };
             finish(
                 &rec,
@@ -265,19 +267,6 @@ async fn one(
                 None,
                 0,
                 Some(code.into()),
-            );
-        }
-        Err(_) => {
-            open.set(open.get() - 1);
-            finish(
-                &rec,
-                &progress,
-                intended,
-                sent_at,
-                start,
-                None,
-                0,
-                Some("timeout".into()),
             );
         }
     }

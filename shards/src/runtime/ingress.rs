@@ -263,17 +263,13 @@ async fn route(
         const ADMIN_BODY: u64 = 1024 * 1024;
         if let BodyFraming::Length(n) = head.framing {
             if n > ADMIN_BODY {
-                let body = br#"{"error":"failed to read request body (max 1 MB)"}"#;
-                let mut out = Vec::new();
-                http_write::write_full_response(
-                    &mut out,
+                send_json(
+                    conn,
                     400,
-                    "application/json",
-                    body,
+                    br#"{"error":"failed to read request body (max 1 MB)"}"#,
                     false,
-                    &refs(&extra_headers(&conn.request_id)),
-                );
-                let _ = conn.write_all(out).await;
+                )
+                .await;
                 return Routed::Close;
             }
         }
@@ -285,17 +281,13 @@ async fn route(
         {
             Ok(BodyRead::Ok(b)) => b,
             _ => {
-                let body = br#"{"error":"failed to read request body (max 1 MB)"}"#;
-                let mut out = Vec::new();
-                http_write::write_full_response(
-                    &mut out,
+                send_json(
+                    conn,
                     400,
-                    "application/json",
-                    body,
+                    br#"{"error":"failed to read request body (max 1 MB)"}"#,
                     false,
-                    &refs(&extra_headers(&conn.request_id)),
-                );
-                let _ = conn.write_all(out).await;
+                )
+                .await;
                 return Routed::Close;
             }
         };
