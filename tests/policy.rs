@@ -410,3 +410,33 @@ fn engine_signal_gate_from_scraped_metrics() {
     );
     assert_eq!(after["free"], before["free"] + 8);
 }
+
+#[test]
+fn host_signal_gate_from_the_agent() {
+    let dir = tmpdir("hwgate");
+    let pf = dir.join("policy.yaml");
+    // Any host with memory in use at all is excluded once it reports.
+    std::fs::write(&pf, "routing_policy:\n  exclude_if:\n    memory_used_percent:\n      gt: 0.0001\n  strategy: least-loaded\n").expect("policy");
+    let pfs = pf.to_string_lossy().to_string();
+    let r = start_router(&dir, &["--shards", "1", "--policy-file", &pfs], &[]);
+    let (_s, port) = start_sim(&dir, "hw-model", &[]);
+    let _a = start_agent(
+        &dir,
+        &r,
+        port,
+        "hw.key",
+        &["--engine-sample-interval", "100ms"],
+    );
+    wait_agents(r.http, "hw-model", 1);
+    wait_until(
+        Duration::from_secs(5),
+        || routing_table(r.http)["agents"][0]["hardware"]["memory"]["used_percent"].is_number(),
+        "host signals in the routing table",
+    );
+    let (st, b) = chat(r.http, "hw-model", false);
+    assert_eq!(st, 503, "{}", String::from_utf8_lossy(&b));
+    assert!(
+        r.proc.log_text().contains("exclude_if=1"),
+        "the gate removed it"
+    );
+}

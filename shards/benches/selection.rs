@@ -56,6 +56,7 @@ fn facts(a: &Agent) -> AgentFacts<'_> {
         success_rate: Some(0.99),
         consecutive_failures: Some(0),
         signals: Default::default(),
+        hardware: Default::default(),
     }
 }
 

@@ -272,16 +272,13 @@ async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(
     // Engine signals (vllm, sglang, llamacpp): scraped every
     // --engine-sample-interval and pushed when they change (or every 5 s).
     let scrape = shards::logic::engine_metrics::scraped(cfg.engine.as_str());
-    let tick_every = if scrape {
-        cfg.signal_interval.min(hb)
-    } else {
-        hb
-    };
+    // Routing signals every --engine-sample-interval: engine metrics (vllm,
+    // sglang, llamacpp) and host CPU and memory (every engine).
+    let tick_every = cfg.signal_interval.min(hb);
     let mut next_hb = shards::runtime::clock::now() + hb;
-    let mut last_sent: Option<(
-        shards::logic::engine_metrics::EngineSignals,
-        shards::runtime::clock::Instant,
-    )> = None;
+    let mut cpu_prev = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|t| shards::logic::hardware::cpu_ticks(&t));
     loop {
         let tick = monoio::time::sleep(tick_every);
         futures::pin_mut!(tick);
@@ -289,34 +286,37 @@ async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(
             futures::future::Either::Left(_) => {}
             futures::future::Either::Right(_) => break,
         }
+        let mut engine = shards::logic::engine_metrics::EngineSignals::default();
         if scrape {
             if let Ok((h, body)) =
                 backend::fetch(&cfg.backend, "GET", "/metrics", b"", Duration::from_secs(2)).await
             {
                 if h.status == 200 {
-                    let text = String::from_utf8_lossy(&body);
-                    let signals = shards::logic::engine_metrics::parse(cfg.engine.as_str(), &text);
-                    let now = shards::runtime::clock::now();
-                    let due = match last_sent {
-                        Some((prev, at)) => {
-                            prev != signals || now.duration_since(at) >= Duration::from_secs(5)
-                        }
-                        None => true,
-                    };
-                    if due {
-                        if let Err(e) = link::write_frame(
-                            &mut ctl,
-                            &ControlMsg::RoutingSignals { engine: signals },
-                        )
-                        .await
-                        {
-                            drop(server);
-                            return Err(format!("routing signals: {e}"));
-                        }
-                        last_sent = Some((signals, now));
-                    }
+                    engine = shards::logic::engine_metrics::parse(
+                        cfg.engine.as_str(),
+                        &String::from_utf8_lossy(&body),
+                    );
                 }
             }
+        }
+        let cpu_now = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|t| shards::logic::hardware::cpu_ticks(&t));
+        let hardware = shards::logic::hardware::HardwareSignals {
+            cpu_usage_percent: match (cpu_prev, cpu_now) {
+                (Some(p), Some(n)) => shards::logic::hardware::cpu_usage(p, n),
+                _ => None,
+            },
+            memory_used_percent: std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|t| shards::logic::hardware::memory_used(&t)),
+        };
+        cpu_prev = cpu_now;
+        if let Err(e) =
+            link::write_frame(&mut ctl, &ControlMsg::RoutingSignals { engine, hardware }).await
+        {
+            drop(server);
+            return Err(format!("routing signals: {e}"));
         }
         if shards::runtime::clock::now() < next_hb {
             continue;

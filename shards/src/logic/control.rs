@@ -105,8 +105,11 @@ pub enum ControlMsg {
     },
     /// Engine signals scraped from the backend's `/metrics`.
     RoutingSignals {
-        /// The latest values.
+        /// The latest engine values.
         engine: super::engine_metrics::EngineSignals,
+        /// The latest host values.
+        #[serde(default)]
+        hardware: super::hardware::HardwareSignals,
     },
 }
 

@@ -9,6 +9,7 @@ pub mod core_plan;
 pub mod directory;
 pub mod engine_metrics;
 pub mod errors;
+pub mod hardware;
 pub mod history;
 pub mod http_parse;
 pub mod http_write;

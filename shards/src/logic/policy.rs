@@ -491,6 +491,8 @@ pub struct AgentFacts<'a> {
     pub consecutive_failures: Option<u64>,
     /// Engine signals the agent reported (absent fields pass).
     pub signals: super::engine_metrics::EngineSignals,
+    /// Host signals the agent reported (absent fields pass).
+    pub hardware: super::hardware::HardwareSignals,
 }
 
 impl AgentFacts<'_> {
@@ -509,8 +511,10 @@ impl AgentFacts<'_> {
             Field::P90TtftSeconds => self.signals.p90_ttft_seconds,
             Field::AvgItlSeconds => self.signals.avg_itl_seconds,
             Field::P90ItlSeconds => self.signals.p90_itl_seconds,
-            // Hardware signals are not reported by agents yet: absent passes.
-            _ => None,
+            Field::MemoryUsedPercent => self.hardware.memory_used_percent,
+            Field::CpuUsagePercent => self.hardware.cpu_usage_percent,
+            // GPU signals are not reported by agents yet: absent passes.
+            Field::GpuTemperatureC | Field::GpuUtilPercent | Field::GpuVramUsedPercent => None,
         }
     }
 

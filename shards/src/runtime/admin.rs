@@ -96,6 +96,16 @@ fn agent_json(a: &AgentView) -> Value {
     if a.signals != Default::default() {
         v["engine"] = json!(a.signals);
     }
+    if a.hardware != Default::default() {
+        let mut hw = json!({});
+        if let Some(c) = a.hardware.cpu_usage_percent {
+            hw["cpu"] = json!({"usage_percent": c * 100.0});
+        }
+        if let Some(m) = a.hardware.memory_used_percent {
+            hw["memory"] = json!({"used_percent": m * 100.0});
+        }
+        v["hardware"] = hw;
+    }
     v
 }
 

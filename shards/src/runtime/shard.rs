@@ -24,6 +24,7 @@ use super::shared::SharedRef;
 use super::store_api::StoreMsg;
 use crate::logic::control::{Capability, ControlMsg, Registration};
 use crate::logic::engine_metrics::EngineSignals;
+use crate::logic::hardware::HardwareSignals;
 use crate::logic::history::History;
 use crate::logic::policy::{self, AgentFacts, GateCounts, Step, StepPick};
 use crate::logic::preamble;
@@ -68,6 +69,8 @@ pub struct Agent {
     pub queue: Rc<RefCell<Waiters>>,
     /// Latest engine signals from the agent.
     pub signals: Cell<EngineSignals>,
+    /// Latest host signals from the agent.
+    pub hardware: Cell<HardwareSignals>,
 }
 
 /// The capacity queue's waiters: each is woken through its channel.
@@ -331,6 +334,8 @@ pub struct AgentView {
     pub backend_failures: u64,
     /// Latest engine signals.
     pub signals: EngineSignals,
+    /// Latest host signals.
+    pub hardware: HardwareSignals,
 }
 
 /// Plain-data view of a shard.
@@ -455,6 +460,7 @@ impl Shard {
                         success_rate: (total > 0).then(|| a.success.get() as f64 / total as f64),
                         consecutive_failures: (total > 0).then(|| a.consecutive_failures.get()),
                         signals: a.signals.get(),
+                        hardware: a.hardware.get(),
                     }
                 })
             },
@@ -515,6 +521,7 @@ impl Shard {
             consecutive_failures: Cell::new(0),
             queue: self.queue_of(&reg_model),
             signals: Cell::new(EngineSignals::default()),
+            hardware: Cell::new(HardwareSignals::default()),
         });
         let mut models = self.models.borrow_mut();
         let pool = models.entry(agent.reg.model.clone()).or_default();
@@ -626,6 +633,7 @@ impl Shard {
                 agent_failures: a.agent_failures.get(),
                 backend_failures: a.backend_failures.get(),
                 signals: a.signals.get(),
+                hardware: a.hardware.get(),
             })
             .collect();
         ShardSnapshot {
@@ -1025,9 +1033,10 @@ async fn serve_link(
                     wake_all(&agent.queue);
                 }
             }
-            Ok(Ok(Some(ControlMsg::RoutingSignals { engine }))) => {
+            Ok(Ok(Some(ControlMsg::RoutingSignals { engine, hardware }))) => {
                 agent.live.set(true);
                 agent.signals.set(engine);
+                agent.hardware.set(hardware);
             }
             Ok(Ok(Some(other))) => {
                 warn!(peer_id = %agent.reg.peer_id, "unexpected control message {other:?}; closing link");

@@ -80,6 +80,7 @@ fn facts(
         success_rate: None,
         consecutive_failures: None,
         signals: Default::default(),
+        hardware: Default::default(),
     }
 }
 
