@@ -78,6 +78,12 @@ struct Flags {
     /// capacity queue bound per model, 0 disables (default 30; env HIVENET_ROUTER_QUEUE_DEPTH)
     #[argh(option)]
     queue_depth: Option<String>,
+    /// time allowed for an agent's preamble (default 5s)
+    #[argh(option, default = "String::from(\"5s\")")]
+    preamble_timeout: String,
+    /// time allowed for an agent's pnet + noise handshake and registration (default 10s)
+    #[argh(option, default = "String::from(\"10s\")")]
+    handshake_timeout: String,
     /// on SIGTERM/SIGINT, time allowed for in-flight requests to finish (default 10s)
     #[argh(option, default = "String::from(\"10s\")")]
     drain_timeout: String,
@@ -141,6 +147,8 @@ fn build() -> Result<Startup, String> {
         &cli::flag_or_env(f.request_timeout, "HIVENET_ROUTER_REQUEST_TIMEOUT", "60s"),
     )?;
     cfg.header_timeout = cli::parse_duration("--header-timeout", &f.header_timeout)?;
+    cfg.preamble_timeout = cli::parse_duration("--preamble-timeout", &f.preamble_timeout)?;
+    cfg.handshake_timeout = cli::parse_duration("--handshake-timeout", &f.handshake_timeout)?;
     cfg.body_timeout = cli::parse_duration("--body-timeout", &f.body_timeout)?;
     cfg.heartbeat_interval = cli::parse_duration("--heartbeat-interval", &f.heartbeat_interval)?;
     if cfg.heartbeat_interval.is_zero() {

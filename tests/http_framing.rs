@@ -24,40 +24,67 @@ fn router() -> (Router, std::path::PathBuf) {
 
 const W: Duration = Duration::from_secs(3);
 
-#[test]
-fn framing_rules() {
+/// Send `bytes`, expect `status`, and a closed connection.
+fn rejects(bytes: &[u8], status: u16) -> String {
     let (r, _d) = router();
-    let p = r.http;
-    let cases: &[(&str, &[u8], u16)] = &[
-        ("CL and TE together", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}", 400),
-        ("TE other than chunked", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
-        ("TE chunked listed twice", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", 400),
-        ("duplicate Content-Length", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", 400),
-        ("invalid Content-Length", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2x\r\n\r\n{}", 400),
-        ("obsolete line folding", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-A: a\r\n folded\r\nContent-Length: 2\r\n\r\n{}", 400),
-        ("declared body over the limit", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n", 413),
-        ("chunked body over the limit", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n", 413),
-    ];
-    for (name, bytes, want) in cases {
-        let resp = raw(p, bytes, W);
-        assert_eq!(
-            status_of(&resp),
-            *want,
-            "{name}: {}",
-            String::from_utf8_lossy(&resp)
-        );
-        let text = String::from_utf8_lossy(&resp).to_ascii_lowercase();
-        assert!(
-            text.contains("connection: close"),
-            "{name}: must close: {text}"
-        );
-        if *want == 413 {
-            assert!(
-                text.contains("request body too large: limit is 1000 bytes"),
-                "{name}: envelope: {text}"
-            );
-        }
-    }
+    let resp = raw(r.http, bytes, W);
+    let text = String::from_utf8_lossy(&resp).to_string();
+    assert_eq!(status_of(&resp), status, "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "must close: {text}"
+    );
+    text
+}
+
+#[test]
+fn content_length_with_transfer_encoding_is_400() {
+    rejects(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}", 400);
+}
+
+#[test]
+fn transfer_encoding_other_than_chunked_is_400() {
+    rejects(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+        400,
+    );
+    rejects(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", 400);
+}
+
+#[test]
+fn duplicate_content_length_is_400() {
+    rejects(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", 400);
+}
+
+#[test]
+fn invalid_content_length_is_400() {
+    rejects(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2x\r\n\r\n{}",
+        400,
+    );
+}
+
+#[test]
+fn obsolete_line_folding_is_400() {
+    rejects(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-A: a\r\n folded\r\nContent-Length: 2\r\n\r\n{}", 400);
+}
+
+#[test]
+fn declared_body_over_the_limit_is_413_before_reading() {
+    let text = rejects(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n",
+        413,
+    );
+    assert!(
+        text.contains("request body too large: limit is 1000 bytes"),
+        "{text}"
+    );
+}
+
+#[test]
+fn chunked_body_over_the_limit_is_413() {
+    let text = rejects(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n", 413);
+    assert!(text.contains("request_invalid"), "{text}");
 }
 
 #[test]

@@ -149,3 +149,49 @@ fn registration_must_match_preamble_and_identity() {
         "registered"
     );
 }
+
+#[test]
+fn slow_preamble_and_stalled_handshake_are_cut() {
+    let dir = tmpdir("linktimeouts");
+    let r = start_router(
+        &dir,
+        &[
+            "--shards",
+            "1",
+            "--preamble-timeout",
+            "300ms",
+            "--handshake-timeout",
+            "300ms",
+        ],
+        &[],
+    );
+    // Nothing at all: closed after the preamble timeout.
+    let t = std::time::Instant::now();
+    let resp = raw(r.p2p, b"", Duration::from_secs(5));
+    assert!(resp.is_empty());
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "closed by the router, not by our 5 s wait: {:?}",
+        t.elapsed()
+    );
+    // A valid preamble, then silence: closed after the handshake timeout.
+    let t = std::time::Instant::now();
+    let resp = raw(
+        r.p2p,
+        &shards::logic::preamble::encode("t-model"),
+        Duration::from_secs(5),
+    );
+    assert!(
+        resp.is_empty(),
+        "no bytes before the noise handshake from our side"
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    wait_until(
+        Duration::from_secs(3),
+        || rejected(&r) >= 2.0,
+        "both counted",
+    );
+    let log = r.proc.log_text();
+    assert!(log.contains("no preamble within"), "{log}");
+    assert!(log.contains("handshake or registration timed out"), "{log}");
+}
