@@ -278,57 +278,33 @@ fn futures_timer(d: std::time::Duration) -> impl std::future::Future<Output = ()
 
 fn main() {
     cli::init_logging();
-    let Startup {
-        drain,
-        policy_sources,
-        policies,
-        store,
-        admin_keys,
-        insecure_admin,
-        cfg,
-        plan,
-        driver,
-        psk,
-    } = match build() {
+    let startup = match build() {
         Ok(v) => v,
         Err(e) => {
             eprintln!("hivenet-router: {e}");
             std::process::exit(2);
         }
     };
-    let policy = (policy_sources, policies, drain);
-    if let Err(e) = run(
-        cfg,
-        plan,
-        driver,
-        psk,
-        store,
-        admin_keys,
-        insecure_admin,
-        policy,
-    ) {
+    if let Err(e) = run(startup) {
         error!("{e}");
         eprintln!("hivenet-router: {e}");
         std::process::exit(1);
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run(
-    cfg: RouterConfig,
-    plan: Vec<Option<usize>>,
-    driver: DriverChoice,
-    psk: Option<libp2p_pnet::PreSharedKey>,
-    store_cfg: hivenet_router::store::StoreConfig,
-    admin_keys: Vec<[u8; 32]>,
-    insecure_admin: bool,
-    policy: (
-        hivenet_router::policy_files::PolicySources,
-        shards::runtime::shared::PolicySet,
-        std::time::Duration,
-    ),
-) -> Result<(), String> {
-    let (policy_sources, policies, drain) = policy;
+fn run(startup: Startup) -> Result<(), String> {
+    let Startup {
+        drain,
+        policy_sources,
+        policies,
+        store: store_cfg,
+        admin_keys,
+        insecure_admin,
+        cfg,
+        plan,
+        driver,
+        psk,
+    } = startup;
     let n = plan.len();
     let http = executor::bind_reuseport(cfg.http_addr, n)
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.http_addr))?;

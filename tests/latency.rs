@@ -169,19 +169,8 @@ fn graceful_restart_restores_history() {
     let dir = tmpdir("restart");
     let ports = (free_port(), free_port(), free_port());
     let mut router = router_on(&dir, ports, &[]);
-    let r = Router {
-        proc: spawn(
-            "hivenet-sim",
-            &["--port", "1", "--model", "none"],
-            &dir,
-            &[],
-        ),
-        http: ports.0,
-        metrics: ports.1,
-        p2p: ports.2,
-    };
     let (_s, port) = start_sim(&dir, "warm-model", &["--ttft", "15ms"]);
-    let _a = start_agent(&dir, &r, port, "warm.key", &["--machine", "w"]);
+    let _a = agent_to(&dir, ports.2, port, "warm.key", &["--machine", "w"]);
     wait_agents(ports.0, "warm-model", 1);
     for _ in 0..5 {
         chat(ports.0, "warm-model", true, 2);
@@ -229,19 +218,8 @@ fn kill_9_keeps_what_was_flushed() {
     let dir = tmpdir("kill9");
     let ports = (free_port(), free_port(), free_port());
     let mut router = router_on(&dir, ports, &["--universal-flush-interval", "300ms"]);
-    let r = Router {
-        proc: spawn(
-            "hivenet-sim",
-            &["--port", "1", "--model", "none"],
-            &dir,
-            &[],
-        ),
-        http: ports.0,
-        metrics: ports.1,
-        p2p: ports.2,
-    };
     let (_s, port) = start_sim(&dir, "k9-model", &["--ttft", "12ms"]);
-    let _a = start_agent(&dir, &r, port, "k9.key", &["--machine", "k"]);
+    let _a = agent_to(&dir, ports.2, port, "k9.key", &["--machine", "k"]);
     wait_agents(ports.0, "k9-model", 1);
     for _ in 0..4 {
         chat(ports.0, "k9-model", true, 2);
@@ -264,19 +242,8 @@ fn new_identity_unknown_and_reset_clears_memory_and_disk() {
     let dir = tmpdir("reset");
     let ports = (free_port(), free_port(), free_port());
     let mut router = router_on(&dir, ports, &[]);
-    let r = Router {
-        proc: spawn(
-            "hivenet-sim",
-            &["--port", "1", "--model", "none"],
-            &dir,
-            &[],
-        ),
-        http: ports.0,
-        metrics: ports.1,
-        p2p: ports.2,
-    };
     let (_s, port) = start_sim(&dir, "rs-model", &[]);
-    let _a = start_agent(&dir, &r, port, "one.key", &["--machine", "one"]);
+    let _a = agent_to(&dir, ports.2, port, "one.key", &["--machine", "one"]);
     wait_agents(ports.0, "rs-model", 1);
     for _ in 0..3 {
         chat(ports.0, "rs-model", false, 2);
@@ -285,7 +252,7 @@ fn new_identity_unknown_and_reset_clears_memory_and_disk() {
         by_machine(ports.0, "one")["universal"]["latency_state"],
         "KNOWN"
     );
-    let _b = start_agent(&dir, &r, port, "two.key", &["--machine", "two"]);
+    let _b = agent_to(&dir, ports.2, port, "two.key", &["--machine", "two"]);
     wait_agents(ports.0, "rs-model", 2);
     assert_eq!(
         by_machine(ports.0, "two")["universal"]["latency_state"],

@@ -195,7 +195,12 @@ pub fn start_agent(
     identity: &str,
     extra: &[&str],
 ) -> Proc {
-    let ra = format!("/ip4/127.0.0.1/tcp/{}", router.p2p);
+    agent_to(dir, router.p2p, sim_port, identity, extra)
+}
+
+/// An agent dialing the router's libp2p port `p2p`.
+pub fn agent_to(dir: &Path, p2p: u16, sim_port: u16, identity: &str, extra: &[&str]) -> Proc {
+    let ra = format!("/ip4/127.0.0.1/tcp/{p2p}");
     let bu = format!("http://127.0.0.1:{sim_port}");
     let id = dir.join(identity);
     let ids = id.to_string_lossy().to_string();
