@@ -126,6 +126,27 @@ fn srtt_follows_each_sims_timing() {
     }
     let m = metrics_text(r.metrics);
     assert_eq!(m.matches("hivenet_agent_srtt_ms{").count(), 2, "{m}");
+    // The client-visible duration covers whole streams (200 ms to the first
+    // token plus 20 gaps of 10 ms on the slow sim), unlike SRTT.
+    let slow_peer = slow["peer_id"].as_str().unwrap_or("").to_string();
+    let pick = |suffix: &str| -> f64 {
+        m.lines()
+            .find(|l| {
+                l.starts_with(&format!("hivenet_request_duration_seconds_{suffix}{{"))
+                    && l.contains(&slow_peer)
+                    && l.contains("status_code=\"200\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let (sum, count) = (pick("sum"), pick("count"));
+    assert!(count >= 1.0, "{m}");
+    assert!(
+        sum / count >= 0.39,
+        "mean stream duration {} s includes the generation",
+        sum / count
+    );
     assert_eq!(m.matches("hivenet_router_agent_rttvar_ms{").count(), 2);
     // Non-streaming: the agent buffers the whole completion (20 gaps of 10 ms) before the head.
     for _ in 0..24 {

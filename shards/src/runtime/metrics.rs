@@ -127,6 +127,36 @@ pub fn render(
             let _ = writeln!(o, "{name}{{model=\"{}\"}} {}", esc(m), get(st));
         }
     }
+    let _ = writeln!(o, "# HELP hivenet_request_duration_seconds Client-visible duration of completed responses (first request byte to last response byte, streams included).");
+    let _ = writeln!(o, "# TYPE hivenet_request_duration_seconds histogram");
+    for s in snaps {
+        for (m, st) in &s.models {
+            for ((peer, status), (buckets, sum, count)) in &st.durations {
+                let labels = format!(
+                    "tenant_id=\"\",peer_id=\"{}\",model=\"{}\",status_code=\"{status}\"",
+                    esc(peer),
+                    esc(m)
+                );
+                let mut cum = 0u64;
+                for (i, b) in super::shard::DURATION_BUCKETS.iter().enumerate() {
+                    cum += buckets.get(i).copied().unwrap_or(0);
+                    let _ = writeln!(
+                        o,
+                        "hivenet_request_duration_seconds_bucket{{{labels},le=\"{b}\"}} {cum}"
+                    );
+                }
+                let _ = writeln!(
+                    o,
+                    "hivenet_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {count}"
+                );
+                let _ = writeln!(o, "hivenet_request_duration_seconds_sum{{{labels}}} {sum}");
+                let _ = writeln!(
+                    o,
+                    "hivenet_request_duration_seconds_count{{{labels}}} {count}"
+                );
+            }
+        }
+    }
     let _ = writeln!(
         o,
         "# HELP hivenet_queue_wait_seconds Waits in the capacity queue that ended with a slot."

@@ -382,6 +382,12 @@ async fn attempt(
             drop(slot);
             match result {
                 Relay::Done(tokens) => {
+                    // Client-visible duration, measured at the real end of the
+                    // response (streams included) with its real status.
+                    let secs = p.received_at.elapsed().as_secs_f64();
+                    shard.with_stats(model, |s| {
+                        s.observe_duration(&agent.reg.peer_id, head.status, secs)
+                    });
                     if head.status < 400 {
                         agent.succeed();
                         shard.with_stats(model, |s| {

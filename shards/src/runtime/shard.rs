@@ -226,7 +226,15 @@ pub struct PoolStats {
     pub wait_count: u64,
     /// Waiters now (filled at snapshot).
     pub queue_depth: usize,
+    /// Client-visible duration of completed responses (from the first byte
+    /// of the request to the last byte of the response, streams included),
+    /// by (peer_id, status): bucket counts over `DURATION_BUCKETS` then
+    /// +Inf, sum, count.
+    pub durations: std::collections::BTreeMap<(String, u16), (Vec<u64>, f64, u64)>,
 }
+
+/// `hivenet_request_duration_seconds` buckets (spec 06).
+pub const DURATION_BUCKETS: [f64; 9] = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
 
 /// `hivenet_queue_wait_seconds` buckets: 0.01 x 2^k, k = 0..12.
 pub const QUEUE_BUCKETS: [f64; 13] = [
@@ -234,6 +242,23 @@ pub const QUEUE_BUCKETS: [f64; 13] = [
 ];
 
 impl PoolStats {
+    /// Record one completed response.
+    pub fn observe_duration(&mut self, peer_id: &str, status: u16, secs: f64) {
+        let e = self
+            .durations
+            .entry((peer_id.to_string(), status))
+            .or_insert_with(|| (vec![0; DURATION_BUCKETS.len() + 1], 0.0, 0));
+        let i = DURATION_BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(DURATION_BUCKETS.len());
+        if let Some(c) = e.0.get_mut(i) {
+            *c += 1;
+        }
+        e.1 += secs;
+        e.2 += 1;
+    }
+
     /// Record one successful queue wait.
     pub fn observe_wait(&mut self, secs: f64) {
         if self.wait_buckets.len() != QUEUE_BUCKETS.len() + 1 {
