@@ -337,6 +337,7 @@ fn run(startup: Startup) -> Result<(), String> {
         insecure_admin,
         policies: RwLock::new(Arc::new(policies)),
         policy_reloads: std::sync::Mutex::new(Default::default()),
+        feed: std::sync::Mutex::new(Vec::new()),
     });
     info!(
         peer_id = %keypair.public().to_peer_id(),

@@ -18,5 +18,6 @@ pub mod preamble;
 pub mod probe;
 pub mod request_id;
 pub mod srtt;
+pub mod timefmt;
 pub mod usage;
 pub mod wait_queue;

@@ -396,6 +396,10 @@ async fn admin_route(
             let body = serde_json::to_vec(&model_object(&id, &v, true)).unwrap_or_default();
             ok(send_json(conn, 200, &body, keep).await)
         }
+        ("GET", "/admin/registration-stream") => {
+            registration_stream(shard, conn).await;
+            Routed::Close
+        }
         ("GET", "/admin/health") => {
             let snaps = shard.gather().await;
             let agents: Vec<&AgentView> = snaps.iter().flat_map(|s| s.agents.iter()).collect();
@@ -433,6 +437,46 @@ async fn admin_route(
             "/admin/routing-table" | "/admin/metrics/reset" | "/admin/models" | "/admin/health",
         ) => ok(send_error(conn, &method_not_allowed(&head.method, path), keep).await),
         _ => ok(send_error(conn, &no_route(&head.method, path), keep).await),
+    }
+}
+
+/// `GET /admin/registration-stream`: SSE `data:` lines for every agent
+/// registration and removal, a `: keep-alive` comment every 25 s; the
+/// stream ends when the client goes away.
+async fn registration_stream(shard: &Rc<Shard>, conn: &mut Conn) {
+    use futures::StreamExt;
+    let (tx, mut rx) = futures::channel::mpsc::channel::<String>(super::shared::FEED_BUFFER);
+    if let Ok(mut subs) = shard.shared.feed.lock() {
+        subs.push(tx);
+    }
+    let mut out = Vec::with_capacity(512);
+    let mut ex = extra_headers(&conn.request_id);
+    ex.push(("Cache-Control", b"no-cache".to_vec()));
+    ex.push(("X-Accel-Buffering", b"no".to_vec()));
+    let headers = [("Content-Type".to_string(), b"text/event-stream".to_vec())];
+    http_write::write_response_head(
+        &mut out,
+        200,
+        &headers,
+        http_write::OutFraming::Chunked,
+        false,
+        &refs(&ex),
+    );
+    if conn.write_all(out).await.is_err() {
+        return;
+    }
+    loop {
+        let frame = match monoio::time::timeout(std::time::Duration::from_secs(25), rx.next()).await
+        {
+            Ok(Some(line)) => format!("data: {line}\n\n"),
+            Ok(None) => return,
+            Err(_) => ": keep-alive\n\n".to_string(),
+        };
+        let mut chunk = Vec::with_capacity(frame.len() + 16);
+        http_write::write_chunk(&mut chunk, frame.as_bytes());
+        if conn.write_all(chunk).await.is_err() {
+            return;
+        }
     }
 }
 

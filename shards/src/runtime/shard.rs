@@ -1034,6 +1034,7 @@ async fn serve_link(
               record_age_s = clock::unix_secs().saturating_sub(h.written_at), "warm start from the history store");
     }
     let agent = shard.add_agent(reg, handle, history);
+    shard.shared.publish("registered", &agent.reg);
     info!(
         shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, engine = %agent.reg.engine,
         capability = agent.reg.capability.as_str(), capacity = agent.reg.capacity, "agent registered"
@@ -1086,6 +1087,7 @@ async fn serve_link(
     }
     // The link is gone: leave routing at once, and flush its history.
     shard.remove_agent(&agent);
+    shard.shared.publish("unregistered", &agent.reg);
     agent.disconnections.set(agent.disconnections.get() + 1);
     shard.flush(vec![(agent.reg.peer_id.clone(), agent.history())], None);
     info!(shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, "agent left routing");

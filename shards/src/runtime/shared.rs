@@ -94,7 +94,13 @@ pub struct Shared {
     pub policies: RwLock<Arc<PolicySet>>,
     /// `hivenet_policy_reload_total{trigger,result}`.
     pub policy_reloads: std::sync::Mutex<std::collections::BTreeMap<(String, String), u64>>,
+    /// Subscribers of `/admin/registration-stream` (16 events buffered each;
+    /// a slow subscriber loses events rather than slowing registrations).
+    pub feed: std::sync::Mutex<Vec<futures::channel::mpsc::Sender<String>>>,
 }
+
+/// Per-subscriber buffer of the registration feed.
+pub const FEED_BUFFER: usize = 16;
 
 /// The policies in force: the global one and the per-model documents.
 #[derive(Debug, Clone, Default)]
@@ -168,6 +174,25 @@ impl Shared {
             return o;
         }
         self.update_directory(|d| d.reserve(model)).unwrap_or(0)
+    }
+
+    /// Publish a `registered` or `unregistered` event to every subscriber.
+    pub fn publish(&self, event: &str, reg: &crate::logic::control::Registration) {
+        let (secs, nanos) = super::clock::unix_nanos();
+        let line = serde_json::json!({
+            "event_type": event,
+            "deployment_id": reg.deployment_id,
+            "replica_id": reg.replica_id,
+            "agent_id": reg.peer_id,
+            "timestamp": crate::logic::timefmt::rfc3339_nanos(secs, nanos),
+        })
+        .to_string();
+        if let Ok(mut subs) = self.feed.lock() {
+            subs.retain_mut(|tx| match tx.try_send(line.clone()) {
+                Ok(()) => true,
+                Err(e) => e.is_full(),
+            });
+        }
     }
 
     /// The policy snapshot for a request.
