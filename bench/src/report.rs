@@ -446,6 +446,13 @@ pub fn svg(r: &Report) -> String {
         top + h - pad + 15.0,
         r.timeline.len()
     );
+    let _ = writeln!(
+        o,
+        r#"<text x="5" y="{:.1}">{:.2} ms</text><text x="5" y="{:.1}">0</text>"#,
+        top + pad,
+        maxt,
+        top + h - pad
+    );
     let _ = writeln!(o, "</svg>");
     o
 }
