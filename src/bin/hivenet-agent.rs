@@ -68,6 +68,9 @@ struct Flags {
     /// engine metrics scrape cadence for vllm, sglang and llamacpp (default 500ms)
     #[argh(option, default = "String::from(\"500ms\")")]
     engine_sample_interval: String,
+    /// routing-signal push cadence; defaults to --engine-sample-interval (spec name)
+    #[argh(option)]
+    routing_signal_interval: Option<String>,
     /// version label (default dev)
     #[argh(option, default = "String::from(\"dev\")")]
     version: String,
@@ -157,10 +160,10 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
             &f.hardware_sample_interval,
         )?,
         warmup,
-        signal_interval: cli::parse_duration(
-            "--engine-sample-interval",
-            &f.engine_sample_interval,
-        )?,
+        signal_interval: match &f.routing_signal_interval {
+            Some(v) => cli::parse_duration("--routing-signal-interval", v)?,
+            None => cli::parse_duration("--engine-sample-interval", &f.engine_sample_interval)?,
+        },
     };
     if cfg.http_timeout < Duration::from_millis(1) {
         return Err("--http-timeout must be greater than 0".into());
