@@ -91,7 +91,13 @@ fn backend_down_is_reported_and_recovers() {
         &[],
     );
     let (mut sim, port) = start_sim(&dir, "bk-model", &[]);
-    let _a = start_agent(&dir, &r, port, "bk.key", &[]);
+    let _a = start_agent(
+        &dir,
+        &r,
+        port,
+        "bk.key",
+        &["--hardware-sample-interval", "100ms"],
+    );
     wait_agents(r.http, "bk-model", 1);
     sim.kill9();
     wait_until(

@@ -274,8 +274,16 @@ async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(
     let scrape = shards::logic::engine_metrics::scraped(cfg.engine.as_str());
     // Routing signals every --engine-sample-interval: engine metrics (vllm,
     // sglang, llamacpp) and host CPU and memory (every engine).
-    let tick_every = cfg.signal_interval.min(hb);
+    // Backend health every --hardware-sample-interval (3 failures: report
+    // unhealthy at once; 1 success: healthy), heartbeats every `hb` or as
+    // soon as the health verdict changes.
+    let tick_every = cfg
+        .signal_interval
+        .min(hb)
+        .min(cfg.health_interval)
+        .max(Duration::from_millis(10));
     let mut next_hb = shards::runtime::clock::now() + hb;
+    let mut next_health = shards::runtime::clock::now() + cfg.health_interval;
     let mut cpu_prev = std::fs::read_to_string("/proc/stat")
         .ok()
         .and_then(|t| shards::logic::hardware::cpu_ticks(&t));
@@ -318,23 +326,30 @@ async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(
             drop(server);
             return Err(format!("routing signals: {e}"));
         }
-        if shards::runtime::clock::now() < next_hb {
+        let now = shards::runtime::clock::now();
+        let mut changed = false;
+        if now >= next_health {
+            next_health = now + cfg.health_interval;
+            let was = healthy;
+            if backend_healthy(&cfg).await {
+                failures = 0;
+                if !healthy {
+                    info!("backend healthy again");
+                }
+                healthy = true;
+            } else {
+                failures += 1;
+                if failures >= 3 && healthy {
+                    warn!("backend failed 3 health checks: reporting unhealthy");
+                    healthy = false;
+                }
+            }
+            changed = was != healthy;
+        }
+        if !changed && shards::runtime::clock::now() < next_hb {
             continue;
         }
         next_hb = shards::runtime::clock::now() + hb;
-        if backend_healthy(&cfg).await {
-            failures = 0;
-            if !healthy {
-                info!("backend healthy again");
-            }
-            healthy = true;
-        } else {
-            failures += 1;
-            if failures >= 3 && healthy {
-                warn!("backend failed 3 health checks: reporting unhealthy");
-                healthy = false;
-            }
-        }
         if let Err(e) = link::write_frame(
             &mut ctl,
             &ControlMsg::Heartbeat {
