@@ -489,3 +489,68 @@ fn metrics_pass_promtool() {
         assert!(ok, "promtool finding: {line}\nfull report:\n{report}");
     }
 }
+
+#[test]
+fn failed_store_writes_keep_serving_and_are_counted() {
+    let dir = tmpdir("storefail");
+    let r = start_router(
+        &dir,
+        &["--shards", "1", "--universal-flush-interval", "200ms"],
+        &[],
+    );
+    let (_s, port) = start_sim(&dir, "sf-model", &[]);
+    let _a = start_agent(&dir, &r, port, "sf.key", &[]);
+    wait_agents(r.http, "sf-model", 1);
+    chat(r.http, "sf-model", false, 2);
+    // Make the store immutable (even root cannot write an immutable file).
+    let db = dir.join("hivenet-data");
+    let mut paths = vec![db.clone()];
+    for e in std::fs::read_dir(&db).expect("ls").flatten() {
+        paths.push(e.path());
+    }
+    let locked = paths.iter().all(|p| {
+        Command::new("chattr")
+            .arg("+i")
+            .arg(p)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    });
+    let unlock = || {
+        for p in &paths {
+            let _ = Command::new("chattr").arg("-i").arg(p).status();
+        }
+    };
+    if !locked {
+        unlock();
+        assert!(
+            std::env::var("CI").is_err(),
+            "chattr must work in CI (ext4)"
+        );
+        eprintln!("chattr +i not supported here: skipped");
+        return;
+    }
+    let errors = || metric(r.metrics, "hivenet_storage_errors_total").unwrap_or(0.0);
+    chat(r.http, "sf-model", false, 2);
+    let ok = std::panic::catch_unwind(|| {
+        wait_until(
+            Duration::from_secs(5),
+            || errors() >= 1.0,
+            "a storage error counted",
+        )
+    });
+    let (st, _) = post(
+        r.http,
+        "/v1/chat/completions",
+        r#"{"model":"sf-model","messages":[]}"#,
+    )
+    .expect("req");
+    unlock();
+    assert!(
+        ok.is_ok(),
+        "no storage error was counted; log:\n{}",
+        r.proc.log_text()
+    );
+    assert_eq!(st, 200, "still serving while the store fails");
+    assert!(r.proc.log_text().contains("history flush failed"));
+}
