@@ -4,6 +4,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# System packages the tests need: python3-venv (SDK tests), curl, and
+# promtool (Debian package prometheus) for the /metrics check. Installed
+# when missing and we are root; otherwise say what to install.
+need=()
+python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"
+  else
+    echo "scripts/test.sh: please install the Debian packages: ${need[*]}" >&2
+    exit 1
+  fi
+fi
+
 VENV="${HIVENET_VENV:-.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
