@@ -38,10 +38,14 @@ pub fn parse_args<T: argh::FromArgs + argh::TopLevelCommand>() -> T {
     }
 }
 
+/// Flag value, else a non-empty environment variable.
+pub fn flag_or_env_opt(flag: Option<String>, env: &str) -> Option<String> {
+    flag.or_else(|| std::env::var(env).ok().filter(|v| !v.is_empty()))
+}
+
 /// Flag value, else environment variable, else default.
 pub fn flag_or_env(flag: Option<String>, env: &str, default: &str) -> String {
-    flag.or_else(|| std::env::var(env).ok().filter(|v| !v.is_empty()))
-        .unwrap_or_else(|| default.to_string())
+    flag_or_env_opt(flag, env).unwrap_or_else(|| default.to_string())
 }
 
 /// Parse a listen address: `:8080`, `8080`, `127.0.0.1:8080`, `[::1]:8080`.

@@ -207,21 +207,8 @@ fn build() -> Result<Startup, String> {
         .parse::<usize>()
         .map_err(|_| format!("--queue-depth: {depth:?} must be an integer >= 0"))?;
     let policy_sources = hivenet_router::policy_files::PolicySources {
-        file: f
-            .policy_file
-            .or_else(|| {
-                std::env::var("HIVENET_ROUTER_POLICY_FILE")
-                    .ok()
-                    .filter(|v| !v.is_empty())
-            })
-            .map(Into::into),
-        dir: f
-            .policy_model_dir
-            .or_else(|| {
-                std::env::var("HIVENET_ROUTER_POLICY_MODEL_DIR")
-                    .ok()
-                    .filter(|v| !v.is_empty())
-            })
+        file: cli::flag_or_env_opt(f.policy_file, "HIVENET_ROUTER_POLICY_FILE").map(Into::into),
+        dir: cli::flag_or_env_opt(f.policy_model_dir, "HIVENET_ROUTER_POLICY_MODEL_DIR")
             .map(Into::into),
     };
     let policies = hivenet_router::policy_files::load(&policy_sources)?;

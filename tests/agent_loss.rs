@@ -64,11 +64,15 @@ fn run(driver: &str) {
     );
     let a1_serving = serving_line.contains(&a1_peer);
     let killed_at = Instant::now();
-    if a1_serving {
-        a1.kill9();
-    } else {
-        a2.kill9();
-    }
+    let victim = if a1_serving { &mut a1 } else { &mut a2 };
+    let victim_log = victim.log_text();
+    let victim_peer = victim_log
+        .split("peer_id=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or("")
+        .to_string();
+    victim.kill9();
     // The client's stream must end without the last chunk.
     let mut clean_end = false;
     loop {
@@ -93,6 +97,12 @@ fn run(driver: &str) {
         "agent removal",
     );
     assert!(killed_at.elapsed() < Duration::from_secs(5));
+    // Every series of the removed agent is gone with it.
+    let m = metrics_text(router.metrics);
+    assert!(
+        !victim_peer.is_empty() && !m.contains(&victim_peer),
+        "series of {victim_peer} left:\n{m}"
+    );
     // No slot leak.
     wait_until(
         Duration::from_secs(2),

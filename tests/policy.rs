@@ -440,3 +440,48 @@ fn host_signal_gate_from_the_agent() {
         "the gate removed it"
     );
 }
+
+#[test]
+fn a_new_agent_wakes_every_waiter() {
+    let dir = tmpdir("wakeall");
+    let r = start_router(&dir, &["--shards", "1", "--request-timeout", "20s"], &[]);
+    let slow = ["--ttft", "5ms", "--itl", "100ms", "--output-tokens", "40"];
+    let (_s1, p1) = start_sim(&dir, "w-model", &slow);
+    let _a1 = start_agent(&dir, &r, p1, "w1.key", &["--capacity", "1"]);
+    wait_agents(r.http, "w-model", 1);
+    let http = r.http;
+    // A 4 s stream holds the only slot.
+    let holder = std::thread::spawn(move || {
+        post(
+            http,
+            "/v1/chat/completions",
+            r#"{"model":"w-model","stream":true,"messages":[]}"#,
+        )
+        .map(|x| x.0)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let waiters: Vec<_> = (0..2)
+        .map(|_| std::thread::spawn(move || (chat(http, "w-model", false).0, Instant::now())))
+        .collect();
+    wait_until(
+        Duration::from_secs(3),
+        || metric(r.metrics, "hivenet_queue_depth{model=\"w-model\"}") == Some(2.0),
+        "two waiters queued",
+    );
+    // A second agent arrives: both waiters are woken, not just one. Its
+    // backend takes 1 s per request: woken together they finish together
+    // (~1 s); woken one after the other the second would need ~2 s.
+    let (_s2, p2) = start_sim(&dir, "w-model", &["--ttft", "1s"]);
+    let registered = Instant::now();
+    let _a2 = start_agent(&dir, &r, p2, "w2.key", &["--capacity", "4"]);
+    for w in waiters {
+        let (st, done) = w.join().expect("waiter");
+        assert_eq!(st, 200);
+        let took = done.duration_since(registered);
+        assert!(
+            took < Duration::from_millis(1700),
+            "both waiters woken at once: {took:?}"
+        );
+    }
+    assert_eq!(holder.join().expect("holder").expect("stream"), 200);
+}

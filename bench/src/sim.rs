@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::{json, Value};
-use shards::logic::http_parse::{self, BodyFraming};
+use shards::logic::http_parse::BodyFraming;
 use shards::logic::http_write::{self, OutFraming};
 use shards::runtime::conn::Conn;
 
@@ -175,21 +175,12 @@ pub fn run(addr: SocketAddr, threads: usize, cfg: SimConfig) -> std::io::Result<
 
 async fn serve(sim: Rc<Sim>, mut conn: Conn) {
     loop {
-        let head = loop {
-            match http_parse::parse_request_head(&conn.buf) {
-                Ok(Some((h, n))) => {
-                    conn.consume(n);
-                    break h;
-                }
-                Ok(None) => {}
-                Err(_) => {
-                    let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec()).await;
-                    return;
-                }
-            }
-            match conn.fill().await {
-                Ok(n) if n > 0 => {}
-                _ => return,
+        let head = match conn.read_request_head().await {
+            Ok(h) => h,
+            Err(shards::runtime::conn::HeadRead::Closed) => return,
+            Err(shards::runtime::conn::HeadRead::Bad(_)) => {
+                let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec()).await;
+                return;
             }
         };
         let body = match conn.read_body(head.framing, 64 * 1024 * 1024).await {

@@ -8,7 +8,18 @@ use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
-use crate::logic::http_parse::{self, BodyFraming, ChunkedDecoder, ResponseHead};
+use crate::logic::http_parse::{
+    self, BodyFraming, ChunkedDecoder, HeadError, RequestHead, ResponseHead,
+};
+
+/// Why no request head could be read.
+#[derive(Debug)]
+pub enum HeadRead {
+    /// The peer closed (or the socket failed) before a complete head.
+    Closed,
+    /// The head broke a framing rule.
+    Bad(HeadError),
+}
 
 /// Read chunk reserved before each read.
 const READ_RESERVE: usize = 16 * 1024;
@@ -73,6 +84,24 @@ impl Conn {
     pub fn consume(&mut self, n: usize) {
         let n = n.min(self.buf.len());
         self.buf.drain(..n);
+    }
+
+    /// Read a request head (server side), consuming its bytes.
+    pub async fn read_request_head(&mut self) -> Result<RequestHead, HeadRead> {
+        loop {
+            match http_parse::parse_request_head(&self.buf) {
+                Ok(Some((h, n))) => {
+                    self.consume(n);
+                    return Ok(h);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(HeadRead::Bad(e)),
+            }
+            match self.fill().await {
+                Ok(0) | Err(_) => return Err(HeadRead::Closed),
+                Ok(_) => {}
+            }
+        }
     }
 
     /// Read a response head (client side of an HTTP exchange).

@@ -11,7 +11,7 @@ use serde_json::json;
 use tracing::debug;
 
 use super::clock;
-use super::conn::Conn;
+use super::conn::{Conn, HeadRead};
 use super::handoff;
 use super::mesh::{Endpoint, PendingRequest, ShardMsg};
 use super::proxy::{self, Outcome};
@@ -68,27 +68,6 @@ fn no_route(method: &str, path: &str) -> ApiError {
     ApiError::new(ErrorCode::NotFound, format!("no route for {method} {path}"))
 }
 
-enum HeadRead {
-    Closed,
-    Bad(HeadError),
-    Io,
-}
-
-async fn read_head(conn: &mut Conn) -> Result<(RequestHead, usize), HeadRead> {
-    loop {
-        match http_parse::parse_request_head(&conn.buf) {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => return Err(HeadRead::Bad(e)),
-        }
-        match conn.fill().await {
-            Ok(0) => return Err(HeadRead::Closed),
-            Ok(_) => {}
-            Err(_) => return Err(HeadRead::Io),
-        }
-    }
-}
-
 async fn send_error(conn: &mut Conn, err: &ApiError, keep_alive: bool) -> bool {
     let mut out = Vec::with_capacity(256);
     let body = err.body();
@@ -131,6 +110,9 @@ async fn read_body(conn: &mut Conn, framing: BodyFraming, limit: u64) -> BodyRea
     match framing {
         BodyFraming::None => BodyRead::Ok(Vec::new()),
         BodyFraming::Length(n) => {
+            if limit > 0 && n > limit {
+                return BodyRead::TooLarge;
+            }
             let Ok(n) = usize::try_from(n) else {
                 return BodyRead::TooLarge;
             };
@@ -177,13 +159,12 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn, first: Option<Box<PendingRe
     let cfg = shard.shared.cfg.clone();
     loop {
         let started = clock::now();
-        let head = match monoio::time::timeout(cfg.header_timeout, read_head(&mut conn)).await {
-            Ok(Ok((h, n))) => {
-                conn.consume(n);
+        let head = match monoio::time::timeout(cfg.header_timeout, conn.read_request_head()).await {
+            Ok(Ok(h)) => {
                 conn.request_id = request_id(&h);
                 h
             }
-            Ok(Err(HeadRead::Closed | HeadRead::Io)) => return,
+            Ok(Err(HeadRead::Closed)) => return,
             Ok(Err(HeadRead::Bad(e))) => {
                 conn.request_id = crate::logic::request_id::format_v4(rand::random::<[u8; 16]>());
                 let err = match e {
@@ -259,37 +240,22 @@ async fn route(
         return read_and_dispatch(shard, conn, head, ep, started).await;
     }
     if path.starts_with("/admin/") || path == "/admin" {
-        // Admin bodies (policy documents) are small: read up to 1 MiB.
+        // Admin bodies (policy documents) are small: at most 1 MiB.
         const ADMIN_BODY: u64 = 1024 * 1024;
-        if let BodyFraming::Length(n) = head.framing {
-            if n > ADMIN_BODY {
-                send_json(
-                    conn,
-                    400,
-                    br#"{"error":"failed to read request body (max 1 MB)"}"#,
-                    false,
-                )
-                .await;
-                return Routed::Close;
-            }
-        }
-        let body = match monoio::time::timeout(
+        let read = monoio::time::timeout(
             shard.shared.cfg.body_timeout,
             read_body(conn, head.framing, ADMIN_BODY),
         )
-        .await
-        {
-            Ok(BodyRead::Ok(b)) => b,
-            _ => {
-                send_json(
-                    conn,
-                    400,
-                    br#"{"error":"failed to read request body (max 1 MB)"}"#,
-                    false,
-                )
-                .await;
-                return Routed::Close;
-            }
+        .await;
+        let Ok(BodyRead::Ok(body)) = read else {
+            send_json(
+                conn,
+                400,
+                br#"{"error":"failed to read request body (max 1 MB)"}"#,
+                false,
+            )
+            .await;
+            return Routed::Close;
         };
         return admin_route(shard, conn, &head, &path, head.keep_alive, &body).await;
     }

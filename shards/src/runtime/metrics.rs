@@ -131,7 +131,7 @@ pub fn render(
     let _ = writeln!(o, "# TYPE hivenet_request_duration_seconds histogram");
     for s in snaps {
         for (m, st) in &s.models {
-            for ((peer, status), (buckets, sum, count)) in &st.durations {
+            for ((_, status), (peer, buckets, sum, count)) in &st.durations {
                 let labels = format!(
                     "tenant_id=\"\",peer_id=\"{}\",model=\"{}\",status_code=\"{status}\"",
                     esc(peer),
@@ -391,19 +391,14 @@ pub fn render(
 /// Serve the metrics port.
 pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
     loop {
-        let head = loop {
-            match http_parse::parse_request_head(&conn.buf) {
-                Ok(Some((h, n))) => {
-                    conn.consume(n);
-                    break h;
-                }
-                Ok(None) => {}
-                Err(_) => return,
-            }
-            match monoio::time::timeout(std::time::Duration::from_secs(30), conn.fill()).await {
-                Ok(Ok(n)) if n > 0 => {}
-                _ => return,
-            }
+        let head = match monoio::time::timeout(
+            std::time::Duration::from_secs(30),
+            conn.read_request_head(),
+        )
+        .await
+        {
+            Ok(Ok(h)) => h,
+            _ => return,
         };
         let keep = head.keep_alive && head.framing == http_parse::BodyFraming::None;
         let mut out = Vec::new();

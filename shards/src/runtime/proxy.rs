@@ -385,9 +385,7 @@ async fn attempt(
                     // Client-visible duration, measured at the real end of the
                     // response (streams included) with its real status.
                     let secs = p.received_at.elapsed().as_secs_f64();
-                    shard.with_stats(model, |s| {
-                        s.observe_duration(&agent.reg.peer_id, head.status, secs)
-                    });
+                    shard.with_stats(model, |s| s.observe_duration(&agent, head.status, secs));
                     if head.status < 400 {
                         agent.succeed();
                         shard.with_stats(model, |s| {

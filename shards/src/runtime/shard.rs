@@ -228,10 +228,13 @@ pub struct PoolStats {
     pub queue_depth: usize,
     /// Client-visible duration of completed responses (from the first byte
     /// of the request to the last byte of the response, streams included),
-    /// by (peer_id, status): bucket counts over `DURATION_BUCKETS` then
-    /// +Inf, sum, count.
-    pub durations: std::collections::BTreeMap<(String, u16), (Vec<u64>, f64, u64)>,
+    /// by (agent id, status): peer ID, bucket counts over
+    /// `DURATION_BUCKETS` then +Inf, sum, count.
+    pub durations: std::collections::BTreeMap<(u64, u16), DurationHist>,
 }
+
+/// One duration histogram: peer ID, bucket counts (+Inf last), sum, count.
+pub type DurationHist = (String, Vec<u64>, f64, u64);
 
 /// `hivenet_request_duration_seconds` buckets (spec 06).
 pub const DURATION_BUCKETS: [f64; 9] = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
@@ -243,20 +246,24 @@ pub const QUEUE_BUCKETS: [f64; 13] = [
 
 impl PoolStats {
     /// Record one completed response.
-    pub fn observe_duration(&mut self, peer_id: &str, status: u16, secs: f64) {
-        let e = self
-            .durations
-            .entry((peer_id.to_string(), status))
-            .or_insert_with(|| (vec![0; DURATION_BUCKETS.len() + 1], 0.0, 0));
+    pub fn observe_duration(&mut self, agent: &Agent, status: u16, secs: f64) {
+        let e = self.durations.entry((agent.id, status)).or_insert_with(|| {
+            (
+                agent.reg.peer_id.clone(),
+                vec![0; DURATION_BUCKETS.len() + 1],
+                0.0,
+                0,
+            )
+        });
         let i = DURATION_BUCKETS
             .iter()
             .position(|b| secs <= *b)
             .unwrap_or(DURATION_BUCKETS.len());
-        if let Some(c) = e.0.get_mut(i) {
+        if let Some(c) = e.1.get_mut(i) {
             *c += 1;
         }
-        e.1 += secs;
-        e.2 += 1;
+        e.2 += secs;
+        e.3 += 1;
     }
 
     /// Record one successful queue wait.
@@ -564,6 +571,8 @@ impl Shard {
         let mut models = self.models.borrow_mut();
         if let Some(pool) = models.get_mut(&agent.reg.model) {
             pool.agents.retain(|a| a.id != agent.id);
+            // Its series go with it.
+            pool.stats.durations.retain(|(id, _), _| *id != agent.id);
         }
     }
 

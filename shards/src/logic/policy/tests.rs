@@ -197,3 +197,30 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn equal_loads_take_turns() {
+    let agents = [
+        facts(1, true, 0, 10, None, "vllm"),
+        facts(2, true, 0, 10, None, "vllm"),
+        facts(3, true, 0, 10, None, "vllm"),
+    ];
+    let step = Policy::default().steps[0].clone();
+    let picks: Vec<_> = (0..3)
+        .map(|r| {
+            select(
+                &step,
+                Capability::Llm,
+                3,
+                |i| agents.get(i).copied(),
+                &[],
+                r,
+            )
+        })
+        .collect();
+    assert_eq!(
+        picks,
+        vec![StepPick::Agent(0), StepPick::Agent(1), StepPick::Agent(2)],
+        "not always the lowest peer"
+    );
+}
