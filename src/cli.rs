@@ -71,8 +71,19 @@ pub fn parse_ip(s: &str) -> Result<IpAddr, String> {
 
 /// Parse a humantime duration such as `30s` or `1m`.
 pub fn parse_duration(name: &str, s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim()).map_err(|e| format!("{name}: invalid duration {s:?}: {e}"))
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{name}: invalid duration {s:?}: {e}"))?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "{name}: {s:?} is longer than the longest accepted duration, 7 days"
+        ));
+    }
+    Ok(d)
 }
+
+/// Longest duration any flag accepts: every deadline and period the
+/// router and agent compute from them stays far from overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Set up `tracing` from `RUST_LOG`, or from the spec's `GOLOG_LOG_LEVEL`
 /// (`router=debug,metrics=debug`) mapped onto our targets.
@@ -103,7 +114,12 @@ pub fn map_golog(v: &str) -> String {
         };
         let targets: &[&str] = match sys {
             "" => &[""],
-            "router" => &["router", "shards::runtime::proxy", "shards::runtime::shard"],
+            "router" => &[
+                "router",
+                "shards::runtime::dispatch",
+                "shards::runtime::agent_link",
+                "shards::runtime::shard",
+            ],
             "metrics" => &["metrics", "shards::runtime::metrics"],
             "api" => &["shards::runtime::ingress"],
             "p2p" => &["shards::runtime::link"],
@@ -148,6 +164,6 @@ mod tests {
     fn golog_mapping() {
         let m = map_golog("router=debug,metrics=debug");
         assert!(m.contains("router=debug"));
-        assert!(m.contains("shards::runtime::proxy=debug"));
+        assert!(m.contains("shards::runtime::dispatch=debug"));
     }
 }

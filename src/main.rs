@@ -3,16 +3,17 @@
 //! waits for a signal.
 #![forbid(unsafe_code)]
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use argh::FromArgs;
 use futures::channel::mpsc;
 use hivenet_router::cli;
 use shards::logic::core_plan;
 use shards::logic::directory::Directory;
+use shards::runtime::event_loop::{self, ShardListeners};
 use shards::runtime::executor::{self, DriverChoice};
-use shards::runtime::shard::{self, ShardListeners};
-use shards::runtime::shared::{RouterConfig, Shared};
+use shards::runtime::router::{Router, RouterConfig};
+use shards::runtime::snapshot::Versioned;
 use tracing::{error, info, warn};
 
 #[global_allocator]
@@ -45,6 +46,12 @@ struct Flags {
     /// router-side request deadline to the agent's response head (default 60s; env HIVENET_ROUTER_REQUEST_TIMEOUT)
     #[argh(option)]
     request_timeout: Option<String>,
+    /// remove an agent whose control stream stays silent this long, closing its link (default 30s)
+    #[argh(option, default = "String::from(\"30s\")")]
+    remove_after: String,
+    /// the router's Ed25519 libp2p identity, created (mode 0600) when absent (default ./router_identity.key; env HIVENET_ROUTER_IDENTITY_PATH)
+    #[argh(option)]
+    identity_path: Option<String>,
     /// heartbeat period agents are told to use (default 5s)
     #[argh(option, default = "String::from(\"5s\")")]
     heartbeat_interval: String,
@@ -96,7 +103,7 @@ struct Flags {
 struct Startup {
     drain: std::time::Duration,
     policy_sources: hivenet_router::policy_files::PolicySources,
-    policies: shards::runtime::shared::PolicySet,
+    policies: shards::logic::policy_set::PolicySet,
     store: hivenet_router::store::StoreConfig,
     admin_keys: Vec<[u8; 32]>,
     insecure_admin: bool,
@@ -104,6 +111,7 @@ struct Startup {
     plan: Vec<Option<usize>>,
     driver: DriverChoice,
     psk: Option<libp2p_pnet::PreSharedKey>,
+    keypair: libp2p_identity::Keypair,
 }
 
 fn build() -> Result<Startup, String> {
@@ -154,6 +162,17 @@ fn build() -> Result<Startup, String> {
     if cfg.heartbeat_interval.is_zero() {
         return Err("--heartbeat-interval must be greater than 0".into());
     }
+    cfg.remove_after = cli::parse_duration("--remove-after", &f.remove_after)?;
+    if cfg.remove_after.is_zero() {
+        return Err("--remove-after must be greater than 0".into());
+    }
+    let identity = cli::flag_or_env(
+        f.identity_path,
+        "HIVENET_ROUTER_IDENTITY_PATH",
+        "./router_identity.key",
+    );
+    let keypair = shards::runtime::link::load_or_create_identity(std::path::Path::new(&identity))
+        .map_err(|e| format!("--identity-path: {e}"))?;
     if let Ok(v) = std::env::var("HIVENET_ROUTER_MAX_REQUEST_BYTES") {
         cfg.max_request_bytes = v.trim().parse().map_err(|_| {
             format!("HIVENET_ROUTER_MAX_REQUEST_BYTES: {v:?} is not a non-negative integer")
@@ -224,11 +243,12 @@ fn build() -> Result<Startup, String> {
         plan,
         driver,
         psk,
+        keypair,
     })
 }
 
 /// Requests in flight on every shard (from their snapshots).
-fn in_flight(shared: &Shared) -> u64 {
+fn in_flight(shared: &Router) -> u64 {
     let mut total = 0u64;
     for tx in &shared.mesh {
         let (t, r) = futures::channel::oneshot::channel();
@@ -291,6 +311,7 @@ fn run(startup: Startup) -> Result<(), String> {
         plan,
         driver,
         psk,
+        keypair,
     } = startup;
     let n = plan.len();
     let http = executor::bind_reuseport(cfg.http_addr, n)
@@ -299,7 +320,6 @@ fn run(startup: Startup) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.metrics_addr))?;
     let p2p = executor::bind_reuseport(cfg.p2p_addr, n)
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.p2p_addr))?;
-    let keypair = libp2p_identity::Keypair::generate_ed25519();
     if psk.is_none() {
         warn!("no --swarm-key-file: agent links are authenticated by noise only; any peer that can reach the p2p port can register");
     }
@@ -310,11 +330,9 @@ fn run(startup: Startup) -> Result<(), String> {
     let (store_tx, store_thread) = hivenet_router::store::start(store_cfg, storage_errors.clone())
         .map_err(|e| format!("cannot start the store thread: {e}"))?;
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded()).unzip();
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(Router {
         cfg: cfg.clone(),
-        directory: RwLock::new(Arc::new(Directory::new(n))),
-        directory_version: std::sync::atomic::AtomicU64::new(0),
-        policy_version: std::sync::atomic::AtomicU64::new(0),
+        directory: Versioned::new(Directory::new(n)),
         mesh: senders,
         keypair: keypair.clone(),
         psk,
@@ -322,7 +340,7 @@ fn run(startup: Startup) -> Result<(), String> {
         storage_errors,
         admin_keys,
         insecure_admin,
-        policies: RwLock::new(Arc::new(policies)),
+        policies: Versioned::new(policies),
         policy_reloads: std::sync::Mutex::new(Default::default()),
         feed: std::sync::Mutex::new(Vec::new()),
     });
@@ -349,7 +367,7 @@ fn run(startup: Startup) -> Result<(), String> {
             p2p: p,
         };
         let handle = executor::spawn_runtime(format!("shard-{id}"), cpu, driver, move || {
-            shard::run(id, shared, listeners, rx)
+            event_loop::run(id, shared, listeners, rx)
         })
         .map_err(|e| format!("cannot start shard {id}: {e}"))?;
         handles.push(handle);

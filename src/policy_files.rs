@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use shards::logic::policy::{self, Policy};
-use shards::runtime::shared::PolicySet;
+use shards::logic::policy_set::PolicySet;
 
 /// Where policies come from.
 #[derive(Debug, Clone, Default)]

@@ -49,13 +49,18 @@ fn embeddings_rerank_and_mismatch() {
     .expect("req");
     assert_eq!(st, 503, "{}", String::from_utf8_lossy(&b));
     assert!(String::from_utf8_lossy(&b).contains("no_agents_available"));
-    let (st, _) = post(
+    let (st, b) = post(
         r.http,
         "/v1/messages/count_tokens",
         r#"{"model":"rerank-model","messages":[]}"#,
     )
     .expect("req");
     assert_eq!(st, 503);
+    let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
+    assert_eq!(
+        v["error"]["code"], "no_agents_available",
+        "capability mismatch code: {v}"
+    );
     let (st, b) = get(r.http, "/v1/models/embed-model").expect("req");
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");

@@ -39,8 +39,9 @@ fn missed_heartbeats_make_an_agent_unhealthy() {
                 ..Default::default()
             };
             let _ = link::write_frame(&mut ctl, &ControlMsg::Register(reg)).await;
-            let mut buf = Vec::new();
-            let _ = link::read_frame(&mut ctl, &mut buf).await;
+            let mut ctl_in = shards::runtime::conn::Conn::over(ctl, Vec::new());
+            let _ = ctl_in.read_frame().await;
+            let mut ctl = ctl_in.stream;
             // Silent for 1.5 s (more than 3 x 200 ms), then one heartbeat.
             monoio::time::sleep(Duration::from_millis(1500)).await;
             let _ = link::write_frame(

@@ -156,7 +156,11 @@ fn expect_100_continue() {
     s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 15\r\nConnection: close\r\n\r\n").expect("w");
     let mut buf = [0u8; 256];
     let n = s.read(&mut buf).expect("read 100");
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 100 Continue"));
+    // The whole interim response, CRLF line ends included.
+    assert_eq!(
+        String::from_utf8_lossy(&buf[..n]),
+        "HTTP/1.1 100 Continue\r\n\r\n"
+    );
     s.write_all(b"{\"model\":\"nop\"}").expect("body");
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest);

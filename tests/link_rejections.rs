@@ -117,11 +117,9 @@ fn register_as(
             link::write_frame(&mut ctl, &ControlMsg::Register(reg))
                 .await
                 .map_err(|e| e.to_string())?;
-            let mut buf = Vec::new();
-            let reply = link::read_frame(&mut ctl, &mut buf)
-                .await
-                .map_err(|e| e.to_string())?;
-            let _ = ctl.close().await;
+            let mut ctl = shards::runtime::conn::Conn::over(ctl, Vec::new());
+            let reply = ctl.read_frame().await.map_err(|e| e.to_string())?;
+            let _ = ctl.stream.close().await;
             match reply {
                 Some(ControlMsg::Rejected { reason }) => Err(reason),
                 Some(ControlMsg::Registered { .. }) => Ok("registered".to_string()),

@@ -26,7 +26,7 @@ use engine::Engine;
 #[derive(Clone)]
 pub struct AgentConfig {
     /// Router libp2p address.
-    pub router: SocketAddr,
+    pub router: RouterAddr,
     /// Backend base URL.
     pub backend: BackendUrl,
     /// Engine.
@@ -68,36 +68,59 @@ pub struct AgentConfig {
 }
 
 /// Parse `--router-p2p`: a multiaddr `/ip4/1.2.3.4/tcp/9000` (or `/dns4/host/tcp/port`) or `host:port`.
-pub fn parse_router_addr(s: &str) -> Result<SocketAddr, String> {
+pub fn parse_router_addr(s: &str) -> Result<RouterAddr, String> {
     use std::net::ToSocketAddrs;
     let s = s.trim();
     if s.starts_with('/') {
         let parts: Vec<&str> = s.split('/').filter(|p| !p.is_empty()).collect();
-        let (host, port) = match parts.as_slice() {
-            [proto, host, "tcp", port, ..]
+        let (host, port, rest) = match parts.as_slice() {
+            [proto, host, "tcp", port, rest @ ..]
                 if matches!(*proto, "ip4" | "ip6" | "dns" | "dns4" | "dns6") =>
             {
-                (*host, *port)
+                (*host, *port, rest)
             }
             _ => {
                 return Err(format!(
-                    "--router-p2p: unsupported multiaddr {s:?} (want /ip4/<ip>/tcp/<port>)"
+                    "--router-p2p: unsupported multiaddr {s:?} (want /ip4/<ip>/tcp/<port>[/p2p/<peer-id>])"
+                ))
+            }
+        };
+        let peer = match rest {
+            [] => None,
+            ["p2p", id] => Some(id.parse::<libp2p_identity::PeerId>().map_err(|e| {
+                format!("--router-p2p: {id:?} in {s:?} is not a peer ID: {e}")
+            })?),
+            _ => {
+                return Err(format!(
+                    "--router-p2p: unsupported multiaddr {s:?} (only /p2p/<peer-id> may follow the port)"
                 ))
             }
         };
         let port: u16 = port
             .parse()
             .map_err(|_| format!("--router-p2p: bad port in {s:?}"))?;
-        return (host, port)
+        let addr = (host, port)
             .to_socket_addrs()
             .map_err(|e| format!("--router-p2p: cannot resolve {host}: {e}"))?
             .next()
-            .ok_or_else(|| format!("--router-p2p: cannot resolve {host}"));
+            .ok_or_else(|| format!("--router-p2p: cannot resolve {host}"))?;
+        return Ok(RouterAddr { addr, peer });
     }
-    s.to_socket_addrs()
+    let addr = s
+        .to_socket_addrs()
         .map_err(|e| format!("--router-p2p: {s:?} is neither a multiaddr nor host:port: {e}"))?
         .next()
-        .ok_or_else(|| format!("--router-p2p: cannot resolve {s:?}"))
+        .ok_or_else(|| format!("--router-p2p: cannot resolve {s:?}"))?;
+    Ok(RouterAddr { addr, peer: None })
+}
+
+/// Where the router is, and (when given) whom the agent expects there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouterAddr {
+    /// Socket address.
+    pub addr: SocketAddr,
+    /// The router's peer ID from `/p2p/<peer-id>`: any other identity is refused.
+    pub peer: Option<libp2p_identity::PeerId>,
 }
 
 async fn backend_healthy(cfg: &AgentConfig) -> bool {
@@ -212,11 +235,20 @@ pub async fn run(cfg: AgentConfig) {
 async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(), String> {
     let (router_peer, conn) = monoio::time::timeout(
         Duration::from_secs(30),
-        link::dial(cfg.router, model, cfg.psk, &cfg.keypair),
+        link::dial(cfg.router.addr, model, cfg.psk, &cfg.keypair),
     )
     .await
     .map_err(|_| "dial timed out".to_string())?
-    .map_err(|e| format!("dial {}: {e}", cfg.router))?;
+    .map_err(|e| format!("dial {}: {e}", cfg.router.addr))?;
+    if let Some(want) = cfg.router.peer {
+        if router_peer != want {
+            // Noise proved who answered; it is not the router we were told.
+            return Err(format!(
+                "router at {} has identity {router_peer}, not the expected {want}; refusing it",
+                cfg.router.addr
+            ));
+        }
+    }
     let (handle, mut inbound, mut closed) = link::spawn_driver(conn);
     let mut ctl = handle
         .open(link::CONTROL_PROTOCOL)
@@ -239,14 +271,11 @@ async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(
     link::write_frame(&mut ctl, &ControlMsg::Register(reg))
         .await
         .map_err(|e| format!("register: {e}"))?;
-    let mut buf = Vec::new();
-    let reply = monoio::time::timeout(
-        Duration::from_secs(30),
-        link::read_frame(&mut ctl, &mut buf),
-    )
-    .await
-    .map_err(|_| "no registration reply within 30s".to_string())?
-    .map_err(|e| format!("registration reply: {e}"))?;
+    let mut ctl_in = shards::runtime::conn::Conn::over(ctl, Vec::new());
+    let reply = monoio::time::timeout(Duration::from_secs(30), ctl_in.read_frame())
+        .await
+        .map_err(|_| "no registration reply within 30s".to_string())?
+        .map_err(|e| format!("registration reply: {e}"))?;
     let hb = match reply {
         Some(ControlMsg::Registered {
             heartbeat_interval_ms,
@@ -256,6 +285,7 @@ async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(
         }
         other => return Err(format!("unexpected registration reply {other:?}")),
     };
+    let mut ctl = ctl_in.stream;
     info!(%router_peer, %model, %peer_id, "registered with the router");
     // Serve request streams.
     let server = {

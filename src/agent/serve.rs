@@ -9,10 +9,11 @@
 use std::io;
 use std::rc::Rc;
 
-use futures::{AsyncReadExt, AsyncWriteExt};
+use futures::AsyncWriteExt;
 use shards::logic::errors::{ApiError, ErrorCode, Source};
 use shards::logic::http_parse::{self, BodyFraming, ChunkedDecoder};
 use shards::logic::http_write::{self, OutFraming};
+use shards::runtime::conn::{Conn, HeadRead};
 use shards::runtime::link::{self, LinkStream};
 use tracing::{debug, warn};
 
@@ -23,53 +24,30 @@ use super::AgentConfig;
 /// Largest request body accepted from the router.
 const MAX_BODY: usize = 64 * 1024 * 1024;
 
-async fn read_request(s: &mut LinkStream) -> io::Result<(http_parse::RequestHead, Vec<u8>)> {
-    let mut buf = Vec::with_capacity(8192);
-    let mut tmp = vec![0u8; 16 * 1024];
-    let (head, used) = loop {
-        match http_parse::parse_request_head(&buf) {
-            Ok(Some(v)) => break v,
-            Ok(None) => {}
-            Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}"))),
-        }
-        let n = s.read(&mut tmp).await?;
-        if n == 0 {
+/// Read the router's request: head, then a Content-Length body.
+async fn read_request(
+    conn: &mut Conn<LinkStream>,
+) -> io::Result<(http_parse::RequestHead, Vec<u8>)> {
+    let head = match conn.read_request_head().await {
+        Ok(h) => h,
+        Err(HeadRead::Closed) => {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "stream closed before a request",
-            ));
-        }
-        buf.extend_from_slice(tmp.get(..n).unwrap_or(&[]));
-    };
-    buf.drain(..used);
-    let n = match head.framing {
-        BodyFraming::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
-        BodyFraming::None => 0,
-        _ => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "the router sends Content-Length bodies",
             ))
         }
+        Err(HeadRead::Bad(e)) => {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}")))
+        }
     };
-    if n > MAX_BODY {
+    if !matches!(head.framing, BodyFraming::Length(_) | BodyFraming::None) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            "request body too large",
+            "the router sends Content-Length bodies",
         ));
     }
-    while buf.len() < n {
-        let k = s.read(&mut tmp).await?;
-        if k == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "request body truncated",
-            ));
-        }
-        buf.extend_from_slice(tmp.get(..k).unwrap_or(&[]));
-    }
-    buf.truncate(n);
-    Ok((head, buf))
+    let body = conn.read_body(head.framing, MAX_BODY as u64).await?;
+    Ok((head, body))
 }
 
 async fn write_error(s: &mut LinkStream, err: &ApiError) {
@@ -96,14 +74,17 @@ fn backend_error(status: u16, message: String) -> ApiError {
 
 /// Serve one inbound stream.
 pub async fn serve_stream(cfg: Rc<AgentConfig>, s: yamux::Stream) {
-    let mut s = match link::accept_protocol(s, &[link::HTTP_PROTOCOL]).await {
+    let s = match link::accept_protocol(s, &[link::HTTP_PROTOCOL]).await {
         Ok((_, s)) => s,
         Err(e) => {
             debug!("stream negotiation failed: {e}");
             return;
         }
     };
-    let (head, body) = match read_request(&mut s).await {
+    let mut conn = Conn::over(s, Vec::with_capacity(8192));
+    let request = read_request(&mut conn).await;
+    let mut s = conn.stream;
+    let (head, body) = match request {
         Ok(v) => v,
         Err(e) => {
             write_error(

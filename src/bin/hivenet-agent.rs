@@ -182,7 +182,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    info!(peer_id = %cfg.keypair.public().to_peer_id(), router = %cfg.router, engine = cfg.engine.as_str(), "hivenet-agent starting");
+    info!(peer_id = %cfg.keypair.public().to_peer_id(), router = %cfg.router.addr, router_peer_id = ?cfg.router.peer, engine = cfg.engine.as_str(), "hivenet-agent starting");
     executor::run_on_runtime(driver, |kind| {
         info!("agent runtime driver {kind}");
         agent::run(cfg)

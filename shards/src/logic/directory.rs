@@ -3,13 +3,15 @@
 //! Balanced: a new model goes to the shard that owns the fewest models
 //! (lowest index on ties). The assignment is stable for the process
 //! lifetime. [`Directory`] is the plain value; the runtime keeps it behind
-//! a single-writer snapshot.
+//! a versioned snapshot.
 //!
 //! Agents reserve their model's shard when their preamble arrives (so two
 //! agents of two new models that connect at once land on different
-//! shards), and confirm it when they register. Only confirmed models are
-//! visible to clients; unconfirmed reservations are bounded by
-//! [`MAX_PROVISIONAL`] so unauthenticated peers cannot grow the map.
+//! shards), and confirm it when they register; a link that fails before
+//! registering releases its reservation, so names nobody registered never
+//! stay. Unconfirmed reservations are also bounded by [`MAX_PROVISIONAL`].
+//! A model is visible to clients ([`Directory::owner`]) only while it has
+//! registered links: a model whose agents all left is not found.
 
 use std::collections::HashMap;
 
@@ -28,6 +30,21 @@ pub const MAX_PROVISIONAL: usize = 1024;
 struct Entry {
     shard: usize,
     confirmed: bool,
+    /// Links between their preamble and their registration.
+    pending: u32,
+    /// Registered links (agents) now.
+    links: u32,
+}
+
+/// How many names the directory holds, by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DirectoryStats {
+    /// Models with registered agents now.
+    pub live: usize,
+    /// Models assigned once whose agents all left (the shard is kept).
+    pub idle: usize,
+    /// Reservations of links not registered yet.
+    pub reserved: usize,
 }
 
 impl Directory {
@@ -40,30 +57,30 @@ impl Directory {
         }
     }
 
-    /// Number of shards.
-    pub fn shards(&self) -> usize {
-        self.counts.len()
+    /// Owner of a model with registered agents.
+    pub fn owner(&self, model: &str) -> Option<usize> {
+        self.owners
+            .get(model)
+            .filter(|e| e.confirmed && e.links > 0)
+            .map(|e| e.shard)
     }
 
-    /// Owner of a known (confirmed) model.
-    pub fn owner(&self, model: &str) -> Option<usize> {
+    /// The shard of a confirmed model (with or without agents now).
+    pub fn assigned(&self, model: &str) -> Option<usize> {
         self.owners
             .get(model)
             .filter(|e| e.confirmed)
             .map(|e| e.shard)
     }
 
-    /// The shard of a confirmed or reserved model.
-    pub fn reserved(&self, model: &str) -> Option<usize> {
-        self.owners.get(model).map(|e| e.shard)
-    }
-
     /// The shard an agent of `model` should be served by: its owner or
     /// reservation, else a new reservation on the least-loaded shard
     /// (when the reservation bound is reached: the tentative shard,
-    /// unreserved).
+    /// unreserved). Every call is matched by [`Directory::register`] or
+    /// [`Directory::release`].
     pub fn reserve(&mut self, model: &str) -> usize {
-        if let Some(e) = self.owners.get(model) {
+        if let Some(e) = self.owners.get_mut(model) {
+            e.pending = e.pending.saturating_add(1);
             return e.shard;
         }
         let shard = self.tentative();
@@ -73,6 +90,8 @@ impl Directory {
                 Entry {
                     shard,
                     confirmed: false,
+                    pending: 1,
+                    links: 0,
                 },
             );
             self.provisional += 1;
@@ -83,19 +102,40 @@ impl Directory {
         shard
     }
 
+    /// A link reserved at its preamble failed before registering: drop its
+    /// reservation, and the name when nobody else holds it.
+    pub fn release(&mut self, model: &str) {
+        let Some(e) = self.owners.get_mut(model) else {
+            return;
+        };
+        e.pending = e.pending.saturating_sub(1);
+        if e.confirmed || e.pending > 0 {
+            return;
+        }
+        let shard = e.shard;
+        self.owners.remove(model);
+        self.provisional = self.provisional.saturating_sub(1);
+        if let Some(c) = self.counts.get_mut(shard) {
+            *c = c.saturating_sub(1);
+        }
+    }
+
     /// The shard a new model would be given now (fewest models, lowest index).
     pub fn tentative(&self) -> usize {
         pick_fewest(&self.counts)
     }
 
-    /// The owner of `model`, assigning `preferred` (or the tentative shard
-    /// when `preferred` is out of range) when it is new.
-    pub fn assign(&mut self, model: &str, preferred: usize) -> usize {
+    /// A link registered for `model`: confirm its owner (assigning
+    /// `preferred`, or the tentative shard when `preferred` is out of
+    /// range, when the model is new) and count the link. Returns the owner.
+    pub fn register(&mut self, model: &str, preferred: usize) -> usize {
         if let Some(e) = self.owners.get_mut(model) {
             if !e.confirmed {
                 e.confirmed = true;
-                self.provisional -= 1;
+                self.provisional = self.provisional.saturating_sub(1);
             }
+            e.pending = e.pending.saturating_sub(1);
+            e.links = e.links.saturating_add(1);
             return e.shard;
         }
         let shard = if preferred < self.counts.len() {
@@ -108,6 +148,8 @@ impl Directory {
             Entry {
                 shard,
                 confirmed: true,
+                pending: 0,
+                links: 1,
             },
         );
         if let Some(c) = self.counts.get_mut(shard) {
@@ -116,12 +158,24 @@ impl Directory {
         shard
     }
 
-    /// All confirmed models with their owners.
-    pub fn models(&self) -> impl Iterator<Item = (&str, usize)> {
-        self.owners
-            .iter()
-            .filter(|(_, e)| e.confirmed)
-            .map(|(m, e)| (m.as_str(), e.shard))
+    /// A registered link of `model` ended.
+    pub fn unregister(&mut self, model: &str) {
+        if let Some(e) = self.owners.get_mut(model) {
+            e.links = e.links.saturating_sub(1);
+        }
+    }
+
+    /// Names held, by state.
+    pub fn stats(&self) -> DirectoryStats {
+        let mut s = DirectoryStats::default();
+        for e in self.owners.values() {
+            match (e.confirmed, e.links > 0) {
+                (true, true) => s.live += 1,
+                (true, false) => s.idle += 1,
+                (false, _) => s.reserved += 1,
+            }
+        }
+        s
     }
 
     /// Models owned by each shard.
@@ -158,8 +212,37 @@ mod tests {
             "two new models arriving together go to different shards"
         );
         assert_eq!(d.owner("a"), None, "not visible before registration");
-        assert_eq!(d.assign("a", 9), a);
+        assert_eq!(d.register("a", 9), a);
         assert_eq!(d.owner("a"), Some(a));
+        d.unregister("a");
+        assert_eq!(d.owner("a"), None, "no agent left: not found");
+        assert_eq!(d.assigned("a"), Some(a), "but the shard is kept");
+        assert_eq!(d.register("a", 1 - a), a, "stable");
+    }
+
+    #[test]
+    fn failed_links_release_their_reservations() {
+        let mut d = Directory::new(2);
+        for i in 0..2000 {
+            let m = format!("junk{i}");
+            d.reserve(&m);
+            d.release(&m);
+        }
+        assert_eq!(d.stats(), DirectoryStats::default());
+        assert_eq!(d.counts(), &[0, 0]);
+        // Two links for one name: the reservation stays until both end.
+        d.reserve("x");
+        d.reserve("x");
+        d.release("x");
+        assert_eq!(d.stats().reserved, 1);
+        d.release("x");
+        assert_eq!(d.stats().reserved, 0);
+        // Releasing a registered model's extra link keeps the model.
+        d.reserve("y");
+        d.register("y", 0);
+        d.reserve("y");
+        d.release("y");
+        assert_eq!(d.owner("y"), Some(0));
     }
 
     #[test]
@@ -174,10 +257,10 @@ mod tests {
     #[test]
     fn two_models_two_shards_are_spread() {
         let mut d = Directory::new(2);
-        let a = d.assign("a", d.tentative());
-        let b = d.assign("b", d.tentative());
+        let a = d.register("a", d.tentative());
+        let b = d.register("b", d.tentative());
         assert_ne!(a, b);
-        assert_eq!(d.assign("a", 1 - a), a, "stable");
+        assert_eq!(d.register("a", 1 - a), a, "stable");
     }
 
     proptest! {
@@ -190,7 +273,7 @@ mod tests {
             let mut first = HashMap::new();
             for m in &models {
                 let t = d.tentative();
-                let o = d.assign(m, t);
+                let o = d.register(m, t);
                 let prev = *first.entry(m.clone()).or_insert(o);
                 prop_assert_eq!(prev, o);
             }

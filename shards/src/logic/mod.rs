@@ -6,14 +6,19 @@
 
 pub mod control;
 pub mod core_plan;
+pub mod decision;
 pub mod directory;
+pub mod endpoint;
 pub mod engine_metrics;
 pub mod errors;
+pub mod failure;
 pub mod hardware;
 pub mod history;
 pub mod http_parse;
 pub mod http_write;
+pub mod log_gate;
 pub mod policy;
+pub mod policy_set;
 pub mod preamble;
 pub mod probe;
 pub mod request_id;

@@ -193,17 +193,17 @@ struct RawPolicy {
     routing_policy: Option<RawStep>,
     #[serde(default)]
     fallback_chain: Vec<RawStep>,
-    // Admission fields of the spec, accepted and ignored until admission lands.
+    // Admission fields of the spec: parsed so the error can name them.
     #[serde(default)]
-    mode: Option<String>,
+    mode: Option<serde_json::Value>,
     #[serde(default)]
-    max_input_tokens: Option<i64>,
+    max_input_tokens: Option<serde_json::Value>,
     #[serde(default)]
-    images_max: Option<i64>,
+    images_max: Option<serde_json::Value>,
     #[serde(default)]
-    admit_budget_tokens: Option<i64>,
+    admit_budget_tokens: Option<serde_json::Value>,
     #[serde(default)]
-    max_inflight: Option<i64>,
+    max_inflight: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -408,23 +408,21 @@ pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
             message: first,
         }
     })?;
-    for (name, v) in [
-        ("max_input_tokens", raw.max_input_tokens),
-        ("images_max", raw.images_max),
-        ("admit_budget_tokens", raw.admit_budget_tokens),
-        ("max_inflight", raw.max_inflight),
+    // Admission fields of the spec: refused until admission enforces them,
+    // so no operator believes a limit holds that does not.
+    for (name, set) in [
+        ("mode", raw.mode.is_some()),
+        ("max_input_tokens", raw.max_input_tokens.is_some()),
+        ("images_max", raw.images_max.is_some()),
+        ("admit_budget_tokens", raw.admit_budget_tokens.is_some()),
+        ("max_inflight", raw.max_inflight.is_some()),
     ] {
-        if v.unwrap_or(0) < 0 {
-            return Err(err(file, text, name, format!("{name} must be >= 0")));
-        }
-    }
-    if let Some(m) = raw.mode.as_deref() {
-        if m != "reserved" && m != "serverless" {
+        if set {
             return Err(err(
                 file,
                 text,
-                "mode",
-                format!("unknown mode {m:?} (reserved, serverless)"),
+                name,
+                format!("{name} is not enforced by this router yet (admission control is not built); remove it"),
             ));
         }
     }

@@ -1,21 +1,38 @@
 //! `/admin/*`: bearer-key authentication (SHA-256 of the presented key
-//! compared in constant time against every configured key), the routing
-//! table gathered from every shard, and the lifetime-metrics reset
-//! (memory on every shard, then the store).
+//! compared in constant time against every configured key, checked before
+//! any body is read), the routing table and health gathered from every
+//! shard, the lifetime-metrics reset (memory on every shard, then the
+//! store), the registration feed, and the policy API
+//! ([`super::admin_policy`]).
+//!
+//! Entry point: [`serve`].
 
 use std::rc::Rc;
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::shard::{AgentView, Shard};
+use super::admin_policy;
+use super::conn::Conn;
+use super::mesh::ShardMsg;
+use super::models_api;
+use super::respond;
+use super::router::Router;
+use super::shard::Shard;
 use super::store_api::StoreMsg;
+use super::views::AgentView;
 use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::http_parse::RequestHead;
 
+/// Admin bodies (policy documents) are small.
+const ADMIN_BODY: u64 = 1024 * 1024;
+
+/// Per-subscriber buffer of the registration feed.
+pub const FEED_BUFFER: usize = 16;
+
 /// Whether the request may use admin routes.
-pub fn authorized(shard: &Shard, head: &RequestHead) -> bool {
-    if shard.shared.insecure_admin {
+pub fn authorized(router: &Router, head: &RequestHead) -> bool {
+    if router.insecure_admin {
         return true;
     }
     let Some(v) = head.header("authorization") else {
@@ -33,7 +50,7 @@ pub fn authorized(shard: &Shard, head: &RequestHead) -> bool {
     let h: [u8; 32] = Sha256::digest(token.as_bytes()).into();
     // Compare against every key without early exit.
     let mut ok = 0u8;
-    for k in &shard.shared.admin_keys {
+    for k in &router.admin_keys {
         let diff = k
             .iter()
             .zip(h.iter())
@@ -43,9 +60,138 @@ pub fn authorized(shard: &Shard, head: &RequestHead) -> bool {
     ok == 1
 }
 
-/// The 401 error.
-pub fn unauthorized() -> ApiError {
-    ApiError::new(ErrorCode::Unauthorized, "unauthorized")
+/// Serve one admin request; returns whether the connection stays open.
+pub async fn serve(shard: &Rc<Shard>, conn: &mut Conn, head: &RequestHead, path: &str) -> bool {
+    let keep = head.keep_alive;
+    if !authorized(&shard.router, head) {
+        // Refused before reading the body: an unauthenticated client
+        // cannot make the router buffer anything.
+        let err = ApiError::new(ErrorCode::Unauthorized, "unauthorized");
+        let www: &[(&'static str, &[u8])] =
+            &[("WWW-Authenticate", br#"Bearer realm="hivenet-router""#)];
+        let keep = keep && head.framing == crate::logic::http_parse::BodyFraming::None;
+        return respond::send_error_with(conn, &err, keep, www).await;
+    }
+    let body = match conn
+        .read_request_body(head.framing, ADMIN_BODY, shard.router.cfg.body_timeout)
+        .await
+    {
+        Ok(b) => b,
+        Err(_) => {
+            respond::send_json(
+                conn,
+                400,
+                br#"{"error":"failed to read request body (max 1 MB)"}"#,
+                false,
+            )
+            .await;
+            return false;
+        }
+    };
+    if let Some((status, body)) = admin_policy::policy_api(&shard.router, &head.method, path, &body)
+    {
+        return respond::send_json(conn, status, &body, keep).await;
+    }
+    match (head.method.as_str(), path) {
+        ("GET", "/admin/routing-table") => {
+            let body = routing_table(shard).await;
+            respond::send_json(conn, 200, &body, keep).await
+        }
+        ("POST", "/admin/metrics/reset") => match reset_metrics(shard).await {
+            Ok(body) => respond::send_json(conn, 200, &body, keep).await,
+            Err(e) => {
+                let body =
+                    serde_json::to_vec(&json!({"error": format!("failed to reset metrics: {e}")}))
+                        .unwrap_or_default();
+                respond::send_json(conn, 500, &body, keep).await
+            }
+        },
+        ("GET", "/admin/models") => {
+            let snaps = shard.gather().await;
+            let body = models_api::list(snaps.iter().flat_map(|s| s.agents.iter()));
+            respond::send_json(conn, 200, &body, keep).await
+        }
+        ("GET", p) if p.starts_with("/admin/models/") => {
+            let id = p.trim_start_matches("/admin/models/");
+            let snaps = shard.gather().await;
+            match models_api::detail(id, snaps.iter().flat_map(|s| s.agents.iter()), true) {
+                Some(body) => respond::send_json(conn, 200, &body, keep).await,
+                None => respond::send_error(conn, &models_api::not_found(id), keep).await,
+            }
+        }
+        ("GET", "/admin/registration-stream") => {
+            registration_stream(shard, conn).await;
+            false
+        }
+        ("GET", "/admin/health") => {
+            let body = health(shard).await;
+            respond::send_json(conn, 200, &body, keep).await
+        }
+        (
+            _,
+            "/admin/routing-table" | "/admin/metrics/reset" | "/admin/models" | "/admin/health",
+        ) => {
+            respond::send_error(conn, &respond::method_not_allowed(&head.method, path), keep).await
+        }
+        _ => respond::send_error(conn, &respond::no_route(&head.method, path), keep).await,
+    }
+}
+
+/// `GET /admin/health`.
+async fn health(shard: &Rc<Shard>) -> Vec<u8> {
+    let snaps = shard.gather().await;
+    let agents: Vec<&AgentView> = snaps.iter().flat_map(|s| s.agents.iter()).collect();
+    let healthy = agents.iter().filter(|a| a.healthy).count();
+    let list: Vec<_> = agents
+        .iter()
+        .map(|a| {
+            json!({"peer_id": a.peer_id, "model": a.reg.model, "engine": a.reg.engine, "version": a.reg.version,
+                   "capacity": a.reg.capacity, "region": a.reg.region, "is_healthy": a.healthy, "last_seen": a.last_seen})
+        })
+        .collect();
+    let queued: usize = snaps
+        .iter()
+        .flat_map(|s| s.models.iter())
+        .map(|(_, st)| st.queue_depth)
+        .sum();
+    let body = json!({
+        "status": if healthy > 0 { "healthy" } else { "degraded" },
+        "total_agents": agents.len(),
+        "healthy_agents": healthy,
+        "queue_length": queued,
+        "timestamp": super::clock::unix_secs(),
+        "agents": list,
+    });
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// `GET /admin/registration-stream`: SSE `data:` lines for every agent
+/// registration and removal, a `: keep-alive` comment every 25 s; the
+/// stream ends when the client goes away.
+async fn registration_stream(shard: &Rc<Shard>, conn: &mut Conn) {
+    use futures::StreamExt;
+    let (tx, mut rx) = futures::channel::mpsc::channel::<String>(FEED_BUFFER);
+    if let Ok(mut subs) = shard.router.feed.lock() {
+        subs.push(tx);
+    }
+    let mut out = Vec::with_capacity(512);
+    respond::event_stream_head(&mut out, &conn.request_id);
+    if conn.write_all(out).await.is_err() {
+        return;
+    }
+    loop {
+        let frame = match monoio::time::timeout(std::time::Duration::from_secs(25), rx.next()).await
+        {
+            Ok(Some(line)) => format!("data: {line}\n\n"),
+            Ok(None) => return,
+            Err(_) => ": keep-alive\n\n".to_string(),
+        };
+        let mut chunk = Vec::with_capacity(frame.len() + 16);
+        crate::logic::http_write::write_chunk(&mut chunk, frame.as_bytes());
+        if conn.write_all(chunk).await.is_err() {
+            return;
+        }
+    }
 }
 
 fn agent_json(a: &AgentView) -> Value {
@@ -124,23 +270,13 @@ pub async fn routing_table(shard: &Rc<Shard>) -> Vec<u8> {
 /// deletes every record (after any flush already queued: one FIFO channel).
 pub async fn reset_metrics(shard: &Rc<Shard>) -> Result<Vec<u8>, String> {
     shard.reset_metrics();
-    let mut waits = Vec::new();
-    for (i, tx) in shard.shared.mesh.iter().enumerate() {
-        if i == shard.id {
-            continue;
-        }
-        let (t, r) = futures::channel::oneshot::channel();
-        if tx
-            .unbounded_send(super::mesh::ShardMsg::ResetMetrics { reply: t })
-            .is_ok()
-        {
-            waits.push(r);
-        }
-    }
-    for r in waits {
-        let _ = monoio::time::timeout(std::time::Duration::from_secs(5), r).await;
-    }
-    if let Some(store) = &shard.shared.store {
+    shard
+        .ask_others(
+            |reply| ShardMsg::ResetMetrics { reply },
+            std::time::Duration::from_secs(5),
+        )
+        .await;
+    if let Some(store) = &shard.router.store {
         let (t, r) = futures::channel::oneshot::channel();
         store
             .send(StoreMsg::ResetAll { reply: t })
@@ -152,147 +288,4 @@ pub async fn reset_metrics(shard: &Rc<Shard>) -> Result<Vec<u8>, String> {
         }
     }
     Ok(br#"{"status":"metrics reset","message":"per-agent lifetime counters cleared (disk, in-memory, and Prometheus series)"}"#.to_vec())
-}
-
-fn step_json(s: &crate::logic::policy::Step) -> Value {
-    let mut ex = serde_json::Map::new();
-    for r in &s.exclude_if {
-        ex.insert(r.field.name().to_string(), json!({ serde_json::to_value(r.op).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(): r.value }));
-    }
-    let mut v = json!({"match": s.matcher, "strategy": "least-loaded"});
-    if !ex.is_empty() {
-        v["exclude_if"] = Value::Object(ex);
-    }
-    if s.max_tries > 0 {
-        v["max_tries"] = json!(s.max_tries);
-    }
-    v
-}
-
-/// A policy in the spec's JSON shape.
-pub fn policy_json(p: &crate::logic::policy::Policy) -> Value {
-    let mut v = json!({});
-    if !p.models.is_empty() {
-        v["models"] = json!(p.models);
-    }
-    if let Some(first) = p.steps.first() {
-        v["routing_policy"] = step_json(first);
-    }
-    let chain: Vec<Value> = p
-        .steps
-        .iter()
-        .skip(1)
-        .map(|s| {
-            let mut j = step_json(s);
-            j["name"] = json!(s.name);
-            j
-        })
-        .collect();
-    if !chain.is_empty() {
-        v["fallback_chain"] = json!(chain);
-    }
-    v
-}
-
-/// Result of a policy admin call: status and JSON body.
-pub type AdminReply = (u16, Vec<u8>);
-
-fn reply(status: u16, v: Value) -> AdminReply {
-    (status, serde_json::to_vec(&v).unwrap_or_default())
-}
-
-/// `/admin/policy` and `/admin/policy/models[/name]`.
-pub fn policy_api(shard: &Shard, method: &str, path: &str, body: &[u8]) -> Option<AdminReply> {
-    use crate::logic::policy;
-    use std::sync::Arc;
-    let shared = &shard.shared;
-    let set = shared.policy_set();
-    let text = || std::str::from_utf8(body).map_err(|_| "policy body is not UTF-8".to_string());
-    match (method, path) {
-        ("GET", "/admin/policy") => Some(reply(200, policy_json(&set.global))),
-        ("PUT", "/admin/policy") => {
-            let parsed = text().and_then(|t| policy::parse("<api>", t).map_err(|e| e.to_string()));
-            Some(match parsed {
-                Ok(p) => {
-                    let mut next = (*set).clone();
-                    next.global = Arc::new(policy::Policy {
-                        models: Vec::new(),
-                        ..p
-                    });
-                    match shared.swap_policies(next, "api") {
-                        Ok(()) => reply(200, json!({"status": "policy updated"})),
-                        Err(e) => reply(400, json!({"error": e})),
-                    }
-                }
-                Err(e) => {
-                    shared.count_reload("api", false);
-                    reply(400, json!({"error": e}))
-                }
-            })
-        }
-        ("GET", "/admin/policy/models") => {
-            let m: serde_json::Map<String, Value> = set
-                .named
-                .iter()
-                .map(|(k, p)| (k.clone(), policy_json(p)))
-                .collect();
-            Some(reply(200, Value::Object(m)))
-        }
-        (_, p) if p.starts_with("/admin/policy/models/") => {
-            let name = p.trim_start_matches("/admin/policy/models/").to_string();
-            if name.is_empty() {
-                return Some(reply(
-                    400,
-                    json!({"error": "policy name is required in URL"}),
-                ));
-            }
-            match method {
-                "GET" => Some(match set.named.get(&name) {
-                    Some(p) => reply(200, policy_json(p)),
-                    None => reply(404, json!({"error": format!("no policy named: {name}")})),
-                }),
-                "PUT" => {
-                    let parsed = text().and_then(|t| {
-                        policy::parse(&format!("<api:{name}>"), t).map_err(|e| e.to_string())
-                    });
-                    Some(match parsed {
-                        Ok(p) if p.models.is_empty() => {
-                            shared.count_reload("api", false);
-                            reply(
-                                400,
-                                json!({"error": "policy body must include a 'models:' field with at least one model name"}),
-                            )
-                        }
-                        Ok(p) => {
-                            let models = p.models.clone();
-                            let mut next = (*set).clone();
-                            next.named.insert(name.clone(), Arc::new(p));
-                            match shared.swap_policies(next, "api") {
-                                Ok(()) => reply(
-                                    200,
-                                    json!({"status": "policy updated", "name": name, "models": models}),
-                                ),
-                                Err(e) => reply(409, json!({"error": e})),
-                            }
-                        }
-                        Err(e) => {
-                            shared.count_reload("api", false);
-                            reply(400, json!({"error": e}))
-                        }
-                    })
-                }
-                "DELETE" => {
-                    let mut next = (*set).clone();
-                    next.named.remove(&name);
-                    let _ = shared.swap_policies(next, "api");
-                    Some(reply(
-                        200,
-                        json!({"status": "policy deleted", "name": name}),
-                    ))
-                }
-                _ => None,
-            }
-        }
-        _ => None,
-    }
 }

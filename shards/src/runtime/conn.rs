@@ -1,16 +1,65 @@
-//! A buffered monoio TCP connection: owned-buffer reads appended to a
-//! growing buffer, whole-buffer writes. Used by the client ingress, the
-//! metrics listener, the agent's backend client and the simulator.
+//! A buffered connection over any byte stream: owned-buffer reads appended
+//! to a growing buffer, whole-buffer writes, and the one read-and-parse
+//! loop for request heads, response heads, bodies and control frames.
+//! Used over TCP (client ingress, metrics, the agent's backend client, the
+//! simulator, the load generator) and over yamux streams (the router's
+//! requests to agents, the agent's side, the control stream) alike.
+//!
+//! Key types: [`Conn`], [`Transport`], [`BodyError`].
 
 use std::io;
 
+use futures::{AsyncReadExt, AsyncWriteExt};
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
+use super::link::LinkStream;
+use crate::logic::control::{self, ControlMsg};
+use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::http_parse::{
-    self, BodyFraming, ChunkedDecoder, HeadError, RequestHead, ResponseHead,
+    self, BodyFraming, ChunkError, ChunkedDecoder, HeadError, RequestHead, ResponseHead,
 };
+
+/// A byte stream a [`Conn`] can drive. Reads land in a buffer the stream
+/// owns for the duration of the call (completion-based I/O needs that).
+// The runtime is single-threaded: the futures need not be `Send`.
+#[allow(async_fn_in_trait)]
+pub trait Transport {
+    /// Read once into `buf` (cleared, with spare capacity); returns the
+    /// count (0 = EOF) and the buffer, its length set to what was read.
+    async fn read_owned(&mut self, buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>);
+    /// Write all of `data` (and flush where the stream buffers).
+    async fn write_owned(&mut self, data: Vec<u8>) -> io::Result<()>;
+}
+
+impl Transport for TcpStream {
+    async fn read_owned(&mut self, buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
+        let cap = buf.capacity();
+        let (res, slice) = self.read(buf.slice_mut(0..cap)).await;
+        (res, slice.into_inner())
+    }
+
+    async fn write_owned(&mut self, data: Vec<u8>) -> io::Result<()> {
+        let (res, _) = self.write_all(data).await;
+        res.map(|_| ())
+    }
+}
+
+impl Transport for LinkStream {
+    async fn read_owned(&mut self, mut buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
+        let cap = buf.capacity();
+        buf.resize(cap, 0);
+        let res = AsyncReadExt::read(self, &mut buf).await;
+        buf.truncate(*res.as_ref().unwrap_or(&0));
+        (res, buf)
+    }
+
+    async fn write_owned(&mut self, data: Vec<u8>) -> io::Result<()> {
+        AsyncWriteExt::write_all(self, &data).await?;
+        self.flush().await
+    }
+}
 
 /// Why no request head could be read.
 #[derive(Debug)]
@@ -21,13 +70,34 @@ pub enum HeadRead {
     Bad(HeadError),
 }
 
+/// Why a body could not be read.
+#[derive(Debug)]
+pub enum BodyError {
+    /// Over the limit (declared or received).
+    TooLarge,
+    /// Broke a framing rule.
+    Bad(String),
+    /// The peer closed or the read failed before the end.
+    Closed(io::Error),
+}
+
+impl From<BodyError> for io::Error {
+    fn from(e: BodyError) -> Self {
+        match e {
+            BodyError::TooLarge => io::Error::new(io::ErrorKind::InvalidData, "body too large"),
+            BodyError::Bad(why) => io::Error::new(io::ErrorKind::InvalidData, why),
+            BodyError::Closed(e) => e,
+        }
+    }
+}
+
 /// Read chunk reserved before each read.
 const READ_RESERVE: usize = 16 * 1024;
 
-/// A TCP stream plus the bytes read but not yet consumed.
-pub struct Conn {
-    /// The socket.
-    pub stream: TcpStream,
+/// A stream plus the bytes read but not yet consumed.
+pub struct Conn<S = TcpStream> {
+    /// The stream.
+    pub stream: S,
     /// Unconsumed input.
     pub buf: Vec<u8>,
     /// Spare read buffer: reads land here first so a read cancelled by a
@@ -37,10 +107,17 @@ pub struct Conn {
     pub request_id: String,
 }
 
-impl Conn {
-    /// Wrap a stream (sets `TCP_NODELAY`).
+impl Conn<TcpStream> {
+    /// Wrap a TCP stream (sets `TCP_NODELAY`).
     pub fn new(stream: TcpStream, buf: Vec<u8>) -> Self {
         let _ = stream.set_nodelay(true);
+        Conn::over(stream, buf)
+    }
+}
+
+impl<S: Transport> Conn<S> {
+    /// Wrap any stream, with `buf` already read.
+    pub fn over(stream: S, buf: Vec<u8>) -> Self {
         Conn {
             stream,
             buf,
@@ -49,8 +126,8 @@ impl Conn {
         }
     }
 
-    /// Take the socket and unconsumed input apart (for a hand-off).
-    pub fn into_parts(self) -> (TcpStream, Vec<u8>) {
+    /// Take the stream and unconsumed input apart (for a hand-off).
+    pub fn into_parts(self) -> (S, Vec<u8>) {
         (self.stream, self.buf)
     }
 
@@ -61,9 +138,7 @@ impl Conn {
         if rbuf.capacity() < READ_RESERVE {
             rbuf.reserve(READ_RESERVE);
         }
-        let cap = rbuf.capacity();
-        let (res, slice) = self.stream.read(rbuf.slice_mut(0..cap)).await;
-        let rbuf = slice.into_inner();
+        let (res, rbuf) = self.stream.read_owned(rbuf).await;
         if self.buf.is_empty() {
             // Common case: swap instead of copying.
             self.rbuf = std::mem::replace(&mut self.buf, rbuf);
@@ -76,8 +151,7 @@ impl Conn {
 
     /// Write all of `data`.
     pub async fn write_all(&mut self, data: Vec<u8>) -> io::Result<()> {
-        let (res, _) = self.stream.write_all(data).await;
-        res.map(|_| ())
+        self.stream.write_owned(data).await
     }
 
     /// Drop the first `n` buffered bytes.
@@ -113,33 +187,98 @@ impl Conn {
                     return Ok(h);
                 }
                 Ok(None) => {}
-                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}"))),
+                Err(e) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("bad response head: {e:?}"),
+                    ))
+                }
             }
             if self.fill().await? == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
-                    "closed before response head",
+                    "closed before the response head",
                 ));
             }
         }
     }
 
+    /// Read one control-stream frame (`Ok(None)` on a clean EOF).
+    pub async fn read_frame(&mut self) -> io::Result<Option<ControlMsg>> {
+        loop {
+            match control::decode(&self.buf) {
+                Ok(Some((m, n))) => {
+                    self.consume(n);
+                    return Ok(Some(m));
+                }
+                Ok(None) => {}
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+            }
+            if self.fill().await? == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Read a request body under `limit` and `deadline`. `Err(Some(e))`: answer
+    /// `e` and close; `Err(None)`: the client left.
+    pub async fn read_request_body(
+        &mut self,
+        framing: BodyFraming,
+        limit: u64,
+        deadline: std::time::Duration,
+    ) -> Result<Vec<u8>, Option<ApiError>> {
+        if framing == BodyFraming::UntilClose {
+            let e = ApiError::new(ErrorCode::RequestInvalid, "failed to read request body");
+            return Err(Some(e));
+        }
+        match monoio::time::timeout(deadline, self.read_body_checked(framing, limit)).await {
+            Ok(Ok(b)) => Ok(b),
+            Ok(Err(BodyError::TooLarge)) => Err(Some(ApiError::body_too_large(limit))),
+            Ok(Err(BodyError::Bad(_))) => Err(Some(ApiError::new(
+                ErrorCode::RequestInvalid,
+                "failed to read request body",
+            ))),
+            Ok(Err(BodyError::Closed(_))) => Err(None),
+            Err(_) => Err(Some(ApiError::new(
+                ErrorCode::ClientTimeout,
+                "request body deadline exceeded",
+            ))),
+        }
+    }
+
     /// Read a whole body with the given framing, up to `limit` bytes (0 = no limit).
     pub async fn read_body(&mut self, framing: BodyFraming, limit: u64) -> io::Result<Vec<u8>> {
+        self.read_body_checked(framing, limit)
+            .await
+            .map_err(io::Error::from)
+    }
+
+    /// [`Conn::read_body`] with the reason kept apart (the ingress answers
+    /// 413, 400 or nothing from it).
+    pub async fn read_body_checked(
+        &mut self,
+        framing: BodyFraming,
+        limit: u64,
+    ) -> Result<Vec<u8>, BodyError> {
+        let closed = |what: &str| {
+            BodyError::Closed(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                what.to_string(),
+            ))
+        };
         match framing {
             BodyFraming::None => Ok(Vec::new()),
             BodyFraming::Length(n) => {
                 if limit > 0 && n > limit {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "body too large"));
+                    return Err(BodyError::TooLarge);
                 }
-                let n = usize::try_from(n)
-                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "length"))?;
+                let n = usize::try_from(n).map_err(|_| BodyError::TooLarge)?;
                 while self.buf.len() < n {
-                    if self.fill().await? == 0 {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "body truncated",
-                        ));
+                    match self.fill().await {
+                        Ok(0) => return Err(closed("body truncated")),
+                        Ok(_) => {}
+                        Err(e) => return Err(BodyError::Closed(e)),
                     }
                 }
                 let body = self.buf.get(..n).unwrap_or(&[]).to_vec();
@@ -150,27 +289,29 @@ impl Conn {
                 let mut dec = ChunkedDecoder::new();
                 let mut out = Vec::new();
                 loop {
-                    let used = dec.decode(&self.buf, &mut out, limit).map_err(|e| {
-                        io::Error::new(io::ErrorKind::InvalidData, format!("chunked: {e:?}"))
-                    })?;
-                    self.consume(used);
+                    match dec.decode(&self.buf, &mut out, limit) {
+                        Ok(used) => self.consume(used),
+                        Err(ChunkError::TooLarge) => return Err(BodyError::TooLarge),
+                        Err(e) => return Err(BodyError::Bad(format!("chunked: {e:?}"))),
+                    }
                     if dec.is_done() {
                         return Ok(out);
                     }
-                    if self.fill().await? == 0 {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "chunked body truncated",
-                        ));
+                    match self.fill().await {
+                        Ok(0) => return Err(closed("chunked body truncated")),
+                        Ok(_) => {}
+                        Err(e) => return Err(BodyError::Closed(e)),
                     }
                 }
             }
             BodyFraming::UntilClose => loop {
                 if limit > 0 && self.buf.len() as u64 > limit {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "body too large"));
+                    return Err(BodyError::TooLarge);
                 }
-                if self.fill().await? == 0 {
-                    return Ok(std::mem::take(&mut self.buf));
+                match self.fill().await {
+                    Ok(0) => return Ok(std::mem::take(&mut self.buf)),
+                    Ok(_) => {}
+                    Err(e) => return Err(BodyError::Closed(e)),
                 }
             },
         }

@@ -7,7 +7,8 @@
 //! Key items: [`accept`] (router side, after the preamble), [`dial`]
 //! (agent side, sends the preamble), [`spawn_driver`] and [`LinkHandle`]
 //! (the task that owns a yamux connection and opens streams on request),
-//! [`read_frame`]/[`write_frame`] for the control stream.
+//! [`write_frame`] for the control stream (frames are read through
+//! [`super::conn::Conn::read_frame`]).
 
 use std::io;
 use std::net::SocketAddr;
@@ -158,11 +159,19 @@ pub async fn dial(
 
 type OpenReply = oneshot::Sender<Result<yamux::Stream, io::Error>>;
 
+/// What a [`LinkHandle`] asks of the link's driver.
+enum Command {
+    /// Open an outbound stream.
+    Open(OpenReply),
+    /// Close the connection now (an agent removed for silence).
+    Close,
+}
+
 /// Opens streams on a link driven by [`spawn_driver`]. Dropping every
-/// handle closes the link.
+/// handle, or [`LinkHandle::close`], closes the link.
 #[derive(Clone)]
 pub struct LinkHandle {
-    tx: mpsc::UnboundedSender<OpenReply>,
+    tx: mpsc::UnboundedSender<Command>,
 }
 
 impl LinkHandle {
@@ -170,7 +179,7 @@ impl LinkHandle {
     pub async fn open_raw(&self) -> io::Result<yamux::Stream> {
         let (tx, rx) = oneshot::channel();
         self.tx
-            .unbounded_send(tx)
+            .unbounded_send(Command::Open(tx))
             .map_err(|_| io::Error::new(io::ErrorKind::ConnectionAborted, "link closed"))?;
         rx.await
             .map_err(|_| io::Error::new(io::ErrorKind::ConnectionAborted, "link closed"))?
@@ -185,9 +194,9 @@ impl LinkHandle {
             .map_err(|e| io::Error::new(io::ErrorKind::ConnectionAborted, e.to_string()))
     }
 
-    /// Whether the driver is gone.
-    pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
+    /// Close the link even while other handles exist.
+    pub fn close(&self) {
+        let _ = self.tx.unbounded_send(Command::Close);
     }
 }
 
@@ -201,29 +210,29 @@ pub fn spawn_driver(
     mpsc::UnboundedReceiver<yamux::Stream>,
     oneshot::Receiver<()>,
 ) {
-    let (open_tx, open_rx) = mpsc::unbounded::<OpenReply>();
+    let (cmd_tx, cmd_rx) = mpsc::unbounded::<Command>();
     let (in_tx, in_rx) = mpsc::unbounded();
     let (done_tx, done_rx) = oneshot::channel::<()>();
-    monoio::spawn(drive(conn, open_rx, in_tx, done_tx));
-    (LinkHandle { tx: open_tx }, in_rx, done_rx)
+    monoio::spawn(drive(conn, cmd_rx, in_tx, done_tx));
+    (LinkHandle { tx: cmd_tx }, in_rx, done_rx)
 }
 
 async fn drive(
     mut conn: yamux::Connection<BoxIo>,
-    mut open_rx: mpsc::UnboundedReceiver<OpenReply>,
+    mut cmd_rx: mpsc::UnboundedReceiver<Command>,
     in_tx: mpsc::UnboundedSender<yamux::Stream>,
     done: oneshot::Sender<()>,
 ) {
     let mut pending: Option<OpenReply> = None;
-    let mut handles_gone = false;
+    let mut closing = false;
     let _ = futures::future::poll_fn(|cx| {
         loop {
             let mut progressed = false;
             // Outbound opens, one at a time.
-            if pending.is_none() && !handles_gone {
-                match open_rx.poll_next_unpin(cx) {
-                    Poll::Ready(Some(r)) => pending = Some(r),
-                    Poll::Ready(None) => handles_gone = true,
+            if pending.is_none() && !closing {
+                match cmd_rx.poll_next_unpin(cx) {
+                    Poll::Ready(Some(Command::Open(r))) => pending = Some(r),
+                    Poll::Ready(Some(Command::Close)) | Poll::Ready(None) => closing = true,
                     Poll::Pending => {}
                 }
             }
@@ -238,7 +247,7 @@ async fn drive(
                     Poll::Pending => pending = Some(reply),
                 }
             }
-            if handles_gone {
+            if closing {
                 return match conn.poll_close(cx) {
                     Poll::Ready(_) => Poll::Ready(()),
                     Poll::Pending => Poll::Pending,
@@ -270,29 +279,6 @@ pub async fn accept_protocol(
     multistream_select::listener_select_proto(s, protocols.iter().copied())
         .await
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
-}
-
-/// Read one control frame (`Ok(None)` on clean EOF).
-pub async fn read_frame<R: futures::AsyncRead + Unpin>(
-    r: &mut R,
-    buf: &mut Vec<u8>,
-) -> io::Result<Option<ControlMsg>> {
-    loop {
-        match control::decode(buf) {
-            Ok(Some((m, n))) => {
-                buf.drain(..n);
-                return Ok(Some(m));
-            }
-            Ok(None) => {}
-            Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
-        }
-        let mut tmp = [0u8; 4096];
-        let n = r.read(&mut tmp).await?;
-        if n == 0 {
-            return Ok(None);
-        }
-        buf.extend_from_slice(tmp.get(..n).unwrap_or(&[]));
-    }
 }
 
 /// Write one control frame and flush.

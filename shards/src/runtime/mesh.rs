@@ -3,87 +3,20 @@
 
 use futures::channel::oneshot;
 
-use super::clock::Instant;
-use super::shard::ShardSnapshot;
-use crate::logic::http_parse::RequestHead;
-use crate::logic::probe::RequestMeta;
-
-/// An inference endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `POST /v1/chat/completions`.
-    ChatCompletions,
-    /// `POST /v1/messages`.
-    Messages,
-    /// `POST /v1/messages/count_tokens`.
-    CountTokens,
-    /// `POST /v1/embeddings`.
-    Embeddings,
-    /// `POST /v1/rerank`.
-    Rerank,
-}
-
-impl Endpoint {
-    /// Endpoint of a path, if it is an inference route.
-    pub fn of(path: &str) -> Option<Self> {
-        match path {
-            "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
-            "/v1/messages" => Some(Endpoint::Messages),
-            "/v1/messages/count_tokens" => Some(Endpoint::CountTokens),
-            "/v1/embeddings" => Some(Endpoint::Embeddings),
-            "/v1/rerank" => Some(Endpoint::Rerank),
-            _ => None,
-        }
-    }
-
-    /// Capability an agent needs to serve it.
-    pub fn capability(self) -> crate::logic::control::Capability {
-        use crate::logic::control::Capability;
-        match self {
-            Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::CountTokens => {
-                Capability::Llm
-            }
-            Endpoint::Embeddings => Capability::Embedding,
-            Endpoint::Rerank => Capability::Reranker,
-        }
-    }
-}
-
-/// A request read and probed on one shard, to be served on another.
-#[derive(Debug)]
-pub struct PendingRequest {
-    /// Parsed head.
-    pub head: RequestHead,
-    /// Whole body as received (de-chunked).
-    pub body: Vec<u8>,
-    /// Probed fields.
-    pub meta: RequestMeta,
-    /// Which endpoint.
-    pub endpoint: Endpoint,
-    /// When the head started arriving.
-    pub received_at: Instant,
-    /// `X-Request-ID` (the client's when it is a UUID, else generated).
-    pub request_id: String,
-}
+use super::pending::HandOff;
+use super::views::ShardSnapshot;
 
 /// The messages shards exchange.
 pub enum ShardMsg {
-    /// Adopt a client connection and serve `pending` first.
-    AdoptHttp {
-        /// The socket, out of its former runtime.
-        stream: std::net::TcpStream,
-        /// Bytes read past the pending request (pipelined input).
-        buf: Vec<u8>,
-        /// The request to serve.
-        pending: Box<PendingRequest>,
-    },
+    /// Adopt a client connection and serve its pending request first.
+    AdoptHttp(Box<HandOff>),
     /// Adopt an agent link after its preamble.
     AdoptLink {
         /// The socket.
         stream: std::net::TcpStream,
         /// Bytes read past the preamble.
         prefix: Vec<u8>,
-        /// The model the preamble named.
+        /// The model the preamble named (reserved in the directory).
         model: String,
     },
     /// Clear every agent's lifetime metrics (admin reset).

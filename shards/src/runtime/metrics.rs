@@ -5,7 +5,10 @@ use std::fmt::Write as _;
 use std::rc::Rc;
 
 use super::conn::Conn;
-use super::shard::{Shard, ShardSnapshot};
+use super::model::stats::{ModelStats, DURATION_BUCKETS, QUEUE_BUCKETS};
+use super::shard::Shard;
+use super::views::{AgentView, ShardSnapshot};
+use crate::logic::directory::DirectoryStats;
 use crate::logic::http_parse;
 use crate::logic::http_write;
 
@@ -20,8 +23,21 @@ pub fn render(
     snaps: &[ShardSnapshot],
     storage_errors: u64,
     reloads: &std::collections::BTreeMap<(String, String), u64>,
+    directory: DirectoryStats,
 ) -> String {
     let mut o = String::with_capacity(4096);
+    let _ = writeln!(
+        o,
+        "# HELP hivenet_directory_models Model names the directory holds: live (registered agents), idle (agents all left; shard kept), reserved (links not registered yet)."
+    );
+    let _ = writeln!(o, "# TYPE hivenet_directory_models gauge");
+    for (state, n) in [
+        ("live", directory.live),
+        ("idle", directory.idle),
+        ("reserved", directory.reserved),
+    ] {
+        let _ = writeln!(o, "hivenet_directory_models{{state=\"{state}\"}} {n}");
+    }
     let _ = writeln!(
         o,
         "# HELP hivenet_policy_reload_total Policy reloads by trigger and result."
@@ -38,8 +54,7 @@ pub fn render(
     // Per-model routing counters, summed over shards.
     let mut routed: std::collections::BTreeMap<(String, String, String), u64> = Default::default();
     let mut failed: std::collections::BTreeMap<(String, String, String), u64> = Default::default();
-    let mut per_model: std::collections::BTreeMap<String, super::shard::PoolStats> =
-        Default::default();
+    let mut per_model: std::collections::BTreeMap<String, ModelStats> = Default::default();
     for s in snaps {
         for (m, st) in &s.models {
             for ((region, engine), n) in &st.routed {
@@ -57,16 +72,7 @@ pub fn render(
             e.fallback_routed += st.fallback_routed;
             e.exhausted += st.exhausted;
             e.queue_depth += st.queue_depth;
-            e.wait_sum += st.wait_sum;
-            e.wait_count += st.wait_count;
-            if e.wait_buckets.len() < st.wait_buckets.len() {
-                e.wait_buckets.resize(st.wait_buckets.len(), 0);
-            }
-            for (i, c) in st.wait_buckets.iter().enumerate() {
-                if let Some(x) = e.wait_buckets.get_mut(i) {
-                    *x += c;
-                }
-            }
+            e.wait.merge(&st.wait);
         }
     }
     for (name, help, map) in [
@@ -93,7 +99,7 @@ pub fn render(
             );
         }
     }
-    type PGet = fn(&super::shard::PoolStats) -> f64;
+    type PGet = fn(&ModelStats) -> f64;
     let pm: [(&str, &str, &str, PGet); 4] = [
         (
             "hivenet_policy_primary_routed_total",
@@ -131,14 +137,20 @@ pub fn render(
     let _ = writeln!(o, "# TYPE hivenet_request_duration_seconds histogram");
     for s in snaps {
         for (m, st) in &s.models {
-            for ((_, status), (peer, buckets, sum, count)) in &st.durations {
+            for ((_, status), series) in &st.durations {
+                let (peer, buckets, sum, count) = (
+                    &series.peer_id,
+                    &series.hist.buckets,
+                    series.hist.sum,
+                    series.hist.count,
+                );
                 let labels = format!(
                     "tenant_id=\"\",peer_id=\"{}\",model=\"{}\",status_code=\"{status}\"",
                     esc(peer),
                     esc(m)
                 );
                 let mut cum = 0u64;
-                for (i, b) in super::shard::DURATION_BUCKETS.iter().enumerate() {
+                for (i, b) in DURATION_BUCKETS.iter().enumerate() {
                     cum += buckets.get(i).copied().unwrap_or(0);
                     let _ = writeln!(
                         o,
@@ -164,8 +176,8 @@ pub fn render(
     let _ = writeln!(o, "# TYPE hivenet_queue_wait_seconds histogram");
     for (m, st) in &per_model {
         let mut cum = 0u64;
-        for (i, b) in super::shard::QUEUE_BUCKETS.iter().enumerate() {
-            cum += st.wait_buckets.get(i).copied().unwrap_or(0);
+        for (i, b) in QUEUE_BUCKETS.iter().enumerate() {
+            cum += st.wait.buckets.get(i).copied().unwrap_or(0);
             let _ = writeln!(
                 o,
                 "hivenet_queue_wait_seconds_bucket{{model=\"{}\",le=\"{b}\"}} {cum}",
@@ -176,19 +188,19 @@ pub fn render(
             o,
             "hivenet_queue_wait_seconds_bucket{{model=\"{}\",le=\"+Inf\"}} {}",
             esc(m),
-            st.wait_count
+            st.wait.count
         );
         let _ = writeln!(
             o,
             "hivenet_queue_wait_seconds_sum{{model=\"{}\"}} {}",
             esc(m),
-            st.wait_sum
+            st.wait.sum
         );
         let _ = writeln!(
             o,
             "hivenet_queue_wait_seconds_count{{model=\"{}\"}} {}",
             esc(m),
-            st.wait_count
+            st.wait.count
         );
     }
     let _ = writeln!(o, "# HELP hivenet_storage_errors_total Failed history-store operations (open, flush, lookup, reset).");
@@ -233,13 +245,13 @@ pub fn render(
         );
     }
     let agents: Vec<_> = snaps.iter().flat_map(|s| s.agents.iter()).collect();
-    let label_a = |a: &super::shard::AgentView| {
+    let label_a = |a: &AgentView| {
         format!(
             "peer_id=\"{}\",region=\"{}\",engine=\"{}\",model=\"{}\",capacity=\"{}\",organization=\"{}\",machine=\"{}\"",
             esc(&a.peer_id), esc(&a.reg.region), esc(&a.reg.engine), esc(&a.reg.model), a.reg.capacity, esc(&a.reg.organization), esc(&a.reg.machine)
         )
     };
-    let label_u = |a: &super::shard::AgentView| {
+    let label_u = |a: &AgentView| {
         format!(
             "peer_id=\"{}\",model=\"{}\",engine=\"{}\",organization=\"{}\",machine=\"{}\"",
             esc(&a.peer_id),
@@ -309,7 +321,7 @@ pub fn render(
             a.failed
         );
     }
-    type Get = fn(&super::shard::AgentView) -> Option<f64>;
+    type Get = fn(&AgentView) -> Option<f64>;
     let per_agent: [(&str, &str, &str, Get); 10] = [
         (
             "hivenet_agent_input_tokens_total",
@@ -405,7 +417,7 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
         if head.method == "GET" && head.path_only() == "/metrics" {
             let snaps = shard.gather().await;
             let reloads = shard
-                .shared
+                .router
                 .policy_reloads
                 .lock()
                 .map(|m| m.clone())
@@ -413,10 +425,11 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
             let body = render(
                 &snaps,
                 shard
-                    .shared
+                    .router
                     .storage_errors
                     .load(std::sync::atomic::Ordering::Relaxed),
                 &reloads,
+                shard.router.directory.load().stats(),
             );
             http_write::write_full_response(
                 &mut out,

@@ -1,14 +1,31 @@
 //! The I/O shell: pinned monoio runtimes, cross-core mesh, client HTTP
-//! ingress, libp2p agent links, per-shard agent pools and metrics.
+//! ingress, libp2p agent links, per-model state and metrics.
 //!
-//! Key types: [`shared::Shared`] (the few things every shard reads),
-//! [`shard::Shard`] (what one core owns), [`mesh::ShardMsg`] (the only
-//! cross-core messages), [`link`] (the agent link stack, used by both the
-//! router and the agent).
+//! Layers, top down (imports only run down):
+//! - [`event_loop`]: a shard's listeners, flush timer and mesh messages;
+//! - [`ingress`] (client HTTP), [`admin`] + [`admin_policy`] +
+//!   [`models_api`], [`metrics`], [`agent_link`] (the agents' control
+//!   protocol);
+//! - [`dispatch`]: the driver of the pure decision machine
+//!   ([`crate::logic::decision`]); [`exchange`]: one exchange with an agent;
+//! - [`respond`]: every response the router writes itself;
+//! - [`shard`]: what one core owns; [`model`]: per-model state (agents,
+//!   slots, queue, statistics);
+//! - [`router`]: what every shard reads (config, versioned [`snapshot`]s
+//!   of the directory and policies, mesh senders, identity);
+//! - [`mesh`], [`pending`], [`views`]: the messages between shards;
+//! - [`conn`] (one buffered read-and-parse loop over TCP and yamux),
+//!   [`link`] + [`io`] (the libp2p stack), [`executor`], [`clock`],
+//!   [`handoff`], [`store_api`].
 
 pub mod admin;
+pub mod admin_policy;
+pub mod agent_link;
 pub mod clock;
 pub mod conn;
+pub mod dispatch;
+pub mod event_loop;
+pub mod exchange;
 pub mod executor;
 pub mod handoff;
 pub mod ingress;
@@ -16,7 +33,12 @@ pub mod io;
 pub mod link;
 pub mod mesh;
 pub mod metrics;
-pub mod proxy;
+pub mod model;
+pub mod models_api;
+pub mod pending;
+pub mod respond;
+pub mod router;
 pub mod shard;
-pub mod shared;
+pub mod snapshot;
 pub mod store_api;
+pub mod views;

@@ -40,7 +40,11 @@ fn validation_table() {
         ("routing_policy:\n  strategy: least-loaded\n  match:\n    capability: vision\n", "routing_policy.match.capability", 4, "unknown capability"),
         ("routing_policy:\n  strategy: least-loaded\nfallback_chains: []\n", "fallback_chains", 3, "unknown field"),
         ("routing_policy:\n  strategy: least-loaded\n  max_try: 2\n", "max_try", 3, "unknown field"),
-        ("mode: turbo\nrouting_policy:\n  strategy: least-loaded\n", "mode", 1, "unknown mode"),
+        ("mode: reserved\nrouting_policy:\n  strategy: least-loaded\n", "mode", 1, "not enforced"),
+        ("routing_policy:\n  strategy: least-loaded\nmax_input_tokens: 4096\n", "max_input_tokens", 3, "not enforced"),
+        ("routing_policy:\n  strategy: least-loaded\nimages_max: 2\n", "images_max", 3, "not enforced"),
+        ("routing_policy:\n  strategy: least-loaded\nadmit_budget_tokens: 100000\n", "admit_budget_tokens", 3, "not enforced"),
+        ("routing_policy:\n  strategy: least-loaded\nmax_inflight: 8\n", "max_inflight", 3, "not enforced"),
         ("routing_policy: [\n", "", 0, ""),
     ];
     for (text, path, line, msg) in cases {

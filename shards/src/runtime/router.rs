@@ -1,9 +1,11 @@
-//! What every shard reads: configuration, the model directory, the mesh
-//! senders and the router's identity. Immutable after start except the
-//! directory (single writer at a time, read-mostly).
+//! What every shard reads: configuration, the model directory and the
+//! policies (versioned snapshots), the mesh senders, the router's identity,
+//! the store sender and the admin keys.
+//!
+//! Key types: [`Router`] (held by every shard as `Arc<Router>`),
+//! [`RouterConfig`].
 
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::channel::mpsc::UnboundedSender;
@@ -11,8 +13,9 @@ use libp2p_identity::Keypair;
 use libp2p_pnet::PreSharedKey;
 
 use super::mesh::ShardMsg;
+use super::snapshot::Versioned;
 use crate::logic::directory::Directory;
-use crate::logic::policy::Policy;
+use crate::logic::policy_set::PolicySet;
 
 /// Router settings the shards need.
 #[derive(Debug, Clone)]
@@ -39,6 +42,9 @@ pub struct RouterConfig {
     pub handshake_timeout: Duration,
     /// Period of the history flush to the store.
     pub flush_interval: Duration,
+    /// An agent whose control stream stays silent this long is removed
+    /// and its link closed (`--remove-after`).
+    pub remove_after: Duration,
     /// Tries per policy step (`--max-tries-per-step`).
     pub max_tries_per_step: u32,
     /// Capacity-queue bound per model (`--queue-depth`; 0: no queue).
@@ -59,23 +65,19 @@ impl Default for RouterConfig {
             preamble_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(10),
             flush_interval: Duration::from_secs(30),
+            remove_after: Duration::from_secs(30),
             max_tries_per_step: 3,
             queue_depth: 30,
         }
     }
 }
 
-/// State shared by all shards.
-pub struct Shared {
+/// The router-wide state every shard reads.
+pub struct Router {
     /// Settings.
     pub cfg: RouterConfig,
-    /// Model -> owning shard.
-    pub directory: RwLock<Arc<Directory>>,
-    /// Bumped on every directory change: shards keep a snapshot and only
-    /// take the lock when it moved (no shared writes on the request path).
-    pub directory_version: std::sync::atomic::AtomicU64,
-    /// Bumped on every policy change (same scheme).
-    pub policy_version: std::sync::atomic::AtomicU64,
+    /// Model -> owning shard (shards read it through their cache).
+    pub directory: Versioned<Directory>,
     /// One sender per shard, indexed by shard id.
     pub mesh: Vec<UnboundedSender<ShardMsg>>,
     /// The router's libp2p identity.
@@ -91,7 +93,7 @@ pub struct Shared {
     /// Admin routes open without a key (explicit opt-in).
     pub insecure_admin: bool,
     /// Routing policies; a request takes one snapshot at its start.
-    pub policies: RwLock<Arc<PolicySet>>,
+    pub policies: Versioned<PolicySet>,
     /// `hivenet_policy_reload_total{trigger,result}`.
     pub policy_reloads: std::sync::Mutex<std::collections::BTreeMap<(String, String), u64>>,
     /// Subscribers of `/admin/registration-stream` (16 events buffered each;
@@ -99,81 +101,28 @@ pub struct Shared {
     pub feed: std::sync::Mutex<Vec<futures::channel::mpsc::Sender<String>>>,
 }
 
-/// Per-subscriber buffer of the registration feed.
-pub const FEED_BUFFER: usize = 16;
+// === impl Router ===
 
-/// The policies in force: the global one and the per-model documents.
-#[derive(Debug, Clone, Default)]
-pub struct PolicySet {
-    /// Used for models no named document claims.
-    pub global: Arc<Policy>,
-    /// Named (per-model) documents.
-    pub named: std::collections::BTreeMap<String, Arc<Policy>>,
-}
-
-impl PolicySet {
-    /// Check that no model is claimed twice.
-    pub fn validate(&self) -> Result<(), String> {
-        let mut owner: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
-        for (name, p) in &self.named {
-            if p.models.is_empty() {
-                return Err(format!(
-                    "policy {name:?} must include a 'models:' field with at least one model name"
-                ));
-            }
-            for m in &p.models {
-                if let Some(other) = owner.insert(m, name) {
-                    return Err(format!(
-                        "model {m:?} is already claimed by policy {other:?}"
-                    ));
-                }
-            }
-        }
-        Ok(())
+impl Router {
+    /// Reserve the owner for a link whose preamble names `model` (matched
+    /// by [`Router::register`] or [`Router::release`]).
+    pub fn reserve(&self, model: &str) -> usize {
+        self.directory.update(|d| d.reserve(model))
     }
 
-    /// The effective policy of a model.
-    pub fn for_model(&self, model: &str) -> Arc<Policy> {
-        self.named
-            .values()
-            .find(|p| p.models.iter().any(|m| m == model))
-            .cloned()
-            .unwrap_or_else(|| self.global.clone())
-    }
-}
-
-impl Shared {
-    /// The current directory snapshot.
-    pub fn directory_snapshot(&self) -> Arc<Directory> {
-        match self.directory.read() {
-            Ok(d) => d.clone(),
-            Err(_) => Arc::new(Directory::new(self.mesh.len())),
-        }
+    /// A link reserved at its preamble failed before registering.
+    pub fn release(&self, model: &str) {
+        self.directory.update(|d| d.release(model));
     }
 
-    /// Copy-on-write change of the directory (rare: agent arrivals).
-    fn update_directory<R>(&self, f: impl FnOnce(&mut Directory) -> R) -> Option<R> {
-        let mut g = self.directory.write().ok()?;
-        let mut next = (**g).clone();
-        let r = f(&mut next);
-        *g = Arc::new(next);
-        self.directory_version
-            .fetch_add(1, std::sync::atomic::Ordering::Release);
-        Some(r)
+    /// A link of `model` registered on shard `preferred`; returns the owner.
+    pub fn register(&self, model: &str, preferred: usize) -> usize {
+        self.directory.update(|d| d.register(model, preferred))
     }
 
-    /// Owner of a model, if known (slow path: shards use their snapshot).
-    pub fn owner(&self, model: &str) -> Option<usize> {
-        self.directory_snapshot().owner(model)
-    }
-
-    /// The owner for a registering agent's model: known owner or
-    /// reservation, else a new reservation on the least-loaded shard.
-    pub fn owner_or_tentative(&self, model: &str) -> usize {
-        if let Some(o) = self.directory_snapshot().reserved(model) {
-            return o;
-        }
-        self.update_directory(|d| d.reserve(model)).unwrap_or(0)
+    /// A registered link of `model` ended.
+    pub fn unregister(&self, model: &str) {
+        self.directory.update(|d| d.unregister(model));
     }
 
     /// Publish a `registered` or `unregistered` event to every subscriber.
@@ -195,32 +144,12 @@ impl Shared {
         }
     }
 
-    /// The policy snapshot for a request.
-    pub fn policy_for(&self, model: &str) -> Arc<Policy> {
-        match self.policies.read() {
-            Ok(p) => p.for_model(model),
-            Err(_) => Arc::new(Policy::default()),
-        }
-    }
-
-    /// The whole policy set.
-    pub fn policy_set(&self) -> Arc<PolicySet> {
-        match self.policies.read() {
-            Ok(p) => p.clone(),
-            Err(_) => Arc::new(PolicySet::default()),
-        }
-    }
-
     /// Replace the policy set (validated) and count the reload.
     pub fn swap_policies(&self, set: PolicySet, trigger: &str) -> Result<(), String> {
         let r = set.validate();
         self.count_reload(trigger, r.is_ok());
         r?;
-        if let Ok(mut g) = self.policies.write() {
-            *g = Arc::new(set);
-        }
-        self.policy_version
-            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.policies.store(set);
         Ok(())
     }
 
@@ -234,17 +163,4 @@ impl Shared {
             .or_default() += 1;
         }
     }
-
-    /// Record `preferred` as the owner of `model` unless it already has one;
-    /// returns the owner.
-    pub fn assign(&self, model: &str, preferred: usize) -> usize {
-        if let Some(o) = self.directory_snapshot().owner(model) {
-            return o;
-        }
-        self.update_directory(|d| d.assign(model, preferred))
-            .unwrap_or(preferred)
-    }
 }
-
-/// Shorthand.
-pub type SharedRef = Arc<Shared>;

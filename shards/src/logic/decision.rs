@@ -1,0 +1,397 @@
+//! The decision machine for one request on its model's shard (pure).
+//!
+//! Given the model's facts ([`ModelFacts`]: its agents and their signals,
+//! the capacity queue), the request's facts ([`RequestFacts`]) and `now`,
+//! [`Decision::next`] answers one [`Action`]: forward to this agent, wait
+//! for capacity until a deadline, or reject with an error. The runtime's
+//! driver carries the action out and tells the machine how it ended
+//! ([`Decision::attempt_ended`], [`Decision::queued`],
+//! [`Decision::wait_ended`]); every retry and error choice is made here.
+//!
+//! Seams for what comes next: [`GATES`] runs before the first policy step
+//! (authentication, quotas and admission join that list); [`Action`] and
+//! [`Rejection`] grow with holding and redirecting.
+//!
+//! Time comes only from the `now` arguments; the machine reads no clock.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::endpoint::Endpoint;
+use super::errors::{ApiError, ErrorCode};
+use super::failure::{Failure, Side};
+use super::policy::{self, AgentFacts, GateCounts, Policy, Session, StepPick};
+
+/// What the machine reads of a model's agents (index order is the pool's).
+pub trait Pool {
+    /// Number of registered agents.
+    fn agent_count(&self) -> usize;
+    /// Facts of the agent at `i`.
+    fn facts(&self, i: usize) -> Option<AgentFacts<'_>>;
+}
+
+/// The model's facts at one decision.
+pub struct ModelFacts<'p, P: Pool + ?Sized> {
+    /// Its agents.
+    pub pool: &'p P,
+    /// Where the tie-break starts (rotates per decision).
+    pub rotation: usize,
+    /// Requests waiting in the model's capacity queue.
+    pub queue_len: usize,
+}
+
+/// The request's facts.
+#[derive(Debug, Clone)]
+pub struct RequestFacts {
+    /// Which endpoint (decides the capability).
+    pub endpoint: Endpoint,
+    /// The client asked for a stream.
+    pub stream: bool,
+    /// Body size in bytes.
+    pub body_bytes: usize,
+    /// When the router gives up on it (`--request-timeout` after arrival).
+    pub deadline: Instant,
+}
+
+/// Router-wide limits the machine applies.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Tries per policy step unless the step sets its own.
+    pub max_tries_per_step: u32,
+    /// Capacity-queue bound per model (0: no queue).
+    pub queue_depth: usize,
+}
+
+/// Checks made once, before the first policy step, in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Gate {
+    /// The model has registered agents on this shard (else 404: a model
+    /// whose agents all left is not found, as the spec says).
+    ModelRegistered,
+}
+
+/// The gate list (authentication, quota and admission gates join here).
+pub const GATES: &[Gate] = &[Gate::ModelRegistered];
+
+/// What the driver does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Action {
+    /// Take a slot on the agent at `agent` (index in the pool this
+    /// decision read) and forward the request.
+    Forward {
+        /// Index in the pool.
+        agent: usize,
+        /// The agent's id (reported back in `attempt_ended`).
+        agent_id: u64,
+        /// Policy step (0: primary).
+        step: usize,
+        /// Time spent in the capacity queue, once, when the request waited.
+        waited: Option<Duration>,
+    },
+    /// Wait in the model's capacity queue until woken or `until`.
+    Wait {
+        /// Give up at this instant.
+        until: Instant,
+        /// Go back to this original place (a waiter that lost a race).
+        place: Option<u64>,
+        /// A slot is free but others wait: wake the head first (FIFO).
+        wake_head_first: bool,
+    },
+    /// Answer with this error.
+    Reject(Rejection),
+}
+
+/// Why a request is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// No agent of the model is registered here.
+    ModelNotFound,
+    /// Every agent is offline or unhealthy.
+    NoAgentsAvailable,
+    /// Every eligible agent is full and the queue could not take it.
+    NoCapacity,
+    /// Every policy step ran out of eligible agents.
+    Exhausted,
+    /// The deadline passed in the capacity queue.
+    QueueTimeout,
+    /// The deadline passed while contacting an agent.
+    AgentTimeout,
+}
+
+impl Rejection {
+    /// The client-visible error.
+    pub fn error(self) -> ApiError {
+        match self {
+            Rejection::ModelNotFound => ApiError::new(
+                ErrorCode::ModelNotFound,
+                "No agents registered for this model",
+            ),
+            Rejection::NoAgentsAvailable => ApiError::new(
+                ErrorCode::NoAgentsAvailable,
+                "All agents for this model are currently offline or unhealthy",
+            ),
+            Rejection::NoCapacity => ApiError::new(
+                ErrorCode::NoCapacity,
+                "All agents for this model are at maximum capacity",
+            ),
+            Rejection::Exhausted => ApiError::new(
+                ErrorCode::NoAgentsAvailable,
+                "all policy steps exhausted: no eligible agents",
+            ),
+            Rejection::QueueTimeout => ApiError::new(
+                ErrorCode::RequestTimeout,
+                "Request timed out waiting for an available agent",
+            ),
+            Rejection::AgentTimeout => ApiError::new(
+                ErrorCode::RequestTimeout,
+                "Request deadline exceeded while contacting agent",
+            ),
+        }
+    }
+
+    /// Whether the policy ran out of steps (counted as `exhausted`).
+    pub fn exhausted_policy(self) -> bool {
+        matches!(
+            self,
+            Rejection::NoAgentsAvailable
+                | Rejection::NoCapacity
+                | Rejection::Exhausted
+                | Rejection::QueueTimeout
+        )
+    }
+}
+
+/// How a forward attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptEnd {
+    /// The response (of any status) reached the client, or the client left.
+    Responded,
+    /// It failed.
+    Failed(Failure),
+}
+
+/// How a wait in the capacity queue ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitEnd {
+    /// A slot freed or an agent arrived: try the same step again.
+    Woken,
+    /// The deadline passed (or the queue let the waiter go).
+    TimedOut,
+}
+
+/// One request's decision state.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    policy: Arc<Policy>,
+    session: Session,
+    request: RequestFacts,
+    limits: Limits,
+    gates_passed: bool,
+    /// The last step ended with every candidate full.
+    last_full: bool,
+    /// Gate counts of the step the request waits in.
+    waiting_counts: GateCounts,
+    /// The queue place held (kept when the request loses a race).
+    place: Option<u64>,
+    /// When it first queued (one wait observation per request).
+    queued_at: Option<Instant>,
+    /// A rejection already decided (sticky).
+    verdict: Option<Rejection>,
+}
+
+// === impl Decision ===
+
+impl Decision {
+    /// A fresh decision under `policy` (the request's snapshot).
+    pub fn new(policy: Arc<Policy>, request: RequestFacts, limits: Limits) -> Self {
+        let session = Session::new(&policy, limits.max_tries_per_step);
+        Decision {
+            policy,
+            session,
+            request,
+            limits,
+            gates_passed: false,
+            last_full: false,
+            waiting_counts: GateCounts::default(),
+            place: None,
+            queued_at: None,
+            verdict: None,
+        }
+    }
+
+    /// The policy step in use (0: primary).
+    pub fn step(&self) -> usize {
+        self.session.step
+    }
+
+    /// The request's facts.
+    pub fn request(&self) -> &RequestFacts {
+        &self.request
+    }
+
+    /// One line per visited step with what each gate removed (for the log
+    /// when the policy is exhausted).
+    pub fn trail(&self) -> String {
+        let mut out = Vec::with_capacity(self.session.trail.len());
+        for (i, c) in &self.session.trail {
+            let name = self
+                .policy
+                .steps
+                .get(*i)
+                .map(|s| s.name.as_str())
+                .unwrap_or("?");
+            out.push(format!(
+                "{name}: pool={} unhealthy={} capability_mismatch={} unmatched={} prev_failed={} at_capacity={} exclude_if={}",
+                c.pool, c.unhealthy, c.capability, c.unmatched, c.prev_failed, c.at_capacity, c.excluded
+            ));
+        }
+        out.join(" | ")
+    }
+
+    fn gate<P: Pool + ?Sized>(&self, gate: Gate, model: &ModelFacts<'_, P>) -> Option<Rejection> {
+        match gate {
+            Gate::ModelRegistered => {
+                (model.pool.agent_count() == 0).then_some(Rejection::ModelNotFound)
+            }
+        }
+    }
+
+    fn reject(&mut self, r: Rejection) -> Action {
+        self.verdict = Some(r);
+        Action::Reject(r)
+    }
+
+    /// The next action for this request.
+    pub fn next<P: Pool + ?Sized>(&mut self, model: &ModelFacts<'_, P>, now: Instant) -> Action {
+        if let Some(r) = self.verdict {
+            return Action::Reject(r);
+        }
+        if !self.gates_passed {
+            for g in GATES {
+                if let Some(r) = self.gate(*g, model) {
+                    return self.reject(r);
+                }
+            }
+            self.gates_passed = true;
+        }
+        let cap = self.request.endpoint.capability();
+        let n = model.pool.agent_count();
+        while let Some(step) = self.policy.steps.get(self.session.step) {
+            let mut pick = policy::select(
+                step,
+                cap,
+                n,
+                |i| model.pool.facts(i),
+                &self.session.failed,
+                model.rotation,
+            );
+            let mut wake_head_first = false;
+            if matches!(pick, StepPick::Agent(_))
+                && self.place.is_none()
+                && self.limits.queue_depth > 0
+                && model.queue_len > 0
+            {
+                // Requests already waiting came first: a newcomer joins the
+                // line and the free slot goes to the head (strict FIFO).
+                wake_head_first = true;
+                pick = StepPick::Full(GateCounts::default());
+            }
+            match pick {
+                StepPick::Agent(i) => {
+                    let Some(agent_id) = model.pool.facts(i).map(|f| f.id) else {
+                        return self.reject(Rejection::Exhausted);
+                    };
+                    self.last_full = false;
+                    self.place = None;
+                    let waited = self
+                        .queued_at
+                        .take()
+                        .map(|t| now.saturating_duration_since(t));
+                    return Action::Forward {
+                        agent: i,
+                        agent_id,
+                        step: self.session.step,
+                        waited,
+                    };
+                }
+                StepPick::Full(counts) => {
+                    self.last_full = true;
+                    // A waiter that lost a race keeps its original place;
+                    // a newcomer needs room under `--queue-depth`.
+                    if self.place.is_some() || model.queue_len < self.limits.queue_depth {
+                        self.waiting_counts = counts;
+                        return Action::Wait {
+                            until: self.request.deadline,
+                            place: self.place,
+                            wake_head_first,
+                        };
+                    }
+                    self.session.trail.push((self.session.step, counts));
+                    self.session.advance();
+                }
+                StepPick::Empty(counts) => {
+                    self.last_full = false;
+                    self.session.trail.push((self.session.step, counts));
+                    self.session.advance();
+                }
+            }
+        }
+        let all_unhealthy = (0..n).all(|i| model.pool.facts(i).is_none_or(|f| !f.healthy));
+        let r = if all_unhealthy {
+            Rejection::NoAgentsAvailable
+        } else if self.last_full {
+            Rejection::NoCapacity
+        } else {
+            Rejection::Exhausted
+        };
+        self.reject(r)
+    }
+
+    /// The driver queued the request at `seq`.
+    pub fn queued(&mut self, seq: u64, now: Instant) {
+        self.place = Some(seq);
+        self.queued_at.get_or_insert(now);
+    }
+
+    /// The wait ended (the driver already left the queue on a timeout).
+    pub fn wait_ended(&mut self, end: WaitEnd, now: Instant) {
+        match end {
+            // Same step again; the place is kept if it loses the race.
+            WaitEnd::Woken => {}
+            WaitEnd::TimedOut => {
+                self.place = None;
+                self.session
+                    .trail
+                    .push((self.session.step, self.waiting_counts));
+                self.session.advance();
+                if self.session.exhausted() || now >= self.request.deadline {
+                    self.verdict = Some(Rejection::QueueTimeout);
+                }
+            }
+        }
+    }
+
+    /// A forward to `agent_id` ended. Returns whether the request goes on
+    /// (call [`Decision::next`]); `false`: it is finished.
+    pub fn attempt_ended(&mut self, agent_id: u64, end: &AttemptEnd) -> bool {
+        match end {
+            AttemptEnd::Responded => false,
+            AttemptEnd::Failed(f) if f.retryable() => {
+                self.session.record_failure(&self.policy, agent_id);
+                true
+            }
+            AttemptEnd::Failed(f) if f.side == Side::Router => {
+                self.verdict = Some(Rejection::AgentTimeout);
+                true
+            }
+            // Part of the response already reached the client.
+            AttemptEnd::Failed(_) => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,358 @@
+use super::*;
+use crate::logic::control::Capability;
+use crate::logic::failure::Stage;
+use crate::logic::policy::{Field, Match, Op, Rule, Step};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+struct Agent {
+    id: u64,
+    healthy: bool,
+    active: u32,
+    capacity: u32,
+    srtt: Option<f64>,
+    capability: Capability,
+}
+
+impl Pool for Vec<Agent> {
+    fn agent_count(&self) -> usize {
+        self.len()
+    }
+    fn facts(&self, i: usize) -> Option<AgentFacts<'_>> {
+        self.get(i).map(|a| AgentFacts {
+            id: a.id,
+            healthy: a.healthy,
+            capability: a.capability,
+            engine: "vllm",
+            region: "",
+            organization: "",
+            machine: "",
+            tags: &[],
+            active: a.active,
+            capacity: a.capacity,
+            srtt: a.srtt,
+            success_rate: None,
+            consecutive_failures: None,
+            signals: Default::default(),
+            hardware: Default::default(),
+        })
+    }
+}
+
+fn agent(id: u64, active: u32, capacity: u32, srtt: Option<f64>) -> Agent {
+    Agent {
+        id,
+        healthy: true,
+        active,
+        capacity,
+        srtt,
+        capability: Capability::Llm,
+    }
+}
+
+fn step(name: &str, srtt_gt: Option<f64>, max_tries: u32) -> Step {
+    Step {
+        name: name.into(),
+        matcher: Match::default(),
+        exclude_if: srtt_gt
+            .map(|v| {
+                vec![Rule {
+                    field: Field::Srtt,
+                    op: Op::Gt,
+                    value: v,
+                }]
+            })
+            .unwrap_or_default(),
+        max_tries,
+    }
+}
+
+fn policy(steps: Vec<Step>) -> Arc<Policy> {
+    Arc::new(Policy {
+        models: Vec::new(),
+        steps,
+    })
+}
+
+fn request(t0: Instant) -> RequestFacts {
+    RequestFacts {
+        endpoint: Endpoint::ChatCompletions,
+        stream: false,
+        body_bytes: 10,
+        deadline: t0 + Duration::from_secs(60),
+    }
+}
+
+const LIMITS: Limits = Limits {
+    max_tries_per_step: 3,
+    queue_depth: 30,
+};
+
+fn facts(pool: &Vec<Agent>, queue_len: usize) -> ModelFacts<'_, Vec<Agent>> {
+    ModelFacts {
+        pool,
+        rotation: 0,
+        queue_len,
+    }
+}
+
+fn retryable() -> AttemptEnd {
+    AttemptEnd::Failed(Failure::new(Side::Agent, Stage::AwaitingHead, "cut"))
+}
+
+#[test]
+fn no_agents_is_model_not_found() {
+    let t0 = Instant::now();
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    assert_eq!(
+        d.next(&facts(&Vec::new(), 0), t0),
+        Action::Reject(Rejection::ModelNotFound)
+    );
+    assert_eq!(Rejection::ModelNotFound.error().status, 404);
+}
+
+#[test]
+fn unhealthy_pool_is_no_agents_available_and_full_is_no_capacity() {
+    let t0 = Instant::now();
+    let mut sick = agent(1, 0, 2, None);
+    sick.healthy = false;
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    assert_eq!(
+        d.next(&facts(&vec![sick], 0), t0),
+        Action::Reject(Rejection::NoAgentsAvailable)
+    );
+    let full = vec![agent(1, 2, 2, None)];
+    let mut d = Decision::new(
+        policy(vec![step("p", None, 0)]),
+        request(t0),
+        Limits {
+            queue_depth: 0,
+            ..LIMITS
+        },
+    );
+    assert_eq!(
+        d.next(&facts(&full, 0), t0),
+        Action::Reject(Rejection::NoCapacity)
+    );
+}
+
+#[test]
+fn full_waits_then_forwards_with_its_wait_and_keeps_its_place() {
+    let t0 = Instant::now();
+    let mut pool = vec![agent(7, 1, 1, None)];
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    let a = d.next(&facts(&pool, 0), t0);
+    assert_eq!(
+        a,
+        Action::Wait {
+            until: t0 + Duration::from_secs(60),
+            place: None,
+            wake_head_first: false
+        }
+    );
+    d.queued(4, t0);
+    d.wait_ended(WaitEnd::Woken, t0 + Duration::from_millis(5));
+    // Lost the race: the same place again.
+    assert!(matches!(
+        d.next(&facts(&pool, 3), t0 + Duration::from_millis(5)),
+        Action::Wait { place: Some(4), .. }
+    ));
+    pool[0].active = 0;
+    let later = t0 + Duration::from_millis(30);
+    assert_eq!(
+        d.next(&facts(&pool, 3), later),
+        Action::Forward {
+            agent: 0,
+            agent_id: 7,
+            step: 0,
+            waited: Some(Duration::from_millis(30))
+        }
+    );
+}
+
+#[test]
+fn newcomer_joins_the_line_when_others_wait() {
+    let t0 = Instant::now();
+    let pool = vec![agent(1, 0, 1, None)];
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    assert!(matches!(
+        d.next(&facts(&pool, 2), t0),
+        Action::Wait {
+            wake_head_first: true,
+            place: None,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn queue_timeout_at_the_deadline_only() {
+    let t0 = Instant::now();
+    let pool = vec![agent(1, 1, 1, None)];
+    let two = policy(vec![step("p", None, 0), step("f", None, 0)]);
+    let mut d = Decision::new(two, request(t0), LIMITS);
+    assert!(matches!(d.next(&facts(&pool, 0), t0), Action::Wait { .. }));
+    d.queued(0, t0);
+    // Released early (not at the deadline): the next step is tried.
+    d.wait_ended(WaitEnd::TimedOut, t0 + Duration::from_secs(1));
+    assert!(matches!(
+        d.next(&facts(&pool, 0), t0 + Duration::from_secs(1)),
+        Action::Wait { place: None, .. }
+    ));
+    d.queued(1, t0);
+    d.wait_ended(WaitEnd::TimedOut, t0 + Duration::from_secs(60));
+    assert_eq!(
+        d.next(&facts(&pool, 0), t0 + Duration::from_secs(60)),
+        Action::Reject(Rejection::QueueTimeout)
+    );
+}
+
+#[test]
+fn deadline_while_contacting_is_agent_timeout_and_relay_failure_ends() {
+    let t0 = Instant::now();
+    let pool = vec![agent(1, 0, 4, None), agent(2, 0, 4, None)];
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    let Action::Forward { agent_id, .. } = d.next(&facts(&pool, 0), t0) else {
+        panic!("forward expected");
+    };
+    let late = AttemptEnd::Failed(Failure::new(Side::Router, Stage::AwaitingHead, "deadline"));
+    assert!(d.attempt_ended(agent_id, &late));
+    assert_eq!(
+        d.next(&facts(&pool, 0), t0),
+        Action::Reject(Rejection::AgentTimeout)
+    );
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    let Action::Forward { agent_id, .. } = d.next(&facts(&pool, 0), t0) else {
+        panic!("forward expected");
+    };
+    let mid = AttemptEnd::Failed(Failure::new(Side::Agent, Stage::Relaying, "cut"));
+    assert!(!d.attempt_ended(agent_id, &mid), "nothing more to do");
+    assert!(!d.attempt_ended(agent_id, &AttemptEnd::Responded));
+}
+
+fn arb_agent() -> impl Strategy<Value = Agent> {
+    (
+        0u64..40,
+        any::<bool>(),
+        0u32..4,
+        0u32..4,
+        proptest::option::of(1.0f64..2000.0),
+        0u8..3,
+    )
+        .prop_map(|(id, healthy, active, capacity, srtt, c)| Agent {
+            id,
+            healthy,
+            active,
+            capacity,
+            srtt,
+            capability: match c {
+                0 | 1 => Capability::Llm,
+                _ => Capability::Embedding,
+            },
+        })
+}
+
+/// Drive a decision where every attempt fails (retryable) and every wait
+/// times out; returns the actions in order.
+fn run_all_failing(
+    pool: &Vec<Agent>,
+    p: Arc<Policy>,
+    limits: Limits,
+    queue_len: usize,
+    t0: Instant,
+) -> Vec<Action> {
+    let mut d = Decision::new(p, request(t0), limits);
+    let mut out = Vec::new();
+    for k in 0..200u64 {
+        let now = t0 + Duration::from_millis(k);
+        let a = d.next(
+            &ModelFacts {
+                pool,
+                rotation: k as usize,
+                queue_len,
+            },
+            now,
+        );
+        out.push(a);
+        match a {
+            Action::Forward { agent_id, .. } => {
+                assert!(d.attempt_ended(agent_id, &retryable()));
+            }
+            Action::Wait { .. } => {
+                d.queued(k, now);
+                d.wait_ended(WaitEnd::TimedOut, now);
+            }
+            Action::Reject(_) => break,
+        }
+    }
+    out
+}
+
+proptest! {
+    /// Never forwards to an unhealthy, full, wrong-capability, gated or
+    /// already-failed agent; at most the step's tries per step, steps in
+    /// order, and it always ends with a rejection; same inputs, same actions.
+    #[test]
+    fn machine_properties(
+        pool in proptest::collection::vec(arb_agent(), 0..12),
+        th in 1.0f64..2000.0,
+        tries in 0u32..4,
+        default_tries in 1u32..4,
+        depth in 0usize..3,
+        queue_len in 0usize..3,
+        fallback in any::<bool>(),
+    ) {
+        let mut steps = vec![step("primary", Some(th), tries)];
+        if fallback {
+            steps.push(step("relaxed", None, 0));
+        }
+        let p = policy(steps);
+        let limits = Limits { max_tries_per_step: default_tries, queue_depth: depth };
+        let t0 = Instant::now();
+        let actions = run_all_failing(&pool, p.clone(), limits, queue_len, t0);
+        prop_assert_eq!(&actions, &run_all_failing(&pool, p.clone(), limits, queue_len, t0));
+        prop_assert!(matches!(actions.last(), Some(Action::Reject(_))));
+        let mut per_step: Vec<Vec<u64>> = vec![Vec::new(); p.steps.len()];
+        let mut last_step = 0usize;
+        for a in &actions {
+            if let Action::Forward { agent, agent_id, step, .. } = a {
+                let x = &pool[*agent];
+                prop_assert_eq!(x.id, *agent_id);
+                prop_assert!(x.healthy && x.capability == Capability::Llm);
+                prop_assert!(x.capacity > 0 && x.active < x.capacity);
+                if *step == 0 {
+                    prop_assert!(x.srtt.map(|s| s <= th).unwrap_or(true), "gated agent used");
+                }
+                prop_assert!(*step >= last_step, "steps go forward only");
+                last_step = *step;
+                prop_assert!(!per_step[*step].contains(agent_id), "a failed agent is retried in its step");
+                per_step[*step].push(*agent_id);
+            }
+        }
+        for (i, used) in per_step.iter().enumerate() {
+            let max = p.steps[i].max_tries;
+            let max = if max > 0 { max } else { default_tries };
+            prop_assert!(used.len() as u32 <= max, "step {} used {} tries (max {})", i, used.len(), max);
+        }
+    }
+
+    /// Time only from the argument: a queue timeout rejects exactly when the
+    /// `now` given is at or past the deadline (or no step is left).
+    #[test]
+    fn queue_timeout_depends_only_on_now(offset_ms in 0u64..120_000) {
+        let t0 = Instant::now();
+        let pool = vec![agent(1, 1, 1, None)];
+        let mut d = Decision::new(policy(vec![step("p", None, 0), step("f", None, 0)]), request(t0), LIMITS);
+        let Action::Wait { .. } = d.next(&facts(&pool, 0), t0) else { panic!("wait expected") };
+        d.queued(0, t0);
+        let now = t0 + Duration::from_millis(offset_ms);
+        d.wait_ended(WaitEnd::TimedOut, now);
+        let a = d.next(&facts(&pool, 0), now);
+        if offset_ms >= 60_000 {
+            prop_assert_eq!(a, Action::Reject(Rejection::QueueTimeout));
+        } else {
+            let is_wait = matches!(a, Action::Wait { .. });
+            prop_assert!(is_wait);
+        }
+    }
+}

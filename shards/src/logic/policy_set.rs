@@ -1,0 +1,46 @@
+//! The policies in force: the global document and the per-model ones
+//! (pure: validated and looked up without I/O).
+
+use std::sync::Arc;
+
+use super::policy::Policy;
+
+/// The policies in force: the global one and the per-model documents.
+#[derive(Debug, Clone, Default)]
+pub struct PolicySet {
+    /// Used for models no named document claims.
+    pub global: Arc<Policy>,
+    /// Named (per-model) documents.
+    pub named: std::collections::BTreeMap<String, Arc<Policy>>,
+}
+
+impl PolicySet {
+    /// Check that no model is claimed twice.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut owner: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+        for (name, p) in &self.named {
+            if p.models.is_empty() {
+                return Err(format!(
+                    "policy {name:?} must include a 'models:' field with at least one model name"
+                ));
+            }
+            for m in &p.models {
+                if let Some(other) = owner.insert(m, name) {
+                    return Err(format!(
+                        "model {m:?} is already claimed by policy {other:?}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The effective policy of a model.
+    pub fn for_model(&self, model: &str) -> Arc<Policy> {
+        self.named
+            .values()
+            .find(|p| p.models.iter().any(|m| m == model))
+            .cloned()
+            .unwrap_or_else(|| self.global.clone())
+    }
+}

@@ -1,0 +1,322 @@
+//! The agent link's control protocol on the router: the preamble (and the
+//! hand-off to the model's shard), the handshake, the registration and its
+//! checks, then heartbeats and routing signals until the link ends or goes
+//! silent for `--remove-after`.
+//!
+//! Entry points: [`accept_link`] (any shard), [`serve_link`] (the owner).
+
+use std::rc::Rc;
+
+use tracing::{info, warn};
+
+use super::clock;
+use super::conn::Conn;
+use super::handoff;
+use super::link::{self, LinkStream};
+use super::mesh::ShardMsg;
+use super::model::agent::Agent;
+use super::model::wake_all;
+use super::shard::{inc, Shard, WarmStart};
+use crate::logic::control::{ControlMsg, Registration};
+use crate::logic::preamble;
+
+/// Read the preamble, reserve the model's shard, then serve the link here
+/// or hand it to the owner.
+pub async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream) {
+    let peer = stream.peer_addr().ok();
+    let mut conn = Conn::new(stream, Vec::new());
+    let timeout = shard.router.cfg.preamble_timeout;
+    let read = async {
+        loop {
+            match preamble::decode(&conn.buf) {
+                Ok(Some(done)) => return Ok(done),
+                Ok(None) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+            match conn.fill().await {
+                Ok(0) => return Err("closed before a complete preamble".to_string()),
+                Ok(_) => {}
+                Err(e) => return Err(format!("read error: {e}")),
+            }
+        }
+    };
+    let (model, used) = match monoio::time::timeout(timeout, read).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(reason)) => return refused(&shard, peer, "", &reason),
+        Err(_) => return refused(&shard, peer, "", &format!("no preamble within {timeout:?}")),
+    };
+    conn.consume(used);
+    let owner = shard.router.reserve(&model);
+    let (stream, buf) = conn.into_parts();
+    if owner != shard.id {
+        if let Some(tx) = shard.router.mesh.get(owner) {
+            let msg = ShardMsg::AdoptLink {
+                stream: handoff::into_std(stream),
+                prefix: buf,
+                model,
+            };
+            match tx.unbounded_send(msg) {
+                Ok(()) => inc(&shard.counters.link_handoffs_out),
+                Err(e) => {
+                    if let ShardMsg::AdoptLink { model, .. } = e.into_inner() {
+                        shard.router.release(&model);
+                    }
+                }
+            }
+            return;
+        }
+    }
+    serve_link(shard, stream, buf, model).await;
+}
+
+fn refused(shard: &Shard, peer: Option<std::net::SocketAddr>, model: &str, reason: &str) {
+    inc(&shard.counters.links_rejected);
+    warn!(shard = shard.id, peer = ?peer, model, "agent link refused: {reason}");
+}
+
+/// What the handshake and the first control frame produced.
+struct Setup {
+    peer_id: String,
+    link: link::LinkHandle,
+    ctl: Conn<LinkStream>,
+    first: ControlMsg,
+}
+
+async fn handshake(
+    shard: &Shard,
+    stream: monoio::net::TcpStream,
+    prefix: Vec<u8>,
+) -> Result<Setup, String> {
+    let router = &shard.router;
+    let (peer, conn) = link::accept(stream, prefix, router.psk, &router.keypair)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (handle, mut inbound, _closed) = link::spawn_driver(conn);
+    let ctl = futures::StreamExt::next(&mut inbound)
+        .await
+        .ok_or_else(|| "link closed before the control stream".to_string())?;
+    let (_, ctl) = link::accept_protocol(ctl, &[link::CONTROL_PROTOCOL])
+        .await
+        .map_err(|e| format!("control stream negotiation: {e}"))?;
+    let mut ctl = Conn::over(ctl, Vec::new());
+    let first = ctl
+        .read_frame()
+        .await
+        .map_err(|e| format!("registration: {e}"))?
+        .ok_or_else(|| "link closed before registration".to_string())?;
+    Ok(Setup {
+        peer_id: peer.to_string(),
+        link: handle,
+        ctl,
+        first,
+    })
+}
+
+/// Check a registration against the link it came on.
+fn check_registration(msg: ControlMsg, peer_id: &str, model: &str) -> Result<Registration, String> {
+    let mut reg = match msg {
+        ControlMsg::Register(r) => r,
+        other => return Err(format!("expected a registration, got {other:?}")),
+    };
+    if reg.peer_id != peer_id {
+        return Err(format!(
+            "registration peer_id {} does not match the noise identity {peer_id}",
+            reg.peer_id
+        ));
+    }
+    if reg.model != model {
+        return Err(format!(
+            "registration names model {:?} but the preamble named {model:?}",
+            reg.model
+        ));
+    }
+    if reg.capacity == 0 {
+        return Err("capacity must be greater than 0".to_string());
+    }
+    if reg.capacity > link::MAX_AGENT_CAPACITY {
+        warn!(peer_id = %reg.peer_id, declared = reg.capacity, granted = link::MAX_AGENT_CAPACITY,
+              "agent capacity capped to the link's stream budget");
+        reg.capacity = link::MAX_AGENT_CAPACITY;
+    }
+    Ok(reg)
+}
+
+/// Handshake, registration, then heartbeats until the link ends. The
+/// model's reservation (made at the preamble) is released when the link
+/// fails before registering.
+pub async fn serve_link(
+    shard: Rc<Shard>,
+    stream: monoio::net::TcpStream,
+    prefix: Vec<u8>,
+    model: String,
+) {
+    let peer_addr = stream.peer_addr().ok();
+    let cfg = shard.router.cfg.clone();
+    let setup =
+        match monoio::time::timeout(cfg.handshake_timeout, handshake(&shard, stream, prefix)).await
+        {
+            Ok(Ok(s)) => s,
+            Ok(Err(reason)) => {
+                shard.router.release(&model);
+                return refused(&shard, peer_addr, &model, &reason);
+            }
+            Err(_) => {
+                shard.router.release(&model);
+                let why = format!(
+                    "handshake or registration timed out after {:?}",
+                    cfg.handshake_timeout
+                );
+                return refused(&shard, peer_addr, &model, &why);
+            }
+        };
+    let Setup {
+        peer_id,
+        link,
+        mut ctl,
+        first,
+    } = setup;
+    let reg = match check_registration(first, &peer_id, &model) {
+        Ok(r) => r,
+        Err(reason) => {
+            shard.router.release(&model);
+            return reject(&shard, &mut ctl, &model, reason).await;
+        }
+    };
+    let owner = shard.router.register(&model, shard.id);
+    if owner != shard.id {
+        shard.router.unregister(&model);
+        let reason = format!("model is owned by shard {owner}; reconnect");
+        return reject(&shard, &mut ctl, &model, reason).await;
+    }
+    let hb = ControlMsg::Registered {
+        heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u64,
+    };
+    if let Err(e) = link::write_frame(&mut ctl.stream, &hb).await {
+        shard.router.unregister(&model);
+        warn!(shard = shard.id, %peer_id, "cannot confirm registration: {e}");
+        return;
+    }
+    // Warm start: the store's record for this peer ID (the registration path
+    // may wait for the store; the request path never does). A peer that
+    // re-registers while its previous entry is still here keeps its live
+    // state (fresher than the store's last flush).
+    let warm = shard.warm_start(&reg.model, &reg.peer_id).await;
+    match &warm {
+        WarmStart::Live(_) | WarmStart::Stored(None) => {}
+        WarmStart::Stored(Some(h)) => {
+            info!(peer_id = %reg.peer_id, srtt_ms = ?h.srtt, rttvar_ms = ?h.rttvar, success = h.success, failed = h.failed,
+                  record_age_s = clock::unix_secs().saturating_sub(h.written_at), "warm start from the history store");
+        }
+        WarmStart::Unknown => {
+            warn!(peer_id = %reg.peer_id, "history lookup failed; starting without history and leaving the stored record untouched");
+        }
+    }
+    let agent = shard.add_agent(reg, link, warm);
+    shard.router.publish("registered", &agent.reg);
+    info!(
+        shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, engine = %agent.reg.engine,
+        capability = agent.reg.capability.as_str(), capacity = agent.reg.capacity, "agent registered"
+    );
+    heartbeats(&shard, &agent, &mut ctl).await;
+    leave(&shard, &agent);
+}
+
+/// Heartbeats and signals until the control stream ends, fails, or stays
+/// silent for `--remove-after`. Three missed heartbeats make the agent
+/// unhealthy; any frame makes it live again.
+async fn heartbeats(shard: &Shard, agent: &Agent, ctl: &mut Conn<LinkStream>) {
+    let cfg = &shard.router.cfg;
+    let miss = cfg.heartbeat_interval.saturating_mul(3);
+    let mut last_frame = clock::now();
+    loop {
+        let silent = last_frame.elapsed();
+        if silent >= cfg.remove_after {
+            warn!(peer_id = %agent.reg.peer_id, silent_s = silent.as_secs_f64(), "no control frame for --remove-after: removing the agent");
+            agent.link.close();
+            return;
+        }
+        let wait = miss.min(cfg.remove_after - silent);
+        match monoio::time::timeout(wait, ctl.read_frame()).await {
+            Ok(Ok(Some(msg))) => {
+                last_frame = clock::now();
+                if !on_frame(agent, msg) {
+                    return;
+                }
+            }
+            Ok(Ok(None)) => {
+                info!(peer_id = %agent.reg.peer_id, "control stream closed");
+                return;
+            }
+            Ok(Err(e)) => {
+                info!(peer_id = %agent.reg.peer_id, "control stream failed: {e}");
+                return;
+            }
+            Err(_) if last_frame.elapsed() >= miss => {
+                if agent.live.get() {
+                    warn!(peer_id = %agent.reg.peer_id, "3 heartbeats missed: agent unhealthy");
+                    agent.agent_failures.set(agent.agent_failures.get() + 1);
+                }
+                agent.live.set(false);
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Apply one control frame; false: close the link.
+fn on_frame(agent: &Agent, msg: ControlMsg) -> bool {
+    match msg {
+        ControlMsg::Heartbeat { backend_healthy } => {
+            let was_healthy = agent.healthy();
+            agent.live.set(true);
+            if agent.backend_healthy.get() != backend_healthy {
+                info!(peer_id = %agent.reg.peer_id, backend_healthy, "agent backend health changed");
+                if !backend_healthy {
+                    agent.backend_failures.set(agent.backend_failures.get() + 1);
+                }
+            }
+            agent.backend_healthy.set(backend_healthy);
+            agent.last_seen.set(clock::unix_secs());
+            if !was_healthy && agent.healthy() {
+                // A recovered agent wakes every queued request.
+                wake_all(&agent.queue);
+            }
+            true
+        }
+        ControlMsg::RoutingSignals { engine, hardware } => {
+            agent.live.set(true);
+            agent.signals.set(engine);
+            agent.hardware.set(hardware);
+            true
+        }
+        other => {
+            warn!(peer_id = %agent.reg.peer_id, "unexpected control message {other:?}; closing link");
+            false
+        }
+    }
+}
+
+/// The link is gone: leave routing at once and flush the history, unless
+/// a newer registration of the same peer already replaced this one (it
+/// carries the live state; publishing or flushing here would undo it).
+fn leave(shard: &Shard, agent: &Rc<Agent>) {
+    shard.router.unregister(&agent.reg.model);
+    if !shard.remove_agent(agent) {
+        info!(shard = shard.id, peer_id = %agent.reg.peer_id, "replaced link ended");
+        return;
+    }
+    shard.router.publish("unregistered", &agent.reg);
+    agent.disconnections.set(agent.disconnections.get() + 1);
+    shard.flush(std::slice::from_ref(agent), None);
+    info!(shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, "agent left routing");
+}
+
+async fn reject(shard: &Shard, ctl: &mut Conn<LinkStream>, model: &str, reason: String) {
+    inc(&shard.counters.links_rejected);
+    warn!(shard = shard.id, %model, "agent registration refused: {reason}");
+    let _ = monoio::time::timeout(
+        std::time::Duration::from_secs(1),
+        link::write_frame(&mut ctl.stream, &ControlMsg::Rejected { reason }),
+    )
+    .await;
+}

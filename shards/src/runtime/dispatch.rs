@@ -1,0 +1,367 @@
+//! The driver of the decision machine on the model's shard: it asks
+//! [`Decision::next`] what to do, carries the action out (forward over
+//! the agent's link, wait in the capacity queue, write the error), tells
+//! the machine how it ended, and records every statistic in one place
+//! ([`record_attempt`], [`record_rejection`]).
+//!
+//! Entry point: [`serve_inference`].
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use tracing::{debug, warn};
+
+use super::clock;
+use super::conn::Conn;
+use super::exchange::{self, Progress, RelayEnd};
+use super::model::agent::{Agent, Slot};
+use super::model::{wake_head, ModelState};
+use super::pending::PendingRequest;
+use super::respond;
+use super::shard::{inc, Shard};
+use crate::logic::decision::{
+    Action, AttemptEnd, Decision, Limits, ModelFacts, Rejection, RequestFacts, WaitEnd,
+};
+use crate::logic::failure::{Failure, Side, Stage};
+use crate::logic::http_write::{self, OutFraming};
+use crate::logic::usage::Tokens;
+
+/// Client headers never forwarded to agents (credentials stay at the router).
+fn forwardable(name: &str) -> bool {
+    !(name.eq_ignore_ascii_case("authorization")
+        || name.eq_ignore_ascii_case("cookie")
+        || name.eq_ignore_ascii_case("x-api-key")
+        || name.eq_ignore_ascii_case("x-request-id"))
+}
+
+/// The request as the agent receives it: the client's headers minus
+/// credentials, our `X-Request-ID`, the body unchanged.
+fn build_request(p: &PendingRequest) -> Vec<u8> {
+    let headers: Vec<(String, Vec<u8>)> = p
+        .head
+        .headers
+        .iter()
+        .filter(|(n, _)| forwardable(n))
+        .cloned()
+        .chain(std::iter::once((
+            "X-Request-ID".to_string(),
+            p.request_id.as_bytes().to_vec(),
+        )))
+        .collect();
+    let mut out = Vec::with_capacity(512 + p.body.len());
+    http_write::write_request_head(
+        &mut out,
+        &p.head.method,
+        &p.head.path,
+        "agent",
+        &headers,
+        OutFraming::Length(p.body.len()),
+    );
+    out.extend_from_slice(&p.body);
+    out
+}
+
+/// What the driver does, with the agent resolved out of the pool.
+enum Next {
+    Forward {
+        agent: Rc<Agent>,
+        step: usize,
+        waited: Option<Duration>,
+    },
+    Wait {
+        until: clock::Instant,
+        place: Option<u64>,
+        wake_head_first: bool,
+    },
+    Reject(Rejection),
+}
+
+/// Ask the machine with the model's current facts (one short borrow).
+fn decide(shard: &Shard, model: &str, d: &mut Decision) -> Next {
+    let now = clock::now();
+    let mut models = shard.models.borrow_mut();
+    let empty = ModelState::default();
+    let state = models.get_mut(model);
+    let rotation = state.as_ref().map(|m| m.rotation).unwrap_or(0);
+    if let Some(m) = state {
+        m.rotation = m.rotation.wrapping_add(1);
+    }
+    let state = models.get(model).unwrap_or(&empty);
+    let facts = ModelFacts {
+        pool: state.agents.as_slice(),
+        rotation,
+        queue_len: state.queue.borrow().len(),
+    };
+    match d.next(&facts, now) {
+        Action::Forward {
+            agent,
+            step,
+            waited,
+            ..
+        } => match state.agents.get(agent) {
+            Some(a) => Next::Forward {
+                agent: a.clone(),
+                step,
+                waited,
+            },
+            None => Next::Reject(Rejection::Exhausted),
+        },
+        Action::Wait {
+            until,
+            place,
+            wake_head_first,
+        } => Next::Wait {
+            until,
+            place,
+            wake_head_first,
+        },
+        Action::Reject(r) => Next::Reject(r),
+    }
+}
+
+/// Serve one inference request on its model's shard. Returns whether the
+/// client connection stays open.
+pub async fn serve_inference(shard: &Rc<Shard>, conn: &mut Conn, p: PendingRequest) -> bool {
+    inc(&shard.counters.requests);
+    let cfg = &shard.router.cfg;
+    let model = p.meta.model.as_str();
+    debug!(shard = shard.id, model, "serving request");
+    let request = build_request(&p);
+    let deadline = p.received_at + cfg.request_timeout;
+    let mut d = Decision::new(
+        shard.policy(model),
+        RequestFacts {
+            endpoint: p.endpoint,
+            stream: p.meta.stream,
+            body_bytes: p.body.len(),
+            deadline,
+        },
+        Limits {
+            max_tries_per_step: cfg.max_tries_per_step,
+            queue_depth: cfg.queue_depth,
+        },
+    );
+    loop {
+        match decide(shard, model, &mut d) {
+            Next::Forward {
+                agent,
+                step,
+                waited,
+            } => {
+                if let Some(w) = waited {
+                    with_stats(shard, model, |s| s.observe_wait(w.as_secs_f64()));
+                }
+                let (outcome, sample) = attempt(shard, conn, &p, &agent, &request, deadline).await;
+                let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
+                let end = record_attempt(shard, model, &agent, step, &p, outcome, sample);
+                if !d.attempt_ended(agent.id, &end) {
+                    return keep;
+                }
+            }
+            Next::Wait {
+                until,
+                place,
+                wake_head_first,
+            } => {
+                let end =
+                    wait_for_capacity(shard, model, &mut d, until, place, wake_head_first).await;
+                d.wait_ended(end, clock::now());
+            }
+            Next::Reject(r) => {
+                record_rejection(shard, model, &d, r);
+                return respond::send_error(conn, &r.error(), p.head.keep_alive).await;
+            }
+        }
+    }
+}
+
+/// Queue the request (at its original place when it has one) and wait
+/// for a slot until `until`.
+async fn wait_for_capacity(
+    shard: &Shard,
+    model: &str,
+    d: &mut Decision,
+    until: clock::Instant,
+    place: Option<u64>,
+    wake_head_first: bool,
+) -> WaitEnd {
+    let queue = shard.models.borrow().get(model).map(|m| m.queue.clone());
+    let Some(queue) = queue else {
+        return WaitEnd::TimedOut;
+    };
+    if wake_head_first {
+        wake_head(&queue);
+    }
+    let (tx, rx) = futures::channel::oneshot::channel();
+    let seq = match place {
+        Some(seq) => {
+            queue.borrow_mut().requeue(seq, tx);
+            seq
+        }
+        None => match queue.borrow_mut().push(tx, shard.router.cfg.queue_depth) {
+            Ok(seq) => seq,
+            Err(_) => return WaitEnd::TimedOut,
+        },
+    };
+    let now = clock::now();
+    d.queued(seq, now);
+    match monoio::time::timeout(until.saturating_duration_since(now), rx).await {
+        Ok(Ok(())) => WaitEnd::Woken,
+        _ => {
+            queue.borrow_mut().remove(seq);
+            WaitEnd::TimedOut
+        }
+    }
+}
+
+/// How one forward ended, before it is counted.
+enum Outcome {
+    /// The response reached the client with this status.
+    Served { status: u16, tokens: Option<Tokens> },
+    /// The client left while the response was relayed.
+    ClientGone,
+    /// The exchange failed.
+    Failed(Failure),
+}
+
+/// Take a slot, exchange with the agent under the request deadline, relay.
+/// Returns the outcome and the latency sample (only for a request written).
+async fn attempt(
+    shard: &Shard,
+    conn: &mut Conn,
+    p: &PendingRequest,
+    agent: &Rc<Agent>,
+    request: &[u8],
+    deadline: clock::Instant,
+) -> (Outcome, Option<f64>) {
+    let _slot = Slot::take(agent.clone());
+    let progress = Progress::default();
+    let remaining = deadline.saturating_duration_since(clock::now());
+    let exchanged = monoio::time::timeout(
+        remaining,
+        exchange::exchange_head(&agent.link, request, &progress),
+    )
+    .await;
+    let head = match exchanged {
+        Ok(Ok(h)) => h,
+        Ok(Err((f, sample))) => return (Outcome::Failed(f), sample),
+        Err(_) => {
+            let (f, sample) = progress.deadline();
+            return (Outcome::Failed(f), sample);
+        }
+    };
+    let sample = Some(head.sample_ms);
+    debug!(peer_id = %agent.reg.peer_id, status = head.head.status, sample_ms = head.sample_ms, "agent response head");
+    // Backend overloaded or unreachable behind this agent: retryable.
+    if matches!(head.head.status, 502..=504) {
+        let why = format!("backend answered {}", head.head.status);
+        return (
+            Outcome::Failed(Failure::new(Side::Backend, Stage::AwaitingHead, why)),
+            sample,
+        );
+    }
+    let idle = shard.router.cfg.request_timeout;
+    let relayed = exchange::relay(conn, head.upstream, &head.head, p.head.keep_alive, idle).await;
+    let outcome = match relayed {
+        RelayEnd::Done(tokens) => Outcome::Served {
+            status: head.head.status,
+            tokens,
+        },
+        RelayEnd::ClientGone => Outcome::ClientGone,
+        RelayEnd::UpstreamFailed(why) => {
+            Outcome::Failed(Failure::new(Side::Agent, Stage::Relaying, why))
+        }
+    };
+    (outcome, sample)
+}
+
+fn with_stats(shard: &Shard, model: &str, f: impl FnOnce(&mut super::model::stats::ModelStats)) {
+    if let Some(m) = shard.models.borrow_mut().get_mut(model) {
+        f(&mut m.stats);
+    }
+}
+
+/// Count one attempt (the one place that does): the latency sample, the
+/// agent's counters, the model's routing counters and duration histogram.
+fn record_attempt(
+    shard: &Shard,
+    model: &str,
+    agent: &Agent,
+    step: usize,
+    p: &PendingRequest,
+    outcome: Outcome,
+    sample: Option<f64>,
+) -> AttemptEnd {
+    // Applied on this (the model's) shard before the next routing decision.
+    if let Some(ms) = sample {
+        agent.observe(ms);
+    }
+    let labels = || (agent.reg.region.clone(), agent.reg.engine.clone());
+    match outcome {
+        Outcome::Served { status, tokens } => {
+            // Client-visible duration, at the real end of the response.
+            let secs = p.received_at.elapsed().as_secs_f64();
+            let ok = status < 400;
+            if ok {
+                agent.succeed();
+            } else {
+                agent.fail();
+            }
+            if let Some(t) = tokens {
+                agent.add_tokens(t);
+            }
+            with_stats(shard, model, |s| {
+                s.observe_duration(agent.id, &agent.reg.peer_id, status, secs);
+                if !ok {
+                    *s.failed.entry(labels()).or_default() += 1;
+                } else {
+                    *s.routed.entry(labels()).or_default() += 1;
+                    if step == 0 {
+                        s.primary_routed += 1;
+                    } else {
+                        s.fallback_routed += 1;
+                    }
+                }
+            });
+            AttemptEnd::Responded
+        }
+        Outcome::ClientGone => AttemptEnd::Responded,
+        Outcome::Failed(f) => {
+            agent.fail();
+            with_stats(shard, model, |s| {
+                *s.failed.entry(labels()).or_default() += 1
+            });
+            warn!(peer_id = %agent.reg.peer_id, "forward to agent failed: {f}");
+            AttemptEnd::Failed(f)
+        }
+    }
+}
+
+/// Count a rejection and log it (an exhausted policy at most once a
+/// second per model, with the count it stands for).
+fn record_rejection(shard: &Shard, model: &str, d: &Decision, r: Rejection) {
+    if !r.exhausted_policy() {
+        return;
+    }
+    let mut models = shard.models.borrow_mut();
+    let Some(m) = models.get_mut(model) else {
+        return;
+    };
+    m.stats.exhausted += 1;
+    if r != Rejection::QueueTimeout {
+        *m.stats
+            .failed
+            .entry((String::new(), String::new()))
+            .or_default() += 1;
+    }
+    if let Some(n) = m.shed_log.hit(clock::now(), Duration::from_secs(1)) {
+        warn!(
+            model,
+            capability = d.request().endpoint.capability().as_str(),
+            rejected = n,
+            code = r.error().code.as_str(),
+            "policy_exhausted: {} (this line stands for {n} rejections since the previous one)",
+            d.trail()
+        );
+    }
+}

@@ -1,0 +1,96 @@
+//! Per-model state on the model's shard: its agents and their slots, the
+//! capacity queue, the routing statistics. The hold queue and the quota
+//! buckets of later issues belong here too.
+//!
+//! Key types: [`ModelState`], [`agent::Agent`], [`agent::Slot`],
+//! [`stats::ModelStats`].
+
+pub mod agent;
+pub mod stats;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use self::agent::Agent;
+use self::stats::ModelStats;
+use crate::logic::decision::Pool;
+use crate::logic::log_gate::LogGate;
+use crate::logic::policy::AgentFacts;
+use crate::logic::wait_queue::WaitQueue;
+
+/// The capacity queue's waiters: each is woken through its channel.
+pub type Waiters = WaitQueue<futures::channel::oneshot::Sender<()>>;
+
+/// Wake the oldest waiter still waiting (a cancelled one passes the signal on).
+pub fn wake_head(q: &RefCell<Waiters>) {
+    loop {
+        let next = q.borrow_mut().pop_head();
+        match next {
+            Some((_, tx)) => {
+                if tx.send(()).is_ok() {
+                    return;
+                }
+            }
+            None => return,
+        }
+    }
+}
+
+/// Wake every waiter (a new or recovered agent).
+pub fn wake_all(q: &RefCell<Waiters>) {
+    let all = q.borrow_mut().drain();
+    for (_, tx) in all {
+        let _ = tx.send(());
+    }
+}
+
+/// One model's state on its shard.
+#[derive(Default)]
+pub struct ModelState {
+    /// Registered agents.
+    pub agents: Vec<Rc<Agent>>,
+    /// Rotates the tie-break start (one step per decision).
+    pub rotation: usize,
+    /// Requests waiting for a slot.
+    pub queue: Rc<RefCell<Waiters>>,
+    /// Routing counters.
+    pub stats: ModelStats,
+    /// Rejections logged at most once a second, with their count.
+    pub shed_log: LogGate,
+}
+
+// === impl ModelState ===
+
+impl ModelState {
+    /// Add `agent`; a re-registration of the same peer replaces its old
+    /// entry. Every queued request is woken.
+    pub fn add(&mut self, agent: Rc<Agent>) {
+        self.agents.retain(|a| a.reg.peer_id != agent.reg.peer_id);
+        self.agents.push(agent);
+        wake_all(&self.queue);
+    }
+
+    /// Remove the agent with `id`; returns whether it was still here (a
+    /// replaced registration is not). Its duration series go with it.
+    pub fn remove(&mut self, id: u64) -> bool {
+        let before = self.agents.len();
+        self.agents.retain(|a| a.id != id);
+        self.stats.durations.retain(|(a, _), _| *a != id);
+        self.agents.len() != before
+    }
+
+    /// The agent registered for `peer_id`.
+    pub fn by_peer(&self, peer_id: &str) -> Option<&Rc<Agent>> {
+        self.agents.iter().find(|a| a.reg.peer_id == peer_id)
+    }
+}
+
+impl Pool for [Rc<Agent>] {
+    fn agent_count(&self) -> usize {
+        self.len()
+    }
+
+    fn facts(&self, i: usize) -> Option<AgentFacts<'_>> {
+        self.get(i).map(|a| a.facts())
+    }
+}

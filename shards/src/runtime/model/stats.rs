@@ -1,0 +1,129 @@
+//! Per-model statistics: plain counters and histograms on the model's
+//! shard, summed over shards at scrape.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// `hivenet_request_duration_seconds` buckets (spec 06).
+pub const DURATION_BUCKETS: [f64; 9] = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
+
+/// `hivenet_queue_wait_seconds` buckets: 0.01 x 2^k, k = 0..12.
+pub const QUEUE_BUCKETS: [f64; 13] = [
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96,
+];
+
+/// A histogram over fixed bucket bounds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Histogram {
+    /// Counts per bucket, `+Inf` last (not cumulative).
+    pub buckets: Vec<u64>,
+    /// Sum of the observations.
+    pub sum: f64,
+    /// Observations.
+    pub count: u64,
+}
+
+impl Histogram {
+    /// Add one observation against `bounds`.
+    pub fn observe(&mut self, bounds: &[f64], v: f64) {
+        if self.buckets.len() != bounds.len() + 1 {
+            self.buckets = vec![0; bounds.len() + 1];
+        }
+        let i = bounds.iter().position(|b| v <= *b).unwrap_or(bounds.len());
+        if let Some(c) = self.buckets.get_mut(i) {
+            *c += 1;
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    /// Add another histogram over the same bounds.
+    pub fn merge(&mut self, other: &Histogram) {
+        if self.buckets.len() < other.buckets.len() {
+            self.buckets.resize(other.buckets.len(), 0);
+        }
+        for (x, c) in self.buckets.iter_mut().zip(&other.buckets) {
+            *x += c;
+        }
+        self.sum += other.sum;
+        self.count += other.count;
+    }
+}
+
+/// One agent's duration series for one status.
+#[derive(Debug, Clone, Serialize)]
+pub struct DurationSeries {
+    /// The agent's peer ID (label).
+    pub peer_id: String,
+    /// The observations.
+    pub hist: Histogram,
+}
+
+/// Region and engine of an agent (the routing counters' labels).
+pub type RegionEngine = (String, String);
+
+/// Per-model routing counters.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ModelStats {
+    /// Successful forwards by (region, engine).
+    pub routed: BTreeMap<RegionEngine, u64>,
+    /// Failed forward attempts and exhaustions by (region, engine).
+    pub failed: BTreeMap<RegionEngine, u64>,
+    /// Served by the primary step.
+    pub primary_routed: u64,
+    /// Served by a fallback step.
+    pub fallback_routed: u64,
+    /// Every step exhausted.
+    pub exhausted: u64,
+    /// Waits in the capacity queue that ended with a slot.
+    pub wait: Histogram,
+    /// Waiters now (filled at snapshot).
+    pub queue_depth: usize,
+    /// Client-visible duration of completed responses (first request byte
+    /// to last response byte, streams included), by (agent id, status).
+    pub durations: BTreeMap<(u64, u16), DurationSeries>,
+}
+
+impl ModelStats {
+    /// Record one completed response of agent `id`.
+    pub fn observe_duration(&mut self, id: u64, peer_id: &str, status: u16, secs: f64) {
+        self.durations
+            .entry((id, status))
+            .or_insert_with(|| DurationSeries {
+                peer_id: peer_id.to_string(),
+                hist: Histogram::default(),
+            })
+            .hist
+            .observe(&DURATION_BUCKETS, secs);
+    }
+
+    /// Record one wait that ended with a slot.
+    pub fn observe_wait(&mut self, secs: f64) {
+        self.wait.observe(&QUEUE_BUCKETS, secs);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_sum_and_merge() {
+        let mut h = Histogram::default();
+        h.observe(&QUEUE_BUCKETS, 0.005);
+        h.observe(&QUEUE_BUCKETS, 0.03);
+        h.observe(&QUEUE_BUCKETS, 100.0);
+        assert_eq!(h.buckets.len(), QUEUE_BUCKETS.len() + 1);
+        assert_eq!(h.buckets[0], 1);
+        assert_eq!(h.buckets[2], 1);
+        assert_eq!(h.buckets[QUEUE_BUCKETS.len()], 1, "+Inf");
+        assert_eq!(h.count, 3);
+        let mut m = Histogram::default();
+        m.merge(&h);
+        m.merge(&h);
+        assert_eq!(m.count, 6);
+        assert_eq!(m.buckets[0], 2);
+        assert!((m.sum - 2.0 * h.sum).abs() < 1e-9);
+    }
+}

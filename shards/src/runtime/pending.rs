@@ -1,0 +1,48 @@
+//! A request read and probed on the shard that accepted it, and the
+//! hand-off payload that carries it to its model's shard.
+
+use super::clock::Instant;
+use crate::logic::endpoint::Endpoint;
+use crate::logic::http_parse::RequestHead;
+use crate::logic::probe::RequestMeta;
+
+/// Who sent the request. Client authentication fills this in (spec 05);
+/// until it exists every request is anonymous.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Principal {
+    /// No client key (the router runs without client auth).
+    #[default]
+    Anonymous,
+}
+
+/// A request ready for its model's shard.
+#[derive(Debug)]
+pub struct PendingRequest {
+    /// Parsed head.
+    pub head: RequestHead,
+    /// Whole body as received (de-chunked).
+    pub body: Vec<u8>,
+    /// Probed fields.
+    pub meta: RequestMeta,
+    /// Which endpoint.
+    pub endpoint: Endpoint,
+    /// When the head started arriving.
+    pub received_at: Instant,
+    /// `X-Request-ID` (the client's when it is a UUID, else generated).
+    pub request_id: String,
+    /// Who sent it.
+    pub principal: Principal,
+}
+
+/// A client connection moving to its model's shard: the socket out of
+/// its former runtime, the bytes read past the request, and the request.
+#[derive(Debug)]
+pub struct HandOff {
+    /// The socket.
+    pub stream: std::net::TcpStream,
+    /// Bytes read past the pending request (pipelined input).
+    pub buf: Vec<u8>,
+    /// The request to serve first.
+    pub pending: Box<PendingRequest>,
+}

@@ -1,0 +1,164 @@
+//! Every response the router writes itself goes out through here: errors
+//! in the spec's envelope, JSON bodies, `204` for CORS preflight, `100
+//! Continue`, and the head of a relayed response; each carries the CORS
+//! headers and the request's `X-Request-ID`.
+
+use super::conn::Conn;
+use crate::logic::errors::{ApiError, ErrorCode};
+use crate::logic::http_parse::{RequestHead, ResponseHead};
+use crate::logic::http_write::{self, OutFraming};
+
+/// CORS headers on every response (spec 01 §1).
+pub const CORS: [(&str, &[u8]); 3] = [
+    ("Access-Control-Allow-Origin", b"*"),
+    ("Access-Control-Allow-Methods", b"POST, GET, OPTIONS"),
+    (
+        "Access-Control-Allow-Headers",
+        b"Content-Type, Authorization",
+    ),
+];
+
+/// The interim response to `Expect: 100-continue`.
+pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// The request's ID: the client's `X-Request-ID` when it is a UUID, else a new v4.
+pub fn request_id(head: &RequestHead) -> String {
+    match head
+        .header("x-request-id")
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .map(str::trim)
+    {
+        Some(v) if crate::logic::request_id::valid(v) => v.to_string(),
+        _ => new_request_id(),
+    }
+}
+
+/// A fresh v4 request ID.
+pub fn new_request_id() -> String {
+    crate::logic::request_id::format_v4(rand::random::<[u8; 16]>())
+}
+
+/// CORS, `X-Request-ID` and `more`, borrowed for the writers.
+fn extras<'a>(
+    request_id: &'a str,
+    more: &[(&'static str, &'a [u8])],
+) -> Vec<(&'static str, &'a [u8])> {
+    let mut v: Vec<(&'static str, &'a [u8])> = Vec::with_capacity(CORS.len() + 1 + more.len());
+    v.extend(CORS.iter().copied());
+    if !request_id.is_empty() {
+        v.push(("X-Request-ID", request_id.as_bytes()));
+    }
+    v.extend(more.iter().copied());
+    v
+}
+
+/// Write a whole response; returns whether the connection stays open.
+async fn send(conn: &mut Conn, out: Vec<u8>, keep: bool) -> bool {
+    conn.write_all(out).await.is_ok() && keep
+}
+
+/// An error in the spec's envelope.
+pub async fn send_error(conn: &mut Conn, err: &ApiError, keep: bool) -> bool {
+    send_error_with(conn, err, keep, &[]).await
+}
+
+/// An error with extra headers (`WWW-Authenticate`, `Retry-After`).
+pub async fn send_error_with(
+    conn: &mut Conn,
+    err: &ApiError,
+    keep: bool,
+    more: &[(&'static str, &[u8])],
+) -> bool {
+    let body = err.body();
+    let mut out = Vec::with_capacity(256 + body.len());
+    http_write::write_full_response(
+        &mut out,
+        err.status,
+        "application/json",
+        &body,
+        keep,
+        &extras(&conn.request_id, more),
+    );
+    send(conn, out, keep).await
+}
+
+/// A JSON body.
+pub async fn send_json(conn: &mut Conn, status: u16, body: &[u8], keep: bool) -> bool {
+    let mut out = Vec::with_capacity(body.len() + 256);
+    http_write::write_full_response(
+        &mut out,
+        status,
+        "application/json",
+        body,
+        keep,
+        &extras(&conn.request_id, &[]),
+    );
+    send(conn, out, keep).await
+}
+
+/// `204 No Content` (CORS preflight).
+pub async fn send_no_content(conn: &mut Conn, keep: bool) -> bool {
+    let mut out = Vec::with_capacity(256);
+    http_write::write_response_head(
+        &mut out,
+        204,
+        &[],
+        OutFraming::Length(0),
+        keep,
+        &extras(&conn.request_id, &[]),
+    );
+    send(conn, out, keep).await
+}
+
+/// The head of an event stream the router produces itself.
+pub fn event_stream_head(out: &mut Vec<u8>, request_id: &str) {
+    let headers = [("Content-Type".to_string(), b"text/event-stream".to_vec())];
+    http_write::write_response_head(
+        out,
+        200,
+        &headers,
+        OutFraming::Chunked,
+        false,
+        &extras(
+            request_id,
+            &[("Cache-Control", b"no-cache"), ("X-Accel-Buffering", b"no")],
+        ),
+    );
+}
+
+/// The head of a response relayed from an agent (SSE gets
+/// `X-Accel-Buffering: no` so buffering proxies pass events through).
+pub fn relayed_head(
+    out: &mut Vec<u8>,
+    head: &ResponseHead,
+    framing: OutFraming,
+    keep: bool,
+    request_id: &str,
+) {
+    let more: &[(&'static str, &[u8])] = if head.is_event_stream() {
+        &[("X-Accel-Buffering", b"no")]
+    } else {
+        &[]
+    };
+    http_write::write_response_head(
+        out,
+        head.status,
+        &head.headers,
+        framing,
+        keep,
+        &extras(request_id, more),
+    );
+}
+
+/// The error for a method a known route does not take.
+pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        format!("method {method} not allowed on {path}"),
+    )
+}
+
+/// The error for an unknown route.
+pub fn no_route(method: &str, path: &str) -> ApiError {
+    ApiError::new(ErrorCode::NotFound, format!("no route for {method} {path}"))
+}

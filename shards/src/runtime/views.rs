@@ -1,0 +1,101 @@
+//! Plain-data views of a shard for metrics, the admin API and
+//! `/v1/models`: gathered from every shard by message, never shared live.
+//!
+//! Key types: [`ShardSnapshot`], [`AgentView`].
+
+use serde::Serialize;
+
+use super::model::agent::Agent;
+use super::model::stats::ModelStats;
+use crate::logic::control::Registration;
+use crate::logic::engine_metrics::EngineSignals;
+use crate::logic::hardware::HardwareSignals;
+
+/// Plain-data view of one agent.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentView {
+    /// PeerId.
+    pub peer_id: String,
+    /// Registration.
+    pub reg: Registration,
+    /// Routable.
+    pub healthy: bool,
+    /// In flight.
+    pub active: u32,
+    /// Lifetime successes.
+    pub success: u64,
+    /// Lifetime failures.
+    pub failed: u64,
+    /// Unix seconds.
+    pub last_seen: u64,
+    /// Heartbeats arrive in time.
+    pub live: bool,
+    /// Agent-reported backend health.
+    pub backend_healthy: bool,
+    /// SRTT, ms (None: UNKNOWN).
+    pub srtt: Option<f64>,
+    /// RTTVAR, ms.
+    pub rttvar: Option<f64>,
+    /// Lifetime input tokens.
+    pub input_tokens: u64,
+    /// Lifetime output tokens.
+    pub output_tokens: u64,
+    /// Lifetime disconnections.
+    pub disconnections: u64,
+    /// Missed-heartbeat transitions.
+    pub agent_failures: u64,
+    /// Backend-unhealthy transitions.
+    pub backend_failures: u64,
+    /// Latest engine signals.
+    pub signals: EngineSignals,
+    /// Latest host signals.
+    pub hardware: HardwareSignals,
+}
+
+impl AgentView {
+    /// The view of a live agent.
+    pub fn of(a: &Agent) -> Self {
+        let est = a.est.get();
+        AgentView {
+            peer_id: a.reg.peer_id.clone(),
+            reg: a.reg.clone(),
+            healthy: a.healthy(),
+            active: a.active.get(),
+            success: a.success.get(),
+            failed: a.failed.get(),
+            last_seen: a.last_seen.get(),
+            live: a.live.get(),
+            backend_healthy: a.backend_healthy.get(),
+            srtt: est.srtt(),
+            rttvar: est.rttvar(),
+            input_tokens: a.input_tokens.get(),
+            output_tokens: a.output_tokens.get(),
+            disconnections: a.disconnections.get(),
+            agent_failures: a.agent_failures.get(),
+            backend_failures: a.backend_failures.get(),
+            signals: a.signals.get(),
+            hardware: a.hardware.get(),
+        }
+    }
+}
+
+/// Plain-data view of a shard.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardSnapshot {
+    /// Shard index.
+    pub shard: usize,
+    /// Inference requests served here.
+    pub requests: u64,
+    /// Connections handed out.
+    pub handoffs_out: u64,
+    /// Connections adopted.
+    pub handoffs_in: u64,
+    /// Links handed out after the preamble.
+    pub link_handoffs_out: u64,
+    /// Links refused.
+    pub links_rejected: u64,
+    /// Agents owned here.
+    pub agents: Vec<AgentView>,
+    /// Routing counters per model owned here.
+    pub models: Vec<(String, ModelStats)>,
+}
