@@ -173,6 +173,7 @@ if [ "$SCENARIO" = shards ] || [ "$SCENARIO" = all ]; then
 fi
 
 python3 scripts/bench_summary.py "$OUT" >"$OUT/summary.md"
-cp -r "$WORK"/*.log "$OUT/" 2>/dev/null || true
+# Logs stay out of the repository: keep the last lines of each as an excerpt.
+for f in "$WORK"/*.log; do [ -s "$f" ] && { echo "== $(basename "$f")"; tail -n 5 "$f"; }; done >"$OUT/log-excerpts.txt" 2>/dev/null || true
 cat "$OUT/summary.md"
 echo "written to $OUT"
