@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: lints, Rust unit/property/integration tests (both
-# I/O drivers), the pure crate without its runtime, and the Python SDK tests.
+# The whole test suite: lints, Rust unit/property/integration tests (the
+# default driver; agent_loss also on epoll), the pure crate without its
+# runtime, and the Python SDK tests (on io_uring and on epoll).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -99,15 +99,21 @@ fn dead_backend_retries_on_another_agent() {
         .expect("req");
         assert_eq!(st, 200, "request {i}: {}", String::from_utf8_lossy(&b));
     }
-    let failed: f64 = metrics_text(r.metrics)
-        .lines()
-        .filter(|l| l.starts_with("hivenet_agent_requests_failed_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let text = metrics_text(r.metrics);
+    let failed_of = |peer: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("hivenet_agent_requests_failed_total{"))
+            .filter(|l| l.contains(&format!("peer_id=\"{peer}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let (dead, live) = (peer_in_log(&_a1), peer_in_log(&_a2));
+    assert!(dead.starts_with("12D3KooW") && live.starts_with("12D3KooW"));
     assert!(
-        failed >= 1.0,
-        "the dead backend's attempts are counted as failures"
+        failed_of(&dead) >= 1.0,
+        "the dead backend's attempts are counted as its agent's failures\n{text}"
     );
+    assert_eq!(failed_of(&live), 0.0, "the live agent failed nothing");
 }
 
 #[test]

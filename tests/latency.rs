@@ -104,7 +104,11 @@ fn srtt_follows_each_sims_timing() {
     wait_agents(r.http, "lat-model", 2);
     for a in agents(r.http) {
         assert_eq!(a["universal"]["latency_state"], "UNKNOWN");
-        assert!(a["universal"]["srtt_ms"].is_null() && a["universal"]["rttvar_ms"].is_null());
+        // The keys are there with an explicit null (indexing a missing key
+        // would also give null).
+        let u = a["universal"].as_object().expect("universal object");
+        assert_eq!(u.get("srtt_ms"), Some(&serde_json::Value::Null), "{a}");
+        assert_eq!(u.get("rttvar_ms"), Some(&serde_json::Value::Null), "{a}");
     }
     assert!(
         !metrics_text(r.metrics).contains("hivenet_agent_srtt_ms{"),
@@ -126,6 +130,31 @@ fn srtt_follows_each_sims_timing() {
     }
     let m = metrics_text(r.metrics);
     assert_eq!(m.matches("hivenet_agent_srtt_ms{").count(), 2, "{m}");
+    // Every latency series, new and older names, with exactly the label set
+    // peer_id, model, engine, organization, machine and the routing table's value.
+    for a in [&fast, &slow] {
+        let meta = &a["metadata"];
+        let labels = format!(
+            "{{peer_id=\"{}\",model=\"lat-model\",engine=\"{}\",organization=\"{}\",machine=\"{}\"}}",
+            a["peer_id"].as_str().unwrap_or(""),
+            meta["engine"].as_str().unwrap_or(""),
+            meta["organization"].as_str().unwrap_or(""),
+            meta["machine"].as_str().unwrap_or(""),
+        );
+        for (name, want) in [
+            ("hivenet_agent_srtt_ms", srtt(a)),
+            ("hivenet_agent_rttvar_ms", rttvar(a)),
+            ("hivenet_router_agent_srtt_ms", srtt(a)),
+            ("hivenet_router_agent_rttvar_ms", rttvar(a)),
+        ] {
+            let prefix = format!("{name}{labels} ");
+            let got: Option<f64> = m
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .and_then(|v| v.trim().parse().ok());
+            assert_eq!(got, want, "{prefix} in\n{m}");
+        }
+    }
     // The client-visible duration covers whole streams (200 ms to the first
     // token plus 20 gaps of 10 ms on the slow sim), unlike SRTT.
     let slow_peer = slow["peer_id"].as_str().unwrap_or("").to_string();
@@ -283,6 +312,17 @@ fn new_identity_unknown_and_reset_clears_memory_and_disk() {
 
     let (st, _) = post(ports.0, "/admin/metrics/reset", "").expect("reset without key");
     assert_eq!(st, 401);
+    // Put "one" on disk (the graceful stop's final flush), and check a new
+    // router restores it: the disk holds it before the reset.
+    sigterm(&mut router);
+    let slow_flush = ["--universal-flush-interval", "1h"];
+    let mut router = router_on(&dir, ports, &slow_flush);
+    wait_agents(ports.0, "rs-model", 2);
+    assert_eq!(
+        by_machine(ports.0, "one")["universal"]["latency_state"],
+        "KNOWN",
+        "restored from disk before the reset"
+    );
     let (st, b) = post_auth(ports.0, "/admin/metrics/reset", "", ADMIN_KEY).expect("reset");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     for a in agents(ports.0) {
@@ -290,8 +330,10 @@ fn new_identity_unknown_and_reset_clears_memory_and_disk() {
         assert_eq!(a["universal"]["successful_requests_total"], 0);
     }
     assert!(!metrics_text(ports.1).contains("hivenet_agent_srtt_ms{"));
-    sigterm(&mut router);
-    let _router2 = router_on(&dir, ports, &[]);
+    // kill -9 with no periodic flush due: only the reset itself can have
+    // cleared the stored record.
+    router.kill9();
+    let _router3 = router_on(&dir, ports, &slow_flush);
     wait_agents(ports.0, "rs-model", 2);
     let one = by_machine(ports.0, "one");
     assert_eq!(

@@ -231,6 +231,11 @@ async fn handle(
             let v = json!({"object": "list", "data": [{"id": sim.cfg.model, "object": "model", "owned_by": "hivenet-sim"}]});
             reply_json(conn, 200, &v, keep).await
         }
+        ("GET", "/api/tags") => {
+            // Ollama's model list (names carry a ":latest" tag).
+            let v = json!({"models": [{"name": format!("{}:latest", sim.cfg.model)}]});
+            reply_json(conn, 200, &v, keep).await
+        }
         ("GET", "/metrics") => {
             let s = &sim.stats;
             let text = format!(

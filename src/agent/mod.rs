@@ -63,7 +63,7 @@ pub struct AgentConfig {
     pub health_interval: Duration,
     /// Engine metrics scrape and push cadence.
     pub signal_interval: Duration,
-    /// Warm-up before registering.
+    /// Warm-up before registering (resolved from `--warmup` and the engine).
     pub warmup: bool,
 }
 
@@ -215,7 +215,7 @@ pub async fn run(cfg: AgentConfig) {
     loop {
         wait_backend(&cfg).await;
         let model = discover_model(&cfg).await;
-        if cfg.warmup && cfg.engine.needs_warmup() && cfg.capability == Capability::Llm {
+        if cfg.warmup && cfg.capability == Capability::Llm {
             warm_up(&cfg, &model).await;
         }
         let started = shards::runtime::clock::now();
