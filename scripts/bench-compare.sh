@@ -37,8 +37,9 @@ trap 'stop_all; [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/d
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   echo "nginx: $(nginx -v 2>&1)"
   echo "vllm-router: $("$VENV/bin/pip" show vllm-router 2>/dev/null | awk '/^Version/ {print $2}')"
+  [ -n "${BEFORE_BIN:-}" ] && echo "hivenet-before: binaries from $BEFORE_BIN (${BEFORE_COMMIT:-unknown commit})"
 } >"$OUT/env.txt"
-echo "ROUNDS=$ROUNDS DUR=$DUR scripts/bench-compare.sh $SCENARIO" >"$OUT/cmd.txt"
+echo "ROUNDS=$ROUNDS DUR=$DUR ${BEFORE_BIN:+BEFORE_BIN=$BEFORE_BIN }scripts/bench-compare.sh $SCENARIO" >"$OUT/cmd.txt"
 : >"$OUT/cpu.tsv"
 
 wait_http() { for _ in $(seq 1 200); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.05; done; echo "not up: $1" >&2; return 1; }
@@ -65,6 +66,21 @@ start_hivenet() { # shards
     i=$((i + 1))
   done
   for m in $MODELS; do for _ in $(seq 1 200); do curl -s http://127.0.0.1:21080/v1/models | grep -q "\"id\":\"$m\"" && break; sleep 0.05; done; done
+}
+# BEFORE_BIN=<dir with an older build's binaries>: also run that router and
+# agent (ports 22xxx) against the same sim, as target "hivenet-before", so a
+# change is compared with its predecessor in the same run.
+start_hivenet_before() {
+  [ -n "${BEFORE_BIN:-}" ] || return 0
+  "$BEFORE_BIN/hivenet-router" --http-port 127.0.0.1:22080 --metrics-port 127.0.0.1:22112 --p2p-port 22900 --shards "$1" --disk-db-path "$WORK/db-before" --reset-disk-db >"$WORK/router-before.log" 2>&1 & BROUTER_PID=$!; PIDS+=($!)
+  wait_http http://127.0.0.1:22080/health
+  BAGENT_PIDS=()
+  local i=0 m
+  for m in $MODELS; do
+    "$BEFORE_BIN/hivenet-agent" --router-p2p 127.0.0.1:22900 --backend-url "http://127.0.0.1:${SIM_PORTS[$i]}" --identity-path "$WORK/agent-before-$m.key" --capacity 100000 >"$WORK/agent-before-$m.log" 2>&1 & PIDS+=($!); BAGENT_PIDS+=($!)
+    i=$((i + 1))
+  done
+  for m in $MODELS; do for _ in $(seq 1 200); do curl -s http://127.0.0.1:22080/v1/models | grep -q "\"id\":\"$m\"" && break; sleep 0.05; done; done
 }
 start_nginx() {
   cat >"$WORK/nginx.conf" <<NGX
@@ -119,6 +135,9 @@ peers() { # NAME -- bench args : runs all four targets once, interleaved by the 
   local name=$1; shift
   run "$name" direct http://127.0.0.1:${SIM_PORTS[0]} "sim:${SIM_PIDS[*]}" -- "$@"
   run "$name" hivenet http://127.0.0.1:21080 "router:$ROUTER_PID" "agent:${AGENT_PIDS[*]}" "sim:${SIM_PIDS[*]}" -- "$@"
+  if [ -n "${BEFORE_BIN:-}" ]; then
+    run "$name" hivenet-before http://127.0.0.1:22080 "router:$BROUTER_PID" "agent:${BAGENT_PIDS[*]}" "sim:${SIM_PIDS[*]}" -- "$@"
+  fi
   run "$name" nginx http://127.0.0.1:21180 "nginx:${NGINX_PIDS[*]}" "sim:${SIM_PIDS[*]}" -- "$@"
   run "$name" vllm-router http://127.0.0.1:21280 "vllm-router:$VR_PID" "sim:${SIM_PIDS[*]}" -- "$@"
 }
@@ -129,7 +148,7 @@ scenario_peers() { # label sim-args... -- round body
 
 if [ "$SCENARIO" = one-conn ] || [ "$SCENARIO" = all ]; then
   echo "== one-conn: closed loop, 1 connection, non-streaming, zero-delay sim"
-  MODELS="bench-model"; start_sims --output-tokens 16; start_hivenet 1; start_nginx; start_vllm_router
+  MODELS="bench-model"; start_sims --output-tokens 16; start_hivenet 1; start_hivenet_before 1; start_nginx; start_vllm_router
   for r in $(seq 1 "$ROUNDS"); do
     peers "one-conn-r$r" --connections 1 --duration "$DUR" --model bench-model --max-tokens 16
   done
@@ -138,7 +157,7 @@ fi
 
 if [ "$SCENARIO" = open ] || [ "$SCENARIO" = all ]; then
   echo "== open: open loop (Poisson), non-streaming, zero-delay sim, rising rates"
-  MODELS="bench-model"; start_sims --output-tokens 16 --threads 1; start_hivenet 1; start_nginx; start_vllm_router
+  MODELS="bench-model"; start_sims --output-tokens 16 --threads 1; start_hivenet 1; start_hivenet_before 1; start_nginx; start_vllm_router
   for rate in ${RATES:-1000 3000 6000}; do
     for r in $(seq 1 "$ROUNDS"); do
       peers "open-$rate-r$r" --rate "$rate" --duration "$DUR" --model bench-model --max-tokens 16 --timeout 10s

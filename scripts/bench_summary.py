@@ -19,7 +19,7 @@ for path in sorted(glob.glob(os.path.join(out, "reports", "*.json"))):
     name, target = base.split("-", 1) if False else (None, None)
     rep = json.load(open(path))
     # file name: <name>-<target>.json where target is the last known one
-    for t in ("vllm-router", "hivenet-1-shard", "hivenet-2-shard", "hivenet", "nginx", "direct"):
+    for t in ("vllm-router", "hivenet-1-shard", "hivenet-2-shard", "hivenet-before", "hivenet", "nginx", "direct"):
         if base.endswith("-" + t):
             name, target = base[: -len(t) - 1], t
             break
@@ -40,12 +40,12 @@ print("| run | target | ok | errors | req/s | p50 | p99 | added p50 | headers p5
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for name in sorted(by_name):
     d = by_name[name].get("direct")
-    for target in ("direct", "hivenet", "nginx", "vllm-router", "hivenet-1-shard", "hivenet-2-shard"):
+    for target in ("direct", "hivenet", "hivenet-before", "nginx", "vllm-router", "hivenet-1-shard", "hivenet-2-shard"):
         rep = by_name[name].get(target)
         if not rep:
             continue
         ok = rep["ok"]
-        proxy_proc = {"hivenet": "router", "nginx": "nginx", "vllm-router": "vllm-router", "hivenet-1-shard": "router", "hivenet-2-shard": "router"}.get(target)
+        proxy_proc = {"hivenet": "router", "hivenet-before": "router", "nginx": "nginx", "vllm-router": "vllm-router", "hivenet-1-shard": "router", "hivenet-2-shard": "router"}.get(target)
         px = us_per_req(name, target, proxy_proc, ok) if proxy_proc else None
         ag = us_per_req(name, target, "agent", ok)
         sm = us_per_req(name, target, "sim", ok)
@@ -71,6 +71,22 @@ if one:
         print(f"- router CPU per proxied non-streaming request (1 connection): hivenet-router {h_cpu:.1f} us, vllm-router {v_cpu:.1f} us: ratio {h_cpu / v_cpu:.2f} (target <= 0.20)")
     if h_add is not None and v_add is not None:
         print(f"- added median latency at one connection: hivenet (two hops) {h_add * 1000:.0f} us, vllm-router {v_add * 1000:.0f} us (target: below vllm-router)")
+    b_cpu = avg([us_per_req(n, "hivenet-before", "router", by_name[n]["hivenet-before"]["ok"]) for n in one if "hivenet-before" in by_name[n]])
+    b_add = avg([by_name[n]["hivenet-before"]["total"]["p50"] - by_name[n]["direct"]["total"]["p50"] for n in one if "hivenet-before" in by_name[n]])
+    if b_cpu and h_cpu and b_add is not None:
+        print(f"- this build vs hivenet-before (1 connection): router CPU {h_cpu:.1f} vs {b_cpu:.1f} us/req ({h_cpu / b_cpu:.2f}x), added p50 {h_add * 1000:.0f} vs {b_add * 1000:.0f} us")
+op = sorted({n.rsplit("-r", 1)[0] for n in by_name if n.startswith("open-")}, key=lambda s: int(s.split("-")[1]))
+for rate in op:
+    ns = [n for n in by_name if n.rsplit("-r", 1)[0] == rate]
+    def a(target, f):
+        return avg([f(n) for n in ns if target in by_name[n]])
+    hc = a("hivenet", lambda n: us_per_req(n, "hivenet", "router", by_name[n]["hivenet"]["ok"]))
+    bc = a("hivenet-before", lambda n: us_per_req(n, "hivenet-before", "router", by_name[n]["hivenet-before"]["ok"]))
+    vc = a("vllm-router", lambda n: us_per_req(n, "vllm-router", "vllm-router", by_name[n]["vllm-router"]["ok"]))
+    hp = a("hivenet", lambda n: by_name[n]["hivenet"]["total"]["p50"])
+    bp = a("hivenet-before", lambda n: by_name[n]["hivenet-before"]["total"]["p50"])
+    f = lambda v, k=1.0, p=1: "-" if v is None else f"{v * k:.{p}f}"
+    print(f"- {rate}: router CPU us/req hivenet {f(hc)}, before {f(bc)}, vllm-router {f(vc)}; p50 ms hivenet {f(hp, 1.0, 3)}, before {f(bp, 1.0, 3)}")
 st = [n for n in by_name if n.startswith("stream-")]
 if st:
     adds = [by_name[n]["hivenet"]["first_event"]["p50"] - by_name[n]["direct"]["first_event"]["p50"] for n in st if "hivenet" in by_name[n]]
