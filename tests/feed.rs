@@ -46,3 +46,114 @@ fn registrations_and_removals_are_streamed() {
     let (st, _) = get(r.http, "/admin/registration-stream").expect("no key");
     assert_eq!(st, 401);
 }
+
+/// A raw agent link for `kp` that registers `model` and stays until `stop`
+/// says so (heartbeats every 100 ms meanwhile).
+fn hold_link(
+    p2p: u16,
+    kp: libp2p_identity::Keypair,
+    model: &'static str,
+    stop: std::sync::mpsc::Receiver<()>,
+) -> std::thread::JoinHandle<()> {
+    use shards::logic::control::{ControlMsg, Registration};
+    use shards::runtime::executor::{run_on_runtime, DriverChoice};
+    use shards::runtime::link;
+    std::thread::spawn(move || {
+        run_on_runtime(DriverChoice::Auto, |_| async move {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p2p));
+            let Ok((_, conn)) = link::dial(addr, model, None, &kp).await else {
+                return;
+            };
+            let (h, _inb, _closed) = link::spawn_driver(conn);
+            let Ok(mut ctl) = h.open(link::CONTROL_PROTOCOL).await else {
+                return;
+            };
+            let reg = Registration {
+                peer_id: kp.public().to_peer_id().to_string(),
+                model: model.into(),
+                engine: "custom".into(),
+                capacity: 1,
+                ..Default::default()
+            };
+            let _ = link::write_frame(&mut ctl, &ControlMsg::Register(reg)).await;
+            let mut ctl = shards::runtime::conn::Conn::over(ctl, Vec::new());
+            let _ = ctl.read_frame().await;
+            while stop.try_recv().is_err() {
+                let hb = ControlMsg::Heartbeat {
+                    backend_healthy: true,
+                };
+                let _ = link::write_frame(&mut ctl.stream, &hb).await;
+                monoio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let _ = futures::AsyncWriteExt::close(&mut ctl.stream).await;
+            h.close();
+            monoio::time::sleep(Duration::from_millis(100)).await;
+        });
+    })
+}
+
+#[test]
+fn a_replaced_link_ending_publishes_nothing() {
+    let dir = tmpdir("feed-replace");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let mut s = TcpStream::connect(("127.0.0.1", r.http)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    write!(s, "GET /admin/registration-stream HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\r\n").expect("write");
+    let mut got = Vec::new();
+    read_until(&mut s, &mut got, "\r\n\r\n");
+    let kp = libp2p_identity::Keypair::generate_ed25519();
+    let (stop1, rx1) = std::sync::mpsc::channel();
+    let first = hold_link(r.p2p, kp.clone(), "replace-model", rx1);
+    read_until(&mut s, &mut got, "\"event_type\":\"registered\"");
+    // The same peer registers again on a new link while the old one lives.
+    let (stop2, rx2) = std::sync::mpsc::channel();
+    let second = hold_link(r.p2p, kp, "replace-model", rx2);
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            String::from_utf8_lossy(&got)
+                .matches("\"event_type\":\"registered\"")
+                .count()
+                >= 2
+                || {
+                    let mut tmp = [0u8; 4096];
+                    let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+                    if let Ok(n) = s.read(&mut tmp) {
+                        got.extend_from_slice(&tmp[..n]);
+                    }
+                    false
+                }
+        },
+        "second registration",
+    );
+    // The old link ends: the agent stays, and no "unregistered" follows.
+    let _ = stop1.send(());
+    let _ = first.join();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut tmp = [0u8; 4096];
+    let _ = s.set_read_timeout(Some(Duration::from_millis(300)));
+    while let Ok(n) = s.read(&mut tmp) {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&tmp[..n]);
+    }
+    let text = String::from_utf8_lossy(&got).to_string();
+    assert!(
+        !text.contains("\"event_type\":\"unregistered\""),
+        "the replaced link's end was published: {text}"
+    );
+    assert_eq!(routing_table(r.http)["total"], 1, "still registered");
+    assert!(r.proc.log_text().contains("replaced link ended"));
+    // The live link ends: now it leaves.
+    let _ = stop2.send(());
+    let _ = second.join();
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    read_until(&mut s, &mut got, "\"event_type\":\"unregistered\"");
+    wait_until(
+        Duration::from_secs(5),
+        || routing_table(r.http)["total"] == 0,
+        "removed",
+    );
+}

@@ -485,3 +485,41 @@ fn a_new_agent_wakes_every_waiter() {
     }
     assert_eq!(holder.join().expect("holder").expect("stream"), 200);
 }
+
+/// `POST /admin/metrics/reset` clears consecutive-failure streaks (spec 02):
+/// an agent excluded by `consecutive_failures` starts a fresh streak.
+#[test]
+fn reset_clears_failure_streaks() {
+    let dir = tmpdir("streak");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let (_s, port) = start_sim(&dir, "streak-model", &["--error-rate", "1"]);
+    let _a = start_agent(&dir, &r, port, "streak.key", &[]);
+    wait_agents(r.http, "streak-model", 1);
+    let gate = "routing_policy:\n  exclude_if:\n    consecutive_failures:\n      gt: 2\n  strategy: least-loaded\n";
+    let auth = format!("Authorization: Bearer {ADMIN_KEY}\r\n");
+    let (st, b) = request_h(r.http, "PUT", "/admin/policy", gate.as_bytes(), &auth).expect("put");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    for _ in 0..3 {
+        assert_eq!(
+            chat(r.http, "streak-model", false).0,
+            500,
+            "backend error relayed"
+        );
+    }
+    let (st, b) = chat(r.http, "streak-model", false);
+    assert_eq!(
+        st,
+        503,
+        "excluded after 3 failures: {}",
+        String::from_utf8_lossy(&b)
+    );
+    let (st, _) = post_auth(r.http, "/admin/metrics/reset", "", ADMIN_KEY).expect("reset");
+    assert_eq!(st, 200);
+    // A fresh streak: two more failures are allowed before the gate.
+    assert_eq!(chat(r.http, "streak-model", false).0, 500);
+    assert_eq!(
+        chat(r.http, "streak-model", false).0,
+        500,
+        "the streak restarted at the reset"
+    );
+}

@@ -250,7 +250,8 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
 
 /// Parse a response head (agent link and backend client side).
 ///
-/// `request_was_head` and 1xx/204/304 statuses mean no body.
+/// 1xx, 204 and 304 statuses mean no body (the router never sends HEAD
+/// to an agent, so a HEAD request's bodiless answer cannot occur here).
 pub fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, HeadError> {
     let Some(head_bytes) = complete_head(buf)? else {
         return Ok(None);

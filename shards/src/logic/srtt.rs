@@ -71,11 +71,6 @@ impl Estimator {
         self.state.map(|s| s.1)
     }
 
-    /// Back to UNKNOWN.
-    pub fn reset(&mut self) {
-        self.state = None;
-    }
-
     /// Apply one sample in ms; `None` when the sample is ignored.
     pub fn observe(&mut self, sample: f64) -> Option<Update> {
         if !sample.is_finite() || sample <= 0.0 {

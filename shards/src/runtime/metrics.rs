@@ -26,6 +26,20 @@ pub fn render(
     directory: DirectoryStats,
 ) -> String {
     let mut o = String::with_capacity(4096);
+    render_router(&mut o, reloads, directory, storage_errors);
+    render_models(&mut o, snaps);
+    render_shards(&mut o, snaps);
+    render_agents(&mut o, snaps);
+    o
+}
+
+/// Router-wide series: policy reloads, directory names, store errors.
+fn render_router(
+    o: &mut String,
+    reloads: &std::collections::BTreeMap<(String, String), u64>,
+    directory: DirectoryStats,
+    storage_errors: u64,
+) {
     let _ = writeln!(
         o,
         "# HELP hivenet_directory_models Model names the directory holds: live (registered agents), idle (agents all left; shard kept), reserved (links not registered yet)."
@@ -51,6 +65,13 @@ pub fn render(
             esc(r)
         );
     }
+    let _ = writeln!(o, "# HELP hivenet_storage_errors_total Failed history-store operations (open, flush, lookup, reset).");
+    let _ = writeln!(o, "# TYPE hivenet_storage_errors_total counter");
+    let _ = writeln!(o, "hivenet_storage_errors_total {storage_errors}");
+}
+
+/// Per-model routing counters and histograms, summed over shards.
+fn render_models(o: &mut String, snaps: &[ShardSnapshot]) {
     // Per-model routing counters, summed over shards.
     let mut routed: std::collections::BTreeMap<(String, String, String), u64> = Default::default();
     let mut failed: std::collections::BTreeMap<(String, String, String), u64> = Default::default();
@@ -203,9 +224,10 @@ pub fn render(
             st.wait.count
         );
     }
-    let _ = writeln!(o, "# HELP hivenet_storage_errors_total Failed history-store operations (open, flush, lookup, reset).");
-    let _ = writeln!(o, "# TYPE hivenet_storage_errors_total counter");
-    let _ = writeln!(o, "hivenet_storage_errors_total {storage_errors}");
+}
+
+/// Per-shard counters.
+fn render_shards(o: &mut String, snaps: &[ShardSnapshot]) {
     let _ = writeln!(
         o,
         "# HELP hivenet_shard_requests_total Inference requests served by each shard."
@@ -244,6 +266,10 @@ pub fn render(
             s.shard, s.links_rejected
         );
     }
+}
+
+/// Per-agent series (latency only while KNOWN).
+fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
     let agents: Vec<_> = snaps.iter().flat_map(|s| s.agents.iter()).collect();
     let label_a = |a: &AgentView| {
         format!(
@@ -397,7 +423,6 @@ pub fn render(
             }
         }
     }
-    o
 }
 
 /// Serve the metrics port.
