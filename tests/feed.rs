@@ -157,3 +157,26 @@ fn a_replaced_link_ending_publishes_nothing() {
         "removed",
     );
 }
+
+/// An idle registration stream gets a `: keep-alive` comment every 25 s,
+/// so proxies and clients do not time it out.
+#[test]
+fn an_idle_feed_gets_keep_alives() {
+    let dir = tmpdir("feed-keepalive");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let mut s = TcpStream::connect(("127.0.0.1", r.http)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(40)))
+        .expect("timeout");
+    write!(s, "GET /admin/registration-stream HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\r\n").expect("write");
+    let mut got = Vec::new();
+    read_until(&mut s, &mut got, "\r\n\r\n");
+    let head = String::from_utf8_lossy(&got).to_string();
+    assert!(head.contains("X-Accel-Buffering: no"), "{head}");
+    let t = std::time::Instant::now();
+    read_until(&mut s, &mut got, ": keep-alive\n\n");
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_secs(20) && waited < Duration::from_secs(35),
+        "keep-alive after {waited:?}"
+    );
+}

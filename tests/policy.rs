@@ -523,3 +523,77 @@ fn reset_clears_failure_streaks() {
         "the streak restarted at the reset"
     );
 }
+
+/// A recovered agent wakes every queued request (not only a new one): a
+/// request queued behind a full agent is served by the other agent as
+/// soon as that one's backend is healthy again, long before the slot frees.
+#[test]
+fn a_recovered_agent_wakes_the_queue() {
+    let dir = tmpdir("wake-recovered");
+    let r = start_router(&dir, &["--shards", "1", "--request-timeout", "20s"], &[]);
+    // Agent A: one slot, held by an 8 s stream.
+    let slow = ["--ttft", "5ms", "--itl", "200ms", "--output-tokens", "40"];
+    let (_sa, pa) = start_sim(&dir, "rec-model", &slow);
+    let _a = start_agent(&dir, &r, pa, "ra.key", &["--capacity", "1"]);
+    // Agent B: its backend goes away, so it is registered but unhealthy.
+    let (mut sb, pb) = start_sim(&dir, "rec-model", &[]);
+    let _b = start_agent(
+        &dir,
+        &r,
+        pb,
+        "rb.key",
+        &["--capacity", "4", "--hardware-sample-interval", "100ms"],
+    );
+    wait_agents(r.http, "rec-model", 2);
+    sb.kill9();
+    wait_until(
+        Duration::from_secs(10),
+        || healthy_agents(r.http, "rec-model") == 1,
+        "B unhealthy",
+    );
+    let http = r.http;
+    let holder = std::thread::spawn(move || {
+        post(
+            http,
+            "/v1/chat/completions",
+            r#"{"model":"rec-model","stream":true,"messages":[]}"#,
+        )
+        .map(|x| x.0)
+    });
+    wait_until(
+        Duration::from_secs(3),
+        || {
+            metric(r.metrics, "hivenet_agent_active_requests{") == Some(1.0) || {
+                metrics_text(r.metrics)
+                    .lines()
+                    .any(|l| l.starts_with("hivenet_agent_active_requests{") && l.ends_with(" 1"))
+            }
+        },
+        "A busy",
+    );
+    let waiter = std::thread::spawn(move || {
+        let t = Instant::now();
+        (chat(http, "rec-model", false).0, t.elapsed())
+    });
+    wait_until(
+        Duration::from_secs(3),
+        || metric(r.metrics, "hivenet_queue_depth{model=\"rec-model\"}") == Some(1.0),
+        "the request waits in the queue",
+    );
+    // B's backend returns on the same port: B reports healthy and the
+    // queued request goes to it at once.
+    let ps = pb.to_string();
+    let _sb2 = spawn(
+        "hivenet-sim",
+        &["--port", &ps, "--model", "rec-model"],
+        &dir,
+        &[],
+    );
+    let (st, took) = waiter.join().expect("waiter");
+    assert_eq!(st, 200);
+    assert!(
+        took < Duration::from_secs(5),
+        "served by the recovered agent, not after the 8 s stream: {took:?}"
+    );
+    assert_eq!(holder.join().expect("holder").expect("stream"), 200);
+}

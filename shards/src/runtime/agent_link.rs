@@ -202,7 +202,7 @@ pub async fn serve_link(
     // state (fresher than the store's last flush).
     let warm = shard.warm_start(&reg.model, &reg.peer_id).await;
     match &warm {
-        WarmStart::Live(_) | WarmStart::Stored(None) => {}
+        WarmStart::Live(..) | WarmStart::Stored(None) => {}
         WarmStart::Stored(Some(h)) => {
             info!(peer_id = %reg.peer_id, srtt_ms = ?h.srtt, rttvar_ms = ?h.rttvar, success = h.success, failed = h.failed,
                   record_age_s = clock::unix_secs().saturating_sub(h.written_at), "warm start from the history store");

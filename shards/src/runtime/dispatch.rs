@@ -15,7 +15,7 @@ use super::clock;
 use super::conn::Conn;
 use super::exchange::{self, Progress, RelayEnd};
 use super::model::agent::{Agent, Slot};
-use super::model::{wake_head, ModelState};
+use super::model::wake_head;
 use super::pending::PendingRequest;
 use super::respond;
 use super::shard::{inc, Shard};
@@ -80,17 +80,19 @@ enum Next {
 fn decide(shard: &Shard, model: &str, d: &mut Decision) -> Next {
     let now = clock::now();
     let mut models = shard.models.borrow_mut();
-    let empty = ModelState::default();
-    let state = models.get_mut(model);
-    let rotation = state.as_ref().map(|m| m.rotation).unwrap_or(0);
-    if let Some(m) = state {
-        m.rotation = m.rotation.wrapping_add(1);
-    }
-    let state = models.get(model).unwrap_or(&empty);
+    let (pool, rotation, queue_len): (&[Rc<Agent>], usize, usize) = match models.get_mut(model) {
+        Some(m) => {
+            let r = m.rotation;
+            m.rotation = r.wrapping_add(1);
+            (&m.agents, r, m.queue.borrow().len())
+        }
+        // No agent ever registered here: the gates answer 404.
+        None => (&[], 0, 0),
+    };
     let facts = ModelFacts {
-        pool: state.agents.as_slice(),
+        pool,
         rotation,
-        queue_len: state.queue.borrow().len(),
+        queue_len,
     };
     match d.next(&facts, now) {
         Action::Forward {
@@ -98,7 +100,7 @@ fn decide(shard: &Shard, model: &str, d: &mut Decision) -> Next {
             step,
             waited,
             ..
-        } => match state.agents.get(agent) {
+        } => match pool.get(agent) {
             Some(a) => Next::Forward {
                 agent: a.clone(),
                 step,

@@ -66,8 +66,9 @@ pub struct Shard {
 
 /// How a registration's warm-start lookup went.
 pub enum WarmStart {
-    /// The peer is still registered here: its live state carries over.
-    Live(History),
+    /// The peer is still registered here: its live state carries over
+    /// (and whether that state may be written to the store).
+    Live(History, bool),
     /// The store's record (None: no record).
     Stored(Option<History>),
     /// The store did not answer: start from zero and never overwrite it.
@@ -110,9 +111,9 @@ impl Shard {
             .models
             .borrow()
             .get(model)
-            .and_then(|m| m.by_peer(peer_id).map(|a| a.history()));
-        if let Some(h) = live {
-            return WarmStart::Live(h);
+            .and_then(|m| m.by_peer(peer_id).map(|a| (a.history(), a.persist)));
+        if let Some((h, persist)) = live {
+            return WarmStart::Live(h, persist);
         }
         let Some(tx) = self.router.store.as_ref() else {
             return WarmStart::Stored(None);
@@ -136,7 +137,7 @@ impl Shard {
         let id = self.next_agent.get();
         self.next_agent.set(id + 1);
         let (history, persist) = match warm {
-            WarmStart::Live(h) => (Some(h), true),
+            WarmStart::Live(h, persist) => (Some(h), persist),
             WarmStart::Stored(h) => (h, true),
             WarmStart::Unknown => (None, false),
         };
