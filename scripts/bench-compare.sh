@@ -56,31 +56,25 @@ start_sims() { # args for the sim; one sim per model in $MODELS
   done
   for p in "${SIM_PORTS[@]}"; do wait_http "http://127.0.0.1:$p/health"; done
 }
-start_hivenet() { # shards
-  "$BIN/hivenet-router" --http-port 127.0.0.1:21080 --metrics-port 127.0.0.1:21112 --p2p-port 21900 --shards "$1" --disk-db-path "$WORK/db" --reset-disk-db >"$WORK/router.log" 2>&1 & ROUTER_PID=$!; PIDS+=($!)
-  wait_http http://127.0.0.1:21080/health
-  AGENT_PIDS=()
-  local i=0 m
+# start_hivenet SHARDS [BIN_DIR PORT_BASE TAG]: router + one agent per model.
+start_hivenet() {
+  local bin=${2:-$BIN} base=${3:-21} tag=${4:-}
+  "$bin/hivenet-router" --http-port 127.0.0.1:${base}080 --metrics-port 127.0.0.1:${base}112 --p2p-port ${base}900 --shards "$1" --disk-db-path "$WORK/db$tag" --reset-disk-db >"$WORK/router$tag.log" 2>&1 & local rpid=$!; PIDS+=($!)
+  wait_http http://127.0.0.1:${base}080/health
+  local apids=() i=0 m
   for m in $MODELS; do
-    "$BIN/hivenet-agent" --router-p2p 127.0.0.1:21900 --backend-url "http://127.0.0.1:${SIM_PORTS[$i]}" --identity-path "$WORK/agent-$m.key" --capacity 100000 >"$WORK/agent-$m.log" 2>&1 & PIDS+=($!); AGENT_PIDS+=($!)
+    "$bin/hivenet-agent" --router-p2p 127.0.0.1:${base}900 --backend-url "http://127.0.0.1:${SIM_PORTS[$i]}" --identity-path "$WORK/agent$tag-$m.key" --capacity 100000 >"$WORK/agent$tag-$m.log" 2>&1 & PIDS+=($!); apids+=($!)
     i=$((i + 1))
   done
-  for m in $MODELS; do for _ in $(seq 1 200); do curl -s http://127.0.0.1:21080/v1/models | grep -q "\"id\":\"$m\"" && break; sleep 0.05; done; done
+  for m in $MODELS; do for _ in $(seq 1 200); do curl -s http://127.0.0.1:${base}080/v1/models | grep -q "\"id\":\"$m\"" && break; sleep 0.05; done; done
+  if [ -z "$tag" ]; then ROUTER_PID=$rpid; AGENT_PIDS=("${apids[@]}"); else BROUTER_PID=$rpid; BAGENT_PIDS=("${apids[@]}"); fi
 }
 # BEFORE_BIN=<dir with an older build's binaries>: also run that router and
 # agent (ports 22xxx) against the same sim, as target "hivenet-before", so a
 # change is compared with its predecessor in the same run.
 start_hivenet_before() {
   [ -n "${BEFORE_BIN:-}" ] || return 0
-  "$BEFORE_BIN/hivenet-router" --http-port 127.0.0.1:22080 --metrics-port 127.0.0.1:22112 --p2p-port 22900 --shards "$1" --disk-db-path "$WORK/db-before" --reset-disk-db >"$WORK/router-before.log" 2>&1 & BROUTER_PID=$!; PIDS+=($!)
-  wait_http http://127.0.0.1:22080/health
-  BAGENT_PIDS=()
-  local i=0 m
-  for m in $MODELS; do
-    "$BEFORE_BIN/hivenet-agent" --router-p2p 127.0.0.1:22900 --backend-url "http://127.0.0.1:${SIM_PORTS[$i]}" --identity-path "$WORK/agent-before-$m.key" --capacity 100000 >"$WORK/agent-before-$m.log" 2>&1 & PIDS+=($!); BAGENT_PIDS+=($!)
-    i=$((i + 1))
-  done
-  for m in $MODELS; do for _ in $(seq 1 200); do curl -s http://127.0.0.1:22080/v1/models | grep -q "\"id\":\"$m\"" && break; sleep 0.05; done; done
+  start_hivenet "$1" "$BEFORE_BIN" 22 -before
 }
 start_nginx() {
   cat >"$WORK/nginx.conf" <<NGX

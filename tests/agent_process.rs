@@ -8,15 +8,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::Duration;
 
-fn peer_in_log(p: &Proc) -> String {
-    let log = p.log_text();
-    log.split("peer_id=")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or("")
-        .to_string()
-}
-
 #[test]
 fn identity_is_created_private_and_reused() {
     let dir = tmpdir("identity");

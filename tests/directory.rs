@@ -8,9 +8,7 @@ use common::*;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use shards::logic::control::{ControlMsg, Registration};
 use shards::runtime::executor::{run_on_runtime, DriverChoice};
-use shards::runtime::link;
 
 fn shard_requests(metrics: u16) -> Vec<f64> {
     let t = metrics_text(metrics);
@@ -172,28 +170,13 @@ fn a_silent_link_is_removed_after_remove_after() {
     let silent = std::thread::spawn(move || {
         run_on_runtime(DriverChoice::Auto, |_| async move {
             let kp = libp2p_identity::Keypair::generate_ed25519();
-            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p2p));
-            let Ok((_, conn)) = link::dial(addr, "quiet-model", None, &kp).await else {
-                return;
-            };
-            let (h, _inb, closed) = link::spawn_driver(conn);
-            let Ok(mut ctl) = h.open(link::CONTROL_PROTOCOL).await else {
-                return;
-            };
-            let reg = Registration {
-                peer_id: kp.public().to_peer_id().to_string(),
-                model: "quiet-model".into(),
-                engine: "custom".into(),
-                capacity: 1,
-                ..Default::default()
-            };
-            let _ = link::write_frame(&mut ctl, &ControlMsg::Register(reg)).await;
             let started = std::time::Instant::now();
-            let mut ctl_in = shards::runtime::conn::Conn::over(ctl, Vec::new());
-            let _ = ctl_in.read_frame().await;
-            let _ = monoio::time::timeout(Duration::from_secs(10), closed).await;
+            let Some(l) = raw_register(p2p, &kp, "quiet-model").await else {
+                return;
+            };
+            let _ = monoio::time::timeout(Duration::from_secs(10), l.closed).await;
             let _ = tx.send(started.elapsed());
-            drop(ctl_in);
+            drop(l.ctl);
         });
     });
     wait_until(

@@ -2,33 +2,14 @@
 
 mod common;
 use common::*;
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::time::Duration;
-
-fn read_until(s: &mut TcpStream, got: &mut Vec<u8>, needle: &str) {
-    let mut tmp = [0u8; 4096];
-    while !String::from_utf8_lossy(got).contains(needle) {
-        let n = s.read(&mut tmp).expect("read");
-        assert!(
-            n > 0,
-            "stream closed before {needle:?}: {}",
-            String::from_utf8_lossy(got)
-        );
-        got.extend_from_slice(&tmp[..n]);
-    }
-}
 
 #[test]
 fn registrations_and_removals_are_streamed() {
     let dir = tmpdir("feed");
     let r = start_router(&dir, &["--shards", "2"], &[]);
-    let mut s = TcpStream::connect(("127.0.0.1", r.http)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    write!(s, "GET /admin/registration-stream HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\r\n").expect("write");
-    let mut got = Vec::new();
-    read_until(&mut s, &mut got, "\r\n\r\n");
+    let (mut s, mut got) = open_feed(r.http);
     let head = String::from_utf8_lossy(&got).to_string();
     assert!(
         head.starts_with("HTTP/1.1 200") && head.contains("text/event-stream"),
@@ -55,38 +36,23 @@ fn hold_link(
     model: &'static str,
     stop: std::sync::mpsc::Receiver<()>,
 ) -> std::thread::JoinHandle<()> {
-    use shards::logic::control::{ControlMsg, Registration};
+    use shards::logic::control::ControlMsg;
     use shards::runtime::executor::{run_on_runtime, DriverChoice};
     use shards::runtime::link;
     std::thread::spawn(move || {
         run_on_runtime(DriverChoice::Auto, |_| async move {
-            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p2p));
-            let Ok((_, conn)) = link::dial(addr, model, None, &kp).await else {
+            let Some(mut l) = raw_register(p2p, &kp, model).await else {
                 return;
             };
-            let (h, _inb, _closed) = link::spawn_driver(conn);
-            let Ok(mut ctl) = h.open(link::CONTROL_PROTOCOL).await else {
-                return;
-            };
-            let reg = Registration {
-                peer_id: kp.public().to_peer_id().to_string(),
-                model: model.into(),
-                engine: "custom".into(),
-                capacity: 1,
-                ..Default::default()
-            };
-            let _ = link::write_frame(&mut ctl, &ControlMsg::Register(reg)).await;
-            let mut ctl = shards::runtime::conn::Conn::over(ctl, Vec::new());
-            let _ = ctl.read_frame().await;
             while stop.try_recv().is_err() {
                 let hb = ControlMsg::Heartbeat {
                     backend_healthy: true,
                 };
-                let _ = link::write_frame(&mut ctl.stream, &hb).await;
+                let _ = link::write_frame(&mut l.ctl.stream, &hb).await;
                 monoio::time::sleep(Duration::from_millis(100)).await;
             }
-            let _ = futures::AsyncWriteExt::close(&mut ctl.stream).await;
-            h.close();
+            let _ = futures::AsyncWriteExt::close(&mut l.ctl.stream).await;
+            l.handle.close();
             monoio::time::sleep(Duration::from_millis(100)).await;
         });
     })
@@ -96,12 +62,7 @@ fn hold_link(
 fn a_replaced_link_ending_publishes_nothing() {
     let dir = tmpdir("feed-replace");
     let r = start_router(&dir, &["--shards", "1"], &[]);
-    let mut s = TcpStream::connect(("127.0.0.1", r.http)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    write!(s, "GET /admin/registration-stream HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\r\n").expect("write");
-    let mut got = Vec::new();
-    read_until(&mut s, &mut got, "\r\n\r\n");
+    let (mut s, mut got) = open_feed(r.http);
     let kp = libp2p_identity::Keypair::generate_ed25519();
     let (stop1, rx1) = std::sync::mpsc::channel();
     let first = hold_link(r.p2p, kp.clone(), "replace-model", rx1);
@@ -164,12 +125,9 @@ fn a_replaced_link_ending_publishes_nothing() {
 fn an_idle_feed_gets_keep_alives() {
     let dir = tmpdir("feed-keepalive");
     let r = start_router(&dir, &["--shards", "1"], &[]);
-    let mut s = TcpStream::connect(("127.0.0.1", r.http)).expect("connect");
+    let (mut s, mut got) = open_feed(r.http);
     s.set_read_timeout(Some(Duration::from_secs(40)))
         .expect("timeout");
-    write!(s, "GET /admin/registration-stream HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\r\n").expect("write");
-    let mut got = Vec::new();
-    read_until(&mut s, &mut got, "\r\n\r\n");
     let head = String::from_utf8_lossy(&got).to_string();
     assert!(head.contains("X-Accel-Buffering: no"), "{head}");
     let t = std::time::Instant::now();

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use std::time::Duration;
 
-use shards::logic::control::{ControlMsg, Registration};
+use shards::logic::control::ControlMsg;
 use shards::runtime::executor::{run_on_runtime, DriverChoice};
 use shards::runtime::link;
 
@@ -23,25 +23,10 @@ fn missed_heartbeats_make_an_agent_unhealthy() {
     let silent = std::thread::spawn(move || {
         run_on_runtime(DriverChoice::Auto, |_| async move {
             let kp = libp2p_identity::Keypair::generate_ed25519();
-            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p2p));
-            let Ok((_, conn)) = link::dial(addr, "hb-model", None, &kp).await else {
+            let Some(l) = raw_register(p2p, &kp, "hb-model").await else {
                 return;
             };
-            let (h, _inb, _closed) = link::spawn_driver(conn);
-            let Ok(mut ctl) = h.open(link::CONTROL_PROTOCOL).await else {
-                return;
-            };
-            let reg = Registration {
-                peer_id: kp.public().to_peer_id().to_string(),
-                model: "hb-model".into(),
-                engine: "custom".into(),
-                capacity: 1,
-                ..Default::default()
-            };
-            let _ = link::write_frame(&mut ctl, &ControlMsg::Register(reg)).await;
-            let mut ctl_in = shards::runtime::conn::Conn::over(ctl, Vec::new());
-            let _ = ctl_in.read_frame().await;
-            let mut ctl = ctl_in.stream;
+            let mut ctl = l.ctl.stream;
             // Silent for 1.5 s (more than 3 x 200 ms), then one heartbeat.
             monoio::time::sleep(Duration::from_millis(1500)).await;
             let _ = link::write_frame(

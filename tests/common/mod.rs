@@ -361,3 +361,79 @@ pub fn metrics_text(metrics_port: u16) -> String {
         .map(|(_, b)| String::from_utf8_lossy(&b).to_string())
         .unwrap_or_default()
 }
+
+/// The peer ID an agent logged at start.
+pub fn peer_in_log(p: &Proc) -> String {
+    let log = p.log_text();
+    log.split("peer_id=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// A hand-driven agent link: dialled, registered, its control stream open.
+pub struct RawLink {
+    /// Opens streams; `close()` ends the link.
+    pub handle: shards::runtime::link::LinkHandle,
+    /// Completes when the connection ends.
+    pub closed: futures::channel::oneshot::Receiver<()>,
+    /// The control stream.
+    pub ctl: shards::runtime::conn::Conn<shards::runtime::link::LinkStream>,
+    /// The router's answer to the registration.
+    pub reply: Option<shards::logic::control::ControlMsg>,
+}
+
+/// Dial the router's p2p port as `kp`, register `model` (capacity 1) and
+/// read the answer. Runs on a monoio runtime (`run_on_runtime`).
+pub async fn raw_register(p2p: u16, kp: &libp2p_identity::Keypair, model: &str) -> Option<RawLink> {
+    use shards::logic::control::{ControlMsg, Registration};
+    use shards::runtime::link;
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p2p));
+    let (_, conn) = link::dial(addr, model, None, kp).await.ok()?;
+    let (handle, _inbound, closed) = link::spawn_driver(conn);
+    let mut ctl = handle.open(link::CONTROL_PROTOCOL).await.ok()?;
+    let reg = Registration {
+        peer_id: kp.public().to_peer_id().to_string(),
+        model: model.into(),
+        engine: "custom".into(),
+        capacity: 1,
+        ..Default::default()
+    };
+    link::write_frame(&mut ctl, &ControlMsg::Register(reg))
+        .await
+        .ok()?;
+    let mut ctl = shards::runtime::conn::Conn::over(ctl, Vec::new());
+    let reply = ctl.read_frame().await.ok()?;
+    Some(RawLink {
+        handle,
+        closed,
+        ctl,
+        reply,
+    })
+}
+
+/// Open `/admin/registration-stream` and read its response head.
+pub fn open_feed(http: u16) -> (TcpStream, Vec<u8>) {
+    let mut s = TcpStream::connect(("127.0.0.1", http)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    write!(s, "GET /admin/registration-stream HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\r\n").expect("write");
+    let mut got = Vec::new();
+    read_until(&mut s, &mut got, "\r\n\r\n");
+    (s, got)
+}
+
+/// Read from `s` into `got` until it contains `needle`.
+pub fn read_until(s: &mut TcpStream, got: &mut Vec<u8>, needle: &str) {
+    let mut tmp = [0u8; 4096];
+    while !String::from_utf8_lossy(got).contains(needle) {
+        let n = s.read(&mut tmp).expect("read");
+        assert!(
+            n > 0,
+            "stream closed before {needle:?}: {}",
+            String::from_utf8_lossy(got)
+        );
+        got.extend_from_slice(&tmp[..n]);
+    }
+}

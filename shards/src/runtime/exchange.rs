@@ -122,6 +122,15 @@ async fn fill_idle(up: &mut Conn<LinkStream>, idle: std::time::Duration) -> io::
     }
 }
 
+/// More of a body whose end is known: EOF or a stall is a failure.
+async fn more_body(up: &mut Conn<LinkStream>, idle: std::time::Duration) -> Result<(), RelayEnd> {
+    match fill_idle(up, idle).await {
+        Ok(0) => Err(RelayEnd::UpstreamFailed("agent closed mid-body".into())),
+        Ok(_) => Ok(()),
+        Err(e) => Err(RelayEnd::UpstreamFailed(e.to_string())),
+    }
+}
+
 /// Relay the body after `head` to the client.
 pub async fn relay(
     client: &mut Conn,
@@ -166,10 +175,8 @@ async fn relay_buffered(
     idle: std::time::Duration,
 ) -> RelayEnd {
     while up.buf.len() < n {
-        match fill_idle(&mut up, idle).await {
-            Ok(0) => return RelayEnd::UpstreamFailed("agent closed mid-body".into()),
-            Ok(_) => {}
-            Err(e) => return RelayEnd::UpstreamFailed(e.to_string()),
+        if let Err(end) = more_body(&mut up, idle).await {
+            return end;
         }
     }
     let body = up.buf.get(..n).unwrap_or(&[]);
@@ -219,10 +226,8 @@ async fn relay_large(
         if left == 0 {
             return RelayEnd::Done(None);
         }
-        match fill_idle(&mut up, idle).await {
-            Ok(0) => return RelayEnd::UpstreamFailed("agent closed mid-body".into()),
-            Ok(_) => {}
-            Err(e) => return RelayEnd::UpstreamFailed(e.to_string()),
+        if let Err(end) = more_body(&mut up, idle).await {
+            return end;
         }
     }
 }
