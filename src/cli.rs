@@ -145,6 +145,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn durations_are_bounded() {
+        assert_eq!(parse_duration("--x", "7days").expect("max"), MAX_DURATION);
+        let e = parse_duration("--request-timeout", "18446744073709551615s").expect_err("huge");
+        assert!(e.starts_with("--request-timeout:"), "{e}");
+        assert!(parse_duration("--x", "8days").is_err());
+        assert!(parse_duration("--x", "soon").is_err());
+    }
+
+    #[test]
     fn listen_forms() {
         assert_eq!(parse_listen(":8080").expect("ok").port(), 8080);
         assert_eq!(

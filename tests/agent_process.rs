@@ -50,6 +50,8 @@ fn bad_flags_exit_with_one_line() {
         &["--router-p2p", "/ip4/1.2.3.4/udp/9"],
         &["--backend-url", "https://x"],
         &["--http-timeout", "soon"],
+        &["--http-timeout", "500000000000s"],
+        &["--router-p2p", "/ip4/127.0.0.1/tcp/9000/p2p/not-a-peer"],
     ];
     for args in cases {
         let out = Command::new(bin("hivenet-agent"))
@@ -61,12 +63,30 @@ fn bad_flags_exit_with_one_line() {
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
         assert!(err.starts_with("hivenet-agent: "), "{err}");
     }
-    let out = Command::new(bin("hivenet-router"))
-        .args(["--cpus", "9-1"])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--cpus"));
+    // Router flags, each refused with one line naming the flag: durations
+    // near the type's maximum would overflow deadline arithmetic.
+    for (args, flag) in [
+        (&["--cpus", "9-1"][..], "--cpus"),
+        (
+            &["--request-timeout", "18446744073709551615s"][..],
+            "--request-timeout",
+        ),
+        (
+            &["--heartbeat-interval", "300000000000s"][..],
+            "--heartbeat-interval",
+        ),
+        (&["--remove-after", "8days"][..], "--remove-after"),
+        (&["--remove-after", "0s"][..], "--remove-after"),
+    ] {
+        let out = Command::new(bin("hivenet-router"))
+            .args(args)
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+    }
 }
 
 #[test]

@@ -109,6 +109,18 @@ fn srtt_gate_with_relaxed_fallback() {
             .contains("policy_exhausted: routing_policy: pool=1"),
         "exhaustion log names the gates"
     );
+    // Shedding is logged at most once a second per model, with a count.
+    let lines_before = r.proc.log_text().matches("policy_exhausted").count();
+    let t = Instant::now();
+    for _ in 0..40 {
+        assert_eq!(chat(r.http, "g-model", true).0, 503);
+    }
+    let took = t.elapsed();
+    let new_lines = r.proc.log_text().matches("policy_exhausted").count() - lines_before;
+    assert!(
+        new_lines as u64 <= took.as_secs() + 1,
+        "{new_lines} exhaustion lines for 40 rejections in {took:?}"
+    );
 }
 
 /// Send `n` requests `gap` apart from threads; returns (index, status, finish time).

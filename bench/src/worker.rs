@@ -144,7 +144,7 @@ async fn exchange(conn: &mut Conn, bytes: Vec<u8>) -> io::Result<Exchange> {
             BodyFraming::Chunked => {
                 let used = dec
                     .decode(&conn.buf, &mut payload, 0)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}")))?;
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
                 conn.consume(used);
             }
             _ => {

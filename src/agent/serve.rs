@@ -37,7 +37,7 @@ async fn read_request(
             ))
         }
         Err(HeadRead::Bad(e)) => {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}")))
+            return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
         }
     };
     if !matches!(head.framing, BodyFraming::Length(_) | BodyFraming::None) {
@@ -168,7 +168,7 @@ async fn proxy(
                     let used = dec.decode(&conn.buf, &mut payload, 0).map_err(|e| {
                         ProxyError::AfterHead(io::Error::new(
                             io::ErrorKind::InvalidData,
-                            format!("{e:?}"),
+                            e.to_string(),
                         ))
                     })?;
                     conn.consume(used);

@@ -21,6 +21,15 @@ pub enum HeadError {
     TooLarge(&'static str),
 }
 
+impl std::fmt::Display for HeadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeadError::Bad(why) => write!(f, "bad head: {why}"),
+            HeadError::TooLarge(why) => write!(f, "head too large: {why}"),
+        }
+    }
+}
+
 /// How the message body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyFraming {
@@ -322,6 +331,15 @@ pub enum ChunkError {
     Bad,
     /// Payload over the limit.
     TooLarge,
+}
+
+impl std::fmt::Display for ChunkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChunkError::Bad => f.write_str("malformed chunked framing"),
+            ChunkError::TooLarge => f.write_str("chunked body over the limit"),
+        }
+    }
 }
 
 /// Longest chunk-size line (with extensions) accepted.

@@ -69,9 +69,82 @@ pub async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream) {
     serve_link(shard, stream, buf, model).await;
 }
 
-fn refused(shard: &Shard, peer: Option<std::net::SocketAddr>, model: &str, reason: &str) {
+fn refused(
+    shard: &Shard,
+    peer: Option<std::net::SocketAddr>,
+    model: &str,
+    reason: &dyn std::fmt::Display,
+) {
     inc(&shard.counters.links_rejected);
     warn!(shard = shard.id, peer = ?peer, model, "agent link refused: {reason}");
+}
+
+/// Why an agent link is refused (logged and counted; the agent gets the
+/// text in a `Rejected` frame when the control stream is up).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The private-network or noise handshake failed.
+    Handshake(link::LinkError),
+    /// The link closed before opening its control stream.
+    NoControlStream,
+    /// The control stream did not negotiate our protocol.
+    Negotiation(std::io::Error),
+    /// The registration frame could not be read.
+    Unreadable(std::io::Error),
+    /// The link closed before registering.
+    ClosedBeforeRegistration,
+    /// The first frame was something else.
+    NotARegistration(String),
+    /// The registration names another peer than the noise identity.
+    PeerMismatch {
+        /// What the registration said.
+        claimed: String,
+        /// Who noise authenticated.
+        authenticated: String,
+    },
+    /// The registration names another model than the preamble.
+    ModelMismatch {
+        /// What the registration said.
+        registered: String,
+        /// What the preamble said.
+        preamble: String,
+    },
+    /// Capacity 0.
+    ZeroCapacity,
+    /// Another shard owns the model (a race with another registration).
+    OwnedElsewhere(usize),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Handshake(e) => write!(f, "{e}"),
+            Refusal::NoControlStream => f.write_str("link closed before the control stream"),
+            Refusal::Negotiation(e) => write!(f, "control stream negotiation: {e}"),
+            Refusal::Unreadable(e) => write!(f, "registration: {e}"),
+            Refusal::ClosedBeforeRegistration => f.write_str("link closed before registration"),
+            Refusal::NotARegistration(got) => write!(f, "expected a registration, got {got}"),
+            Refusal::PeerMismatch {
+                claimed,
+                authenticated,
+            } => write!(
+                f,
+                "registration peer_id {claimed} does not match the noise identity {authenticated}"
+            ),
+            Refusal::ModelMismatch {
+                registered,
+                preamble,
+            } => write!(
+                f,
+                "registration names model {registered:?} but the preamble named {preamble:?}"
+            ),
+            Refusal::ZeroCapacity => f.write_str("capacity must be greater than 0"),
+            Refusal::OwnedElsewhere(owner) => {
+                write!(f, "model is owned by shard {owner}; reconnect")
+            }
+        }
+    }
 }
 
 /// What the handshake and the first control frame produced.
@@ -86,24 +159,24 @@ async fn handshake(
     shard: &Shard,
     stream: monoio::net::TcpStream,
     prefix: Vec<u8>,
-) -> Result<Setup, String> {
+) -> Result<Setup, Refusal> {
     let router = &shard.router;
     let (peer, conn) = link::accept(stream, prefix, router.psk, &router.keypair)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(Refusal::Handshake)?;
     let (handle, mut inbound, _closed) = link::spawn_driver(conn);
     let ctl = futures::StreamExt::next(&mut inbound)
         .await
-        .ok_or_else(|| "link closed before the control stream".to_string())?;
+        .ok_or(Refusal::NoControlStream)?;
     let (_, ctl) = link::accept_protocol(ctl, &[link::CONTROL_PROTOCOL])
         .await
-        .map_err(|e| format!("control stream negotiation: {e}"))?;
+        .map_err(Refusal::Negotiation)?;
     let mut ctl = Conn::over(ctl, Vec::new());
     let first = ctl
         .read_frame()
         .await
-        .map_err(|e| format!("registration: {e}"))?
-        .ok_or_else(|| "link closed before registration".to_string())?;
+        .map_err(Refusal::Unreadable)?
+        .ok_or(Refusal::ClosedBeforeRegistration)?;
     Ok(Setup {
         peer_id: peer.to_string(),
         link: handle,
@@ -113,25 +186,29 @@ async fn handshake(
 }
 
 /// Check a registration against the link it came on.
-fn check_registration(msg: ControlMsg, peer_id: &str, model: &str) -> Result<Registration, String> {
+fn check_registration(
+    msg: ControlMsg,
+    peer_id: &str,
+    model: &str,
+) -> Result<Registration, Refusal> {
     let mut reg = match msg {
         ControlMsg::Register(r) => r,
-        other => return Err(format!("expected a registration, got {other:?}")),
+        other => return Err(Refusal::NotARegistration(format!("{other:?}"))),
     };
     if reg.peer_id != peer_id {
-        return Err(format!(
-            "registration peer_id {} does not match the noise identity {peer_id}",
-            reg.peer_id
-        ));
+        return Err(Refusal::PeerMismatch {
+            claimed: reg.peer_id,
+            authenticated: peer_id.to_string(),
+        });
     }
     if reg.model != model {
-        return Err(format!(
-            "registration names model {:?} but the preamble named {model:?}",
-            reg.model
-        ));
+        return Err(Refusal::ModelMismatch {
+            registered: reg.model,
+            preamble: model.to_string(),
+        });
     }
     if reg.capacity == 0 {
-        return Err("capacity must be greater than 0".to_string());
+        return Err(Refusal::ZeroCapacity);
     }
     if reg.capacity > link::MAX_AGENT_CAPACITY {
         warn!(peer_id = %reg.peer_id, declared = reg.capacity, granted = link::MAX_AGENT_CAPACITY,
@@ -185,8 +262,7 @@ pub async fn serve_link(
     let owner = shard.router.register(&model, shard.id);
     if owner != shard.id {
         shard.router.unregister(&model);
-        let reason = format!("model is owned by shard {owner}; reconnect");
-        return reject(&shard, &mut ctl, &model, reason).await;
+        return reject(&shard, &mut ctl, &model, Refusal::OwnedElsewhere(owner)).await;
     }
     let hb = ControlMsg::Registered {
         heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u64,
@@ -311,9 +387,10 @@ fn leave(shard: &Shard, agent: &Rc<Agent>) {
     info!(shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, "agent left routing");
 }
 
-async fn reject(shard: &Shard, ctl: &mut Conn<LinkStream>, model: &str, reason: String) {
+async fn reject(shard: &Shard, ctl: &mut Conn<LinkStream>, model: &str, reason: Refusal) {
     inc(&shard.counters.links_rejected);
     warn!(shard = shard.id, %model, "agent registration refused: {reason}");
+    let reason = reason.to_string();
     let _ = monoio::time::timeout(
         std::time::Duration::from_secs(1),
         link::write_frame(&mut ctl.stream, &ControlMsg::Rejected { reason }),

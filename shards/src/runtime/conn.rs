@@ -190,7 +190,7 @@ impl<S: Transport> Conn<S> {
                 Err(e) => {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidData,
-                        format!("bad response head: {e:?}"),
+                        format!("bad response head: {e}"),
                     ))
                 }
             }
@@ -292,7 +292,7 @@ impl<S: Transport> Conn<S> {
                     match dec.decode(&self.buf, &mut out, limit) {
                         Ok(used) => self.consume(used),
                         Err(ChunkError::TooLarge) => return Err(BodyError::TooLarge),
-                        Err(e) => return Err(BodyError::Bad(format!("chunked: {e:?}"))),
+                        Err(e) => return Err(BodyError::Bad(e.to_string())),
                     }
                     if dec.is_done() {
                         return Ok(out);

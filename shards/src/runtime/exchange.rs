@@ -261,7 +261,7 @@ async fn relay_chunks(
             match dec.decode(&up.buf, &mut payload, 0) {
                 Ok(used) => up.consume(used),
                 Err(e) => {
-                    return RelayEnd::UpstreamFailed(format!("bad chunked body from agent: {e:?}"))
+                    return RelayEnd::UpstreamFailed(format!("bad chunked body from agent: {e}"))
                 }
             }
         }
@@ -294,5 +294,26 @@ async fn relay_chunks(
             Ok(_) => {}
             Err(e) => return RelayEnd::UpstreamFailed(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_before_the_write_is_no_sample() {
+        let p = Progress::default();
+        let (f, sample) = p.deadline();
+        assert_eq!((f.side, f.stage), (Side::Router, Stage::Opening));
+        assert_eq!(sample, None, "nothing reached the agent");
+        p.stage.set(Some(Stage::Opening));
+        assert_eq!(p.deadline().1, None, "still opening the stream");
+        p.stage.set(Some(Stage::AwaitingHead));
+        p.written_at.set(Some(clock::now()));
+        let (f, sample) = p.deadline();
+        assert_eq!(f.stage, Stage::AwaitingHead);
+        assert!(!f.retryable(), "the router's deadline is not retried");
+        assert!(sample.is_some_and(|ms| ms >= 0.0), "written: a sample");
     }
 }
