@@ -596,3 +596,77 @@ fn failed_store_writes_keep_serving_and_are_counted() {
     assert_eq!(st, 200, "still serving while the store fails");
     assert!(r.proc.log_text().contains("history flush failed"));
 }
+
+/// Rewrite the stored record of `peer` as if it was written `days` ago
+/// (the router is stopped; the test opens the fjall store itself).
+fn age_record(db: &Path, peer: &str, days: u64) {
+    use fjall::{Database, KeyspaceCreateOptions, PersistMode};
+    use shards::logic::history::History;
+    let d = Database::builder(db).open().expect("open store");
+    let ks = d
+        .keyspace("agent_history", KeyspaceCreateOptions::default)
+        .expect("keyspace");
+    let raw = ks
+        .get(peer.as_bytes())
+        .expect("read")
+        .expect("record present");
+    let mut h = History::decode(&raw).expect("decode");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    h.written_at = now - days * 86_400;
+    ks.insert(peer.as_bytes(), h.encode()).expect("write");
+    d.persist(PersistMode::SyncAll).expect("persist");
+}
+
+/// `--disk-db-ttl`: a record older than the TTL reads as absent (the agent
+/// starts UNKNOWN); with TTL 0 the same record is restored.
+#[test]
+fn expired_history_reads_as_absent() {
+    let dir = tmpdir("ttl");
+    let ports = (free_port(), free_port(), free_port());
+    let slow_flush = ["--universal-flush-interval", "1h"];
+    let mut router = router_on(&dir, ports, &slow_flush);
+    let (_s, port) = start_sim(&dir, "ttl-model", &["--ttft", "5ms"]);
+    let mut a = agent_to(&dir, ports.2, port, "ttl.key", &["--machine", "t"]);
+    wait_agents(ports.0, "ttl-model", 1);
+    for _ in 0..3 {
+        chat(ports.0, "ttl-model", false, 2);
+    }
+    let peer = by_machine(ports.0, "t")["peer_id"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(srtt(&by_machine(ports.0, "t")).is_some());
+    a.kill9();
+    sigterm(&mut router); // the final flush writes the record
+    let db = dir.join("hivenet-data");
+    age_record(&db, &peer, 31);
+    // TTL 0 keeps everything: the 31-day-old record is restored.
+    let mut keep = router_on(
+        &dir,
+        ports,
+        &["--disk-db-ttl", "0", slow_flush[0], slow_flush[1]],
+    );
+    let mut a = agent_to(&dir, ports.2, port, "ttl.key", &["--machine", "t"]);
+    wait_agents(ports.0, "ttl-model", 1);
+    assert_eq!(
+        by_machine(ports.0, "t")["universal"]["latency_state"],
+        "KNOWN",
+        "TTL 0: restored"
+    );
+    // The router goes first: an agent leaving would flush a fresh record.
+    keep.kill9(); // no flush: the stored record stays 31 days old
+    a.kill9();
+    let _expire = router_on(
+        &dir,
+        ports,
+        &["--disk-db-ttl", "30", slow_flush[0], slow_flush[1]],
+    );
+    let _a = agent_to(&dir, ports.2, port, "ttl.key", &["--machine", "t"]);
+    wait_agents(ports.0, "ttl-model", 1);
+    let t = by_machine(ports.0, "t");
+    assert_eq!(t["universal"]["latency_state"], "UNKNOWN", "expired: {t}");
+    assert_eq!(t["universal"]["successful_requests_total"], 0, "{t}");
+}
