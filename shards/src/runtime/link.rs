@@ -198,6 +198,14 @@ impl LinkHandle {
     pub fn close(&self) {
         let _ = self.tx.unbounded_send(Command::Close);
     }
+
+    /// A handle with no link behind it (every open fails): for unit tests
+    /// of the state that holds handles.
+    #[cfg(test)]
+    pub fn detached() -> Self {
+        let (tx, _rx) = mpsc::unbounded();
+        LinkHandle { tx }
+    }
 }
 
 /// Spawn the task that owns `conn` on the current shard. Returns a handle

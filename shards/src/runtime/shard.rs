@@ -274,3 +274,74 @@ impl Shard {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::executor::{run_on_runtime, DriverChoice};
+    use crate::runtime::router::RouterConfig;
+    use crate::runtime::snapshot::Versioned;
+
+    fn router(store: super::super::store_api::StoreTx) -> Arc<Router> {
+        Arc::new(Router {
+            cfg: RouterConfig::default(),
+            directory: Versioned::new(Directory::new(1)),
+            policies: Versioned::new(PolicySet::default()),
+            mesh: Vec::new(),
+            keypair: libp2p_identity::Keypair::generate_ed25519(),
+            psk: None,
+            store: Some(store),
+            storage_errors: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            admin_keys: Vec::new(),
+            insecure_admin: false,
+            policy_reloads: std::sync::Mutex::new(Default::default()),
+            feed: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A store that never answers the warm-start lookup: the agent starts
+    /// from zero and its flushes leave the stored record alone (they used
+    /// to overwrite it with zeros).
+    #[test]
+    fn a_failed_lookup_never_overwrites_the_stored_record() {
+        let (tx, rx) = std::sync::mpsc::channel::<StoreMsg>();
+        let shard = Shard::new(0, router(tx));
+        let reg = Registration {
+            peer_id: "12D3KooWpeer".into(),
+            model: "m".into(),
+            capacity: 1,
+            ..Default::default()
+        };
+        run_on_runtime(DriverChoice::Auto, |_| async {
+            let warm = shard.warm_start("m", "12D3KooWpeer").await;
+            assert!(matches!(warm, WarmStart::Unknown), "the lookup timed out");
+            let agent = shard.add_agent(reg, LinkHandle::detached(), warm);
+            assert!(!agent.persist);
+            agent.succeed();
+            shard.flush(&shard.all_agents(), None);
+        });
+        let mut flushed = Vec::new();
+        while let Ok(msg) = rx.try_recv() {
+            match msg {
+                StoreMsg::Lookup { .. } => {}
+                StoreMsg::Flush { records, .. } => flushed.extend(records),
+                _ => {}
+            }
+        }
+        assert!(
+            flushed.is_empty(),
+            "nothing written over the record: {flushed:?}"
+        );
+        // A found record (or none) keeps the agent persisted.
+        let (tx, _rx2) = std::sync::mpsc::channel::<StoreMsg>();
+        let shard = Shard::new(0, router(tx));
+        let reg = Registration {
+            peer_id: "12D3KooWother".into(),
+            model: "m".into(),
+            capacity: 1,
+            ..Default::default()
+        };
+        let agent = shard.add_agent(reg, LinkHandle::detached(), WarmStart::Stored(None));
+        assert!(agent.persist);
+    }
+}
