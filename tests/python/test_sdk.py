@@ -4,9 +4,14 @@ import re
 import threading
 
 import anthropic
-import httpx
 import openai
 import pytest
+
+# The HTTP library under the SDK: httpx, or httpx2 in newer releases.
+try:
+    import httpx2 as http_lib
+except ImportError:  # pragma: no cover - depends on the installed SDK
+    import httpx as http_lib
 
 # What hivenet-sim generates, token by token (bench/src/sim.rs WORDS).
 WORDS = ["The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".",
@@ -93,10 +98,10 @@ def test_agent_killed_mid_stream_raises(fleet, driver):
     peer1 = re.search(r"peer_id=(12D3KooW\w+)", log1).group(1)
     victim = a1 if peer1 in busy[0] else a2
     victim.kill()
-    # A cut stream surfaces as the transport's error (httpx under the SDK:
-    # an incomplete chunked body) or the SDK's connection error, never as a
+    # A cut stream surfaces as the transport's error (httpx/httpx2 under the
+    # SDK: an incomplete chunked body) or the SDK's connection error, never as a
     # clean end or an unrelated exception.
-    with pytest.raises((httpx.TransportError, openai.APIConnectionError)):
+    with pytest.raises((http_lib.TransportError, openai.APIConnectionError)):
         for _ in it:
             pass
     from conftest import wait_until
