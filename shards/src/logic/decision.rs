@@ -119,6 +119,8 @@ pub enum Rejection {
     QueueTimeout,
     /// The deadline passed while contacting an agent.
     AgentTimeout,
+    /// The client went away while the request waited: nothing is written.
+    ClientGone,
 }
 
 impl Rejection {
@@ -148,6 +150,11 @@ impl Rejection {
             Rejection::AgentTimeout => ApiError::new(
                 ErrorCode::RequestTimeout,
                 "Request deadline exceeded while contacting agent",
+            ),
+            // Never sent (nobody is there to read it); for logs.
+            Rejection::ClientGone => ApiError::new(
+                ErrorCode::ClientTimeout,
+                "client closed the connection while its request waited",
             ),
         }
     }
@@ -180,6 +187,9 @@ pub enum WaitEnd {
     Woken,
     /// The deadline passed (or the queue let the waiter go).
     TimedOut,
+    /// The client closed its connection while waiting (the driver already
+    /// left the queue): the request must not reach a backend.
+    ClientGone,
 }
 
 /// One request's decision state.
@@ -370,6 +380,10 @@ impl Decision {
                 if self.session.exhausted() || now >= self.request.deadline {
                     self.verdict = Some(Rejection::QueueTimeout);
                 }
+            }
+            WaitEnd::ClientGone => {
+                self.place = None;
+                self.verdict = Some(Rejection::ClientGone);
             }
         }
     }

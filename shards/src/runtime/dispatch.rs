@@ -166,9 +166,11 @@ pub async fn serve_inference(shard: &Rc<Shard>, conn: &mut Conn, p: PendingReque
                 wake_head_first,
             } => {
                 let end =
-                    wait_for_capacity(shard, model, &mut d, until, place, wake_head_first).await;
+                    wait_for_capacity(shard, conn, model, &mut d, until, place, wake_head_first)
+                        .await;
                 d.wait_ended(end, clock::now());
             }
+            Next::Reject(Rejection::ClientGone) => return false,
             Next::Reject(r) => {
                 record_rejection(shard, model, &d, r);
                 return respond::send_error(conn, &r.error(), p.head.keep_alive).await;
@@ -177,16 +179,23 @@ pub async fn serve_inference(shard: &Rc<Shard>, conn: &mut Conn, p: PendingReque
     }
 }
 
-/// Queue the request (at its original place when it has one) and wait
-/// for a slot until `until`.
+/// Pipelined input kept while a request waits; past it the client socket
+/// is no longer watched (its EOF is then found when the response is written).
+const WATCH_LIMIT: usize = 64 * 1024;
+
+/// Queue the request (at its original place when it has one) and wait for
+/// a slot until `until`, watching the client socket: a client that closes
+/// its connection leaves the queue at once and never reaches a backend.
 async fn wait_for_capacity(
     shard: &Shard,
+    conn: &mut Conn,
     model: &str,
     d: &mut Decision,
     until: clock::Instant,
     place: Option<u64>,
     wake_head_first: bool,
 ) -> WaitEnd {
+    use futures::future::{select, Either};
     let queue = shard.models.borrow().get(model).map(|m| m.queue.clone());
     let Some(queue) = queue else {
         return WaitEnd::TimedOut;
@@ -194,7 +203,7 @@ async fn wait_for_capacity(
     if wake_head_first {
         wake_head(&queue);
     }
-    let (tx, rx) = futures::channel::oneshot::channel();
+    let (tx, mut rx) = futures::channel::oneshot::channel();
     let seq = match place {
         Some(seq) => {
             queue.borrow_mut().requeue(seq, tx);
@@ -207,13 +216,47 @@ async fn wait_for_capacity(
     };
     let now = clock::now();
     d.queued(seq, now);
-    match monoio::time::timeout(until.saturating_duration_since(now), rx).await {
-        Ok(Ok(())) => WaitEnd::Woken,
-        _ => {
-            queue.borrow_mut().remove(seq);
-            WaitEnd::TimedOut
+    let timer = monoio::time::sleep(until.saturating_duration_since(now));
+    futures::pin_mut!(timer);
+    let mut watch = conn.buf.len() < WATCH_LIMIT;
+    let end = loop {
+        if !watch {
+            break match select(&mut rx, &mut timer).await {
+                Either::Left((Ok(()), _)) => WaitEnd::Woken,
+                _ => WaitEnd::TimedOut,
+            };
         }
+        // Readiness only: nothing is read (or lost) when the wait ends first.
+        let ready = {
+            let readable = conn.stream.readable(false);
+            futures::pin_mut!(readable);
+            match select(select(&mut rx, &mut timer), readable).await {
+                Either::Left((Either::Left((Ok(()), _)), _)) => break WaitEnd::Woken,
+                Either::Left(_) => break WaitEnd::TimedOut,
+                Either::Right((r, _)) => r.is_ok(),
+            }
+        };
+        if !ready {
+            watch = false;
+            continue;
+        }
+        // Input or EOF is pending: this read completes at once; what it
+        // brings is kept for the next request on the connection.
+        match conn.fill().await {
+            Ok(0) | Err(_) => break WaitEnd::ClientGone,
+            Ok(_) => watch = conn.buf.len() < WATCH_LIMIT,
+        }
+    };
+    if end != WaitEnd::Woken {
+        queue.borrow_mut().remove(seq);
     }
+    if end == WaitEnd::ClientGone {
+        debug!(
+            model,
+            "client closed its connection while queued; left the queue"
+        );
+    }
+    end
 }
 
 /// How one forward ended, before it is counted.

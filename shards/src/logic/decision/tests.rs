@@ -208,6 +208,23 @@ fn queue_timeout_at_the_deadline_only() {
 }
 
 #[test]
+fn a_client_gone_while_waiting_is_never_forwarded() {
+    let t0 = Instant::now();
+    let mut pool = vec![agent(1, 1, 1, None)];
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    assert!(matches!(d.next(&facts(&pool, 0), t0), Action::Wait { .. }));
+    d.queued(0, t0);
+    d.wait_ended(WaitEnd::ClientGone, t0);
+    pool[0].active = 0;
+    assert_eq!(
+        d.next(&facts(&pool, 0), t0),
+        Action::Reject(Rejection::ClientGone),
+        "a free slot later does not revive it"
+    );
+    assert!(!Rejection::ClientGone.exhausted_policy());
+}
+
+#[test]
 fn deadline_while_contacting_is_agent_timeout_and_relay_failure_ends() {
     let t0 = Instant::now();
     let pool = vec![agent(1, 0, 4, None), agent(2, 0, 4, None)];
