@@ -25,7 +25,14 @@ fn run(driver: &str) {
     let dir = tmpdir(&format!("dead-waiters-{driver}"));
     let r = start_router(
         &dir,
-        &["--shards", "1", "--request-timeout", "20s", "--driver", driver],
+        &[
+            "--shards",
+            "1",
+            "--request-timeout",
+            "20s",
+            "--driver",
+            driver,
+        ],
         &[],
     );
     // One slot, held by a 3 s stream.
@@ -80,7 +87,11 @@ fn run(driver: &str) {
     assert_eq!(holder.join().expect("holder").expect("stream"), 200);
     // The backend served the holder and the live request, none of the dead.
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(sim_completions(port), 2.0, "no dead request reached the backend");
+    assert_eq!(
+        sim_completions(port),
+        2.0,
+        "no dead request reached the backend"
+    );
 }
 
 #[test]
@@ -129,7 +140,8 @@ fn a_pipelined_request_during_a_wait_is_kept() {
         || queue_depth(r.metrics) == 1.0,
         "first request queued",
     );
-    s.write_all(two.as_bytes()).expect("second, while the first waits");
+    s.write_all(two.as_bytes())
+        .expect("second, while the first waits");
     s.set_read_timeout(Some(Duration::from_secs(15)))
         .expect("timeout");
     let mut all = Vec::new();

@@ -235,3 +235,85 @@ fn request_id_is_echoed_or_generated() {
     .to_string();
     assert!(resp.contains("X-Request-ID: "), "{resp}");
 }
+
+#[test]
+fn bare_lf_cannot_desync_pipelined_requests() {
+    let (r, _d) = router();
+    // Three pipelined messages, the second with bare LF line ends: the
+    // first is answered, the second refused with 400, the connection closed
+    // (the third is never read as a request of its own).
+    let resp = raw(
+        r.http,
+        b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\nHost: x\n\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+        W,
+    );
+    let text = String::from_utf8_lossy(&resp).to_string();
+    assert_eq!(text.matches("HTTP/1.1 ").count(), 2, "{text}");
+    let second = text
+        .rfind("HTTP/1.1 400")
+        .expect("the bare-LF message is refused");
+    assert!(
+        text[second..]
+            .to_ascii_lowercase()
+            .contains("connection: close"),
+        "{text}"
+    );
+    assert!(text[second..].contains("request_invalid"), "{text}");
+    // A bare LF in a chunk-size line and a leading space before a size.
+    rejects(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2;a\nb\r\n{}\r\n0\r\n\r\n",
+        400,
+    );
+    rejects(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n 2\r\n{}\r\n0\r\n\r\n",
+        400,
+    );
+}
+
+#[test]
+fn host_is_required_once_and_absolute_form_is_accepted() {
+    rejects(b"GET /health HTTP/1.1\r\n\r\n", 400);
+    rejects(b"GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400);
+    let (r, _d) = router();
+    let resp = raw(
+        r.http,
+        b"GET http://router.example:8080/health HTTP/1.1\r\nHost: router.example\r\nConnection: close\r\n\r\n",
+        W,
+    );
+    assert_eq!(status_of(&resp), 200, "{}", String::from_utf8_lossy(&resp));
+    // HTTP/1.0 may leave Host out.
+    let resp = raw(r.http, b"GET /health HTTP/1.0\r\n\r\n", W);
+    assert_eq!(status_of(&resp), 200);
+}
+
+#[test]
+fn the_header_limit_is_the_same_for_router_and_agent() {
+    let dir = tmpdir("header-limit");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let (_s, port) = start_sim(&dir, "hl-model", &[]);
+    let _a = start_agent(&dir, &r, port, "hl.key", &[]);
+    wait_agents(r.http, "hl-model", 1);
+    let body = r#"{"model":"hl-model","messages":[]}"#;
+    let with = |n: usize| {
+        // Host, Content-Length and Connection, plus filler up to n fields.
+        let mut s = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n",
+            body.len()
+        );
+        for i in 0..n - 3 {
+            s.push_str(&format!("X-F{i}: v\r\n"));
+        }
+        s.push_str("\r\n");
+        s.push_str(body);
+        raw(r.http, s.as_bytes(), W)
+    };
+    // At the limit: forwarded (the router's own X-Request-ID on top is fine).
+    let resp = with(100);
+    let text = String::from_utf8_lossy(&resp);
+    assert_eq!(status_of(&resp), 200, "{text}");
+    // Over it: the router answers 431, in the envelope, no debug text.
+    let resp = with(101);
+    let text = String::from_utf8_lossy(&resp);
+    assert_eq!(status_of(&resp), 431, "{text}");
+    assert!(!text.contains("TooLarge("), "{text}");
+}

@@ -175,7 +175,9 @@ pub fn run(addr: SocketAddr, threads: usize, cfg: SimConfig) -> std::io::Result<
 
 async fn serve(sim: Rc<Sim>, mut conn: Conn) {
     loop {
-        let head = match conn.read_request_head().await {
+        // Requests come through the router and the agent, which may add a
+        // few headers to the client's (real backends do not count them).
+        let head = match conn.read_forwarded_request_head().await {
             Ok(h) => h,
             Err(shards::runtime::conn::HeadRead::Closed) => return,
             Err(shards::runtime::conn::HeadRead::Bad(_)) => {

@@ -28,7 +28,7 @@ const MAX_BODY: usize = 64 * 1024 * 1024;
 async fn read_request(
     conn: &mut Conn<LinkStream>,
 ) -> io::Result<(http_parse::RequestHead, Vec<u8>)> {
-    let head = match conn.read_request_head().await {
+    let head = match conn.read_forwarded_request_head().await {
         Ok(h) => h,
         Err(HeadRead::Closed) => {
             return Err(io::Error::new(

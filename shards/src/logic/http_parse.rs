@@ -6,11 +6,18 @@
 //! Content-Length and Transfer-Encoding, any Transfer-Encoding other than
 //! exactly `chunked`, duplicate or malformed Content-Length, obsolete line
 //! folding, and heads over [`MAX_HEAD_BYTES`] or [`MAX_HEADERS`] (431).
+//! Line ends are CRLF only: a bare LF or CR in a head, a chunk-size line or
+//! a trailer is refused (a parser that accepted them would disagree with
+//! the CRLFCRLF delimiting about where a message ends). HTTP/1.1 requests
+//! need exactly one Host; an absolute-form target becomes origin-form.
 
 /// Largest accepted header section, request line included.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// Largest accepted number of header fields.
+/// Largest accepted number of header fields from a client.
 pub const MAX_HEADERS: usize = 100;
+/// Headers the router may add when it forwards a request (`X-Request-ID`),
+/// so the agent, parsing what the router wrote, allows this many more.
+pub const ROUTER_ADDED_HEADERS: usize = 4;
 
 /// Why a head was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,12 +130,48 @@ fn head_end(buf: &[u8]) -> Option<usize> {
 }
 
 /// The complete head at the start of `buf` (`None` while incomplete),
-/// bounded by [`MAX_HEAD_BYTES`] whether complete or not.
+/// bounded by [`MAX_HEAD_BYTES`] whether complete or not; a bare LF or CR
+/// in what is read so far is refused at once.
 fn complete_head(buf: &[u8]) -> Result<Option<&[u8]>, HeadError> {
-    match head_end(buf) {
+    let end = head_end(buf);
+    let scanned = buf.get(..end.unwrap_or(buf.len())).unwrap_or(&[]);
+    if has_bare_line_end(scanned) {
+        return Err(HeadError::Bad(
+            "bare LF or CR in the head (line ends must be CRLF)",
+        ));
+    }
+    match end {
         Some(end) if end <= MAX_HEAD_BYTES => Ok(buf.get(..end)),
         None if buf.len() <= MAX_HEAD_BYTES => Ok(None),
         _ => Err(HeadError::TooLarge("header section too large")),
+    }
+}
+
+/// An LF not preceded by CR, or a CR not followed by LF (a CR as the last
+/// byte may still get its LF).
+fn has_bare_line_end(b: &[u8]) -> bool {
+    b.iter().enumerate().any(|(i, c)| match c {
+        b'\n' => i == 0 || b.get(i - 1) != Some(&b'\r'),
+        b'\r' => matches!(b.get(i + 1), Some(n) if *n != b'\n'),
+        _ => false,
+    })
+}
+
+/// A target in absolute form (`http://host/path`) as origin form (`/path`).
+fn origin_form(target: &str) -> String {
+    let lower = target.get(..8).unwrap_or(target).to_ascii_lowercase();
+    let rest = if lower.starts_with("http://") {
+        target.get(7..)
+    } else if lower.starts_with("https://") {
+        target.get(8..)
+    } else {
+        return target.to_string();
+    };
+    let rest = rest.unwrap_or("");
+    match rest.find(['/', '?']) {
+        Some(i) if rest.get(i..i + 1) == Some("/") => rest.get(i..).unwrap_or("/").to_string(),
+        Some(i) => format!("/{}", rest.get(i..).unwrap_or("")),
+        None => "/".to_string(),
     }
 }
 
@@ -199,11 +242,28 @@ fn token_in(v: &[u8], token: &[u8]) -> bool {
         .any(|t| trim(t).eq_ignore_ascii_case(token))
 }
 
+/// What a request-head parser returns: `Ok(None)` while incomplete, else
+/// the head and the bytes it used.
+pub type RequestParse = Result<Option<(RequestHead, usize)>, HeadError>;
+
 /// Parse a request head from the start of `buf`.
 ///
 /// `Ok(None)`: incomplete, read more. `Ok(Some((head, n)))`: the head used
 /// the first `n` bytes.
 pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
+    parse_request_head_within(buf, MAX_HEADERS)
+}
+
+/// [`parse_request_head`] for a request the router forwarded (the agent's
+/// side): the router's own headers come on top of the client's limit.
+pub fn parse_forwarded_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
+    parse_request_head_within(buf, MAX_HEADERS + ROUTER_ADDED_HEADERS)
+}
+
+fn parse_request_head_within(
+    buf: &[u8],
+    max_headers: usize,
+) -> Result<Option<(RequestHead, usize)>, HeadError> {
     let Some(head_bytes) = complete_head(buf)? else {
         return Ok(None);
     };
@@ -211,7 +271,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
     if has_obs_fold(head_bytes) {
         return Err(HeadError::Bad("obsolete line folding"));
     }
-    let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS + ROUTER_ADDED_HEADERS];
     let mut req = httparse::Request::new(&mut storage);
     match req.parse(head_bytes) {
         Ok(httparse::Status::Complete(_)) => {}
@@ -221,14 +281,27 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
         }
         Err(_) => return Err(HeadError::Bad("malformed request head")),
     }
+    if req.headers.len() > max_headers {
+        return Err(HeadError::TooLarge("too many header fields"));
+    }
     let method = req.method.unwrap_or("").to_string();
-    let path = req.path.unwrap_or("").to_string();
+    let path = origin_form(req.path.unwrap_or(""));
     let minor_version = req.version.unwrap_or(1);
     let headers: Vec<(String, Vec<u8>)> = req
         .headers
         .iter()
         .map(|h| (h.name.to_string(), h.value.to_vec()))
         .collect();
+    let hosts = headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("host"))
+        .count();
+    if hosts > 1 {
+        return Err(HeadError::Bad("more than one Host header"));
+    }
+    if hosts == 0 && minor_version >= 1 {
+        return Err(HeadError::Bad("HTTP/1.1 request without a Host header"));
+    }
     let framing = framing_of(&headers)?.unwrap_or(BodyFraming::None);
     let conn = headers
         .iter()
@@ -266,7 +339,7 @@ pub fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, 
         return Ok(None);
     };
     let end = head_bytes.len();
-    let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS + ROUTER_ADDED_HEADERS];
     let mut resp = httparse::Response::new(&mut storage);
     match resp.parse(head_bytes) {
         Ok(httparse::Status::Complete(_)) => {}
@@ -371,25 +444,14 @@ impl ChunkedDecoder {
                 ChunkState::Done => return Ok(pos),
                 ChunkState::Size => {
                     let Some(nl) = rest.windows(2).position(|w| w == b"\r\n") else {
-                        if rest.len() > MAX_CHUNK_LINE {
+                        // No CRLF yet: a LF, or a CR before the last byte, is bare.
+                        if rest.len() > MAX_CHUNK_LINE || has_bare_line_end(rest) {
                             return Err(ChunkError::Bad);
                         }
                         return Ok(pos);
                     };
                     let line = rest.get(..nl).unwrap_or(&[]);
-                    let size_part = match line.iter().position(|b| *b == b';') {
-                        Some(p) => line.get(..p).unwrap_or(&[]),
-                        None => line,
-                    };
-                    let size_part = trim(size_part);
-                    if size_part.is_empty()
-                        || size_part.len() > 15
-                        || !size_part.iter().all(u8::is_ascii_hexdigit)
-                    {
-                        return Err(ChunkError::Bad);
-                    }
-                    let s = std::str::from_utf8(size_part).map_err(|_| ChunkError::Bad)?;
-                    let n = u64::from_str_radix(s, 16).map_err(|_| ChunkError::Bad)?;
+                    let n = chunk_size(line)?;
                     pos += nl + 2;
                     if n == 0 {
                         self.state = ChunkState::Trailer;
@@ -427,11 +489,15 @@ impl ChunkedDecoder {
                 }
                 ChunkState::Trailer => {
                     let Some(nl) = rest.windows(2).position(|w| w == b"\r\n") else {
-                        if rest.len() > MAX_CHUNK_LINE {
+                        if rest.len() > MAX_CHUNK_LINE || has_bare_line_end(rest) {
                             return Err(ChunkError::Bad);
                         }
                         return Ok(pos);
                     };
+                    let line = rest.get(..nl).unwrap_or(&[]);
+                    if line.iter().any(|b| *b == b'\r' || *b == b'\n') {
+                        return Err(ChunkError::Bad);
+                    }
                     pos += nl + 2;
                     if nl == 0 {
                         self.state = ChunkState::Done;
@@ -440,6 +506,30 @@ impl ChunkedDecoder {
             }
         }
     }
+}
+
+/// The size of a chunk-size line (CRLF excluded), RFC 9112 §7.1:
+/// `1*HEXDIG *( BWS ";" BWS ext-name [ BWS "=" BWS ext-value ] )`, no
+/// leading whitespace, no control characters but HTAB, no bare CR or LF.
+fn chunk_size(line: &[u8]) -> Result<u64, ChunkError> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 15 {
+        return Err(ChunkError::Bad);
+    }
+    let ext = line.get(digits..).unwrap_or(&[]);
+    let ext_ok = ext.is_empty()
+        || (ext
+            .iter()
+            .all(|b| *b == b'\t' || (*b >= 0x20 && *b != 0x7f))
+            && ext
+                .iter()
+                .find(|b| **b != b' ' && **b != b'\t')
+                .is_some_and(|b| *b == b';'));
+    if !ext_ok {
+        return Err(ChunkError::Bad);
+    }
+    let s = std::str::from_utf8(line.get(..digits).unwrap_or(&[])).map_err(|_| ChunkError::Bad)?;
+    u64::from_str_radix(s, 16).map_err(|_| ChunkError::Bad)
 }
 
 #[cfg(test)]
@@ -531,14 +621,123 @@ mod tests {
     fn connection_semantics() {
         let (h, _) = req("GET / HTTP/1.0\r\n\r\n").expect("ok").expect("c");
         assert!(!h.keep_alive);
-        let (h, _) = req("GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+        let (h, _) = req("GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
             .expect("ok")
             .expect("c");
         assert!(!h.keep_alive);
-        let (h, _) = req("GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n")
+        let (h, _) = req("GET / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n\r\n")
             .expect("ok")
             .expect("c");
         assert!(h.expect_continue);
+    }
+
+    #[test]
+    fn bare_lf_and_cr_are_refused_in_heads() {
+        for bad in [
+            "GET / HTTP/1.1\nHost: h\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: h\nX: 1\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: h\r\n\n",
+            "GET / HTTP/1.1\r\nHost: h\rX: 1\r\n\r\n",
+        ] {
+            assert!(matches!(req(bad), Err(HeadError::Bad(_))), "{bad:?}");
+        }
+        // Refused before the head is complete: no waiting for a CRLFCRLF
+        // that a bare-LF sender never writes.
+        assert!(matches!(
+            req("GET / HTTP/1.1\nHost"),
+            Err(HeadError::Bad(_))
+        ));
+        assert!(
+            matches!(req("GET / HTTP/1.1\r"), Ok(None)),
+            "CR may await its LF"
+        );
+        assert!(matches!(
+            parse_response_head(b"HTTP/1.1 200 OK\nContent-Length: 0\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+    }
+
+    #[test]
+    fn host_rules_and_absolute_form() {
+        assert!(matches!(
+            req("GET / HTTP/1.1\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+        assert!(matches!(
+            req("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+        let (h, _) =
+            req("POST http://router:8080/v1/chat/completions?x=1 HTTP/1.1\r\nHost: router\r\n\r\n")
+                .expect("ok")
+                .expect("c");
+        assert_eq!(h.path, "/v1/chat/completions?x=1");
+        assert_eq!(h.path_only(), "/v1/chat/completions");
+        let (h, _) = req("GET HTTPS://r?q HTTP/1.1\r\nHost: r\r\n\r\n")
+            .expect("ok")
+            .expect("c");
+        assert_eq!(h.path, "/?q");
+        let (h, _) = req("GET http://r HTTP/1.1\r\nHost: r\r\n\r\n")
+            .expect("ok")
+            .expect("c");
+        assert_eq!(h.path, "/");
+    }
+
+    #[test]
+    fn forwarded_heads_allow_the_routers_headers() {
+        let mut s = String::from("POST / HTTP/1.1\r\nHost: h\r\n");
+        for i in 0..(MAX_HEADERS + 1) {
+            s.push_str(&format!("X-{i}: v\r\n"));
+        }
+        s.push_str("\r\n");
+        assert!(matches!(req(&s), Err(HeadError::TooLarge(_))));
+        assert!(parse_forwarded_request_head(s.as_bytes())
+            .expect("ok")
+            .is_some());
+        assert_eq!(
+            HeadError::TooLarge("too many header fields").to_string(),
+            "head too large: too many header fields",
+            "no debug text"
+        );
+    }
+
+    #[test]
+    fn chunk_lines_follow_rfc_9112() {
+        let ok = |input: &[u8]| {
+            let mut d = ChunkedDecoder::new();
+            let mut out = Vec::new();
+            d.decode(input, &mut out, 0).map(|_| (d.is_done(), out))
+        };
+        assert_eq!(
+            ok(b"5 ;a=b\r\nhello\r\n0\r\n\r\n").expect("BWS before ;"),
+            (true, b"hello".to_vec())
+        );
+        assert_eq!(
+            ok(b"5;a=\"q s\"\r\nhello\r\n0\r\n\r\n")
+                .expect("quoted ext")
+                .1,
+            b"hello".to_vec()
+        );
+        for bad in [
+            &b" 5\r\nhello\r\n0\r\n\r\n"[..],
+            b"5;a\nb\r\nhello\r\n0\r\n\r\n",
+            b"5\nhello\r\n0\r\n\r\n",
+            b"5 \r\nhello\r\n0\r\n\r\n",
+            b"5x\r\nhello\r\n0\r\n\r\n",
+            b"5;\x01\r\nhello\r\n0\r\n\r\n",
+            b"5\r\nhello\r\n0\r\nX: 1\n\r\n",
+            b"5\r\nhello\r\n0\r\nX: 1\rY\r\n\r\n",
+        ] {
+            assert_eq!(
+                ok(bad),
+                Err(ChunkError::Bad),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // A bare LF is refused as soon as it arrives.
+        let mut d = ChunkedDecoder::new();
+        assert_eq!(d.decode(b"5\n", &mut Vec::new(), 0), Err(ChunkError::Bad));
     }
 
     #[test]

@@ -162,8 +162,22 @@ impl<S: Transport> Conn<S> {
 
     /// Read a request head (server side), consuming its bytes.
     pub async fn read_request_head(&mut self) -> Result<RequestHead, HeadRead> {
+        self.read_head_with(http_parse::parse_request_head).await
+    }
+
+    /// Read a request head the router forwarded (the agent's side: the
+    /// router's own headers come on top of the client's limit).
+    pub async fn read_forwarded_request_head(&mut self) -> Result<RequestHead, HeadRead> {
+        self.read_head_with(http_parse::parse_forwarded_request_head)
+            .await
+    }
+
+    async fn read_head_with(
+        &mut self,
+        parse: fn(&[u8]) -> http_parse::RequestParse,
+    ) -> Result<RequestHead, HeadRead> {
         loop {
-            match http_parse::parse_request_head(&self.buf) {
+            match parse(&self.buf) {
                 Ok(Some((h, n))) => {
                     self.consume(n);
                     return Ok(h);
