@@ -135,31 +135,48 @@ fn agent_reconnects_after_router_restart() {
     let _a = start_agent(&dir, &r, port, "a.key", &[]);
     wait_agents(r.http, "back-model", 1);
     let (http, metrics, p2p) = (r.http, r.metrics, r.p2p);
-    drop(r);
-    std::thread::sleep(Duration::from_millis(300));
-    let h = format!("127.0.0.1:{http}");
-    let m = format!("127.0.0.1:{metrics}");
-    let p = p2p.to_string();
-    let _r2 = spawn(
-        "hivenet-router",
-        &[
-            "--shards",
-            "1",
-            "--http-port",
-            &h,
-            "--metrics-port",
-            &m,
-            "--p2p-port",
-            &p,
-        ],
-        &dir,
-        &[],
-    );
-    wait_until(
-        Duration::from_secs(20),
-        || healthy_agents(http, "back-model") == 1,
-        "re-registration after restart",
-    );
+    let mut current = r.proc;
+    // Four restarts in a row: each registration resets the agent's
+    // backoff, so it is back within a couple of seconds every time (it used
+    // to double: 0.5, 1, 2, 4 s and more).
+    for round in 0..4 {
+        drop(current);
+        std::thread::sleep(Duration::from_millis(300));
+        let h = format!("127.0.0.1:{http}");
+        let m = format!("127.0.0.1:{metrics}");
+        let p = p2p.to_string();
+        current = spawn(
+            "hivenet-router",
+            &[
+                "--shards",
+                "1",
+                "--http-port",
+                &h,
+                "--metrics-port",
+                &m,
+                "--p2p-port",
+                &p,
+            ],
+            &dir,
+            &[],
+        );
+        wait_until(
+            Duration::from_secs(20),
+            || get(http, "/health").map(|(s, _)| s == 200).unwrap_or(false),
+            "router back",
+        );
+        let t = std::time::Instant::now();
+        wait_until(
+            Duration::from_secs(20),
+            || healthy_agents(http, "back-model") == 1,
+            "re-registration after restart",
+        );
+        assert!(
+            t.elapsed() < Duration::from_millis(2500),
+            "restart {round}: the agent came back after {:?}",
+            t.elapsed()
+        );
+    }
 }
 
 #[test]

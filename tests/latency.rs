@@ -676,3 +676,20 @@ fn expired_history_reads_as_absent() {
     assert_eq!(t["universal"]["latency_state"], "UNKNOWN", "expired: {t}");
     assert_eq!(t["universal"]["successful_requests_total"], 0, "{t}");
 }
+
+/// The admin key may come without `Bearer` (documented compatibility with
+/// the Go router's clients); any other scheme or a wrong key is refused.
+#[test]
+fn admin_key_with_or_without_bearer() {
+    let dir = tmpdir("admin-bearer");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    for (header, want) in [
+        (format!("Authorization: Bearer {ADMIN_KEY}\r\n"), 200),
+        (format!("Authorization: {ADMIN_KEY}\r\n"), 200),
+        (format!("Authorization: Basic {ADMIN_KEY}\r\n"), 401),
+        ("Authorization: Bearer wrong\r\n".to_string(), 401),
+    ] {
+        let (st, _) = request_h(r.http, "GET", "/admin/health", b"", &header).expect("admin");
+        assert_eq!(st, want, "{header}");
+    }
+}

@@ -193,3 +193,37 @@ fn slow_preamble_and_stalled_handshake_are_cut() {
     assert!(log.contains("no preamble within"), "{log}");
     assert!(log.contains("handshake or registration timed out"), "{log}");
 }
+
+#[test]
+fn garbage_after_a_valid_preamble_is_cut_at_once_and_refusals_are_rate_logged() {
+    let dir = tmpdir("preamble-garbage");
+    let r = start_router(&dir, &["--shards", "1", "--handshake-timeout", "10s"], &[]);
+    // A valid preamble, then an HTTP request instead of a noise handshake.
+    let mut bytes = shards::logic::preamble::encode("some-model");
+    bytes.extend_from_slice(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    let t = std::time::Instant::now();
+    let resp = raw(r.p2p, &bytes, Duration::from_secs(12));
+    assert!(resp.is_empty());
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "cut after {:?}, not at the handshake timeout",
+        t.elapsed()
+    );
+    assert!(r.proc.log_text().contains("not a noise handshake"));
+    // 300 garbage preambles: one log line per second per reason, with a count.
+    for _ in 0..300 {
+        let _ = raw(r.p2p, b"GARBAGE!", Duration::from_millis(200));
+    }
+    wait_until(
+        Duration::from_secs(5),
+        || rejected(&r) >= 301.0,
+        "every refusal counted",
+    );
+    let lines = r
+        .proc
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("garbage preamble"))
+        .count();
+    assert!(lines <= 10, "{lines} log lines for 300 refusals");
+}

@@ -210,7 +210,7 @@ async fn warm_up(cfg: &AgentConfig, model: &str) {
 pub async fn run(cfg: AgentConfig) {
     let cfg = Rc::new(cfg);
     let peer_id = cfg.keypair.public().to_peer_id();
-    let mut backoff = Duration::from_millis(500);
+    let mut backoff = FIRST_BACKOFF;
     let max_backoff = Duration::from_secs(30);
     loop {
         wait_backend(&cfg).await;
@@ -218,13 +218,11 @@ pub async fn run(cfg: AgentConfig) {
         if cfg.warmup && cfg.capability == Capability::Llm {
             warm_up(&cfg, &model).await;
         }
-        let started = shards::runtime::clock::now();
-        match session(cfg.clone(), &model, peer_id.to_string()).await {
+        // A registration resets the backoff: a router that restarts several
+        // times in a row is rejoined at once each time.
+        match session(cfg.clone(), &model, peer_id.to_string(), &mut backoff).await {
             Ok(()) => info!("router link closed"),
             Err(e) => warn!("session ended: {e}"),
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            backoff = Duration::from_millis(500);
         }
         info!(retry_in = ?backoff, "reconnecting");
         monoio::time::sleep(backoff).await;
@@ -232,7 +230,15 @@ pub async fn run(cfg: AgentConfig) {
     }
 }
 
-async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(), String> {
+/// Backoff before the first reconnect after a registered session.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+
+async fn session(
+    cfg: Rc<AgentConfig>,
+    model: &str,
+    peer_id: String,
+    backoff: &mut Duration,
+) -> Result<(), String> {
     let (router_peer, conn) = monoio::time::timeout(
         Duration::from_secs(30),
         link::dial(cfg.router.addr, model, cfg.psk, &cfg.keypair),
@@ -287,6 +293,7 @@ async fn session(cfg: Rc<AgentConfig>, model: &str, peer_id: String) -> Result<(
     };
     let mut ctl = ctl_in.stream;
     info!(%router_peer, %model, %peer_id, "registered with the router");
+    *backoff = FIRST_BACKOFF;
     // Serve request streams.
     let server = {
         let cfg = cfg.clone();

@@ -24,6 +24,17 @@ pub enum PreambleError {
     BadModel,
 }
 
+impl PreambleError {
+    /// A short stable name of the reason (log rate limiting, metrics).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PreambleError::Garbage => "preamble_garbage",
+            PreambleError::TooLong(_) => "preamble_too_long",
+            PreambleError::BadModel => "preamble_bad_model",
+        }
+    }
+}
+
 impl std::fmt::Display for PreambleError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

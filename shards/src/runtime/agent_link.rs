@@ -31,19 +31,27 @@ pub async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream) {
             match preamble::decode(&conn.buf) {
                 Ok(Some(done)) => return Ok(done),
                 Ok(None) => {}
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err((e.kind(), e.to_string())),
             }
             match conn.fill().await {
-                Ok(0) => return Err("closed before a complete preamble".to_string()),
+                Ok(0) => {
+                    return Err((
+                        "preamble_closed",
+                        "closed before a complete preamble".into(),
+                    ))
+                }
                 Ok(_) => {}
-                Err(e) => return Err(format!("read error: {e}")),
+                Err(e) => return Err(("preamble_read", format!("read error: {e}"))),
             }
         }
     };
     let (model, used) = match monoio::time::timeout(timeout, read).await {
         Ok(Ok(v)) => v,
-        Ok(Err(reason)) => return refused(&shard, peer, "", &reason),
-        Err(_) => return refused(&shard, peer, "", &format!("no preamble within {timeout:?}")),
+        Ok(Err((kind, reason))) => return refused(&shard, peer, "", kind, &reason),
+        Err(_) => {
+            let why = format!("no preamble within {timeout:?}");
+            return refused(&shard, peer, "", "preamble_timeout", &why);
+        }
     };
     conn.consume(used);
     let owner = shard.router.reserve(&model);
@@ -69,14 +77,26 @@ pub async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream) {
     serve_link(shard, stream, buf, model).await;
 }
 
+/// Count a refused link and log it: at most one line per second per
+/// reason, with the number of refusals it stands for (a scan of the p2p
+/// port must not flood the log).
 fn refused(
     shard: &Shard,
     peer: Option<std::net::SocketAddr>,
     model: &str,
+    kind: &'static str,
     reason: &dyn std::fmt::Display,
 ) {
     inc(&shard.counters.links_rejected);
-    warn!(shard = shard.id, peer = ?peer, model, "agent link refused: {reason}");
+    let lines = shard
+        .refusal_log
+        .borrow_mut()
+        .entry(kind)
+        .or_default()
+        .hit(clock::now(), std::time::Duration::from_secs(1));
+    if let Some(n) = lines {
+        warn!(shard = shard.id, peer = ?peer, model, kind, refused = n, "agent link refused: {reason} ({n} refusal(s) of this kind since the previous line)");
+    }
 }
 
 /// Why an agent link is refused (logged and counted; the agent gets the
@@ -86,6 +106,9 @@ fn refused(
 pub enum Refusal {
     /// The private-network or noise handshake failed.
     Handshake(link::LinkError),
+    /// Without a private network, the bytes after the preamble do not
+    /// start a noise handshake (its first frame is 32 bytes).
+    NotNoise(u16),
     /// The link closed before opening its control stream.
     NoControlStream,
     /// The control stream did not negotiate our protocol.
@@ -116,10 +139,33 @@ pub enum Refusal {
     OwnedElsewhere(usize),
 }
 
+impl Refusal {
+    /// A short stable name of the reason (log rate limiting).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Refusal::Handshake(_) => "handshake",
+            Refusal::NotNoise(_) => "not_noise",
+            Refusal::NoControlStream => "no_control_stream",
+            Refusal::Negotiation(_) => "negotiation",
+            Refusal::Unreadable(_) => "unreadable_registration",
+            Refusal::ClosedBeforeRegistration => "closed_before_registration",
+            Refusal::NotARegistration(_) => "not_a_registration",
+            Refusal::PeerMismatch { .. } => "peer_mismatch",
+            Refusal::ModelMismatch { .. } => "model_mismatch",
+            Refusal::ZeroCapacity => "zero_capacity",
+            Refusal::OwnedElsewhere(_) => "owned_elsewhere",
+        }
+    }
+}
+
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Refusal::Handshake(e) => write!(f, "{e}"),
+            Refusal::NotNoise(n) => write!(
+                f,
+                "not a noise handshake after the preamble (first frame of {n} bytes)"
+            ),
             Refusal::NoControlStream => f.write_str("link closed before the control stream"),
             Refusal::Negotiation(e) => write!(f, "control stream negotiation: {e}"),
             Refusal::Unreadable(e) => write!(f, "registration: {e}"),
@@ -161,6 +207,7 @@ async fn handshake(
     prefix: Vec<u8>,
 ) -> Result<Setup, Refusal> {
     let router = &shard.router;
+    let (stream, prefix) = check_noise_start(stream, prefix, router.psk.is_some()).await?;
     let (peer, conn) = link::accept(stream, prefix, router.psk, &router.keypair)
         .await
         .map_err(Refusal::Handshake)?;
@@ -183,6 +230,40 @@ async fn handshake(
         ctl,
         first,
     })
+}
+
+/// Largest first noise frame accepted (libp2p-noise's initiator sends 32
+/// bytes: the ephemeral key, no payload).
+const MAX_FIRST_NOISE_FRAME: u16 = 1024;
+
+/// Without a private network, refuse at once a link whose bytes after the
+/// preamble cannot be a noise handshake, instead of waiting for the
+/// handshake timeout on a length field that garbage made huge. (With one,
+/// the key check fails as soon as 32 bytes arrive.)
+async fn check_noise_start(
+    stream: monoio::net::TcpStream,
+    prefix: Vec<u8>,
+    psk: bool,
+) -> Result<(monoio::net::TcpStream, Vec<u8>), Refusal> {
+    if psk {
+        return Ok((stream, prefix));
+    }
+    let mut conn = Conn::over(stream, prefix);
+    while conn.buf.len() < 2 {
+        match conn.fill().await {
+            Ok(0) => return Err(Refusal::ClosedBeforeRegistration),
+            Ok(_) => {}
+            Err(e) => return Err(Refusal::Handshake(link::LinkError::Io(e))),
+        }
+    }
+    let len = u16::from_be_bytes([
+        conn.buf.first().copied().unwrap_or(0),
+        conn.buf.get(1).copied().unwrap_or(0),
+    ]);
+    if len == 0 || len > MAX_FIRST_NOISE_FRAME {
+        return Err(Refusal::NotNoise(len));
+    }
+    Ok(conn.into_parts())
 }
 
 /// Check a registration against the link it came on.
@@ -235,7 +316,7 @@ pub async fn serve_link(
             Ok(Ok(s)) => s,
             Ok(Err(reason)) => {
                 shard.router.release(&model);
-                return refused(&shard, peer_addr, &model, &reason);
+                return refused(&shard, peer_addr, &model, reason.kind(), &reason);
             }
             Err(_) => {
                 shard.router.release(&model);
@@ -243,7 +324,7 @@ pub async fn serve_link(
                     "handshake or registration timed out after {:?}",
                     cfg.handshake_timeout
                 );
-                return refused(&shard, peer_addr, &model, &why);
+                return refused(&shard, peer_addr, &model, "handshake_timeout", &why);
             }
         };
     let Setup {
@@ -388,8 +469,7 @@ fn leave(shard: &Shard, agent: &Rc<Agent>) {
 }
 
 async fn reject(shard: &Shard, ctl: &mut Conn<LinkStream>, model: &str, reason: Refusal) {
-    inc(&shard.counters.links_rejected);
-    warn!(shard = shard.id, %model, "agent registration refused: {reason}");
+    refused(shard, None, model, reason.kind(), &reason);
     let reason = reason.to_string();
     let _ = monoio::time::timeout(
         std::time::Duration::from_secs(1),

@@ -26,6 +26,7 @@ use super::views::{AgentView, ShardSnapshot};
 use crate::logic::control::Registration;
 use crate::logic::directory::Directory;
 use crate::logic::history::History;
+use crate::logic::log_gate::LogGate;
 use crate::logic::policy::Policy;
 use crate::logic::policy_set::PolicySet;
 
@@ -59,6 +60,8 @@ pub struct Shard {
     pub models: RefCell<HashMap<String, ModelState>>,
     /// Counters.
     pub counters: Counters,
+    /// Link refusals logged at most once a second per reason.
+    pub refusal_log: RefCell<HashMap<&'static str, LogGate>>,
     next_agent: Cell<u64>,
     directory: Cached<Directory>,
     policies: Cached<PolicySet>,
@@ -85,6 +88,7 @@ impl Shard {
             router,
             models: RefCell::new(HashMap::new()),
             counters: Counters::default(),
+            refusal_log: RefCell::new(HashMap::new()),
             next_agent: Cell::new(1),
             directory: Cached::default(),
             policies: Cached::default(),
