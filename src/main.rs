@@ -327,8 +327,7 @@ fn run(startup: Startup) -> Result<(), String> {
         warn!("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN=true: admin routes are open without a key");
     }
     let storage_errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let (store_tx, store_thread) = hivenet_router::store::start(store_cfg, storage_errors.clone())
-        .map_err(|e| format!("cannot start the store thread: {e}"))?;
+    let (store_tx, store_thread) = hivenet_router::store::start(store_cfg, storage_errors.clone())?;
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded()).unzip();
     let shared = Arc::new(Router {
         cfg: cfg.clone(),

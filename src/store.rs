@@ -41,21 +41,56 @@ struct Open {
     ks: Keyspace,
 }
 
-fn try_open(path: &Path) -> Result<Open, String> {
-    let db = Database::builder(path).open().map_err(|e| e.to_string())?;
+/// Why the store could not be opened.
+enum OpenError {
+    /// Another process holds the store's lock: never touch its files.
+    Locked,
+    /// Anything else (corruption and the like).
+    Other(String),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Locked => f.write_str("locked by another process"),
+            OpenError::Other(e) => f.write_str(e),
+        }
+    }
+}
+
+fn try_open(path: &Path) -> Result<Open, OpenError> {
+    let db = Database::builder(path).open().map_err(|e| match e {
+        fjall::Error::Locked => OpenError::Locked,
+        other => OpenError::Other(other.to_string()),
+    })?;
+    let db_err = |e: fjall::Error| OpenError::Other(e.to_string());
     let ks = db
         .keyspace(KEYSPACE, KeyspaceCreateOptions::default)
-        .map_err(|e| e.to_string())?;
+        .map_err(db_err)?;
     // Read every record once: a store whose data cannot be read is treated
     // as corrupt now rather than failing later on the request path's side.
     for kv in ks.iter() {
-        kv.into_inner().map_err(|e| e.to_string())?;
+        kv.into_inner().map_err(db_err)?;
     }
     Ok(Open { db, ks })
 }
 
-fn open(cfg: &StoreConfig, errors: &AtomicU64) -> Option<Open> {
+fn in_use(path: &Path) -> String {
+    format!(
+        "the history store {} is in use by another process (another hivenet-router?); stop it or give this one its own --disk-db-path",
+        path.display()
+    )
+}
+
+/// Open the store: `Err` only when another process holds it (the caller
+/// stops; its files are never touched); a corrupt store is moved aside and
+/// a fresh one made; `Ok(None)`: no persistence at all.
+fn open(cfg: &StoreConfig, errors: &AtomicU64) -> Result<Option<Open>, String> {
     if cfg.reset && cfg.path.exists() {
+        // Never empty a store another router is using.
+        if let Err(OpenError::Locked) = try_open(&cfg.path) {
+            return Err(in_use(&cfg.path));
+        }
         match std::fs::remove_dir_all(&cfg.path) {
             Ok(()) => info!(path = %cfg.path.display(), "--reset-disk-db: store emptied"),
             Err(e) => {
@@ -64,7 +99,8 @@ fn open(cfg: &StoreConfig, errors: &AtomicU64) -> Option<Open> {
         }
     }
     match try_open(&cfg.path) {
-        Ok(o) => return Some(o),
+        Ok(o) => return Ok(Some(o)),
+        Err(OpenError::Locked) => return Err(in_use(&cfg.path)),
         Err(e) => {
             let aside = PathBuf::from(format!(
                 "{}.corrupt-{}",
@@ -82,11 +118,12 @@ fn open(cfg: &StoreConfig, errors: &AtomicU64) -> Option<Open> {
         }
     }
     match try_open(&cfg.path) {
-        Ok(o) => Some(o),
+        Ok(o) => Ok(Some(o)),
+        Err(OpenError::Locked) => Err(in_use(&cfg.path)),
         Err(e) => {
             error!(path = %cfg.path.display(), "cannot create a fresh store ({e}); running WITHOUT persistence");
             errors.fetch_add(1, Ordering::Relaxed);
-            None
+            Ok(None)
         }
     }
 }
@@ -122,23 +159,29 @@ fn sweep(o: &Open, ttl_days: u64, errors: &AtomicU64) {
     }
 }
 
-/// Start the store thread; returns its sender and join handle.
+/// Open the store (on the calling thread, so a store held by another
+/// process stops start-up with a clear error), then start the store
+/// thread; returns its sender and join handle.
 pub fn start(
     cfg: StoreConfig,
     errors: Arc<AtomicU64>,
-) -> std::io::Result<(
-    std::sync::mpsc::Sender<StoreMsg>,
-    std::thread::JoinHandle<()>,
-)> {
+) -> Result<
+    (
+        std::sync::mpsc::Sender<StoreMsg>,
+        std::thread::JoinHandle<()>,
+    ),
+    String,
+> {
+    let store = open(&cfg, &errors)?;
     let (tx, rx) = std::sync::mpsc::channel();
     let h = std::thread::Builder::new()
         .name("store".into())
-        .spawn(move || run(cfg, rx, errors))?;
+        .spawn(move || run(cfg, store, rx, errors))
+        .map_err(|e| format!("cannot start the store thread: {e}"))?;
     Ok((tx, h))
 }
 
-fn run(cfg: StoreConfig, rx: Receiver<StoreMsg>, errors: Arc<AtomicU64>) {
-    let store = open(&cfg, &errors);
+fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Arc<AtomicU64>) {
     if let Some(o) = &store {
         sweep(o, cfg.ttl_days, &errors);
         info!(path = %cfg.path.display(), records = o.ks.iter().count(), ttl_days = cfg.ttl_days, "history store open");

@@ -693,3 +693,56 @@ fn admin_key_with_or_without_bearer() {
         assert_eq!(st, want, "{header}");
     }
 }
+
+/// A second router on the same `--disk-db-path` stops with a clear error
+/// naming the path and touches nothing; the first keeps its store.
+#[test]
+fn a_store_in_use_stops_a_second_router() {
+    let dir = tmpdir("store-in-use");
+    let ports = (free_port(), free_port(), free_port());
+    let mut first = router_on(&dir, ports, &[]);
+    let (_s, port) = start_sim(&dir, "use-model", &[]);
+    let mut a = agent_to(&dir, ports.2, port, "use.key", &["--machine", "u"]);
+    wait_agents(ports.0, "use-model", 1);
+    chat(ports.0, "use-model", false, 2);
+    for extra in [&[][..], &["--reset-disk-db"][..]] {
+        let out = Command::new(bin("hivenet-router"))
+            .args([
+                "--http-port",
+                &format!("127.0.0.1:{}", free_port()),
+                "--metrics-port",
+                &format!("127.0.0.1:{}", free_port()),
+                "--p2p-port",
+                &free_port().to_string(),
+            ])
+            .args(extra)
+            .current_dir(&dir)
+            .env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
+            .output()
+            .expect("second router");
+        assert_eq!(out.status.code(), Some(1), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("in use by another process") && err.contains("hivenet-data"),
+            "{extra:?}: {err}"
+        );
+    }
+    let moved: Vec<_> = std::fs::read_dir(&dir)
+        .expect("dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("corrupt"))
+        .collect();
+    assert!(moved.is_empty(), "nothing moved aside: {moved:?}");
+    // The first router still has its store: its history survives a restart.
+    assert!(srtt(&by_machine(ports.0, "u")).is_some());
+    a.kill9();
+    sigterm(&mut first);
+    let _again = router_on(&dir, ports, &[]);
+    let _a = agent_to(&dir, ports.2, port, "use.key", &["--machine", "u"]);
+    wait_agents(ports.0, "use-model", 1);
+    assert_eq!(
+        by_machine(ports.0, "u")["universal"]["latency_state"],
+        "KNOWN",
+        "history kept"
+    );
+}
