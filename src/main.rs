@@ -46,6 +46,9 @@ struct Flags {
     /// router-side request deadline to the agent's response head (default 60s; env HIVENET_ROUTER_REQUEST_TIMEOUT)
     #[argh(option)]
     request_timeout: Option<String>,
+    /// cut a relayed response after this long without a byte from the agent, with an error event for streams (default 30s)
+    #[argh(option, default = "String::from(\"30s\")")]
+    stream_idle_timeout: String,
     /// remove an agent whose control stream stays silent this long, closing its link (default 30s)
     #[argh(option, default = "String::from(\"30s\")")]
     remove_after: String,
@@ -161,6 +164,10 @@ fn build() -> Result<Startup, String> {
     cfg.heartbeat_interval = cli::parse_duration("--heartbeat-interval", &f.heartbeat_interval)?;
     if cfg.heartbeat_interval.is_zero() {
         return Err("--heartbeat-interval must be greater than 0".into());
+    }
+    cfg.stream_idle_timeout = cli::parse_duration("--stream-idle-timeout", &f.stream_idle_timeout)?;
+    if cfg.stream_idle_timeout.is_zero() {
+        return Err("--stream-idle-timeout must be greater than 0".into());
     }
     cfg.remove_after = cli::parse_duration("--remove-after", &f.remove_after)?;
     if cfg.remove_after.is_zero() {

@@ -98,12 +98,14 @@ def test_agent_killed_mid_stream_raises(fleet, driver):
     peer1 = re.search(r"peer_id=(12D3KooW\w+)", log1).group(1)
     victim = a1 if peer1 in busy[0] else a2
     victim.kill()
-    # A cut stream surfaces as the transport's error (httpx/httpx2 under the
-    # SDK: an incomplete chunked body) or the SDK's connection error, never as a
-    # clean end or an unrelated exception.
-    with pytest.raises((http_lib.TransportError, openai.APIConnectionError)):
+    # A cut stream surfaces as the router's SSE error event (the SDK raises
+    # APIError with its message), or as the transport's error (httpx/httpx2
+    # under the SDK: an incomplete chunked body); never as a clean end.
+    with pytest.raises((http_lib.TransportError, openai.APIError)) as cut:
         for _ in it:
             pass
+    if isinstance(cut.value, openai.APIError) and not isinstance(cut.value, openai.APIConnectionError):
+        assert "stream cut" in str(cut.value), cut.value
     from conftest import wait_until
     wait_until(lambda: fleet.healthy("kill-model") == 1, "agent removal", limit=1)
     active = sum(float(l.rsplit(" ", 1)[1]) for l in fleet.metrics_text().splitlines()

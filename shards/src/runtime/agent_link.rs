@@ -410,7 +410,10 @@ async fn heartbeats(shard: &Shard, agent: &Agent, ctl: &mut Conn<LinkStream>) {
             }
             Err(_) if last_frame.elapsed() >= miss => {
                 if agent.live.get() {
-                    warn!(peer_id = %agent.reg.peer_id, "3 heartbeats missed: agent unhealthy");
+                    // Declared dead: its in-flight responses are cut now
+                    // rather than left hanging until they time out.
+                    let cut = agent.cut_streams();
+                    warn!(peer_id = %agent.reg.peer_id, cut_responses = cut, "3 heartbeats missed: agent unhealthy");
                     agent.agent_failures.set(agent.agent_failures.get() + 1);
                 }
                 agent.live.set(false);

@@ -305,8 +305,12 @@ async fn attempt(
             sample,
         );
     }
-    let idle = shard.router.cfg.request_timeout;
-    let relayed = exchange::relay(conn, head.upstream, &head.head, p.head.keep_alive, idle).await;
+    let up = exchange::Upstream {
+        conn: head.upstream,
+        idle: shard.router.cfg.stream_idle_timeout,
+        cut: agent.cut_signal(),
+    };
+    let relayed = exchange::relay(conn, up, &head.head, p.head.keep_alive).await;
     let outcome = match relayed {
         RelayEnd::Done(tokens) => Outcome::Served {
             status: head.head.status,

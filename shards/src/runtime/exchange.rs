@@ -14,6 +14,7 @@ use super::clock::{self, Instant};
 use super::conn::Conn;
 use super::link::{LinkHandle, LinkStream, HTTP_PROTOCOL};
 use super::respond;
+use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::failure::{Failure, Side, Stage};
 use crate::logic::http_parse::{BodyFraming, ChunkedDecoder, ResponseHead};
 use crate::logic::http_write::{self, OutFraming};
@@ -110,35 +111,48 @@ pub enum RelayEnd {
     ClientGone,
 }
 
-/// One read from the agent's stream, bounded by an idle timeout so a hung
-/// agent cannot hold a client (and a slot) forever.
-async fn fill_idle(up: &mut Conn<LinkStream>, idle: std::time::Duration) -> io::Result<usize> {
-    match monoio::time::timeout(idle, up.fill()).await {
-        Ok(r) => r,
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("agent stream idle for {idle:?}"),
-        )),
-    }
+/// The agent's side of a relay: the stream, the idle bound between its
+/// bytes (`--stream-idle-timeout`) and the signal that cuts it when the
+/// agent is declared dead.
+pub struct Upstream {
+    /// The stream, with what was read past the head.
+    pub conn: Conn<LinkStream>,
+    /// Longest silence allowed between bytes.
+    pub idle: std::time::Duration,
+    /// Fires when the agent's responses must be cut.
+    pub cut: futures::channel::oneshot::Receiver<()>,
 }
 
-/// More of a body whose end is known: EOF or a stall is a failure.
-async fn more_body(up: &mut Conn<LinkStream>, idle: std::time::Duration) -> Result<(), RelayEnd> {
-    match fill_idle(up, idle).await {
-        Ok(0) => Err(RelayEnd::UpstreamFailed("agent closed mid-body".into())),
-        Ok(_) => Ok(()),
-        Err(e) => Err(RelayEnd::UpstreamFailed(e.to_string())),
+impl Upstream {
+    /// One read, bounded by the idle timeout and the cut signal, so a hung
+    /// or frozen agent cannot hold a client (and a slot) for long.
+    async fn fill(&mut self) -> Result<usize, String> {
+        use futures::future::{select, Either};
+        let idle = self.idle;
+        let read = monoio::time::timeout(idle, self.conn.fill());
+        futures::pin_mut!(read);
+        match select(read, &mut self.cut).await {
+            Either::Left((Ok(Ok(n)), _)) => Ok(n),
+            Either::Left((Ok(Err(e)), _)) => Err(e.to_string()),
+            Either::Left((Err(_), _)) => Err(format!(
+                "no byte from the agent for {idle:?} (--stream-idle-timeout)"
+            )),
+            Either::Right(_) => Err("the agent stopped heartbeating and was declared dead".into()),
+        }
+    }
+
+    /// More of a body whose end is known: EOF, a stall or a cut fails it.
+    async fn more_body(&mut self) -> Result<(), RelayEnd> {
+        match self.fill().await {
+            Ok(0) => Err(RelayEnd::UpstreamFailed("agent closed mid-body".into())),
+            Ok(_) => Ok(()),
+            Err(e) => Err(RelayEnd::UpstreamFailed(e)),
+        }
     }
 }
 
 /// Relay the body after `head` to the client.
-pub async fn relay(
-    client: &mut Conn,
-    up: Conn<LinkStream>,
-    head: &ResponseHead,
-    keep: bool,
-    idle: std::time::Duration,
-) -> RelayEnd {
+pub async fn relay(client: &mut Conn, up: Upstream, head: &ResponseHead, keep: bool) -> RelayEnd {
     match head.framing {
         BodyFraming::None => {
             let mut out = Vec::with_capacity(512);
@@ -155,12 +169,12 @@ pub async fn relay(
             }
         }
         BodyFraming::Length(n) => match usize::try_from(n) {
-            Ok(n) if n > BUFFERED_BODY => relay_large(client, up, head, n, keep, idle).await,
-            Ok(n) => relay_buffered(client, up, head, n, keep, idle).await,
+            Ok(n) if n > BUFFERED_BODY => relay_large(client, up, head, n, keep).await,
+            Ok(n) => relay_buffered(client, up, head, n, keep).await,
             Err(_) => RelayEnd::UpstreamFailed("response too large".into()),
         },
         BodyFraming::Chunked | BodyFraming::UntilClose => {
-            relay_chunks(client, up, head, keep, idle).await
+            relay_chunks(client, up, head, keep).await
         }
     }
 }
@@ -168,18 +182,17 @@ pub async fn relay(
 /// A body up to [`BUFFERED_BODY`]: read whole, usage parsed, one write.
 async fn relay_buffered(
     client: &mut Conn,
-    mut up: Conn<LinkStream>,
+    mut up: Upstream,
     head: &ResponseHead,
     n: usize,
     keep: bool,
-    idle: std::time::Duration,
 ) -> RelayEnd {
-    while up.buf.len() < n {
-        if let Err(end) = more_body(&mut up, idle).await {
+    while up.conn.buf.len() < n {
+        if let Err(end) = up.more_body().await {
             return end;
         }
     }
-    let body = up.buf.get(..n).unwrap_or(&[]);
+    let body = up.conn.buf.get(..n).unwrap_or(&[]);
     let tokens = usage::from_body(body);
     let mut out = Vec::with_capacity(512 + n);
     respond::relayed_head(
@@ -200,11 +213,10 @@ async fn relay_buffered(
 /// cannot make the router hold gigabytes.
 async fn relay_large(
     client: &mut Conn,
-    mut up: Conn<LinkStream>,
+    mut up: Upstream,
     head: &ResponseHead,
     n: usize,
     keep: bool,
-    idle: std::time::Duration,
 ) -> RelayEnd {
     let mut out = Vec::with_capacity(512);
     respond::relayed_head(
@@ -216,7 +228,7 @@ async fn relay_large(
     );
     let mut left = n;
     loop {
-        let mut piece = std::mem::take(&mut up.buf);
+        let mut piece = std::mem::take(&mut up.conn.buf);
         piece.truncate(left);
         left -= piece.len();
         out.extend_from_slice(&piece);
@@ -226,7 +238,7 @@ async fn relay_large(
         if left == 0 {
             return RelayEnd::Done(None);
         }
-        if let Err(end) = more_body(&mut up, idle).await {
+        if let Err(end) = up.more_body().await {
             return end;
         }
     }
@@ -236,10 +248,9 @@ async fn relay_large(
 /// chunk per read); SSE usage is metered on the way.
 async fn relay_chunks(
     client: &mut Conn,
-    mut up: Conn<LinkStream>,
+    mut up: Upstream,
     head: &ResponseHead,
     keep: bool,
-    idle: std::time::Duration,
 ) -> RelayEnd {
     let sse = head.is_event_stream();
     let until_close = head.framing == BodyFraming::UntilClose;
@@ -256,10 +267,10 @@ async fn relay_chunks(
     let mut payload = Vec::with_capacity(16 * 1024);
     loop {
         if until_close {
-            payload.append(&mut up.buf);
+            payload.append(&mut up.conn.buf);
         } else {
-            match dec.decode(&up.buf, &mut payload, 0) {
-                Ok(used) => up.consume(used),
+            match dec.decode(&up.conn.buf, &mut payload, 0) {
+                Ok(used) => up.conn.consume(used),
                 Err(e) => {
                     return RelayEnd::UpstreamFailed(format!("bad chunked body from agent: {e}"))
                 }
@@ -283,17 +294,26 @@ async fn relay_chunks(
         if finished {
             return RelayEnd::Done(meter.seen.then_some(meter.tokens));
         }
-        match fill_idle(&mut up, idle).await {
+        let fail = match up.fill().await {
             Ok(0) if until_close => {
                 let _ = client.write_all(http_write::LAST_CHUNK.to_vec()).await;
                 return RelayEnd::Done(meter.seen.then_some(meter.tokens));
             }
-            Ok(0) => {
-                return RelayEnd::UpstreamFailed("agent stream ended before the last chunk".into())
-            }
-            Ok(_) => {}
-            Err(e) => return RelayEnd::UpstreamFailed(e.to_string()),
+            Ok(0) => "agent stream ended before the last chunk".to_string(),
+            Ok(_) => continue,
+            Err(e) => e,
+        };
+        if sse {
+            // Tell the client why before cutting (never a clean end).
+            let err = ApiError::new(ErrorCode::BackendError, format!("stream cut: {fail}"));
+            let mut event = b"event: error\ndata: ".to_vec();
+            event.extend_from_slice(&err.body());
+            event.extend_from_slice(b"\n\n");
+            let mut chunk = Vec::with_capacity(event.len() + 16);
+            http_write::write_chunk(&mut chunk, &event);
+            let _ = client.write_all(chunk).await;
         }
+        return RelayEnd::UpstreamFailed(fail);
     }
 }
 

@@ -42,6 +42,9 @@ pub struct RouterConfig {
     pub handshake_timeout: Duration,
     /// Period of the history flush to the store.
     pub flush_interval: Duration,
+    /// Longest silence between bytes of a response being relayed
+    /// (`--stream-idle-timeout`): then it is cut with an error event.
+    pub stream_idle_timeout: Duration,
     /// An agent whose control stream stays silent this long is removed
     /// and its link closed (`--remove-after`).
     pub remove_after: Duration,
@@ -65,6 +68,7 @@ impl Default for RouterConfig {
             preamble_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(10),
             flush_interval: Duration::from_secs(30),
+            stream_idle_timeout: Duration::from_secs(30),
             remove_after: Duration::from_secs(30),
             max_tries_per_step: 3,
             queue_depth: 30,

@@ -58,6 +58,9 @@ pub struct Agent {
     /// the warm-start lookup failed, so a stored history we could not read
     /// is never overwritten with a fresh one.
     pub persist: bool,
+    /// One signal per relayed response: fired to cut them all at once when
+    /// the agent is declared dead.
+    cut: RefCell<Vec<futures::channel::oneshot::Sender<()>>>,
 }
 
 // === impl Agent ===
@@ -99,7 +102,32 @@ impl Agent {
             signals: Cell::new(EngineSignals::default()),
             hardware: Cell::new(HardwareSignals::default()),
             persist,
+            cut: RefCell::new(Vec::new()),
         }
+    }
+
+    /// A signal that fires when this agent's in-flight responses must be
+    /// cut (finished relays' signals are pruned here).
+    pub fn cut_signal(&self) -> futures::channel::oneshot::Receiver<()> {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        let mut v = self.cut.borrow_mut();
+        v.retain(|s| !s.is_canceled());
+        v.push(tx);
+        rx
+    }
+
+    /// Cut every in-flight response (the agent stopped heartbeating: a
+    /// frozen agent must not hold its clients until the request timeout).
+    /// Returns how many were cut.
+    pub fn cut_streams(&self) -> usize {
+        let all = std::mem::take(&mut *self.cut.borrow_mut());
+        let mut n = 0;
+        for tx in all {
+            if tx.send(()).is_ok() {
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Record one latency sample (ms) and log the update.
