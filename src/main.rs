@@ -46,6 +46,12 @@ struct Flags {
     /// router-side request deadline to the agent's response head (default 60s; env HIVENET_ROUTER_REQUEST_TIMEOUT)
     #[argh(option)]
     request_timeout: Option<String>,
+    /// most client connections open at once; beyond it a connection gets 503 with Retry-After (default 4096; 0 disables)
+    #[argh(option, default = "4096")]
+    max_client_connections: usize,
+    /// most request-body bytes buffered at once, all connections together; beyond it a request gets 503 with Retry-After (default 268435456; 0 disables)
+    #[argh(option, default = "268435456")]
+    max_buffered_body_bytes: u64,
     /// cut a relayed response after this long without a byte from the agent, with an error event for streams (default 30s)
     #[argh(option, default = "String::from(\"30s\")")]
     stream_idle_timeout: String,
@@ -165,6 +171,8 @@ fn build() -> Result<Startup, String> {
     if cfg.heartbeat_interval.is_zero() {
         return Err("--heartbeat-interval must be greater than 0".into());
     }
+    cfg.max_client_connections = f.max_client_connections;
+    cfg.max_buffered_body_bytes = f.max_buffered_body_bytes;
     cfg.stream_idle_timeout = cli::parse_duration("--stream-idle-timeout", &f.stream_idle_timeout)?;
     if cfg.stream_idle_timeout.is_zero() {
         return Err("--stream-idle-timeout must be greater than 0".into());
@@ -343,6 +351,10 @@ fn run(startup: Startup) -> Result<(), String> {
         keypair: keypair.clone(),
         psk,
         store: Some(store_tx.clone()),
+        budget: shards::runtime::budget::Budget::new(
+            cfg.max_buffered_body_bytes,
+            cfg.max_client_connections,
+        ),
         storage_errors,
         admin_keys,
         insecure_admin,

@@ -72,8 +72,14 @@ pub async fn serve(shard: &Rc<Shard>, conn: &mut Conn, head: &RequestHead, path:
         let keep = keep && head.framing == crate::logic::http_parse::BodyFraming::None;
         return respond::send_error_with(conn, &err, keep, www).await;
     }
+    let mut permit = shard.router.budget.body();
     let body = match conn
-        .read_request_body(head.framing, ADMIN_BODY, shard.router.cfg.body_timeout)
+        .read_request_body(
+            head.framing,
+            ADMIN_BODY,
+            shard.router.cfg.body_timeout,
+            &mut permit,
+        )
         .await
     {
         Ok(b) => b,

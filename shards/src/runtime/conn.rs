@@ -14,6 +14,7 @@ use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
+use super::budget::BodyPermit;
 use super::link::LinkStream;
 use crate::logic::control::{self, ControlMsg};
 use crate::logic::errors::{ApiError, ErrorCode};
@@ -79,6 +80,8 @@ pub enum BodyError {
     Bad(String),
     /// The peer closed or the read failed before the end.
     Closed(io::Error),
+    /// The router-wide body budget cannot take it now.
+    OverBudget,
 }
 
 impl From<BodyError> for io::Error {
@@ -87,8 +90,17 @@ impl From<BodyError> for io::Error {
             BodyError::TooLarge => io::Error::new(io::ErrorKind::InvalidData, "body too large"),
             BodyError::Bad(why) => io::Error::new(io::ErrorKind::InvalidData, why),
             BodyError::Closed(e) => e,
+            BodyError::OverBudget => io::Error::new(io::ErrorKind::OutOfMemory, "body budget"),
         }
     }
+}
+
+/// 503 for a body the router-wide budget cannot take now.
+pub fn over_budget() -> ApiError {
+    ApiError::new(
+        ErrorCode::NoCapacity,
+        "the router is buffering too many request bodies; retry shortly",
+    )
 }
 
 /// Read chunk reserved before each read.
@@ -139,8 +151,9 @@ impl<S: Transport> Conn<S> {
             rbuf.reserve(READ_RESERVE);
         }
         let (res, rbuf) = self.stream.read_owned(rbuf).await;
-        if self.buf.is_empty() {
-            // Common case: swap instead of copying.
+        if self.buf.is_empty() && self.buf.capacity() <= rbuf.capacity() {
+            // Common case: swap instead of copying (not when `buf` was
+            // sized for a whole body: that room stays where it is needed).
             self.rbuf = std::mem::replace(&mut self.buf, rbuf);
         } else {
             self.buf.extend_from_slice(&rbuf);
@@ -241,13 +254,20 @@ impl<S: Transport> Conn<S> {
         framing: BodyFraming,
         limit: u64,
         deadline: std::time::Duration,
+        permit: &mut BodyPermit,
     ) -> Result<Vec<u8>, Option<ApiError>> {
         if framing == BodyFraming::UntilClose {
             let e = ApiError::new(ErrorCode::RequestInvalid, "failed to read request body");
             return Err(Some(e));
         }
-        match monoio::time::timeout(deadline, self.read_body_checked(framing, limit)).await {
+        match monoio::time::timeout(
+            deadline,
+            self.read_body_within(framing, limit, Some(permit)),
+        )
+        .await
+        {
             Ok(Ok(b)) => Ok(b),
+            Ok(Err(BodyError::OverBudget)) => Err(Some(over_budget())),
             Ok(Err(BodyError::TooLarge)) => Err(Some(ApiError::body_too_large(limit))),
             Ok(Err(BodyError::Bad(_))) => Err(Some(ApiError::new(
                 ErrorCode::RequestInvalid,
@@ -268,12 +288,22 @@ impl<S: Transport> Conn<S> {
             .map_err(io::Error::from)
     }
 
-    /// [`Conn::read_body`] with the reason kept apart (the ingress answers
-    /// 413, 400 or nothing from it).
+    /// [`Conn::read_body`] with the reason kept apart.
     pub async fn read_body_checked(
         &mut self,
         framing: BodyFraming,
         limit: u64,
+    ) -> Result<Vec<u8>, BodyError> {
+        self.read_body_within(framing, limit, None).await
+    }
+
+    /// Read a body, holding its bytes under `permit` (grown before a
+    /// declared length is read, and as a chunked body grows).
+    async fn read_body_within(
+        &mut self,
+        framing: BodyFraming,
+        limit: u64,
+        mut permit: Option<&mut BodyPermit>,
     ) -> Result<Vec<u8>, BodyError> {
         let closed = |what: &str| {
             BodyError::Closed(io::Error::new(
@@ -287,7 +317,14 @@ impl<S: Transport> Conn<S> {
                 if limit > 0 && n > limit {
                     return Err(BodyError::TooLarge);
                 }
+                if let Some(p) = permit.as_deref_mut() {
+                    if !p.grow_to(n) {
+                        return Err(BodyError::OverBudget);
+                    }
+                }
                 let n = usize::try_from(n).map_err(|_| BodyError::TooLarge)?;
+                // Exactly the declared size: no doubling past the budget.
+                self.buf.reserve_exact(n.saturating_sub(self.buf.len()));
                 while self.buf.len() < n {
                     match self.fill().await {
                         Ok(0) => return Err(closed("body truncated")),
@@ -307,6 +344,12 @@ impl<S: Transport> Conn<S> {
                         Ok(used) => self.consume(used),
                         Err(ChunkError::TooLarge) => return Err(BodyError::TooLarge),
                         Err(e) => return Err(BodyError::Bad(e.to_string())),
+                    }
+                    if let Some(p) = permit.as_deref_mut() {
+                        // What is buffered, decoded or not, counts.
+                        if !p.grow_to((out.len() + self.buf.len()) as u64) {
+                            return Err(BodyError::OverBudget);
+                        }
                     }
                     if dec.is_done() {
                         return Ok(out);

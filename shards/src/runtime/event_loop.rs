@@ -59,6 +59,21 @@ where
     });
 }
 
+/// Over `--max-client-connections`: answer 503 with `Retry-After` and
+/// close, without reading anything.
+async fn refuse_connection(mut conn: Conn) {
+    conn.request_id = super::respond::new_request_id();
+    let err = crate::logic::errors::ApiError::new(
+        crate::logic::errors::ErrorCode::NoCapacity,
+        "the router has too many client connections; retry shortly",
+    );
+    let _ = monoio::time::timeout(
+        std::time::Duration::from_secs(1),
+        super::respond::send_error_with(&mut conn, &err, false, &[("Retry-After", b"1")]),
+    )
+    .await;
+}
+
 /// Run a shard until its mesh channel closes.
 pub async fn run(
     id: usize,
@@ -67,8 +82,12 @@ pub async fn run(
     mut rx: UnboundedReceiver<ShardMsg>,
 ) {
     let shard = Rc::new(Shard::new(id, router));
-    accept_loop(&shard, "HTTP", listeners.http, |shard, s| {
-        super::ingress::serve(shard, Conn::new(s, Vec::new()), None)
+    accept_loop(&shard, "HTTP", listeners.http, |shard, s| async move {
+        let conn = Conn::new(s, Vec::new());
+        match shard.router.budget.connection() {
+            Some(permit) => super::ingress::serve(shard, conn, None, permit).await,
+            None => refuse_connection(conn).await,
+        }
     });
     accept_loop(&shard, "metrics", listeners.metrics, |shard, s| {
         super::metrics::serve(shard, Conn::new(s, Vec::new()))
@@ -109,6 +128,7 @@ fn on_message(shard: &Rc<Shard>, msg: ShardMsg) {
                     shard.clone(),
                     Conn::new(s, h.buf),
                     Some(h.pending),
+                    h.permit,
                 ));
             }
             Err(e) => warn!(shard = shard.id, "cannot adopt client connection: {e}"),

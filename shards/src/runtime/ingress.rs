@@ -7,6 +7,7 @@
 
 use std::rc::Rc;
 
+use super::budget::ConnPermit;
 use super::clock;
 use super::conn::{Conn, HeadRead};
 use super::dispatch;
@@ -42,8 +43,14 @@ impl From<bool> for Next {
     }
 }
 
-/// Serve one client connection; `first` is a request handed over by another shard.
-pub async fn serve(shard: Rc<Shard>, mut conn: Conn, first: Option<Box<PendingRequest>>) {
+/// Serve one client connection; `first` is a request handed over by
+/// another shard; `permit` is the connection's place under the cap.
+pub async fn serve(
+    shard: Rc<Shard>,
+    mut conn: Conn,
+    first: Option<Box<PendingRequest>>,
+    permit: ConnPermit,
+) {
     if let Some(p) = first {
         conn.request_id = p.request_id.clone();
         if !dispatch::serve_inference(&shard, &mut conn, *p).await {
@@ -80,7 +87,7 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn, first: Option<Box<PendingRe
             Next::KeepAlive => {}
             Next::Close => return,
             Next::HandOff(pending, owner) => {
-                hand_off(&shard, conn, pending, owner);
+                hand_off(&shard, conn, pending, owner, permit);
                 return;
             }
         }
@@ -176,14 +183,19 @@ async fn read_inference(
     {
         return Next::Close;
     }
-    let body = match conn
-        .read_request_body(head.framing, limit, cfg.body_timeout)
-        .await
-    {
+    let mut body_permit = shard.router.budget.body();
+    let read = conn.read_request_body(head.framing, limit, cfg.body_timeout, &mut body_permit);
+    let body = match read.await {
         Ok(b) => b,
         Err(None) => return Next::Close,
         Err(Some(e)) => {
-            respond::send_error(conn, &e, false).await;
+            // A full body budget is transient: say when to come back.
+            let retry: &[(&'static str, &[u8])] = if e.status == 503 {
+                &[("Retry-After", b"1")]
+            } else {
+                &[]
+            };
+            respond::send_error_with(conn, &e, false, retry).await;
             return Next::Close;
         }
     };
@@ -209,6 +221,7 @@ async fn read_inference(
         received_at: started,
         request_id: conn.request_id.clone(),
         principal: Principal::Anonymous,
+        body_permit,
     };
     if owner != shard.id {
         return Next::HandOff(Box::new(pending), owner);
@@ -218,7 +231,13 @@ async fn read_inference(
 
 /// Hand the connection over to `owner`: the socket, the bytes read past
 /// this request, and the parsed request, in one message.
-fn hand_off(shard: &Shard, conn: Conn, pending: Box<PendingRequest>, owner: usize) {
+fn hand_off(
+    shard: &Shard,
+    conn: Conn,
+    pending: Box<PendingRequest>,
+    owner: usize,
+    permit: ConnPermit,
+) {
     let Some(tx) = shard.router.mesh.get(owner) else {
         return;
     };
@@ -227,6 +246,7 @@ fn hand_off(shard: &Shard, conn: Conn, pending: Box<PendingRequest>, owner: usiz
         stream: handoff::into_std(stream),
         buf,
         pending,
+        permit,
     }));
     if tx.unbounded_send(msg).is_ok() {
         inc(&shard.counters.handoffs_out);

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 use std::rc::Rc;
 
+use super::budget::Budget;
 use super::conn::Conn;
 use super::model::stats::{ModelStats, DURATION_BUCKETS, QUEUE_BUCKETS};
 use super::shard::Shard;
@@ -24,9 +25,16 @@ pub fn render(
     storage_errors: u64,
     reloads: &std::collections::BTreeMap<(String, String), u64>,
     directory: DirectoryStats,
+    budget: &Budget,
 ) -> String {
     let mut o = String::with_capacity(4096);
     render_router(&mut o, reloads, directory, storage_errors);
+    let _ = writeln!(o, "# HELP hivenet_client_connections Client connections open now (bounded by --max-client-connections).");
+    let _ = writeln!(o, "# TYPE hivenet_client_connections gauge");
+    let _ = writeln!(o, "hivenet_client_connections {}", budget.connections());
+    let _ = writeln!(o, "# HELP hivenet_buffered_body_bytes Request-body bytes buffered now (bounded by --max-buffered-body-bytes).");
+    let _ = writeln!(o, "# TYPE hivenet_buffered_body_bytes gauge");
+    let _ = writeln!(o, "hivenet_buffered_body_bytes {}", budget.body_bytes());
     render_models(&mut o, snaps);
     render_shards(&mut o, snaps);
     render_agents(&mut o, snaps);
@@ -455,6 +463,7 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
                     .load(std::sync::atomic::Ordering::Relaxed),
                 &reloads,
                 shard.router.directory.load().stats(),
+                &shard.router.budget,
             );
             http_write::write_full_response(
                 &mut out,

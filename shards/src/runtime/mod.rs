@@ -12,7 +12,8 @@
 //! - [`shard`]: what one core owns; [`model`]: per-model state (agents,
 //!   slots, queue, statistics);
 //! - [`router`]: what every shard reads (config, versioned [`snapshot`]s
-//!   of the directory and policies, mesh senders, identity);
+//!   of the directory and policies, mesh senders, identity, the memory
+//!   [`budget`]);
 //! - [`mesh`], [`pending`], [`views`]: the messages between shards;
 //! - [`conn`] (one buffered read-and-parse loop over TCP and yamux),
 //!   [`link`] + [`io`] (the libp2p stack), [`executor`], [`clock`],
@@ -21,6 +22,7 @@
 pub mod admin;
 pub mod admin_policy;
 pub mod agent_link;
+pub mod budget;
 pub mod clock;
 pub mod conn;
 pub mod dispatch;

@@ -1,6 +1,7 @@
 //! A request read and probed on the shard that accepted it, and the
 //! hand-off payload that carries it to its model's shard.
 
+use super::budget::{BodyPermit, ConnPermit};
 use super::clock::Instant;
 use crate::logic::endpoint::Endpoint;
 use crate::logic::http_parse::RequestHead;
@@ -33,6 +34,9 @@ pub struct PendingRequest {
     pub request_id: String,
     /// Who sent it.
     pub principal: Principal,
+    /// The body's share of the router-wide body budget (given back when
+    /// the request is done).
+    pub body_permit: BodyPermit,
 }
 
 /// A client connection moving to its model's shard: the socket out of
@@ -45,4 +49,6 @@ pub struct HandOff {
     pub buf: Vec<u8>,
     /// The request to serve first.
     pub pending: Box<PendingRequest>,
+    /// The connection's place under the router-wide cap.
+    pub permit: ConnPermit,
 }

@@ -52,6 +52,11 @@ pub struct RouterConfig {
     pub max_tries_per_step: u32,
     /// Capacity-queue bound per model (`--queue-depth`; 0: no queue).
     pub queue_depth: usize,
+    /// Request-body bytes buffered at once, router-wide
+    /// (`--max-buffered-body-bytes`; 0: unlimited).
+    pub max_buffered_body_bytes: u64,
+    /// Client connections open at once (`--max-client-connections`; 0: unlimited).
+    pub max_client_connections: usize,
 }
 
 impl Default for RouterConfig {
@@ -72,6 +77,8 @@ impl Default for RouterConfig {
             remove_after: Duration::from_secs(30),
             max_tries_per_step: 3,
             queue_depth: 30,
+            max_buffered_body_bytes: 256 * 1024 * 1024,
+            max_client_connections: 4096,
         }
     }
 }
@@ -90,6 +97,8 @@ pub struct Router {
     pub psk: Option<PreSharedKey>,
     /// The store thread (None: no persistence).
     pub store: Option<super::store_api::StoreTx>,
+    /// Router-wide memory bounds (body bytes, client connections).
+    pub budget: std::sync::Arc<super::budget::Budget>,
     /// Failed store operations.
     pub storage_errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// SHA-256 of each admin key; empty with `insecure_admin`.

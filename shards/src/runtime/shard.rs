@@ -295,6 +295,7 @@ mod tests {
             keypair: libp2p_identity::Keypair::generate_ed25519(),
             psk: None,
             store: Some(store),
+            budget: crate::runtime::budget::Budget::new(0, 0),
             storage_errors: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             admin_keys: Vec::new(),
             insecure_admin: false,
