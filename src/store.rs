@@ -23,6 +23,9 @@ use shards::runtime::store_api::StoreMsg;
 use tracing::{error, info, warn};
 
 const KEYSPACE: &str = "agent_history";
+/// Keyspace of the store's own records (the flush stamp).
+const META: &str = "store_meta";
+const FLUSH_STAMP: &[u8] = b"flush";
 const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 
 /// Store settings.
@@ -39,6 +42,95 @@ pub struct StoreConfig {
 struct Open {
     db: Database,
     ks: Keyspace,
+    meta: Keyspace,
+}
+
+/// Which flush a store holds: a sequence number and its time, written in
+/// the flush's own batch, and (after the persist) in a small file beside
+/// the store, so a store that comes back older than the last flush we made
+/// (a truncated journal, a restored copy) or empty is noticed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    seq: u64,
+    unix: u64,
+}
+
+impl Stamp {
+    fn encode(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.seq.to_be_bytes());
+        b[8..].copy_from_slice(&self.unix.to_be_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Self> {
+        let seq = u64::from_be_bytes(b.get(..8)?.try_into().ok()?);
+        let unix = u64::from_be_bytes(b.get(8..16)?.try_into().ok()?);
+        Some(Stamp { seq, unix })
+    }
+}
+
+/// The file beside the store that remembers the last persisted flush.
+fn stamp_file(store: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.flush-stamp", store.display()))
+}
+
+fn read_stamp_file(store: &Path) -> Option<Stamp> {
+    let text = std::fs::read_to_string(stamp_file(store)).ok()?;
+    let mut it = text.split_whitespace();
+    Some(Stamp {
+        seq: it.next()?.parse().ok()?,
+        unix: it.next()?.parse().ok()?,
+    })
+}
+
+fn write_stamp_file(store: &Path, s: Stamp) -> std::io::Result<()> {
+    use std::io::Write;
+    let path = stamp_file(store);
+    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
+    let mut f = std::fs::File::create(&tmp)?;
+    writeln!(f, "{} {}", s.seq, s.unix)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)
+}
+
+/// Compare the store's stamp with the file's on open; log loudly and count
+/// a storage error when the store is older than the last flush we made or
+/// empty when one was expected. Returns the sequence to continue from.
+fn check_stamps(path: &Path, o: &Open, errors: &AtomicU64) -> u64 {
+    let in_store = o
+        .meta
+        .get(FLUSH_STAMP)
+        .ok()
+        .flatten()
+        .and_then(|v| Stamp::decode(&v));
+    let on_file = read_stamp_file(path);
+    match (on_file, in_store) {
+        (Some(f), None) => {
+            errors.fetch_add(1, Ordering::Relaxed);
+            let empty = o.ks.iter().next().is_none();
+            error!(
+                path = %path.display(), expected_flush = f.seq, expected_flush_unix = f.unix,
+                "{}: the store holds no flush stamp but flush #{} was persisted; latency history may be lost",
+                if empty { "STORE EMPTY" } else { "STORE ROLLED BACK" },
+                f.seq
+            );
+        }
+        (Some(f), Some(s)) if s.seq < f.seq => {
+            errors.fetch_add(1, Ordering::Relaxed);
+            error!(
+                path = %path.display(), recovered_flush = s.seq, recovered_flush_unix = s.unix,
+                expected_flush = f.seq, expected_flush_unix = f.unix,
+                "STORE ROLLED BACK: the store recovered flush #{} but flush #{} was persisted; the history is older than it should be",
+                s.seq, f.seq
+            );
+        }
+        _ => {}
+    }
+    on_file
+        .map(|f| f.seq)
+        .max(in_store.map(|s| s.seq))
+        .unwrap_or(0)
 }
 
 /// Why the store could not be opened.
@@ -67,12 +159,15 @@ fn try_open(path: &Path) -> Result<Open, OpenError> {
     let ks = db
         .keyspace(KEYSPACE, KeyspaceCreateOptions::default)
         .map_err(db_err)?;
+    let meta = db
+        .keyspace(META, KeyspaceCreateOptions::default)
+        .map_err(db_err)?;
     // Read every record once: a store whose data cannot be read is treated
     // as corrupt now rather than failing later on the request path's side.
     for kv in ks.iter() {
         kv.into_inner().map_err(db_err)?;
     }
-    Ok(Open { db, ks })
+    Ok(Open { db, ks, meta })
 }
 
 fn in_use(path: &Path) -> String {
@@ -91,6 +186,7 @@ fn open(cfg: &StoreConfig, errors: &AtomicU64) -> Result<Option<Open>, String> {
         if let Err(OpenError::Locked) = try_open(&cfg.path) {
             return Err(in_use(&cfg.path));
         }
+        let _ = std::fs::remove_file(stamp_file(&cfg.path));
         match std::fs::remove_dir_all(&cfg.path) {
             Ok(()) => info!(path = %cfg.path.display(), "--reset-disk-db: store emptied"),
             Err(e) => {
@@ -115,6 +211,8 @@ fn open(cfg: &StoreConfig, errors: &AtomicU64) -> Result<Option<Open>, String> {
             if let Err(e) = std::fs::rename(&cfg.path, &aside) {
                 error!("cannot move the corrupt store aside: {e}");
             }
+            // Already reported loudly: the fresh store starts a new count.
+            let _ = std::fs::remove_file(stamp_file(&cfg.path));
         }
     }
     match try_open(&cfg.path) {
@@ -182,6 +280,10 @@ pub fn start(
 }
 
 fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Arc<AtomicU64>) {
+    let mut seq = store
+        .as_ref()
+        .map(|o| check_stamps(&cfg.path, o, &errors))
+        .unwrap_or(0);
     if let Some(o) = &store {
         sweep(o, cfg.ttl_days, &errors);
         info!(path = %cfg.path.display(), records = o.ks.iter().count(), ttl_days = cfg.ttl_days, "history store open");
@@ -211,8 +313,20 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
                         h.written_at = now;
                         b.insert(&o.ks, peer.into_bytes(), h.encode());
                     }
+                    let stamp = Stamp {
+                        seq: seq + 1,
+                        unix: now,
+                    };
+                    b.insert(&o.meta, FLUSH_STAMP, stamp.encode());
                     match b.commit().and_then(|_| o.db.persist(PersistMode::SyncAll)) {
-                        Ok(()) => tracing::debug!(records = n, "history flushed"),
+                        Ok(()) => {
+                            seq = stamp.seq;
+                            tracing::debug!(records = n, flush = seq, "history flushed");
+                            if let Err(e) = write_stamp_file(&cfg.path, stamp) {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                                warn!("cannot write the flush stamp file: {e}");
+                            }
+                        }
                         Err(e) => {
                             errors.fetch_add(1, Ordering::Relaxed);
                             error!("history flush failed ({e}); still serving from memory");

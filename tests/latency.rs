@@ -746,3 +746,57 @@ fn a_store_in_use_stops_a_second_router() {
         "history kept"
     );
 }
+
+/// A store that comes back older than the last flush the router persisted
+/// (a truncated journal, a restored copy) or empty is reported loudly and
+/// counted, not used silently (issue 9, item 7).
+#[test]
+fn a_rolled_back_or_emptied_store_is_reported() {
+    let dir = tmpdir("rollback");
+    let ports = (free_port(), free_port(), free_port());
+    let fast = ["--universal-flush-interval", "200ms"];
+    let (_s, port) = start_sim(&dir, "rb-model", &[]);
+    let db = dir.join("hivenet-data");
+    let old = dir.join("old-copy");
+    let cp = |from: &Path, to: &Path| {
+        let _ = std::fs::remove_dir_all(to);
+        let st = Command::new("cp")
+            .args(["-a"])
+            .arg(from)
+            .arg(to)
+            .status()
+            .expect("cp");
+        assert!(st.success());
+    };
+    let generation = |extra_wait: u64| {
+        let mut router = router_on(&dir, ports, &fast);
+        let _a = agent_to(&dir, ports.2, port, "rb.key", &["--machine", "rb"]);
+        wait_agents(ports.0, "rb-model", 1);
+        chat(ports.0, "rb-model", false, 2);
+        std::thread::sleep(Duration::from_millis(extra_wait));
+        let log = router.log_text();
+        sigterm(&mut router);
+        log
+    };
+    let first = generation(600);
+    assert!(!first.contains("STORE ROLLED BACK") && !first.contains("STORE EMPTY"));
+    cp(&db, &old);
+    let second = generation(600);
+    assert!(
+        !second.contains("STORE ROLLED BACK"),
+        "a normal restart is quiet"
+    );
+    // The store goes back to the older copy: noticed and counted.
+    cp(&old, &db);
+    let mut third = router_on(&dir, ports, &fast);
+    let log = third.log_text();
+    assert!(log.contains("STORE ROLLED BACK"), "{log}");
+    assert!(metric(ports.1, "hivenet_storage_errors_total").unwrap_or(0.0) >= 1.0);
+    sigterm(&mut third);
+    // The store is gone altogether: an empty store where one was expected.
+    std::fs::remove_dir_all(&db).expect("remove store");
+    let fourth = router_on(&dir, ports, &fast);
+    let log = fourth.log_text();
+    assert!(log.contains("STORE EMPTY"), "{log}");
+    assert!(metric(ports.1, "hivenet_storage_errors_total").unwrap_or(0.0) >= 1.0);
+}
