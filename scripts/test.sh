@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: lints, Rust unit/property/integration tests (the
 # default driver; agent_loss also on epoll), the pure crate without its
-# runtime, and the Python SDK tests (on io_uring and on epoll).
+# runtime, the Python SDK tests (on io_uring and on epoll) and a bounded
+# run of every fuzz target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,3 +36,21 @@ cargo build --workspace --bins
 cargo test --workspace -- --test-threads=1
 cargo test -p shards --no-default-features
 HIVENET_BIN_DIR="$PWD/target/debug" "$VENV/bin/python" -m pytest -q tests/python
+
+# Fuzz targets (shards/fuzz: HTTP heads, chunked decoder, link codecs,
+# policy YAML), each for a bounded time from the committed corpus; new
+# inputs go to a scratch directory, a crash fails the suite.
+command -v cargo-fuzz >/dev/null 2>&1 || cargo install -q --locked cargo-fuzz
+FUZZ_SECONDS="${FUZZ_SECONDS:-10}"
+scratch="$(mktemp -d)"
+for t in request_head response_head chunked link_codecs policy_yaml; do
+  mkdir -p "$scratch/$t"
+  if ! (cd shards && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none "$t" "$scratch/$t" "fuzz/corpus/$t" -- \
+      -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 >"$scratch/$t.log" 2>&1); then
+    tail -n 30 "$scratch/$t.log" >&2
+    echo "fuzz target $t failed (a crash input is in shards/fuzz/artifacts/$t)" >&2
+    exit 1
+  fi
+  echo "fuzz $t: $(grep -E '^Done' "$scratch/$t.log")"
+done
+rm -rf "$scratch"

@@ -339,7 +339,9 @@ pub fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, 
         return Ok(None);
     };
     let end = head_bytes.len();
-    let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS + ROUTER_ADDED_HEADERS];
+    // Room for the framing headers each hop rewrites: the limit counts the
+    // end-to-end ones, so a head that passed one hop passes the next.
+    let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS + 2 * ROUTER_ADDED_HEADERS];
     let mut resp = httparse::Response::new(&mut storage);
     match resp.parse(head_bytes) {
         Ok(httparse::Status::Complete(_)) => {}
@@ -349,7 +351,20 @@ pub fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, 
         }
         Err(_) => return Err(HeadError::Bad("malformed response head")),
     }
+    let end_to_end = resp
+        .headers
+        .iter()
+        .filter(|h| !super::http_write::is_hop_header(h.name))
+        .count();
+    if end_to_end > MAX_HEADERS + ROUTER_ADDED_HEADERS {
+        return Err(HeadError::TooLarge("too many header fields"));
+    }
     let status = resp.code.unwrap_or(0);
+    // Three digits 100-599 (httparse reads "020" as 20, which the writer
+    // could not put back on a status line).
+    if !(100..=599).contains(&status) {
+        return Err(HeadError::Bad("invalid status code"));
+    }
     let headers: Vec<(String, Vec<u8>)> = resp
         .headers
         .iter()
@@ -655,6 +670,14 @@ mod tests {
             parse_response_head(b"HTTP/1.1 200 OK\nContent-Length: 0\r\n\r\n"),
             Err(HeadError::Bad(_))
         ));
+    }
+
+    #[test]
+    fn status_codes_are_three_digits_in_range() {
+        // Found by the response_head fuzz target.
+        assert!(parse_response_head(b"HTTP/1.1 020 OK\r\n\r\n").is_err());
+        assert!(parse_response_head(b"HTTP/1.1 600 X\r\n\r\n").is_err());
+        assert!(parse_response_head(b"HTTP/1.1 599 X\r\n\r\n").is_ok());
     }
 
     #[test]
