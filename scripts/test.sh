@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: lints, Rust unit/property/integration tests (the
 # default driver; agent_loss also on epoll), the pure crate without its
-# runtime, the Python SDK tests (on io_uring and on epoll) and a bounded
-# run of every fuzz target.
+# runtime, the Python SDK tests (on io_uring and on epoll), a short soak and
+# a bounded run of every fuzz target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +36,10 @@ cargo build --workspace --bins
 cargo test --workspace -- --test-threads=1
 cargo test -p shards --no-default-features
 HIVENET_BIN_DIR="$PWD/target/debug" "$VENV/bin/python" -m pytest -q tests/python
+
+# A short soak: mixed traffic with agents killed and restarted, then no
+# leftovers (slots, queue entries, bodies, connections) and a flat RSS.
+python3 scripts/soak.py "$PWD/target/debug" "${SOAK_SECONDS:-20}" >/dev/null
 
 # Fuzz targets (shards/fuzz: HTTP heads, chunked decoder, link codecs,
 # policy YAML), each for a bounded time from the committed corpus; new
