@@ -12,15 +12,6 @@ fn queue_depth(metrics: u16) -> f64 {
     metric(metrics, "hivenet_queue_depth{model=\"dw-model\"}").unwrap_or(-1.0)
 }
 
-fn sim_completions(port: u16) -> f64 {
-    let (_, body) = get(port, "/metrics").expect("sim metrics");
-    String::from_utf8_lossy(&body)
-        .lines()
-        .find(|l| l.starts_with("vllm:request_success_total"))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(-1.0)
-}
-
 fn run(driver: &str) {
     let dir = tmpdir(&format!("dead-waiters-{driver}"));
     let r = start_router(
@@ -41,14 +32,7 @@ fn run(driver: &str) {
     let _a = start_agent(&dir, &r, port, "dw.key", &["--capacity", "1"]);
     wait_agents(r.http, "dw-model", 1);
     let http = r.http;
-    let holder = std::thread::spawn(move || {
-        post(
-            http,
-            "/v1/chat/completions",
-            r#"{"model":"dw-model","stream":true,"messages":[]}"#,
-        )
-        .map(|x| x.0)
-    });
+    let holder = hold_slot(http, "dw-model");
     std::thread::sleep(Duration::from_millis(300));
     // 30 clients (the whole --queue-depth) queue, then hang up.
     let body = r#"{"model":"dw-model","messages":[]}"#;
@@ -115,14 +99,7 @@ fn a_pipelined_request_during_a_wait_is_kept() {
     let _a = start_agent(&dir, &r, port, "pw.key", &["--capacity", "1"]);
     wait_agents(r.http, "dw-model", 1);
     let http = r.http;
-    let holder = std::thread::spawn(move || {
-        post(
-            http,
-            "/v1/chat/completions",
-            r#"{"model":"dw-model","stream":true,"messages":[]}"#,
-        )
-        .map(|x| x.0)
-    });
+    let holder = hold_slot(http, "dw-model");
     std::thread::sleep(Duration::from_millis(200));
     let body = r#"{"model":"dw-model","messages":[]}"#;
     let one = format!(

@@ -49,34 +49,6 @@ fn sigterm(p: &mut Proc) {
     }
 }
 
-fn router_on(dir: &Path, ports: (u16, u16, u16), extra: &[&str]) -> Proc {
-    let h = format!("127.0.0.1:{}", ports.0);
-    let m = format!("127.0.0.1:{}", ports.1);
-    let p = ports.2.to_string();
-    let mut args = vec![
-        "--shards",
-        "2",
-        "--http-port",
-        &h,
-        "--metrics-port",
-        &m,
-        "--p2p-port",
-        &p,
-    ];
-    args.extend_from_slice(extra);
-    let proc = spawn("hivenet-router", &args, dir, &[]);
-    wait_until(
-        Duration::from_secs(20),
-        || {
-            get(ports.0, "/health")
-                .map(|(s, _)| s == 200)
-                .unwrap_or(false)
-        },
-        "router",
-    );
-    proc
-}
-
 fn chat(http: u16, model: &str, stream: bool, max_tokens: u32) {
     let body = format!(
         r#"{{"model":"{model}","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"hi"}}]}}"#

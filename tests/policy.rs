@@ -463,14 +463,7 @@ fn a_new_agent_wakes_every_waiter() {
     wait_agents(r.http, "w-model", 1);
     let http = r.http;
     // A 4 s stream holds the only slot.
-    let holder = std::thread::spawn(move || {
-        post(
-            http,
-            "/v1/chat/completions",
-            r#"{"model":"w-model","stream":true,"messages":[]}"#,
-        )
-        .map(|x| x.0)
-    });
+    let holder = hold_slot(http, "w-model");
     std::thread::sleep(Duration::from_millis(200));
     let waiters: Vec<_> = (0..2)
         .map(|_| std::thread::spawn(move || (chat(http, "w-model", false).0, Instant::now())))
@@ -564,14 +557,7 @@ fn a_recovered_agent_wakes_the_queue() {
         "B unhealthy",
     );
     let http = r.http;
-    let holder = std::thread::spawn(move || {
-        post(
-            http,
-            "/v1/chat/completions",
-            r#"{"model":"rec-model","stream":true,"messages":[]}"#,
-        )
-        .map(|x| x.0)
-    });
+    let holder = hold_slot(http, "rec-model");
     wait_until(
         Duration::from_secs(3),
         || {

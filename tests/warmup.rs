@@ -8,16 +8,6 @@ mod common;
 use common::*;
 use std::time::Duration;
 
-/// Completions the sim has served (its vLLM-style success counter).
-fn sim_completions(port: u16) -> f64 {
-    let (_, body) = get(port, "/metrics").expect("sim metrics");
-    String::from_utf8_lossy(&body)
-        .lines()
-        .find(|l| l.starts_with("vllm:request_success_total"))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(-1.0)
-}
-
 fn warmed(engine: &str, warmup: &str, model: &str) -> (f64, String) {
     let dir = tmpdir(&format!("warm-{engine}-{warmup}"));
     let r = start_router(&dir, &["--shards", "1"], &[]);

@@ -437,3 +437,51 @@ pub fn read_until(s: &mut TcpStream, got: &mut Vec<u8>, needle: &str) {
         got.extend_from_slice(&tmp[..n]);
     }
 }
+
+/// Completions a `hivenet-sim` has served (its vLLM-style success counter).
+pub fn sim_completions(port: u16) -> f64 {
+    let Ok((_, body)) = get(port, "/metrics") else {
+        return -1.0;
+    };
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find(|l| l.starts_with("vllm:request_success_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(-1.0)
+}
+
+/// A streaming request on its own thread that holds a slot until the
+/// stream ends; joins to its status.
+pub fn hold_slot(http: u16, model: &str) -> std::thread::JoinHandle<std::io::Result<u16>> {
+    let body = format!(r#"{{"model":"{model}","stream":true,"messages":[]}}"#);
+    std::thread::spawn(move || post(http, "/v1/chat/completions", &body).map(|x| x.0))
+}
+
+/// (Re)start a router on fixed ports (2 shards) and wait for its health.
+pub fn router_on(dir: &Path, ports: (u16, u16, u16), extra: &[&str]) -> Proc {
+    let h = format!("127.0.0.1:{}", ports.0);
+    let m = format!("127.0.0.1:{}", ports.1);
+    let p = ports.2.to_string();
+    let mut args = vec![
+        "--shards",
+        "2",
+        "--http-port",
+        &h,
+        "--metrics-port",
+        &m,
+        "--p2p-port",
+        &p,
+    ];
+    args.extend_from_slice(extra);
+    let proc = spawn("hivenet-router", &args, dir, &[]);
+    wait_until(
+        Duration::from_secs(20),
+        || {
+            get(ports.0, "/health")
+                .map(|(s, _)| s == 200)
+                .unwrap_or(false)
+        },
+        "router",
+    );
+    proc
+}
