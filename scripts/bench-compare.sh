@@ -21,7 +21,7 @@ VENV="${BENCH_VENV:-.venv-bench}"
 cargo build -q --release --workspace --bins
 BIN="$PWD/target/release"
 
-OUT="perf/$(date -u +%Y-%m-%d)-compare-$SCENARIO"
+OUT="${OUT:-perf/$(date -u +%Y-%m-%d)-compare-$SCENARIO}"
 mkdir -p "$OUT/reports"
 WORK="$(mktemp -d -t hivenet-bench-XXXX)"
 PIDS=()
