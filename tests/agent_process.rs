@@ -142,29 +142,7 @@ fn agent_reconnects_after_router_restart() {
     for round in 0..4 {
         drop(current);
         std::thread::sleep(Duration::from_millis(300));
-        let h = format!("127.0.0.1:{http}");
-        let m = format!("127.0.0.1:{metrics}");
-        let p = p2p.to_string();
-        current = spawn(
-            "hivenet-router",
-            &[
-                "--shards",
-                "1",
-                "--http-port",
-                &h,
-                "--metrics-port",
-                &m,
-                "--p2p-port",
-                &p,
-            ],
-            &dir,
-            &[],
-        );
-        wait_until(
-            Duration::from_secs(20),
-            || get(http, "/health").map(|(s, _)| s == 200).unwrap_or(false),
-            "router back",
-        );
+        current = router_on(&dir, (http, metrics, p2p), &["--shards", "1"]);
         let t = std::time::Instant::now();
         wait_until(
             Duration::from_secs(20),

@@ -224,32 +224,10 @@ fn router_identity_is_kept_and_agents_can_pin_it() {
     assert_eq!(mode & 0o777, 0o600);
     let (http, metrics, p2p) = (r.http, r.metrics, r.p2p);
     r.proc.kill9();
-    let (h, m, p) = (
-        format!("127.0.0.1:{http}"),
-        format!("127.0.0.1:{metrics}"),
-        p2p.to_string(),
-    );
-    let proc = spawn(
-        "hivenet-router",
-        &[
-            "--http-port",
-            &h,
-            "--metrics-port",
-            &m,
-            "--p2p-port",
-            &p,
-            "--shards",
-            "1",
-            "--identity-path",
-            &keys,
-        ],
+    let proc = router_on(
         &dir,
-        &[("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)],
-    );
-    wait_until(
-        Duration::from_secs(20),
-        || get(http, "/health").map(|(s, _)| s == 200).unwrap_or(false),
-        "router back",
+        (http, metrics, p2p),
+        &["--shards", "1", "--identity-path", &keys],
     );
     assert_eq!(router_peer_id(&proc), first, "same identity after restart");
     let (_s, port) = start_sim(&dir, "pinned", &[]);

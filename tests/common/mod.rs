@@ -457,21 +457,16 @@ pub fn hold_slot(http: u16, model: &str) -> std::thread::JoinHandle<std::io::Res
     std::thread::spawn(move || post(http, "/v1/chat/completions", &body).map(|x| x.0))
 }
 
-/// (Re)start a router on fixed ports (2 shards) and wait for its health.
+/// (Re)start a router on fixed ports (2 shards unless `extra` says) and
+/// wait for its health.
 pub fn router_on(dir: &Path, ports: (u16, u16, u16), extra: &[&str]) -> Proc {
     let h = format!("127.0.0.1:{}", ports.0);
     let m = format!("127.0.0.1:{}", ports.1);
     let p = ports.2.to_string();
-    let mut args = vec![
-        "--shards",
-        "2",
-        "--http-port",
-        &h,
-        "--metrics-port",
-        &m,
-        "--p2p-port",
-        &p,
-    ];
+    let mut args = vec!["--http-port", &h, "--metrics-port", &m, "--p2p-port", &p];
+    if !extra.contains(&"--shards") {
+        args.extend_from_slice(&["--shards", "2"]);
+    }
     args.extend_from_slice(extra);
     let proc = spawn("hivenet-router", &args, dir, &[]);
     wait_until(
