@@ -7,11 +7,11 @@ use std::rc::Rc;
 use super::budget::Budget;
 use super::conn::Conn;
 use super::model::stats::{ModelStats, DURATION_BUCKETS, QUEUE_BUCKETS};
+use super::respond;
 use super::shard::Shard;
 use super::views::{AgentView, ShardSnapshot};
 use crate::logic::directory::DirectoryStats;
 use crate::logic::http_parse;
-use crate::logic::http_write;
 
 fn esc(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -446,8 +446,7 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
             _ => return,
         };
         let keep = head.keep_alive && head.framing == http_parse::BodyFraming::None;
-        let mut out = Vec::new();
-        if head.method == "GET" && head.path_only() == "/metrics" {
+        let kept = if head.method == "GET" && head.path_only() == "/metrics" {
             let snaps = shard.gather().await;
             let reloads = shard
                 .router
@@ -465,25 +464,13 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
                 shard.router.directory.load().stats(),
                 &shard.router.budget,
             );
-            http_write::write_full_response(
-                &mut out,
-                200,
-                "text/plain; version=0.0.4; charset=utf-8",
-                body.as_bytes(),
-                keep,
-                &[],
-            );
+            let ct = "text/plain; version=0.0.4; charset=utf-8";
+            respond::send_body(&mut conn, 200, ct, body.as_bytes(), keep).await
         } else {
-            http_write::write_full_response(
-                &mut out,
-                404,
-                "text/plain",
-                b"404 page not found\n",
-                keep,
-                &[],
-            );
-        }
-        if conn.write_all(out).await.is_err() || !keep {
+            let nf = b"404 page not found\n";
+            respond::send_body(&mut conn, 404, "text/plain", nf, keep).await
+        };
+        if !kept {
             return;
         }
     }

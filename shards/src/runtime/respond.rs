@@ -84,11 +84,22 @@ pub async fn send_error_with(
 
 /// A JSON body.
 pub async fn send_json(conn: &mut Conn, status: u16, body: &[u8], keep: bool) -> bool {
+    send_body(conn, status, "application/json", body, keep).await
+}
+
+/// A body of any content type (`/metrics` text, JSON).
+pub async fn send_body(
+    conn: &mut Conn,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    keep: bool,
+) -> bool {
     let mut out = Vec::with_capacity(body.len() + 256);
     http_write::write_full_response(
         &mut out,
         status,
-        "application/json",
+        content_type,
         body,
         keep,
         &extras(&conn.request_id, &[]),
