@@ -123,19 +123,24 @@ fn decide(shard: &Shard, model: &str, d: &mut Decision) -> Next {
 
 /// Serve one inference request on its model's shard. Returns whether the
 /// client connection stays open.
-pub async fn serve_inference(shard: &Rc<Shard>, conn: &mut Conn, p: PendingRequest) -> bool {
+pub async fn serve_inference(shard: &Rc<Shard>, conn: &mut Conn, mut p: PendingRequest) -> bool {
     inc(&shard.counters.requests);
     let cfg = &shard.router.cfg;
+    let body_bytes = p.body.len();
+    let request = build_request(&p);
+    // The request bytes carry the body from here on: one copy is held for
+    // the whole exchange (streams included), not two; the body permit still
+    // counts it until the request is done.
+    p.body = Vec::new();
     let model = p.meta.model.as_str();
     debug!(shard = shard.id, model, "serving request");
-    let request = build_request(&p);
     let deadline = p.received_at + cfg.request_timeout;
     let mut d = Decision::new(
         shard.policy(model),
         RequestFacts {
             endpoint: p.endpoint,
             stream: p.meta.stream,
-            body_bytes: p.body.len(),
+            body_bytes,
             deadline,
         },
         Limits {
