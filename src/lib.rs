@@ -4,6 +4,8 @@
 
 pub mod admin_keys;
 pub mod agent;
+pub mod auth_files;
 pub mod cli;
+pub mod keygen;
 pub mod policy_files;
 pub mod store;

@@ -8,12 +8,14 @@ use std::sync::Arc;
 use argh::FromArgs;
 use futures::channel::mpsc;
 use hivenet_router::cli;
+use shards::logic::auth::ApiMode;
 use shards::logic::core_plan;
 use shards::logic::directory::Directory;
 use shards::runtime::event_loop::{self, ShardListeners};
 use shards::runtime::executor::{self, DriverChoice};
 use shards::runtime::router::{Router, RouterConfig};
 use shards::runtime::snapshot::Versioned;
+use shards::runtime::tenancy::AuthState;
 use tracing::{error, info, warn};
 
 #[global_allocator]
@@ -106,6 +108,9 @@ struct Flags {
     /// driver: auto (io_uring, falling back to epoll) or epoll (env HIVENET_ROUTER_DRIVER)
     #[argh(option)]
     driver: Option<String>,
+    /// client keys and quotas, auth.yaml (env HIVENET_ROUTER_AUTH_CONFIG; without it HIVENET_ROUTER_AUTH_MODE decides: none or dynamic)
+    #[argh(option)]
+    auth_config_file: Option<String>,
 }
 
 /// Validated start-up settings.
@@ -116,6 +121,9 @@ struct Startup {
     store: hivenet_router::store::StoreConfig,
     admin_keys: Vec<[u8; 32]>,
     insecure_admin: bool,
+    auth_sources: hivenet_router::auth_files::AuthSources,
+    auth: shards::logic::auth::AuthConfig,
+    audit_path: Option<std::path::PathBuf>,
     cfg: RouterConfig,
     plan: Vec<Option<usize>>,
     driver: DriverChoice,
@@ -221,7 +229,35 @@ fn build() -> Result<Startup, String> {
         reset: f.reset_disk_db,
         ttl_days: f.disk_db_ttl,
     };
-    let (admin_keys, insecure_admin) = hivenet_router::admin_keys::from_env()?;
+    let auth_sources = hivenet_router::auth_files::AuthSources {
+        file: cli::flag_or_env_opt(f.auth_config_file, "HIVENET_ROUTER_AUTH_CONFIG")
+            .map(Into::into),
+        env_mode: std::env::var("HIVENET_ROUTER_AUTH_MODE").ok(),
+    };
+    let auth = hivenet_router::auth_files::load(&auth_sources)?;
+    let (admin_keys, insecure_admin) = hivenet_router::auth_files::admin(
+        &auth,
+        std::env::var("HIVENET_ROUTER_ADMIN_API_KEYS")
+            .ok()
+            .as_deref(),
+        std::env::var("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN")
+            .ok()
+            .as_deref(),
+    )?;
+    if let Ok(v) = std::env::var("HIVENET_ROUTER_RPM_BURST_SECONDS") {
+        cfg.rpm_burst_secs = match v.trim().parse::<u64>() {
+            Ok(n) if n < 60 => n,
+            _ => {
+                return Err(format!(
+                    "HIVENET_ROUTER_RPM_BURST_SECONDS: {v:?} must be an integer in [0, 60)"
+                ))
+            }
+        };
+    }
+    let audit_path = std::env::var("HIVENET_ROUTER_AUDIT_LOG_PATH")
+        .ok()
+        .filter(|p| !p.trim().is_empty())
+        .map(std::path::PathBuf::from);
     let tries = cli::flag_or_env(
         f.max_tries_per_step,
         "HIVENET_ROUTER_MAX_TRIES_PER_STEP",
@@ -254,12 +290,99 @@ fn build() -> Result<Startup, String> {
         store,
         admin_keys,
         insecure_admin,
+        auth_sources,
+        auth,
+        audit_path,
         cfg,
         plan,
         driver,
         psk,
         keypair,
     })
+}
+
+/// Re-read `auth.yaml` on SIGHUP: a valid file replaces the keys (the
+/// buckets of surviving tenants carry over: no usage is forgotten); an
+/// invalid one, or a switch between static and dynamic, keeps the old.
+fn reload_auth(shared: &Router, src: &hivenet_router::auth_files::AuthSources) {
+    if src.file.is_none() {
+        return;
+    }
+    let prev = shared.auth.load();
+    match hivenet_router::auth_files::load(src) {
+        Ok(cfg) if cfg.api != prev.mode => error!(
+            from = prev.mode.as_str(),
+            to = cfg.api.as_str(),
+            "SIGHUP: auth reload rejected: changing api.mode needs a restart; keeping the previous keys"
+        ),
+        // Dynamic keys live in the registry; the file has none to reload.
+        Ok(cfg) if cfg.api == ApiMode::Dynamic => info!("SIGHUP: auth mode dynamic: registry kept"),
+        Ok(cfg) => {
+            let n = cfg.keys.len();
+            let next = AuthState::build(cfg.api, cfg.keys, Some(&prev), &Default::default());
+            shared.auth.store(next);
+            info!(keys = n, "SIGHUP: client keys reloaded");
+        }
+        Err(e) => error!("SIGHUP: auth reload rejected, keeping the previous keys: {e}"),
+    }
+}
+
+/// Send today's token usage to the store (`wait`: until persisted).
+fn flush_quota(shared: &Router, store: &shards::runtime::store_api::StoreTx, wait: bool) {
+    let states: Vec<((String, String), u64)> = shared
+        .auth
+        .load()
+        .daily_states()
+        .into_iter()
+        .map(|((t, m), s)| ((t.to_string(), m), s))
+        .collect();
+    if states.is_empty() {
+        return;
+    }
+    let (t, r) = futures::channel::oneshot::channel();
+    let msg = shards::runtime::store_api::StoreMsg::QuotaFlush {
+        states,
+        done: if wait { Some(t) } else { None },
+    };
+    if store.send(msg).is_ok() && wait {
+        let _ = futures::executor::block_on(r);
+    }
+}
+
+/// The periodic flush of token usage (same period as the history flush).
+struct QuotaFlusher {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl QuotaFlusher {
+    fn stop(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            h.thread().unpark();
+            let _ = h.join();
+        }
+    }
+}
+
+fn start_quota_flush(
+    shared: Arc<Router>,
+    store: shards::runtime::store_api::StoreTx,
+) -> QuotaFlusher {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    let every = shared.cfg.flush_interval;
+    let handle = std::thread::Builder::new()
+        .name("quota-flush".into())
+        .spawn(move || loop {
+            std::thread::park_timeout(every);
+            if s.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            flush_quota(&shared, &store, false);
+        })
+        .ok();
+    QuotaFlusher { stop, handle }
 }
 
 /// Requests in flight on every shard (from their snapshots).
@@ -299,6 +422,19 @@ fn futures_timer(d: std::time::Duration) -> impl std::future::Future<Output = ()
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("keygen") {
+        match hivenet_router::keygen::run(args.get(2..).unwrap_or(&[])) {
+            Ok(out) => {
+                print!("{out}");
+                return;
+            }
+            Err(e) => {
+                eprintln!("hivenet-router: {e}");
+                std::process::exit(2);
+            }
+        }
+    }
     cli::init_logging();
     let startup = match build() {
         Ok(v) => v,
@@ -322,6 +458,9 @@ fn run(startup: Startup) -> Result<(), String> {
         store: store_cfg,
         admin_keys,
         insecure_admin,
+        auth_sources,
+        auth,
+        audit_path,
         cfg,
         plan,
         driver,
@@ -342,7 +481,34 @@ fn run(startup: Startup) -> Result<(), String> {
         warn!("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN=true: admin routes are open without a key");
     }
     let storage_errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let (store_tx, store_thread) = hivenet_router::store::start(store_cfg, storage_errors.clone())?;
+    let (store_tx, store_thread, restored) =
+        hivenet_router::store::start(store_cfg, storage_errors.clone())?;
+    let restored: std::collections::HashMap<_, _> = restored
+        .into_iter()
+        .map(|((t, m), s)| ((Arc::<str>::from(t), m), s))
+        .collect();
+    if !restored.is_empty() {
+        info!(
+            buckets = restored.len(),
+            "today's token usage restored from the store"
+        );
+    }
+    let api_mode = auth.api;
+    let key_count = auth.keys.len();
+    let auth_state = AuthState::build(auth.api, auth.keys, None, &restored);
+    let audit = match &audit_path {
+        Some(p) => {
+            let (log, _writer) = shards::runtime::audit::AuditLog::start(p).map_err(|e| {
+                format!(
+                    "HIVENET_ROUTER_AUDIT_LOG_PATH: cannot open {}: {e}",
+                    p.display()
+                )
+            })?;
+            info!(path = %p.display(), "audit log on");
+            Some(log)
+        }
+        None => None,
+    };
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded()).unzip();
     let shared = Arc::new(Router {
         cfg: cfg.clone(),
@@ -358,6 +524,9 @@ fn run(startup: Startup) -> Result<(), String> {
         storage_errors,
         admin_keys,
         insecure_admin,
+        auth: Versioned::new(auth_state),
+        registry: Default::default(),
+        audit,
         policies: Versioned::new(policies),
         policy_reloads: std::sync::Mutex::new(Default::default()),
         feed: std::sync::Mutex::new(Vec::new()),
@@ -368,8 +537,11 @@ fn run(startup: Startup) -> Result<(), String> {
         metrics = %metrics.first().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default(),
         p2p = %p2p.first().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default(),
         shards = n,
+        auth = api_mode.as_str(),
+        keys = key_count,
         "hivenet-router starting"
     );
+    let flusher = start_quota_flush(shared.clone(), store_tx.clone());
     let mut handles = Vec::new();
     let lists = http
         .into_iter()
@@ -398,6 +570,8 @@ fn run(startup: Startup) -> Result<(), String> {
     .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     for sig in signals.forever() {
         if sig == signal_hook::consts::SIGHUP {
+            // Auth first (spec 05 §9); an invalid file keeps the old keys.
+            reload_auth(&shared, &auth_sources);
             // Reload policies; an invalid set keeps the old one.
             match hivenet_router::policy_files::load(&policy_sources) {
                 Ok(set) => match shared.swap_policies(set, "sighup") {
@@ -450,6 +624,8 @@ fn run(startup: Startup) -> Result<(), String> {
             futures::select! { _ = futures::FutureExt::fuse(r) => {}, _ = timeout => {} }
         });
     }
+    flusher.stop();
+    flush_quota(&shared, &store_tx, true);
     let (t, r) = futures::channel::oneshot::channel();
     if store_tx
         .send(shards::runtime::store_api::StoreMsg::Shutdown { done: t })

@@ -26,6 +26,9 @@ const KEYSPACE: &str = "agent_history";
 /// Keyspace of the store's own records (the flush stamp).
 const META: &str = "store_meta";
 const FLUSH_STAMP: &[u8] = b"flush";
+/// Keyspace of daily token usage: `<tenant>\0<model>` -> 8-byte big-endian
+/// packed (UTC day, tokens used).
+const QUOTA: &str = "quota_daily";
 const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 
 /// Store settings.
@@ -43,6 +46,45 @@ struct Open {
     db: Database,
     ks: Keyspace,
     meta: Keyspace,
+    quota: Keyspace,
+}
+
+/// A daily bucket's name and packed state, as persisted.
+pub type QuotaState = ((String, String), u64);
+
+fn quota_key(tenant: &str, model: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(tenant.len() + 1 + model.len());
+    k.extend_from_slice(tenant.as_bytes());
+    k.push(0);
+    k.extend_from_slice(model.as_bytes());
+    k
+}
+
+/// Every persisted daily bucket of `today` (older days are gone at
+/// 00:00 UTC anyway).
+fn load_quota(o: &Open, today: u64) -> Vec<QuotaState> {
+    let mut out = Vec::new();
+    for kv in o.quota.iter() {
+        let Ok((k, v)) = kv.into_inner() else {
+            continue;
+        };
+        let Ok(bytes) = <[u8; 8]>::try_from(&v[..]) else {
+            continue;
+        };
+        let state = u64::from_be_bytes(bytes);
+        if shards::logic::quota::used_on(state, today) == 0 {
+            continue;
+        }
+        let mut parts = k.splitn(2, |b| *b == 0);
+        let (Some(t), Some(m)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let (Ok(t), Ok(m)) = (std::str::from_utf8(t), std::str::from_utf8(m)) else {
+            continue;
+        };
+        out.push(((t.to_string(), m.to_string()), state));
+    }
+    out
 }
 
 /// Which flush a store holds: a sequence number and its time, written in
@@ -162,12 +204,20 @@ fn try_open(path: &Path) -> Result<Open, OpenError> {
     let meta = db
         .keyspace(META, KeyspaceCreateOptions::default)
         .map_err(db_err)?;
+    let quota = db
+        .keyspace(QUOTA, KeyspaceCreateOptions::default)
+        .map_err(db_err)?;
     // Read every record once: a store whose data cannot be read is treated
     // as corrupt now rather than failing later on the request path's side.
     for kv in ks.iter() {
         kv.into_inner().map_err(db_err)?;
     }
-    Ok(Open { db, ks, meta })
+    Ok(Open {
+        db,
+        ks,
+        meta,
+        quota,
+    })
 }
 
 fn in_use(path: &Path) -> String {
@@ -257,26 +307,29 @@ fn sweep(o: &Open, ttl_days: u64, errors: &AtomicU64) {
     }
 }
 
+/// The store thread's sender, its join handle, today's token usage.
+pub type Started = (
+    std::sync::mpsc::Sender<StoreMsg>,
+    std::thread::JoinHandle<()>,
+    Vec<QuotaState>,
+);
+
 /// Open the store (on the calling thread, so a store held by another
 /// process stops start-up with a clear error), then start the store
-/// thread; returns its sender and join handle.
-pub fn start(
-    cfg: StoreConfig,
-    errors: Arc<AtomicU64>,
-) -> Result<
-    (
-        std::sync::mpsc::Sender<StoreMsg>,
-        std::thread::JoinHandle<()>,
-    ),
-    String,
-> {
+/// thread; returns its sender, join handle and today's daily token usage.
+pub fn start(cfg: StoreConfig, errors: Arc<AtomicU64>) -> Result<Started, String> {
     let store = open(&cfg, &errors)?;
+    let today = shards::logic::quota::day_of(clock::unix_secs());
+    let restored = store
+        .as_ref()
+        .map(|o| load_quota(o, today))
+        .unwrap_or_default();
     let (tx, rx) = std::sync::mpsc::channel();
     let h = std::thread::Builder::new()
         .name("store".into())
         .spawn(move || run(cfg, store, rx, errors))
         .map_err(|e| format!("cannot start the store thread: {e}"))?;
-    Ok((tx, h))
+    Ok((tx, h, restored))
 }
 
 fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Arc<AtomicU64>) {
@@ -330,6 +383,27 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
                         Err(e) => {
                             errors.fetch_add(1, Ordering::Relaxed);
                             error!("history flush failed ({e}); still serving from memory");
+                        }
+                    }
+                }
+                if let Some(d) = done {
+                    let _ = d.send(());
+                }
+            }
+            StoreMsg::QuotaFlush { states, done } => {
+                if let Some(o) = &store {
+                    let mut b = o.db.batch();
+                    let n = states.len();
+                    for ((t, m), state) in states {
+                        b.insert(&o.quota, quota_key(&t, &m), state.to_be_bytes());
+                    }
+                    match b.commit().and_then(|_| o.db.persist(PersistMode::SyncAll)) {
+                        Ok(()) => tracing::debug!(buckets = n, "daily token usage flushed"),
+                        Err(e) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            error!(
+                                "daily token usage flush failed ({e}); still counting in memory"
+                            );
                         }
                     }
                 }

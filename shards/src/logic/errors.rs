@@ -32,6 +32,12 @@ pub enum ErrorCode {
     HeadersTooLarge,
     /// 408 the client was too slow sending its request.
     ClientTimeout,
+    /// 403: the key may not use the model.
+    ModelForbidden,
+    /// 429: requests per minute (or no quota declared for the model).
+    RateLimitExceeded,
+    /// 429: daily token budget.
+    TokenLimitExceeded,
 }
 
 impl ErrorCode {
@@ -50,6 +56,9 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::HeadersTooLarge => "request_invalid",
             ErrorCode::ClientTimeout => "request_timeout",
+            ErrorCode::ModelForbidden => "model_forbidden",
+            ErrorCode::RateLimitExceeded => "rate_limit_exceeded",
+            ErrorCode::TokenLimitExceeded => "token_limit_exceeded",
         }
     }
 
@@ -58,6 +67,8 @@ impl ErrorCode {
         match self {
             ErrorCode::RequestInvalid => 400,
             ErrorCode::Unauthorized => 401,
+            ErrorCode::ModelForbidden => 403,
+            ErrorCode::RateLimitExceeded | ErrorCode::TokenLimitExceeded => 429,
             ErrorCode::ModelNotFound | ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::ClientTimeout => 408,

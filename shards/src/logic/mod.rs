@@ -4,6 +4,7 @@
 //! arguments so it can be unit- and property-tested.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
 
+pub mod auth;
 pub mod control;
 pub mod core_plan;
 pub mod decision;
@@ -21,6 +22,8 @@ pub mod policy;
 pub mod policy_set;
 pub mod preamble;
 pub mod probe;
+pub mod quota;
+pub mod registry;
 pub mod request_id;
 pub mod srtt;
 pub mod timefmt;

@@ -166,6 +166,10 @@ pub struct Policy {
     pub models: Vec<String>,
     /// The primary step followed by the fallback steps.
     pub steps: Vec<Step>,
+    /// Static aliases `alias -> model` (global document only), resolved
+    /// right after authentication.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub aliases: BTreeMap<String, String>,
 }
 
 impl Default for Policy {
@@ -179,6 +183,7 @@ impl Default for Policy {
                 exclude_if: Vec::new(),
                 max_tries: 0,
             }],
+            aliases: BTreeMap::new(),
         }
     }
 }
@@ -193,6 +198,8 @@ struct RawPolicy {
     routing_policy: Option<RawStep>,
     #[serde(default)]
     fallback_chain: Vec<RawStep>,
+    #[serde(default)]
+    aliases: BTreeMap<String, String>,
     // Admission fields of the spec: parsed so the error can name them.
     #[serde(default)]
     mode: Option<serde_json::Value>,
@@ -450,9 +457,37 @@ pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
             s,
         )?);
     }
+    for (alias, target) in &raw.aliases {
+        let at = format!("aliases.{alias}");
+        if !raw.models.is_empty() {
+            return Err(err(
+                file,
+                text,
+                "aliases",
+                "aliases belong in the global policy (a document without models:)",
+            ));
+        }
+        if alias.is_empty() || target.is_empty() || alias.len() > 256 || target.len() > 256 {
+            return Err(err(
+                file,
+                text,
+                &at,
+                "alias and model must be 1 to 256 bytes",
+            ));
+        }
+        if alias == target || raw.aliases.contains_key(target) {
+            return Err(err(
+                file,
+                text,
+                &at,
+                format!("alias target {target:?} is itself an alias (aliases resolve once)"),
+            ));
+        }
+    }
     Ok(Policy {
         models: raw.models,
         steps,
+        aliases: raw.aliases,
     })
 }
 

@@ -35,6 +35,11 @@ impl PolicySet {
         Ok(())
     }
 
+    /// The model an alias stands for (global aliases; None: not an alias).
+    pub fn resolve_alias(&self, model: &str) -> Option<&str> {
+        self.global.aliases.get(model).map(String::as_str)
+    }
+
     /// The effective policy of a model.
     pub fn for_model(&self, model: &str) -> Arc<Policy> {
         self.named

@@ -1,10 +1,17 @@
-//! Request body probe: extracts the top-level `model` and `stream` from a
-//! JSON body with borrowed serde fields; everything else is skipped, never
-//! built into a DOM, and the body bytes are forwarded unchanged.
+//! Request body probe: in one pass over the JSON body, the top-level
+//! `model` and `stream`, the declared output (`max_completion_tokens`,
+//! else `max_tokens`) and what the token estimate needs (text bytes of
+//! `messages` and `system`, raw `tools` length, message and image
+//! counts), with borrowed serde fields and visitors that sum as they go;
+//! nothing is built into a DOM, and the body bytes are forwarded
+//! unchanged (spec 01 §3, 04 §9).
 
 use std::borrow::Cow;
+use std::fmt;
 
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use super::errors::{ApiError, ErrorCode};
 
@@ -17,16 +24,171 @@ struct Probe<'a> {
     model: Option<Cow<'a, str>>,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(default)]
+    messages: Option<Messages>,
+    #[serde(default)]
+    system: Option<TextLen>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(default)]
+    max_tokens: Option<i64>,
+    #[serde(default)]
+    max_completion_tokens: Option<i64>,
 }
 
 /// What routing needs from a body.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RequestMeta {
     /// Routing key.
     pub model: String,
     /// The client asked for a stream (informational: the response's
     /// content type decides how it is relayed).
     pub stream: bool,
+    /// UTF-8 bytes the estimate counts: message text, `system` text and
+    /// the raw `tools` JSON.
+    pub text_bytes: u64,
+    /// Number of messages.
+    pub messages: u64,
+    /// Image parts (`image_url` or `image`).
+    pub images: u64,
+    /// `max_completion_tokens`, else `max_tokens` (negative: 0).
+    pub declared_output: u64,
+}
+
+/// Tokens per byte before anything is learned (spec 04 §9: 1/3.2).
+pub const COLD_TOKENS_PER_BYTE: f64 = 1.0 / 3.2;
+
+impl RequestMeta {
+    /// Input-token estimate at `tokens_per_byte`: `ceil(text_bytes ×
+    /// ratio)`, at least 4 per message.
+    pub fn estimate(&self, tokens_per_byte: f64) -> u64 {
+        let by_bytes = (self.text_bytes as f64 * tokens_per_byte).ceil();
+        let by_bytes = if by_bytes.is_finite() && by_bytes > 0.0 {
+            by_bytes as u64
+        } else {
+            0
+        };
+        by_bytes.max(self.messages.saturating_mul(4))
+    }
+}
+
+/// Sums over `messages[]` without keeping them.
+#[derive(Default)]
+struct Messages {
+    count: u64,
+    text: u64,
+    images: u64,
+}
+
+impl<'de> Deserialize<'de> for Messages {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Messages;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array of messages")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Messages, A::Error> {
+                let mut out = Messages::default();
+                while let Some(m) = seq.next_element::<Message>()? {
+                    out.count += 1;
+                    if let Some(c) = m.content {
+                        out.text += c.text;
+                        out.images += c.images;
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+#[derive(Deserialize)]
+struct Message {
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+/// A message's content: a string, or an array of parts.
+#[derive(Default)]
+struct Content {
+    text: u64,
+    images: u64,
+}
+
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Content;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("message content as a string or an array of parts")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Content, E> {
+                Ok(Content {
+                    text: v.len() as u64,
+                    images: 0,
+                })
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Content, E> {
+                Ok(Content::default())
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
+                let mut out = Content::default();
+                while let Some(p) = seq.next_element::<Part<'de>>()? {
+                    match p.kind.as_deref() {
+                        Some("text") => out.text += p.text.map_or(0, |t| t.len() as u64),
+                        Some("image_url" | "image") => out.images += 1,
+                        _ => {}
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Deserialize)]
+struct Part<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+}
+
+/// Text bytes of Anthropic's `system`: a string or `[{type, text}]`.
+struct TextLen(u64);
+
+impl<'de> Deserialize<'de> for TextLen {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TextLen;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or an array of text blocks")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<TextLen, E> {
+                Ok(TextLen(v.len() as u64))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<TextLen, E> {
+                Ok(TextLen(0))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TextLen, A::Error> {
+                let mut n = 0u64;
+                while let Some(p) = seq.next_element::<Part<'de>>()? {
+                    n += p.text.map_or(0, |t| t.len() as u64);
+                }
+                Ok(TextLen(n))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TextLen, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(TextLen(0))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// Probe a JSON body. Errors carry the spec's messages.
@@ -48,10 +210,127 @@ pub fn probe(body: &[u8]) -> Result<RequestMeta, ApiError> {
             "model name exceeds maximum length of 256 characters",
         ));
     }
+    let (messages, mut text, images) = p
+        .messages
+        .map_or((0, 0, 0), |m| (m.count, m.text, m.images));
+    text += p.system.map_or(0, |s| s.0);
+    text += p.tools.map_or(0, |t| t.get().len() as u64);
+    let declared = p.max_completion_tokens.or(p.max_tokens).unwrap_or(0);
     Ok(RequestMeta {
         model: model.into_owned(),
         stream: p.stream.unwrap_or(false),
+        text_bytes: text,
+        messages,
+        images,
+        declared_output: u64::try_from(declared).unwrap_or(0),
     })
+}
+
+/// The body with its top-level `model` value replaced by `model` (the
+/// last occurrence, as a JSON decoder reads it); every other byte is
+/// kept. `None` when the body is not a JSON object with a `model` string.
+pub fn replace_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
+    let span = model_span(body)?;
+    let encoded = serde_json::to_string(model).ok()?;
+    let mut out = Vec::with_capacity(body.len() + encoded.len());
+    out.extend_from_slice(body.get(..span.0)?);
+    out.extend_from_slice(encoded.as_bytes());
+    out.extend_from_slice(body.get(span.1..)?);
+    Some(out)
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        i += 1;
+    }
+    i
+}
+
+/// End (exclusive) of the string starting at `i` (a quote).
+fn string_end(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i + 1;
+    loop {
+        match b.get(j)? {
+            b'\\' => j += 2,
+            b'"' => return Some(j + 1),
+            _ => j += 1,
+        }
+    }
+}
+
+/// End (exclusive) of the JSON value starting at `i`.
+fn value_end(b: &[u8], i: usize) -> Option<usize> {
+    match b.get(i)? {
+        b'"' => string_end(b, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            loop {
+                match b.get(j)? {
+                    b'"' => {
+                        j = string_end(b, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+        }
+        _ => {
+            let mut j = i;
+            while !matches!(
+                b.get(j),
+                None | Some(b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
+            ) {
+                j += 1;
+            }
+            Some(j)
+        }
+    }
+}
+
+/// Byte span of the last top-level `"model"` string value.
+fn model_span(b: &[u8]) -> Option<(usize, usize)> {
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i += 1;
+    let mut found = None;
+    loop {
+        i = skip_ws(b, i);
+        match b.get(i)? {
+            b'}' => return found,
+            b',' => {
+                i += 1;
+                continue;
+            }
+            b'"' => {}
+            _ => return None,
+        }
+        let key_end = string_end(b, i)?;
+        let raw_key = b.get(i..key_end)?;
+        let is_model = raw_key == b"\"model\""
+            || (raw_key.contains(&b'\\')
+                && serde_json::from_slice::<String>(raw_key).ok().as_deref() == Some("model"));
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let end = value_end(b, i)?;
+        if is_model && b.get(i) == Some(&b'"') {
+            found = Some((i, end));
+        }
+        i = end;
+    }
 }
 
 #[cfg(test)]
@@ -65,6 +344,50 @@ mod tests {
             .expect("ok");
         assert_eq!(m.model, "m1");
         assert!(m.stream);
+    }
+
+    #[test]
+    fn counts_what_the_estimate_needs() {
+        let m = probe(br#"{"model":"m","max_tokens":7,"max_completion_tokens":9,
+            "system":[{"type":"text","text":"sys!"}],
+            "tools":[{"a":1}],
+            "messages":[{"role":"user","content":"hello"},
+              {"role":"user","content":[{"type":"text","text":"abc"},{"type":"image_url","image_url":{"url":"x"}},{"type":"image"}]},
+              {"role":"assistant","content":null}]}"#)
+        .expect("ok");
+        assert_eq!(m.messages, 3);
+        assert_eq!(m.images, 2);
+        assert_eq!(m.text_bytes, 5 + 3 + 4 + r#"[{"a":1}]"#.len() as u64);
+        assert_eq!(m.declared_output, 9);
+        assert_eq!(m.estimate(COLD_TOKENS_PER_BYTE), 12);
+        let m = probe(br#"{"model":"m","max_tokens":-3,"system":"abcdefgh","messages":[]}"#)
+            .expect("ok");
+        assert_eq!(
+            (m.declared_output, m.text_bytes, m.estimate(0.5)),
+            (0, 8, 4)
+        );
+        // Floor of 4 tokens per message.
+        let m = probe(br#"{"model":"m","messages":[{"content":""},{"content":"a"}]}"#).expect("ok");
+        assert_eq!(m.estimate(COLD_TOKENS_PER_BYTE), 8);
+        // Content that is neither a string nor parts is refused (spec 01 §3).
+        assert_eq!(
+            probe(br#"{"model":"m","messages":[{"content":5}]}"#)
+                .expect_err("e")
+                .status,
+            400
+        );
+        assert_eq!(
+            probe(br#"{"model":"m","max_tokens":1.5}"#)
+                .expect_err("e")
+                .status,
+            400
+        );
+        assert_eq!(
+            probe(br#"{"model":"m","messages":{}}"#)
+                .expect_err("e")
+                .status,
+            400
+        );
     }
 
     #[test]
@@ -97,7 +420,39 @@ mod tests {
             .contains("256"));
     }
 
+    #[test]
+    fn model_is_replaced_in_place() {
+        let body = br#"{"messages":[{"content":"model \"x\" {"}],"model" : "alias", "n":{"model":"inner"}}"#;
+        let out = replace_model(body, "real/m").expect("replaced");
+        assert_eq!(
+            std::str::from_utf8(&out).expect("utf8"),
+            r#"{"messages":[{"content":"model \"x\" {"}],"model" : "real/m", "n":{"model":"inner"}}"#
+        );
+        // The last top-level occurrence wins, like a decoder.
+        let out = replace_model(br#"{"model":"a","model":"b"}"#, "c").expect("r");
+        assert_eq!(&out[..], br#"{"model":"a","model":"c"}"#);
+        let out = replace_model(br#"{"mod\u0065l":"a"}"#, "c").expect("r");
+        assert_eq!(&out[..], br#"{"mod\u0065l":"c"}"#);
+        assert!(replace_model(b"[1]", "c").is_none());
+        assert!(replace_model(br#"{"x":1}"#, "c").is_none());
+    }
+
     proptest! {
+        #[test]
+        fn replacing_keeps_the_rest_of_a_valid_body(m in "[a-z]{1,10}", n in "[a-z]{1,10}", extra in 0u32..1000) {
+            let body = serde_json::json!({"a": [1, {"model": "x"}], "model": m, "z": extra}).to_string();
+            let out = replace_model(body.as_bytes(), &n).expect("replaced");
+            let v: serde_json::Value = serde_json::from_slice(&out).expect("still JSON");
+            prop_assert_eq!(v["model"].as_str(), Some(n.as_str()));
+            prop_assert_eq!(v["a"][1]["model"].as_str(), Some("x"));
+            prop_assert_eq!(v["z"].as_u64(), Some(u64::from(extra)));
+        }
+
+        #[test]
+        fn replace_never_panics(b in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = replace_model(&b, "m");
+        }
+
         #[test]
         fn never_panics(b in proptest::collection::vec(any::<u8>(), 0..500)) {
             let _ = probe(&b);

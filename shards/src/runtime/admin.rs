@@ -76,7 +76,11 @@ pub async fn serve(shard: &Rc<Shard>, conn: &mut Conn, head: &RequestHead, path:
     let body = match conn
         .read_request_body(
             head.framing,
-            ADMIN_BODY,
+            if path == "/admin/api-keys/replace" {
+                super::admin_keys::REPLACE_BODY
+            } else {
+                ADMIN_BODY
+            },
             shard.router.cfg.body_timeout,
             &mut permit,
         )
@@ -94,6 +98,11 @@ pub async fn serve(shard: &Rc<Shard>, conn: &mut Conn, head: &RequestHead, path:
             return false;
         }
     };
+    if let Some((status, body)) =
+        super::admin_keys::keys_api(&shard.router, &head.method, path, &head.path, &body)
+    {
+        return respond::send_json(conn, status, &body, keep).await;
+    }
     if let Some((status, body)) = admin_policy::policy_api(&shard.router, &head.method, path, &body)
     {
         return respond::send_json(conn, status, &body, keep).await;
@@ -114,7 +123,8 @@ pub async fn serve(shard: &Rc<Shard>, conn: &mut Conn, head: &RequestHead, path:
         },
         ("GET", "/admin/models") => {
             let snaps = shard.gather().await;
-            let body = models_api::list(snaps.iter().flat_map(|s| s.agents.iter()));
+            let body =
+                models_api::list(snaps.iter().flat_map(|s| s.agents.iter()), &shard.aliases());
             respond::send_json(conn, 200, &body, keep).await
         }
         ("GET", p) if p.starts_with("/admin/models/") => {
@@ -181,7 +191,7 @@ async fn registration_stream(shard: &Rc<Shard>, conn: &mut Conn) {
         subs.push(tx);
     }
     let mut out = Vec::with_capacity(512);
-    respond::event_stream_head(&mut out, &conn.request_id);
+    respond::event_stream_head(&mut out, conn);
     if conn.write_all(out).await.is_err() {
         return;
     }

@@ -46,6 +46,9 @@ pub fn policy_json(p: &crate::logic::policy::Policy) -> Value {
     if !chain.is_empty() {
         v["fallback_chain"] = json!(chain);
     }
+    if !p.aliases.is_empty() {
+        v["aliases"] = json!(p.aliases);
+    }
     v
 }
 

@@ -23,3 +23,14 @@ pub fn unix_nanos() -> (u64, u32) {
         .map(|d| (d.as_secs(), d.subsec_nanos()))
         .unwrap_or((0, 0))
 }
+
+/// Monotonic nanoseconds since the process's first call: one time base
+/// every shard shares (the quota buckets compare them across cores).
+pub fn mono_ns() -> u64 {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    // Offset by a day so a fresh base never reads as "a full bucket is late".
+    u64::try_from(Instant::now().duration_since(base).as_nanos())
+        .unwrap_or(u64::MAX)
+        .saturating_add(86_400_000_000_000)
+}

@@ -117,6 +117,13 @@ pub struct Conn<S = TcpStream> {
     rbuf: Vec<u8>,
     /// `X-Request-ID` of the request being answered (echoed on the response).
     pub request_id: String,
+    /// Headers every response to the current request carries
+    /// (`X-RateLimit-*`, `X-Hivenet-Routed-Model`); cleared per request.
+    pub reply_headers: Vec<(&'static str, Vec<u8>)>,
+    /// Status of the last response the router wrote itself (audit).
+    pub status: u16,
+    /// Its error code (empty on success).
+    pub error_code: &'static str,
 }
 
 impl Conn<TcpStream> {
@@ -135,6 +142,9 @@ impl<S: Transport> Conn<S> {
             buf,
             rbuf: Vec::new(),
             request_id: String::new(),
+            reply_headers: Vec::new(),
+            status: 0,
+            error_code: "",
         }
     }
 

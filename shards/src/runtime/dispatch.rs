@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
+use super::audit::{self, AuditRecord};
 use super::clock;
 use super::conn::Conn;
 use super::exchange::{self, Progress, RelayEnd};
@@ -19,11 +20,14 @@ use super::model::wake_head;
 use super::pending::PendingRequest;
 use super::respond;
 use super::shard::{inc, Shard};
+use super::tenancy::{self, Principal, QuotaFacts, RefusalKind, Settle, Ticket};
 use crate::logic::decision::{
     Action, AttemptEnd, Decision, Limits, ModelFacts, Rejection, RequestFacts, WaitEnd,
 };
 use crate::logic::failure::{Failure, Side, Stage};
 use crate::logic::http_write::{self, OutFraming};
+use crate::logic::probe::COLD_TOKENS_PER_BYTE;
+use crate::logic::quota;
 use crate::logic::usage::Tokens;
 
 /// Client headers never forwarded to agents (credentials stay at the router).
@@ -121,18 +125,77 @@ fn decide(shard: &Shard, model: &str, d: &mut Decision) -> Next {
     }
 }
 
+/// How a request ended: the tenant counters, the quota true-up and the
+/// audit line read it.
+#[derive(Default)]
+struct Ending {
+    /// Logical status (499: the client went away).
+    status: u16,
+    /// Error code (empty on success).
+    error_code: &'static str,
+    /// Usage the response reported.
+    tokens: Option<Tokens>,
+    /// Peer ID of the agent that answered (or was tried last).
+    agent: String,
+    /// Whether response bytes from an agent reached the client.
+    relayed: bool,
+    /// Quota taken at admission, settled once at the end.
+    ticket: Option<Ticket>,
+}
+
 /// Serve one inference request on its model's shard. Returns whether the
 /// client connection stays open.
 pub async fn serve_inference(shard: &Rc<Shard>, conn: &mut Conn, mut p: PendingRequest) -> bool {
+    conn.reply_headers = std::mem::take(&mut p.reply_headers);
+    let mut end = Ending::default();
+    let keep = serve(shard, conn, &mut p, &mut end).await;
+    finish(shard, conn, &p, end);
+    keep
+}
+
+/// Quotas, then the decision machine's loop.
+async fn serve(
+    shard: &Rc<Shard>,
+    conn: &mut Conn,
+    p: &mut PendingRequest,
+    end: &mut Ending,
+) -> bool {
     inc(&shard.counters.requests);
     let cfg = &shard.router.cfg;
+    let model = p.meta.model.clone();
+    let model = model.as_str();
+    // Quotas: per tenant (shared buckets) or per (tenant, model), scaled by
+    // the model's healthy replicas here.
+    let facts = QuotaFacts {
+        model,
+        endpoint: p.endpoint,
+        estimate: p.meta.estimate(COLD_TOKENS_PER_BYTE),
+        declared_output: p.meta.declared_output,
+        replicas: healthy_replicas(shard, model),
+        burst_secs: cfg.rpm_burst_secs,
+    };
+    let today = quota::day_of(clock::unix_secs());
+    match tenancy::admit(&p.principal, facts, clock::mono_ns(), today) {
+        Ok(ticket) => {
+            conn.reply_headers.extend(ticket.headers.iter().cloned());
+            end.ticket = Some(ticket);
+        }
+        Err(r) => {
+            record_quota_refusal(shard, model, &p.principal, r.kind);
+            end.status = r.error.status;
+            end.error_code = r.error.code.as_str();
+            let more: Vec<(&'static str, &[u8])> =
+                r.headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
+            return respond::send_error_with(conn, &r.error, p.head.keep_alive, &more).await;
+        }
+    }
     let body_bytes = p.body.len();
-    let request = build_request(&p);
+    let request = build_request(p);
     // The request bytes carry the body from here on: one copy is held for
     // the whole exchange (streams included), not two; the body permit still
     // counts it until the request is done.
     p.body = Vec::new();
-    let model = p.meta.model.as_str();
+    let p = &*p;
     debug!(shard = shard.id, model, "serving request");
     let deadline = p.received_at + cfg.request_timeout;
     let mut d = Decision::new(
@@ -158,10 +221,25 @@ pub async fn serve_inference(shard: &Rc<Shard>, conn: &mut Conn, mut p: PendingR
                 if let Some(w) = waited {
                     with_stats(shard, model, |s| s.observe_wait(w.as_secs_f64()));
                 }
-                let (outcome, sample) = attempt(shard, conn, &p, &agent, &request, deadline).await;
+                end.agent.clone_from(&agent.reg.peer_id);
+                let (outcome, sample) = attempt(shard, conn, p, &agent, &request, deadline).await;
                 let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
-                let end = record_attempt(shard, model, &agent, step, &p, outcome, sample);
-                if !d.attempt_ended(agent.id, &end) {
+                match &outcome {
+                    Outcome::Served { status, tokens } => {
+                        end.status = *status;
+                        end.tokens = *tokens;
+                        end.relayed = true;
+                    }
+                    Outcome::ClientGone => {
+                        end.status = 499;
+                        end.error_code = "client_closed_request";
+                        end.relayed = true;
+                    }
+                    Outcome::Failed(_) => {}
+                }
+                let tenant = p.principal.tenant_arc();
+                let ended = record_attempt(shard, model, &agent, step, p, tenant, outcome, sample);
+                if !d.attempt_ended(agent.id, &ended) {
                     return keep;
                 }
             }
@@ -170,18 +248,108 @@ pub async fn serve_inference(shard: &Rc<Shard>, conn: &mut Conn, mut p: PendingR
                 place,
                 wake_head_first,
             } => {
-                let end =
+                let w =
                     wait_for_capacity(shard, conn, model, &mut d, until, place, wake_head_first)
                         .await;
-                d.wait_ended(end, clock::now());
+                d.wait_ended(w, clock::now());
             }
-            Next::Reject(Rejection::ClientGone) => return false,
+            Next::Reject(Rejection::ClientGone) => {
+                end.status = 499;
+                end.error_code = "client_closed_request";
+                return false;
+            }
             Next::Reject(r) => {
-                record_rejection(shard, model, &d, r);
-                return respond::send_error(conn, &r.error(), p.head.keep_alive).await;
+                record_rejection(shard, model, &d, r, p.principal.tenant_arc());
+                let e = r.error();
+                end.status = e.status;
+                end.error_code = e.code.as_str();
+                return respond::send_error(conn, &e, p.head.keep_alive).await;
             }
         }
     }
+}
+
+/// Healthy agents of `model` on this (its owner) shard.
+fn healthy_replicas(shard: &Shard, model: &str) -> u64 {
+    shard.models.borrow().get(model).map_or(0, |m| {
+        m.agents.iter().filter(|a| a.healthy()).count() as u64
+    })
+}
+
+/// Settle the quota, count the tenant's outcome, write the audit line:
+/// once per request, whatever path it took.
+fn finish(shard: &Shard, conn: &Conn, p: &PendingRequest, end: Ending) {
+    let ok = end.status > 0 && end.status < 400;
+    if let Some(t) = end.ticket {
+        t.settle(match (ok, end.tokens) {
+            (true, Some(u)) => Settle::Usage(u),
+            // Served, usage unknown, or the client left mid-response: the
+            // estimate stands.
+            _ if end.relayed && (ok || end.status == 499) => Settle::Unknown,
+            // Nothing generated reached the client.
+            _ => Settle::NothingSent,
+        });
+    }
+    let elapsed = p.received_at.elapsed();
+    let tokens = end.tokens.unwrap_or_default();
+    let now_unix = clock::unix_secs();
+    with_stats(shard, &p.meta.model, |s| {
+        let t = s
+            .tenants
+            .entry((p.principal.tenant_arc(), p.principal.key_id_arc()))
+            .or_default();
+        if ok {
+            t.success += 1;
+            t.input_tokens += tokens.input;
+            t.output_tokens += tokens.output;
+            t.duration.observe(
+                &super::model::stats::DURATION_BUCKETS,
+                elapsed.as_secs_f64(),
+            );
+        } else {
+            t.failed += 1;
+        }
+        t.last_request = now_unix;
+    });
+    if let Some(log) = &shard.router.audit {
+        log.send(AuditRecord {
+            started: audit::started_at(elapsed),
+            request_id: p.request_id.clone(),
+            tenant_id: p.principal.tenant_arc(),
+            key_id: p.principal.key_id_arc(),
+            model: p.meta.model.clone(),
+            status: end.status,
+            latency_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+            input_tokens: tokens.input,
+            output_tokens: tokens.output,
+            agent_id: end.agent,
+            error_code: end.error_code,
+            source_ip: conn
+                .stream
+                .peer_addr()
+                .map(|a| a.ip().to_string())
+                .unwrap_or_default(),
+            method: p.head.method.clone(),
+            path: p.head.path_only().to_string(),
+        });
+    }
+}
+
+/// Count a quota refusal.
+fn record_quota_refusal(shard: &Shard, model: &str, principal: &Principal, kind: RefusalKind) {
+    with_stats(shard, model, |s| {
+        let t = s
+            .tenants
+            .entry((principal.tenant_arc(), principal.key_id_arc()))
+            .or_default();
+        match kind {
+            RefusalKind::Requests => {
+                t.rate_limited += 1;
+                *s.admission_rejections.entry("b4_rpm").or_default() += 1;
+            }
+            RefusalKind::Tokens => t.token_limited += 1,
+        }
+    });
 }
 
 /// Pipelined input kept while a request waits; past it the client socket
@@ -337,12 +505,14 @@ fn with_stats(shard: &Shard, model: &str, f: impl FnOnce(&mut super::model::stat
 
 /// Count one attempt (the one place that does): the latency sample, the
 /// agent's counters, the model's routing counters and duration histogram.
+#[allow(clippy::too_many_arguments)]
 fn record_attempt(
     shard: &Shard,
     model: &str,
     agent: &Agent,
     step: usize,
     p: &PendingRequest,
+    tenant: std::sync::Arc<str>,
     outcome: Outcome,
     sample: Option<f64>,
 ) -> AttemptEnd {
@@ -350,7 +520,13 @@ fn record_attempt(
     if let Some(ms) = sample {
         agent.observe(ms);
     }
-    let labels = || (agent.reg.region.clone(), agent.reg.engine.clone());
+    let labels = || {
+        (
+            agent.reg.region.clone(),
+            agent.reg.engine.clone(),
+            tenant.clone(),
+        )
+    };
     match outcome {
         Outcome::Served { status, tokens } => {
             // Client-visible duration, at the real end of the response.
@@ -365,7 +541,7 @@ fn record_attempt(
                 agent.add_tokens(t);
             }
             with_stats(shard, model, |s| {
-                s.observe_duration(agent.id, &agent.reg.peer_id, status, secs);
+                s.observe_duration(agent.id, &agent.reg.peer_id, status, tenant.clone(), secs);
                 if !ok {
                     *s.failed.entry(labels()).or_default() += 1;
                 } else {
@@ -393,7 +569,13 @@ fn record_attempt(
 
 /// Count a rejection and log it (an exhausted policy at most once a
 /// second per model, with the count it stands for).
-fn record_rejection(shard: &Shard, model: &str, d: &Decision, r: Rejection) {
+fn record_rejection(
+    shard: &Shard,
+    model: &str,
+    d: &Decision,
+    r: Rejection,
+    tenant: std::sync::Arc<str>,
+) {
     if !r.exhausted_policy() {
         return;
     }
@@ -405,7 +587,7 @@ fn record_rejection(shard: &Shard, model: &str, d: &Decision, r: Rejection) {
     if r != Rejection::QueueTimeout {
         *m.stats
             .failed
-            .entry((String::new(), String::new()))
+            .entry((String::new(), String::new(), tenant))
             .or_default() += 1;
     }
     if let Some(n) = m.shed_log.hit(clock::now(), Duration::from_secs(1)) {

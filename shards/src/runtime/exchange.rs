@@ -156,13 +156,7 @@ pub async fn relay(client: &mut Conn, up: Upstream, head: &ResponseHead, keep: b
     match head.framing {
         BodyFraming::None => {
             let mut out = Vec::with_capacity(512);
-            respond::relayed_head(
-                &mut out,
-                head,
-                OutFraming::Length(0),
-                keep,
-                &client.request_id,
-            );
+            respond::relayed_head(&mut out, head, OutFraming::Length(0), keep, client);
             match client.write_all(out).await {
                 Ok(()) => RelayEnd::Done(None),
                 Err(_) => RelayEnd::ClientGone,
@@ -195,13 +189,7 @@ async fn relay_buffered(
     let body = up.conn.buf.get(..n).unwrap_or(&[]);
     let tokens = usage::from_body(body);
     let mut out = Vec::with_capacity(512 + n);
-    respond::relayed_head(
-        &mut out,
-        head,
-        OutFraming::Length(n),
-        keep,
-        &client.request_id,
-    );
+    respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, client);
     out.extend_from_slice(body);
     match client.write_all(out).await {
         Ok(()) => RelayEnd::Done(tokens),
@@ -219,13 +207,7 @@ async fn relay_large(
     keep: bool,
 ) -> RelayEnd {
     let mut out = Vec::with_capacity(512);
-    respond::relayed_head(
-        &mut out,
-        head,
-        OutFraming::Length(n),
-        keep,
-        &client.request_id,
-    );
+    respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, client);
     let mut left = n;
     loop {
         let mut piece = std::mem::take(&mut up.conn.buf);
@@ -255,13 +237,7 @@ async fn relay_chunks(
     let sse = head.is_event_stream();
     let until_close = head.framing == BodyFraming::UntilClose;
     let mut out = Vec::with_capacity(512);
-    respond::relayed_head(
-        &mut out,
-        head,
-        OutFraming::Chunked,
-        keep,
-        &client.request_id,
-    );
+    respond::relayed_head(&mut out, head, OutFraming::Chunked, keep, client);
     let mut dec = ChunkedDecoder::new();
     let mut meter = SseUsage::default();
     let mut payload = Vec::with_capacity(16 * 1024);

@@ -14,9 +14,11 @@ use super::dispatch;
 use super::handoff;
 use super::mesh::ShardMsg;
 use super::models_api;
-use super::pending::{HandOff, PendingRequest, Principal};
+use super::pending::{HandOff, PendingRequest};
 use super::respond;
 use super::shard::{inc, Shard};
+use super::tenancy::{Principal, WWW_AUTHENTICATE};
+use crate::logic::auth::Access;
 use crate::logic::endpoint::Endpoint;
 use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::http_parse::{BodyFraming, HeadError, RequestHead};
@@ -53,6 +55,7 @@ pub async fn serve(
 ) {
     if let Some(p) = first {
         conn.request_id = p.request_id.clone();
+        conn.reply_headers.clear();
         if !dispatch::serve_inference(&shard, &mut conn, *p).await {
             return;
         }
@@ -63,6 +66,7 @@ pub async fn serve(
         let head = match monoio::time::timeout(header_timeout, conn.read_request_head()).await {
             Ok(Ok(h)) => {
                 conn.request_id = respond::request_id(&h);
+                conn.reply_headers.clear();
                 h
             }
             Ok(Err(HeadRead::Closed)) => return,
@@ -107,37 +111,10 @@ async fn route(
     if head.method == "OPTIONS" {
         return respond::send_no_content(conn, keep).await.into();
     }
-    if let Some(ep) = Endpoint::of(&path) {
-        if head.method != "POST" {
-            return respond::send_error(
-                conn,
-                &respond::method_not_allowed(&head.method, &path),
-                keep,
-            )
-            .await
-            .into();
-        }
-        return read_inference(shard, conn, head, ep, started).await;
-    }
-    if path.starts_with("/admin/") || path == "/admin" {
-        return super::admin::serve(shard, conn, &head, &path).await.into();
-    }
-    let done = match (head.method.as_str(), path.as_str()) {
-        ("GET", "/health") => respond::send_json(conn, 200, br#"{"status":"ok"}"#, keep).await,
-        ("GET", "/v1/models") => {
-            let snaps = shard.gather().await;
-            let body = models_api::list(snaps.iter().flat_map(|s| s.agents.iter()));
-            respond::send_json(conn, 200, &body, keep).await
-        }
-        ("GET", p) if p.starts_with("/v1/models/") => {
-            let id = p.trim_start_matches("/v1/models/");
-            let snaps = shard.gather().await;
-            match models_api::detail(id, snaps.iter().flat_map(|s| s.agents.iter()), true) {
-                Some(body) => respond::send_json(conn, 200, &body, keep).await,
-                None => respond::send_error(conn, &models_api::not_found(id), keep).await,
-            }
-        }
-        (_, "/health" | "/v1/models") => {
+    if path == "/health" {
+        return if head.method == "GET" {
+            respond::send_json(conn, 200, br#"{"status":"ok"}"#, keep).await
+        } else {
             respond::send_error(
                 conn,
                 &respond::method_not_allowed(&head.method, &path),
@@ -145,35 +122,176 @@ async fn route(
             )
             .await
         }
-        (_, p) if p.starts_with("/v1/models/") => {
-            respond::send_error(
-                conn,
-                &respond::method_not_allowed(&head.method, &path),
-                keep,
-            )
-            .await
-        }
-        _ => respond::send_error(conn, &respond::no_route(&head.method, &path), keep).await,
+        .into();
+    }
+    let mut principal = None;
+    let method = if shard.router.audit.is_some() {
+        head.method.clone()
+    } else {
+        String::new()
     };
-    done.into()
+    let next = match route_audited(shard, conn, head, &path, started, keep, &mut principal).await {
+        Routed::Done(n) => n,
+        // Served by the dispatch driver, which audits it.
+        Routed::Dispatched(n) => return n,
+    };
+    if !matches!(next, Next::HandOff(..)) {
+        audit_here(shard, conn, &method, &path, started, principal.as_ref());
+    }
+    next
 }
 
-/// Read an inference request's body under the limits, probe it, and
-/// serve it here or hand it to the model's shard.
+/// How [`route_audited`] ended.
+enum Routed {
+    /// Answered here (audited by the caller).
+    Done(Next),
+    /// Handed to the dispatch driver on this shard (audited there).
+    Dispatched(Next),
+}
+
+/// Authenticate a client route: `Err(keep)` after the 401 is written.
+async fn authenticate(
+    shard: &Shard,
+    conn: &mut Conn,
+    head: &RequestHead,
+    keep: bool,
+) -> Result<Principal, bool> {
+    let now = clock::unix_secs();
+    match shard.authenticate(head.header("authorization"), head.header("x-api-key"), now) {
+        Ok(p) => Ok(p),
+        Err(e) => Err(respond::send_error_with(conn, &e.error(), keep, &[WWW_AUTHENTICATE]).await),
+    }
+}
+
+/// One audit line for a request answered on this shard.
+fn audit_here(
+    shard: &Shard,
+    conn: &Conn,
+    method: &str,
+    path: &str,
+    started: clock::Instant,
+    principal: Option<&Principal>,
+) {
+    let Some(log) = &shard.router.audit else {
+        return;
+    };
+    let elapsed = started.elapsed();
+    log.send(super::audit::AuditRecord {
+        started: super::audit::started_at(elapsed),
+        request_id: conn.request_id.clone(),
+        tenant_id: principal
+            .map(Principal::tenant_arc)
+            .unwrap_or_else(|| "".into()),
+        key_id: principal
+            .map(Principal::key_id_arc)
+            .unwrap_or_else(|| "".into()),
+        status: conn.status,
+        latency_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+        error_code: conn.error_code,
+        source_ip: conn
+            .stream
+            .peer_addr()
+            .map(|a| a.ip().to_string())
+            .unwrap_or_default(),
+        method: method.to_string(),
+        path: path.to_string(),
+        ..Default::default()
+    });
+}
+
+async fn route_audited(
+    shard: &Rc<Shard>,
+    conn: &mut Conn,
+    head: RequestHead,
+    path: &str,
+    started: clock::Instant,
+    keep: bool,
+    principal: &mut Option<Principal>,
+) -> Routed {
+    if let Some(ep) = Endpoint::of(path) {
+        if head.method != "POST" {
+            let e = respond::method_not_allowed(&head.method, path);
+            return Routed::Done(respond::send_error(conn, &e, keep).await.into());
+        }
+        // Authenticated before the body is read (spec 01 §5.1 step 1).
+        let p = match authenticate(shard, conn, &head, keep).await {
+            Ok(p) => p,
+            Err(k) => return Routed::Done(k.into()),
+        };
+        *principal = Some(p.clone());
+        return read_inference(shard, conn, head, ep, started, p).await;
+    }
+    if path.starts_with("/admin/") || path == "/admin" {
+        *principal = Some(Principal::Admin);
+        return Routed::Done(super::admin::serve(shard, conn, &head, path).await.into());
+    }
+    let client_route = path == "/v1/models" || path.starts_with("/v1/models/");
+    if client_route && head.method == "GET" {
+        let p = match authenticate(shard, conn, &head, keep).await {
+            Ok(p) => p,
+            Err(k) => return Routed::Done(k.into()),
+        };
+        let sees = |m: &str| p.access(m) == Access::Allowed;
+        let snaps = shard.gather().await;
+        let agents = || {
+            snaps
+                .iter()
+                .flat_map(|s| s.agents.iter())
+                .filter(|a| sees(&a.reg.model))
+        };
+        let aliases: std::collections::BTreeMap<String, String> = shard
+            .aliases()
+            .into_iter()
+            .filter(|(_, t)| sees(t))
+            .collect();
+        let done = if path == "/v1/models" {
+            let body = models_api::list(agents(), &aliases);
+            respond::send_json(conn, 200, &body, keep).await
+        } else {
+            let id = path.trim_start_matches("/v1/models/");
+            let found = match aliases.get(id) {
+                Some(target) => models_api::alias_detail(id, target, agents()),
+                None => models_api::detail(id, agents(), true),
+            };
+            match found {
+                Some(body) => respond::send_json(conn, 200, &body, keep).await,
+                // Not visible and unknown look the same (no catalog leak).
+                None => respond::send_error(conn, &models_api::not_found(id), keep).await,
+            }
+        };
+        *principal = Some(p);
+        return Routed::Done(done.into());
+    }
+    let done = match (head.method.as_str(), path) {
+        (_, "/v1/models") => {
+            respond::send_error(conn, &respond::method_not_allowed(&head.method, path), keep).await
+        }
+        (_, p) if p.starts_with("/v1/models/") => {
+            respond::send_error(conn, &respond::method_not_allowed(&head.method, path), keep).await
+        }
+        _ => respond::send_error(conn, &respond::no_route(&head.method, path), keep).await,
+    };
+    Routed::Done(done.into())
+}
+
+/// Read an inference request's body under the limits, probe it, resolve
+/// its alias, check the key's allow-set, and serve it here or hand it to
+/// the model's shard.
 async fn read_inference(
     shard: &Rc<Shard>,
     conn: &mut Conn,
     head: RequestHead,
     ep: Endpoint,
     started: clock::Instant,
-) -> Next {
+    principal: Principal,
+) -> Routed {
     let cfg = &shard.router.cfg;
     let limit = cfg.max_request_bytes;
     if let BodyFraming::Length(n) = head.framing {
         if limit > 0 && n > limit {
             // Rejected from the declared length, before reading it.
             respond::send_error(conn, &ApiError::body_too_large(limit), false).await;
-            return Next::Close;
+            return Routed::Done(Next::Close);
         }
     }
     if head.expect_continue
@@ -181,13 +299,13 @@ async fn read_inference(
         && conn.buf.is_empty()
         && conn.write_all(respond::CONTINUE.to_vec()).await.is_err()
     {
-        return Next::Close;
+        return Routed::Done(Next::Close);
     }
     let mut body_permit = shard.router.budget.body();
     let read = conn.read_request_body(head.framing, limit, cfg.body_timeout, &mut body_permit);
-    let body = match read.await {
+    let mut body = match read.await {
         Ok(b) => b,
-        Err(None) => return Next::Close,
+        Err(None) => return Routed::Done(Next::Close),
         Err(Some(e)) => {
             // A full body budget is transient: say when to come back.
             let retry: &[(&'static str, &[u8])] = if e.status == 503 {
@@ -196,14 +314,47 @@ async fn read_inference(
                 &[]
             };
             respond::send_error_with(conn, &e, false, retry).await;
-            return Next::Close;
+            return Routed::Done(Next::Close);
         }
     };
     let keep = head.keep_alive;
-    let meta = match probe::probe(&body) {
+    let mut meta = match probe::probe(&body) {
         Ok(m) => m,
-        Err(e) => return respond::send_error(conn, &e, keep).await.into(),
+        Err(e) => return Routed::Done(respond::send_error(conn, &e, keep).await.into()),
     };
+    // Aliases resolve right after authentication, before the allow-set
+    // and quotas; the agent receives the resolved name.
+    let mut alias = None;
+    if let Some(target) = shard.resolve_alias(&meta.model) {
+        match probe::replace_model(&body, &target) {
+            Some(b) => body = b,
+            None => {
+                let e = ApiError::new(ErrorCode::RequestInvalid, "model field is required");
+                return Routed::Done(respond::send_error(conn, &e, keep).await.into());
+            }
+        }
+        alias = Some(std::mem::replace(&mut meta.model, target));
+        conn.reply_headers
+            .push(("X-Hivenet-Routed-Model", meta.model.as_bytes().to_vec()));
+    }
+    match principal.access(&meta.model) {
+        Access::Allowed => {}
+        Access::Forbidden => {
+            let e = ApiError::new(
+                ErrorCode::ModelForbidden,
+                format!("your API key does not have access to model: {}", meta.model),
+            );
+            return Routed::Done(respond::send_error(conn, &e, keep).await.into());
+        }
+        Access::Undeclared => {
+            let e = ApiError::new(
+                ErrorCode::RateLimitExceeded,
+                format!("no quota declared for model {} on this API key", meta.model),
+            );
+            let h = [("X-RateLimit-Remaining-Requests", &b"0"[..])];
+            return Routed::Done(respond::send_error_with(conn, &e, keep, &h).await.into());
+        }
+    }
     // Unknown model, or no agent registered now: answered here; no
     // directory entry, no metric series.
     let Some(owner) = shard.owner(&meta.model) else {
@@ -211,7 +362,7 @@ async fn read_inference(
             ErrorCode::ModelNotFound,
             "No agents registered for this model",
         );
-        return respond::send_error(conn, &e, keep).await.into();
+        return Routed::Done(respond::send_error(conn, &e, keep).await.into());
     };
     let pending = PendingRequest {
         head,
@@ -220,13 +371,15 @@ async fn read_inference(
         endpoint: ep,
         received_at: started,
         request_id: conn.request_id.clone(),
-        principal: Principal::Anonymous,
+        principal,
+        alias,
+        reply_headers: std::mem::take(&mut conn.reply_headers),
         body_permit,
     };
     if owner != shard.id {
-        return Next::HandOff(Box::new(pending), owner);
+        return Routed::Dispatched(Next::HandOff(Box::new(pending), owner));
     }
-    dispatch::serve_inference(shard, conn, pending).await.into()
+    Routed::Dispatched(dispatch::serve_inference(shard, conn, pending).await.into())
 }
 
 /// Hand the connection over to `owner`: the socket, the bytes read past

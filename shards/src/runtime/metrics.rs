@@ -81,19 +81,20 @@ fn render_router(
 /// Per-model routing counters and histograms, summed over shards.
 fn render_models(o: &mut String, snaps: &[ShardSnapshot]) {
     // Per-model routing counters, summed over shards.
-    let mut routed: std::collections::BTreeMap<(String, String, String), u64> = Default::default();
-    let mut failed: std::collections::BTreeMap<(String, String, String), u64> = Default::default();
+    type RouteKey = (String, String, String, std::sync::Arc<str>);
+    let mut routed: std::collections::BTreeMap<RouteKey, u64> = Default::default();
+    let mut failed: std::collections::BTreeMap<RouteKey, u64> = Default::default();
     let mut per_model: std::collections::BTreeMap<String, ModelStats> = Default::default();
     for s in snaps {
         for (m, st) in &s.models {
-            for ((region, engine), n) in &st.routed {
+            for ((region, engine, tenant), n) in &st.routed {
                 *routed
-                    .entry((region.clone(), engine.clone(), m.clone()))
+                    .entry((region.clone(), engine.clone(), m.clone(), tenant.clone()))
                     .or_default() += n;
             }
-            for ((region, engine), n) in &st.failed {
+            for ((region, engine, tenant), n) in &st.failed {
                 *failed
-                    .entry((region.clone(), engine.clone(), m.clone()))
+                    .entry((region.clone(), engine.clone(), m.clone(), tenant.clone()))
                     .or_default() += n;
             }
             let e = per_model.entry(m.clone()).or_default();
@@ -118,13 +119,14 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot]) {
     ] {
         let _ = writeln!(o, "# HELP {name} {help}");
         let _ = writeln!(o, "# TYPE {name} counter");
-        for ((region, engine, model), n) in map {
+        for ((region, engine, model, tenant), n) in map {
             let _ = writeln!(
                 o,
-                "{name}{{region=\"{}\",engine=\"{}\",model=\"{}\",tenant_id=\"\"}} {n}",
+                "{name}{{region=\"{}\",engine=\"{}\",model=\"{}\",tenant_id=\"{}\"}} {n}",
                 esc(region),
                 esc(engine),
-                esc(model)
+                esc(model),
+                esc(tenant)
             );
         }
     }
@@ -166,7 +168,7 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot]) {
     let _ = writeln!(o, "# TYPE hivenet_request_duration_seconds histogram");
     for s in snaps {
         for (m, st) in &s.models {
-            for ((_, status), series) in &st.durations {
+            for ((_, status, tenant), series) in &st.durations {
                 let (peer, buckets, sum, count) = (
                     &series.peer_id,
                     &series.hist.buckets,
@@ -174,7 +176,8 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot]) {
                     series.hist.count,
                 );
                 let labels = format!(
-                    "tenant_id=\"\",peer_id=\"{}\",model=\"{}\",status_code=\"{status}\"",
+                    "tenant_id=\"{}\",peer_id=\"{}\",model=\"{}\",status_code=\"{status}\"",
+                    esc(tenant),
                     esc(peer),
                     esc(m)
                 );
@@ -454,7 +457,7 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
                 .lock()
                 .map(|m| m.clone())
                 .unwrap_or_default();
-            let body = render(
+            let mut body = render(
                 &snaps,
                 shard
                     .router
@@ -463,6 +466,13 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
                 &reloads,
                 shard.router.directory.load().stats(),
                 &shard.router.budget,
+            );
+            super::metrics_tenants::render(
+                &mut body,
+                &snaps,
+                &shard.router.auth.load(),
+                crate::logic::quota::day_of(super::clock::unix_secs()),
+                shard.router.audit.as_deref(),
             );
             let ct = "text/plain; version=0.0.4; charset=utf-8";
             respond::send_body(&mut conn, 200, ct, body.as_bytes(), keep).await

@@ -20,8 +20,10 @@
 //!   [`handoff`], [`store_api`].
 
 pub mod admin;
+pub mod admin_keys;
 pub mod admin_policy;
 pub mod agent_link;
+pub mod audit;
 pub mod budget;
 pub mod clock;
 pub mod conn;
@@ -35,6 +37,7 @@ pub mod io;
 pub mod link;
 pub mod mesh;
 pub mod metrics;
+pub mod metrics_tenants;
 pub mod model;
 pub mod models_api;
 pub mod pending;
@@ -43,4 +46,5 @@ pub mod router;
 pub mod shard;
 pub mod snapshot;
 pub mod store_api;
+pub mod tenancy;
 pub mod views;

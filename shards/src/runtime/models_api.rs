@@ -7,17 +7,52 @@ use serde_json::json;
 use super::views::AgentView;
 use crate::logic::errors::{ApiError, ErrorCode};
 
-/// Every model with a registered agent.
-pub fn list<'a>(agents: impl Iterator<Item = &'a AgentView>) -> Vec<u8> {
+/// Every model with a registered agent, and every alias whose target is
+/// listed (the caller filters `agents` by what the key may see).
+pub fn list<'a>(
+    agents: impl Iterator<Item = &'a AgentView>,
+    aliases: &std::collections::BTreeMap<String, String>,
+) -> Vec<u8> {
     let mut by_model: std::collections::BTreeMap<&str, Vec<&AgentView>> = Default::default();
     for a in agents {
         by_model.entry(a.reg.model.as_str()).or_default().push(a);
     }
-    let data: Vec<_> = by_model
+    let mut data: Vec<_> = by_model
         .iter()
         .map(|(m, v)| model_object(m, v, false))
         .collect();
+    for (alias, target) in aliases {
+        if let Some(v) = by_model.get(target.as_str()) {
+            data.push(alias_object(alias, target, v, false));
+        }
+    }
     serde_json::to_vec(&json!({"object": "list", "data": data})).unwrap_or_default()
+}
+
+/// An alias's object: its target's, under the alias's ID.
+fn alias_object(
+    alias: &str,
+    target: &str,
+    agents: &[&AgentView],
+    with_list: bool,
+) -> serde_json::Value {
+    let mut o = model_object(alias, agents, with_list);
+    o["info"] = json!(format!("alias of {target}"));
+    o["alias_of"] = json!(target);
+    o
+}
+
+/// The detail of an alias whose target has registered agents.
+pub fn alias_detail<'a>(
+    alias: &str,
+    target: &str,
+    agents: impl Iterator<Item = &'a AgentView>,
+) -> Option<Vec<u8>> {
+    let v: Vec<&AgentView> = agents.filter(|a| a.reg.model == target).collect();
+    if v.is_empty() {
+        return None;
+    }
+    serde_json::to_vec(&alias_object(alias, target, &v, true)).ok()
 }
 
 /// One model's object, if it has a registered agent; `with_list` adds

@@ -7,15 +7,7 @@ use crate::logic::endpoint::Endpoint;
 use crate::logic::http_parse::RequestHead;
 use crate::logic::probe::RequestMeta;
 
-/// Who sent the request. Client authentication fills this in (spec 05);
-/// until it exists every request is anonymous.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Principal {
-    /// No client key (the router runs without client auth).
-    #[default]
-    Anonymous,
-}
+pub use super::tenancy::Principal;
 
 /// A request ready for its model's shard.
 #[derive(Debug)]
@@ -34,6 +26,10 @@ pub struct PendingRequest {
     pub request_id: String,
     /// Who sent it.
     pub principal: Principal,
+    /// The name the client asked for when it was an alias.
+    pub alias: Option<String>,
+    /// Headers every response to it carries (`X-Hivenet-Routed-Model`).
+    pub reply_headers: Vec<(&'static str, Vec<u8>)>,
     /// The body's share of the router-wide body budget (given back when
     /// the request is done).
     pub body_permit: BodyPermit,

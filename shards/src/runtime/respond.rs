@@ -38,16 +38,16 @@ pub fn new_request_id() -> String {
     crate::logic::request_id::format_v4(rand::random::<[u8; 16]>())
 }
 
-/// CORS, `X-Request-ID` and `more`, borrowed for the writers.
-fn extras<'a>(
-    request_id: &'a str,
-    more: &[(&'static str, &'a [u8])],
-) -> Vec<(&'static str, &'a [u8])> {
-    let mut v: Vec<(&'static str, &'a [u8])> = Vec::with_capacity(CORS.len() + 1 + more.len());
+/// CORS, `X-Request-ID`, the request's reply headers (quota state, the
+/// routed model) and `more`, borrowed for the writers.
+fn extras<'a>(conn: &'a Conn, more: &[(&'static str, &'a [u8])]) -> Vec<(&'static str, &'a [u8])> {
+    let mut v: Vec<(&'static str, &'a [u8])> =
+        Vec::with_capacity(CORS.len() + 1 + conn.reply_headers.len() + more.len());
     v.extend(CORS.iter().copied());
-    if !request_id.is_empty() {
-        v.push(("X-Request-ID", request_id.as_bytes()));
+    if !conn.request_id.is_empty() {
+        v.push(("X-Request-ID", conn.request_id.as_bytes()));
     }
+    v.extend(conn.reply_headers.iter().map(|(n, b)| (*n, b.as_slice())));
     v.extend(more.iter().copied());
     v
 }
@@ -69,6 +69,8 @@ pub async fn send_error_with(
     keep: bool,
     more: &[(&'static str, &[u8])],
 ) -> bool {
+    conn.status = err.status;
+    conn.error_code = err.code.as_str();
     let body = err.body();
     let mut out = Vec::with_capacity(256 + body.len());
     http_write::write_full_response(
@@ -77,7 +79,7 @@ pub async fn send_error_with(
         "application/json",
         &body,
         keep,
-        &extras(&conn.request_id, more),
+        &extras(conn, more),
     );
     send(conn, out, keep).await
 }
@@ -95,6 +97,8 @@ pub async fn send_body(
     body: &[u8],
     keep: bool,
 ) -> bool {
+    conn.status = status;
+    conn.error_code = "";
     let mut out = Vec::with_capacity(body.len() + 256);
     http_write::write_full_response(
         &mut out,
@@ -102,13 +106,15 @@ pub async fn send_body(
         content_type,
         body,
         keep,
-        &extras(&conn.request_id, &[]),
+        &extras(conn, &[]),
     );
     send(conn, out, keep).await
 }
 
 /// `204 No Content` (CORS preflight).
 pub async fn send_no_content(conn: &mut Conn, keep: bool) -> bool {
+    conn.status = 204;
+    conn.error_code = "";
     let mut out = Vec::with_capacity(256);
     http_write::write_response_head(
         &mut out,
@@ -116,13 +122,13 @@ pub async fn send_no_content(conn: &mut Conn, keep: bool) -> bool {
         &[],
         OutFraming::Length(0),
         keep,
-        &extras(&conn.request_id, &[]),
+        &extras(conn, &[]),
     );
     send(conn, out, keep).await
 }
 
 /// The head of an event stream the router produces itself.
-pub fn event_stream_head(out: &mut Vec<u8>, request_id: &str) {
+pub fn event_stream_head(out: &mut Vec<u8>, conn: &Conn) {
     let headers = [("Content-Type".to_string(), b"text/event-stream".to_vec())];
     http_write::write_response_head(
         out,
@@ -131,7 +137,7 @@ pub fn event_stream_head(out: &mut Vec<u8>, request_id: &str) {
         OutFraming::Chunked,
         false,
         &extras(
-            request_id,
+            conn,
             &[("Cache-Control", b"no-cache"), ("X-Accel-Buffering", b"no")],
         ),
     );
@@ -144,7 +150,7 @@ pub fn relayed_head(
     head: &ResponseHead,
     framing: OutFraming,
     keep: bool,
-    request_id: &str,
+    conn: &Conn,
 ) {
     let more: &[(&'static str, &[u8])] = if head.is_event_stream() {
         &[("X-Accel-Buffering", b"no")]
@@ -157,7 +163,7 @@ pub fn relayed_head(
         &head.headers,
         framing,
         keep,
-        &extras(request_id, more),
+        &extras(conn, more),
     );
 }
 

@@ -57,6 +57,9 @@ pub struct RouterConfig {
     pub max_buffered_body_bytes: u64,
     /// Client connections open at once (`--max-client-connections`; 0: unlimited).
     pub max_client_connections: usize,
+    /// `HIVENET_ROUTER_RPM_BURST_SECONDS` (0: a bucket's burst is the
+    /// whole minute).
+    pub rpm_burst_secs: u64,
 }
 
 impl Default for RouterConfig {
@@ -79,6 +82,7 @@ impl Default for RouterConfig {
             queue_depth: 30,
             max_buffered_body_bytes: 256 * 1024 * 1024,
             max_client_connections: 4096,
+            rpm_burst_secs: 0,
         }
     }
 }
@@ -109,6 +113,13 @@ pub struct Router {
     pub policies: Versioned<PolicySet>,
     /// `hivenet_policy_reload_total{trigger,result}`.
     pub policy_reloads: std::sync::Mutex<std::collections::BTreeMap<(String, String), u64>>,
+    /// Client keys and their buckets; a request takes one snapshot.
+    pub auth: Versioned<super::tenancy::AuthState>,
+    /// The dynamic key registry (mutated by `/admin/api-keys` only; its
+    /// keys are published into `auth`).
+    pub registry: std::sync::Mutex<crate::logic::registry::Registry>,
+    /// The audit log (None: off).
+    pub audit: Option<std::sync::Arc<super::audit::AuditLog>>,
     /// Subscribers of `/admin/registration-stream` (16 events buffered each;
     /// a slow subscriber loses events rather than slowing registrations).
     pub feed: std::sync::Mutex<Vec<futures::channel::mpsc::Sender<String>>>,
@@ -155,6 +166,19 @@ impl Router {
                 Err(e) => e.is_full(),
             });
         }
+    }
+
+    /// Publish the registry's keys as the lookup snapshot (buckets with
+    /// the same name carry over).
+    pub fn publish_registry(&self, reg: &crate::logic::registry::Registry) {
+        let prev = self.auth.load();
+        let next = super::tenancy::AuthState::build(
+            prev.mode,
+            reg.keys(),
+            Some(&prev),
+            &Default::default(),
+        );
+        self.auth.store(next);
     }
 
     /// Replace the policy set (validated) and count the reload.

@@ -22,6 +22,7 @@ use super::model::ModelState;
 use super::router::Router;
 use super::snapshot::Cached;
 use super::store_api::StoreMsg;
+use super::tenancy::{AuthFailure, AuthState, Principal};
 use super::views::{AgentView, ShardSnapshot};
 use crate::logic::control::Registration;
 use crate::logic::directory::Directory;
@@ -65,6 +66,7 @@ pub struct Shard {
     next_agent: Cell<u64>,
     directory: Cached<Directory>,
     policies: Cached<PolicySet>,
+    auth: Cached<AuthState>,
 }
 
 /// How a registration's warm-start lookup went.
@@ -92,7 +94,33 @@ impl Shard {
             next_agent: Cell::new(1),
             directory: Cached::default(),
             policies: Cached::default(),
+            auth: Cached::default(),
         }
+    }
+
+    /// Authenticate from this shard's copy of the key snapshot.
+    pub fn authenticate(
+        &self,
+        authorization: Option<&[u8]>,
+        x_api_key: Option<&[u8]>,
+        now_unix: u64,
+    ) -> Result<Principal, AuthFailure> {
+        self.auth.with(&self.router.auth, |a| {
+            a.authenticate(authorization, x_api_key, now_unix)
+        })
+    }
+
+    /// The model an alias stands for (None: not an alias).
+    pub fn resolve_alias(&self, model: &str) -> Option<String> {
+        self.policies.with(&self.router.policies, |p| {
+            p.resolve_alias(model).map(str::to_string)
+        })
+    }
+
+    /// The global aliases (for `/v1/models`).
+    pub fn aliases(&self) -> std::collections::BTreeMap<String, String> {
+        self.policies
+            .with(&self.router.policies, |p| p.global.aliases.clone())
     }
 
     /// Owner of a model with registered agents, from this shard's copy of
@@ -298,6 +326,9 @@ mod tests {
             budget: crate::runtime::budget::Budget::new(0, 0),
             storage_errors: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             admin_keys: Vec::new(),
+            auth: Versioned::new(Default::default()),
+            registry: Default::default(),
+            audit: None,
             insecure_admin: false,
             policy_reloads: std::sync::Mutex::new(Default::default()),
             feed: std::sync::Mutex::new(Vec::new()),

@@ -15,6 +15,13 @@ pub enum StoreMsg {
         /// Signalled after the persist (None: fire and forget).
         done: Option<oneshot::Sender<()>>,
     },
+    /// Write today's daily token usage per bucket (tenant, model) and persist.
+    QuotaFlush {
+        /// Bucket name and packed (day, used) state.
+        states: Vec<((String, String), u64)>,
+        /// Signalled after the persist.
+        done: Option<oneshot::Sender<()>>,
+    },
     /// Read one record (None when absent or expired).
     Lookup {
         /// Peer ID.

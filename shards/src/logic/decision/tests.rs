@@ -71,6 +71,7 @@ fn policy(steps: Vec<Step>) -> Arc<Policy> {
     Arc::new(Policy {
         models: Vec::new(),
         steps,
+        aliases: Default::default(),
     })
 }
 

@@ -75,7 +75,7 @@ impl ModelState {
     pub fn remove(&mut self, id: u64) -> bool {
         let before = self.agents.len();
         self.agents.retain(|a| a.id != id);
-        self.stats.durations.retain(|(a, _), _| *a != id);
+        self.stats.durations.retain(|(a, _, _), _| *a != id);
         self.agents.len() != before
     }
 

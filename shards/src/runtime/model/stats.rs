@@ -2,6 +2,7 @@
 //! shard, summed over shards at scrape.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -60,8 +61,29 @@ pub struct DurationSeries {
     pub hist: Histogram,
 }
 
-/// Region and engine of an agent (the routing counters' labels).
-pub type RegionEngine = (String, String);
+/// Region and engine of an agent, and the tenant (the routing counters' labels).
+pub type RegionEngine = (String, String, Arc<str>);
+
+/// A tenant's counters on one model (labels `tenant_id`, `key_id`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TenantStats {
+    /// Client-visible successes.
+    pub success: u64,
+    /// Client-visible failures (every error answer, 499 included).
+    pub failed: u64,
+    /// Input tokens of successful responses.
+    pub input_tokens: u64,
+    /// Output tokens of successful responses.
+    pub output_tokens: u64,
+    /// Refused by requests per minute.
+    pub rate_limited: u64,
+    /// Refused by the daily token budget.
+    pub token_limited: u64,
+    /// Client-visible duration of successful responses, at their end.
+    pub duration: Histogram,
+    /// Unix seconds of the last request.
+    pub last_request: u64,
+}
 
 /// Per-model routing counters.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -82,14 +104,25 @@ pub struct ModelStats {
     pub queue_depth: usize,
     /// Client-visible duration of completed responses (first request byte
     /// to last response byte, streams included), by (agent id, status).
-    pub durations: BTreeMap<(u64, u16), DurationSeries>,
+    pub durations: BTreeMap<(u64, u16, Arc<str>), DurationSeries>,
+    /// Per (tenant, key ID).
+    pub tenants: BTreeMap<(Arc<str>, Arc<str>), TenantStats>,
+    /// `hivenet_admission_rejections_total{reason}` on this model.
+    pub admission_rejections: BTreeMap<&'static str, u64>,
 }
 
 impl ModelStats {
     /// Record one completed response of agent `id`.
-    pub fn observe_duration(&mut self, id: u64, peer_id: &str, status: u16, secs: f64) {
+    pub fn observe_duration(
+        &mut self,
+        id: u64,
+        peer_id: &str,
+        status: u16,
+        tenant: Arc<str>,
+        secs: f64,
+    ) {
         self.durations
-            .entry((id, status))
+            .entry((id, status, tenant))
             .or_insert_with(|| DurationSeries {
                 peer_id: peer_id.to_string(),
                 hist: Histogram::default(),

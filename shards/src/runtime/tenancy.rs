@@ -1,0 +1,584 @@
+//! Client keys and quotas at run time: the lookup snapshot every shard
+//! reads ([`AuthState`]: SHA-256 of the token -> [`Credential`]), the
+//! shared buckets (one `AtomicU64` each, updated by compare-and-swap over
+//! the pure arithmetic of [`crate::logic::quota`]), and the admission of
+//! one request against them ([`admit`] -> [`Ticket`], settled once when
+//! the request ends).
+//!
+//! Buckets are carried over when the snapshot is rebuilt (SIGHUP, a
+//! registry change), so a reload forgets neither today's token usage nor
+//! a minute's requests; they are also restored from the store at start.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use crate::logic::auth::{self, Access, ApiMode, KeyRecord, Limits};
+use crate::logic::endpoint::Endpoint;
+use crate::logic::errors::{ApiError, ErrorCode};
+use crate::logic::quota::{self, Daily, Rate, Verdict};
+use crate::logic::usage::Tokens;
+
+/// One bucket pair: requests per minute (GCRA state) and tokens today
+/// (packed day and usage).
+#[derive(Debug, Default)]
+pub struct Bucket {
+    /// GCRA theoretical arrival time (monotonic ns; 0 = full).
+    pub rpm: AtomicU64,
+    /// [`quota::pack`]ed day index and tokens used.
+    pub daily: AtomicU64,
+}
+
+/// A bucket's name: tenant, and model for per-model keys (`""` for flat).
+pub type BucketKey = (Arc<str>, String);
+
+/// An authenticated key with its buckets.
+#[derive(Debug, Clone)]
+pub struct Credential {
+    /// The key's record.
+    pub key: Arc<KeyRecord>,
+    /// The tenant's flat bucket (flat keys).
+    pub flat: Option<Arc<Bucket>>,
+    /// The (tenant, model) buckets (per-model keys).
+    pub per_model: Arc<HashMap<String, Arc<Bucket>>>,
+}
+
+/// Who sent a request.
+#[derive(Debug, Clone, Default)]
+pub enum Principal {
+    /// No client auth (mode `none`): tenant `default`.
+    #[default]
+    Anonymous,
+    /// An authenticated key.
+    Key(Credential),
+    /// An admin route (its key is checked by the admin module).
+    Admin,
+}
+
+thread_local! {
+    /// `default`, `anonymous`, `admin`: one copy per shard, so labels of
+    /// anonymous requests allocate nothing and share no cache line.
+    static NAMES: (Arc<str>, Arc<str>, Arc<str>) =
+        (Arc::from("default"), Arc::from("anonymous"), Arc::from("admin"));
+}
+
+// === impl Principal ===
+
+impl Principal {
+    /// `tenant_id` label and audit field.
+    pub fn tenant(&self) -> &str {
+        match self {
+            Principal::Anonymous => "default",
+            Principal::Admin => "admin",
+            Principal::Key(c) => &c.key.tenant,
+        }
+    }
+
+    /// `key_id` label and audit field (`anonymous` without auth).
+    pub fn key_id(&self) -> &str {
+        match self {
+            Principal::Anonymous => "anonymous",
+            Principal::Admin => "admin",
+            Principal::Key(c) => &c.key.key_id,
+        }
+    }
+
+    /// The tenant as a shared string (for per-shard maps).
+    pub fn tenant_arc(&self) -> Arc<str> {
+        match self {
+            Principal::Anonymous => NAMES.with(|n| n.0.clone()),
+            Principal::Admin => NAMES.with(|n| n.2.clone()),
+            Principal::Key(c) => c.key.tenant.clone(),
+        }
+    }
+
+    /// The key ID as a shared string.
+    pub fn key_id_arc(&self) -> Arc<str> {
+        match self {
+            Principal::Anonymous => NAMES.with(|n| n.1.clone()),
+            Principal::Admin => NAMES.with(|n| n.2.clone()),
+            Principal::Key(c) => c.key.key_id.clone(),
+        }
+    }
+
+    /// What this principal may do with `model`.
+    pub fn access(&self, model: &str) -> Access {
+        match self {
+            Principal::Anonymous | Principal::Admin => Access::Allowed,
+            Principal::Key(c) => c.key.access(model),
+        }
+    }
+}
+
+/// The lookup snapshot (replaced whole on reload and registry changes).
+#[derive(Debug, Default)]
+pub struct AuthState {
+    /// Client mode.
+    pub mode: ApiMode,
+    by_hash: HashMap<[u8; 32], Credential>,
+    /// Every bucket, by name (persistence, gauges).
+    pub buckets: BTreeMap<BucketKey, Arc<Bucket>>,
+    /// Limits per tenant for the gauges: flat (rpm, tpd) and per model
+    /// (rpm per replica, tpd); the last key of a tenant wins.
+    pub tenant_limits: BTreeMap<Arc<str>, TenantLimits>,
+}
+
+/// A tenant's configured limits (gauges).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantLimits {
+    /// Flat (rpm, tpd).
+    pub flat: Option<(u64, u64)>,
+    /// Per model: (rpm per replica, tpd).
+    pub per_model: BTreeMap<String, (u64, u64)>,
+}
+
+/// What the request presented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// No key, a wrong one, an expired or disabled one: all the same 401.
+    Unauthorized,
+}
+
+impl AuthFailure {
+    /// The 401 (its `WWW-Authenticate` comes from [`WWW_AUTHENTICATE`]).
+    pub fn error(self) -> ApiError {
+        ApiError::new(ErrorCode::Unauthorized, "unauthorized")
+    }
+}
+
+/// The challenge sent with every 401.
+pub const WWW_AUTHENTICATE: (&str, &[u8]) =
+    ("WWW-Authenticate", br#"Bearer realm="hivenet-router""#);
+
+// === impl AuthState ===
+
+impl AuthState {
+    /// Build the snapshot for `keys`, reusing the buckets of `prev` with
+    /// the same name and seeding new ones from `restored` (daily states
+    /// read from the store).
+    pub fn build(
+        mode: ApiMode,
+        keys: Vec<([u8; 32], KeyRecord)>,
+        prev: Option<&AuthState>,
+        restored: &HashMap<BucketKey, u64>,
+    ) -> AuthState {
+        let mut buckets: BTreeMap<BucketKey, Arc<Bucket>> = BTreeMap::new();
+        let mut bucket = |name: BucketKey| -> Arc<Bucket> {
+            buckets
+                .entry(name.clone())
+                .or_insert_with(|| {
+                    prev.and_then(|p| p.buckets.get(&name).cloned())
+                        .unwrap_or_else(|| {
+                            let b = Bucket::default();
+                            if let Some(s) = restored.get(&name) {
+                                b.daily.store(*s, Ordering::Relaxed);
+                            }
+                            Arc::new(b)
+                        })
+                })
+                .clone()
+        };
+        let mut by_hash = HashMap::with_capacity(keys.len());
+        let mut tenant_limits: BTreeMap<Arc<str>, TenantLimits> = BTreeMap::new();
+        for (hash, rec) in keys {
+            let tenant = rec.tenant.clone();
+            let limits = tenant_limits.entry(tenant.clone()).or_default();
+            let (flat, per_model) = match &rec.limits {
+                Limits::None => (None, HashMap::new()),
+                Limits::Flat { rpm, tpd, .. } => {
+                    limits.flat = Some((*rpm, *tpd));
+                    (
+                        Some(bucket((tenant.clone(), String::new()))),
+                        HashMap::new(),
+                    )
+                }
+                Limits::PerModel(m) => {
+                    let mut map = HashMap::with_capacity(m.len());
+                    for (model, l) in m {
+                        limits
+                            .per_model
+                            .insert(model.clone(), (l.rpm_per_replica, l.tpd));
+                        map.insert(model.clone(), bucket((tenant.clone(), model.clone())));
+                    }
+                    (None, map)
+                }
+            };
+            by_hash.insert(
+                hash,
+                Credential {
+                    key: Arc::new(rec),
+                    flat,
+                    per_model: Arc::new(per_model),
+                },
+            );
+        }
+        AuthState {
+            mode,
+            by_hash,
+            buckets,
+            tenant_limits,
+        }
+    }
+
+    /// Authenticate a request from its `Authorization` / `x-api-key`
+    /// values at `now_unix`. One SHA-256 and one map lookup.
+    pub fn authenticate(
+        &self,
+        authorization: Option<&[u8]>,
+        x_api_key: Option<&[u8]>,
+        now_unix: u64,
+    ) -> Result<Principal, AuthFailure> {
+        if self.mode == ApiMode::None {
+            return Ok(Principal::Anonymous);
+        }
+        let token =
+            auth::bearer_token(authorization, x_api_key).ok_or(AuthFailure::Unauthorized)?;
+        let hash: [u8; 32] = Sha256::digest(token).into();
+        match self.by_hash.get(&hash) {
+            Some(c) if c.key.valid_at(now_unix) => Ok(Principal::Key(c.clone())),
+            _ => Err(AuthFailure::Unauthorized),
+        }
+    }
+
+    /// Number of keys.
+    pub fn key_count(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    /// Today's usage of every bucket that has some (for the store).
+    pub fn daily_states(&self) -> Vec<(BucketKey, u64)> {
+        self.buckets
+            .iter()
+            .map(|(k, b)| (k.clone(), b.daily.load(Ordering::Relaxed)))
+            .filter(|(_, s)| *s != 0)
+            .collect()
+    }
+}
+
+/// A request's quota refusal: the error and its headers.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// The 429.
+    pub error: ApiError,
+    /// `X-RateLimit-*` and `Retry-After`.
+    pub headers: Vec<(&'static str, Vec<u8>)>,
+    /// Which limit: `rpm` or `tokens`.
+    pub kind: RefusalKind,
+}
+
+/// Which limit refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// Requests per minute (or no quota declared for the model).
+    Requests,
+    /// Daily tokens.
+    Tokens,
+}
+
+/// Quota taken by an admitted request; [`Ticket::settle`] trues it up once.
+#[derive(Debug, Default)]
+pub struct Ticket {
+    /// Headers for the response (`X-RateLimit-*`).
+    pub headers: Vec<(&'static str, Vec<u8>)>,
+    daily: Option<(Arc<Bucket>, u64, u64)>,
+}
+
+/// The request facts quotas read.
+#[derive(Debug, Clone, Copy)]
+pub struct QuotaFacts<'a> {
+    /// The (resolved) model.
+    pub model: &'a str,
+    /// The endpoint (daily tokens: chat and messages only).
+    pub endpoint: Endpoint,
+    /// Input-token estimate.
+    pub estimate: u64,
+    /// Declared output tokens.
+    pub declared_output: u64,
+    /// Healthy replicas of the model now (per-model RPM scales with it,
+    /// floored at 1 so a draining model is never unlimited).
+    pub replicas: u64,
+    /// `HIVENET_ROUTER_RPM_BURST_SECONDS` (0: burst = the whole minute).
+    pub burst_secs: u64,
+}
+
+fn num(v: u64) -> Vec<u8> {
+    v.to_string().into_bytes()
+}
+
+/// Take one request from `b` at `rate` (compare-and-swap over GCRA).
+fn take_request(b: &Bucket, rate: Rate, now_ns: u64) -> Verdict {
+    let mut cur = b.rpm.load(Ordering::Relaxed);
+    loop {
+        match quota::take(cur, now_ns, rate) {
+            Verdict::Admit { tat, remaining } => {
+                match b
+                    .rpm
+                    .compare_exchange_weak(cur, tat, Ordering::AcqRel, Ordering::Relaxed)
+                {
+                    Ok(_) => return Verdict::Admit { tat, remaining },
+                    Err(now) => cur = now,
+                }
+            }
+            deny => return deny,
+        }
+    }
+}
+
+/// Check and charge the daily budget of `b` (compare-and-swap).
+fn take_tokens(b: &Bucket, day: u64, limit: u64, need: u64, charge: u64) -> Daily {
+    let mut cur = b.daily.load(Ordering::Relaxed);
+    loop {
+        match quota::charge(cur, day, limit, need, charge) {
+            Daily::Charged { state, remaining } => {
+                match b
+                    .daily
+                    .compare_exchange_weak(cur, state, Ordering::AcqRel, Ordering::Relaxed)
+                {
+                    Ok(_) => return Daily::Charged { state, remaining },
+                    Err(now) => cur = now,
+                }
+            }
+            refused => return refused,
+        }
+    }
+}
+
+fn adjust_tokens(b: &Bucket, day: u64, delta: i64) {
+    let _ = b
+        .daily
+        .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |s| {
+            Some(quota::adjust(s, day, delta))
+        });
+}
+
+/// Admit one request against its principal's quotas at `now_ns`
+/// (monotonic) and `day` (UTC day index): requests per minute first, then
+/// daily tokens (chat and messages only; not count_tokens, embeddings or
+/// rerank).
+pub fn admit(p: &Principal, f: QuotaFacts<'_>, now_ns: u64, day: u64) -> Result<Ticket, Refusal> {
+    let Principal::Key(c) = p else {
+        return Ok(Ticket::default());
+    };
+    let (bucket, rpm, tpd) = match &c.key.limits {
+        Limits::None => return Ok(Ticket::default()),
+        Limits::Flat { rpm, tpd, .. } => match &c.flat {
+            Some(b) => (b, *rpm, *tpd),
+            None => return Ok(Ticket::default()),
+        },
+        Limits::PerModel(m) => {
+            let (Some(l), Some(b)) = (m.get(f.model), c.per_model.get(f.model)) else {
+                return Err(Refusal {
+                    error: ApiError::new(
+                        ErrorCode::RateLimitExceeded,
+                        format!("no quota declared for model {} on this API key", f.model),
+                    ),
+                    headers: vec![("X-RateLimit-Remaining-Requests", b"0".to_vec())],
+                    kind: RefusalKind::Requests,
+                });
+            };
+            (
+                b,
+                l.rpm_per_replica.saturating_mul(f.replicas.max(1)),
+                l.tpd,
+            )
+        }
+    };
+    let mut ticket = Ticket::default();
+    if rpm > 0 {
+        let rate = Rate::per_minute(rpm, f.burst_secs);
+        match take_request(bucket, rate, now_ns) {
+            Verdict::Admit { remaining, .. } => {
+                ticket
+                    .headers
+                    .push(("X-RateLimit-Limit-Requests", num(rpm)));
+                ticket
+                    .headers
+                    .push(("X-RateLimit-Remaining-Requests", num(remaining)));
+            }
+            Verdict::Deny { retry_after_ns } => {
+                let secs = quota::retry_after_secs(retry_after_ns);
+                return Err(Refusal {
+                    error: ApiError::new(ErrorCode::RateLimitExceeded, "rate limit exceeded"),
+                    headers: vec![
+                        ("X-RateLimit-Limit-Requests", num(rpm)),
+                        ("X-RateLimit-Remaining-Requests", b"0".to_vec()),
+                        ("Retry-After", num(secs)),
+                        // Millisecond precision for the SDKs that read it.
+                        ("retry-after-ms", num(retry_after_ns.div_ceil(1_000_000))),
+                    ],
+                    kind: RefusalKind::Requests,
+                });
+            }
+        }
+    }
+    let metered = matches!(f.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
+    if tpd > 0 && metered {
+        let need = f.estimate.saturating_add(f.declared_output);
+        match take_tokens(bucket, day, tpd, need, f.estimate) {
+            Daily::Charged { remaining, .. } => {
+                ticket
+                    .headers
+                    .push(("X-RateLimit-Remaining-Tokens", num(remaining)));
+                ticket.daily = Some((bucket.clone(), day, f.estimate));
+            }
+            Daily::Refused { remaining } => {
+                let msg = if f.declared_output > 0 {
+                    "insufficient daily token budget for requested max_tokens"
+                } else {
+                    "daily token budget exceeded"
+                };
+                return Err(Refusal {
+                    error: ApiError::new(ErrorCode::TokenLimitExceeded, msg),
+                    headers: vec![("X-RateLimit-Remaining-Tokens", num(remaining))],
+                    kind: RefusalKind::Tokens,
+                });
+            }
+        }
+    }
+    Ok(ticket)
+}
+
+// === impl Ticket ===
+
+impl Ticket {
+    /// True the daily charge up once the request is over: to the exact
+    /// usage when the response reported it, refunded in full when the
+    /// request failed before any output reached the client, else kept.
+    pub fn settle(mut self, end: Settle) {
+        let Some((bucket, day, charged)) = self.daily.take() else {
+            return;
+        };
+        let charged = i64::try_from(charged).unwrap_or(i64::MAX);
+        let delta = match end {
+            Settle::Usage(t) => {
+                i64::try_from(t.input.saturating_add(t.output)).unwrap_or(i64::MAX) - charged
+            }
+            Settle::NothingSent => -charged,
+            Settle::Unknown => 0,
+        };
+        if delta != 0 {
+            adjust_tokens(&bucket, day, delta);
+        }
+    }
+}
+
+/// How a request with a daily charge ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// The response reported this usage.
+    Usage(Tokens),
+    /// No response byte reached the client (rejection, agent failure,
+    /// client gone before the head): refund.
+    NothingSent,
+    /// Served without usage: the estimate stands.
+    Unknown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::logic::auth::parse_config;
+
+    const KEY: &str = "sk-test-1";
+
+    fn state(quota: &str) -> AuthState {
+        let h = auth::hex(&Sha256::digest(KEY.as_bytes()));
+        let c = parse_config(
+            "auth.yaml",
+            &format!("api:\n  mode: api-key\n  keys:\n    - key_hash: \"{h}\"\n      metadata: {{name: n, owner: acme}}\n      quota: {quota}\n"),
+        )
+        .expect("config");
+        AuthState::build(c.api, c.keys, None, &HashMap::new())
+    }
+
+    fn facts(model: &str) -> QuotaFacts<'_> {
+        QuotaFacts {
+            model,
+            endpoint: Endpoint::ChatCompletions,
+            estimate: 10,
+            declared_output: 5,
+            replicas: 1,
+            burst_secs: 0,
+        }
+    }
+
+    #[test]
+    fn authenticates_by_hash_only() {
+        let s = state("{requests_per_minute: 2}");
+        let p = s
+            .authenticate(Some(b"Bearer sk-test-1"), None, 0)
+            .expect("valid");
+        assert_eq!(p.tenant(), "acme");
+        assert!(p.key_id().starts_with("sk_"));
+        assert!(s.authenticate(None, Some(b"sk-test-1"), 0).is_ok());
+        assert!(s.authenticate(Some(b"Bearer sk-test-2"), None, 0).is_err());
+        assert!(s.authenticate(None, None, 0).is_err());
+    }
+
+    #[test]
+    fn rpm_then_daily_then_settle() {
+        let s = state("{requests_per_minute: 2, tokens_per_day: 40}");
+        let p = s.authenticate(Some(b"sk-test-1"), None, 0).expect("valid");
+        let t1 = admit(&p, facts("m"), 1_000, 7).expect("first");
+        assert!(t1
+            .headers
+            .iter()
+            .any(|(n, v)| *n == "X-RateLimit-Remaining-Tokens" && v == b"30"));
+        let t2 = admit(&p, facts("m"), 1_000, 7).expect("second");
+        let r = admit(&p, facts("m"), 1_000, 7).expect_err("third: rpm");
+        assert_eq!(r.kind, RefusalKind::Requests);
+        assert!(r
+            .headers
+            .iter()
+            .any(|(n, v)| *n == "Retry-After" && v == b"30"));
+        // Failure before output: refund.
+        t1.settle(Settle::NothingSent);
+        // Exact usage: 3 in + 4 out instead of the estimate 10.
+        t2.settle(Settle::Usage(Tokens {
+            input: 3,
+            output: 4,
+        }));
+        let b = s.buckets.values().next().expect("bucket");
+        assert_eq!(quota::used_on(b.daily.load(Ordering::Relaxed), 7), 7);
+        // 33 left: a request needing 15 passes later, one needing 34 does not.
+        let later = 1_000 + 60_000_000_000;
+        let mut big = facts("m");
+        big.estimate = 30;
+        big.declared_output = 4;
+        let r = admit(&p, big, later, 7).expect_err("tokens");
+        assert_eq!(r.kind, RefusalKind::Tokens);
+        assert_eq!(r.error.code, ErrorCode::TokenLimitExceeded);
+        assert!(r
+            .headers
+            .iter()
+            .any(|(n, v)| *n == "X-RateLimit-Remaining-Tokens" && v == b"33"));
+        // Rebuilding the snapshot keeps the usage (reload).
+        let h = auth::hex(&Sha256::digest(KEY.as_bytes()));
+        let c = parse_config("a", &format!("api:\n  mode: api-key\n  keys:\n    - key_hash: \"{h}\"\n      metadata: {{name: n, owner: acme}}\n      quota: {{tokens_per_day: 40}}\n")).expect("c");
+        let s2 = AuthState::build(c.api, c.keys, Some(&s), &HashMap::new());
+        let b2 = s2.buckets.values().next().expect("bucket");
+        assert_eq!(quota::used_on(b2.daily.load(Ordering::Relaxed), 7), 7);
+    }
+
+    #[test]
+    fn per_model_scales_with_replicas_and_refuses_undeclared() {
+        let s = state("{per_model: {m: {requests_per_minute_per_replica: 1, tokens_per_day: 0}}}");
+        let p = s.authenticate(Some(b"sk-test-1"), None, 0).expect("valid");
+        let r = admit(&p, facts("other"), 0, 1).expect_err("undeclared");
+        assert!(r
+            .error
+            .message
+            .contains("no quota declared for model other"));
+        let mut two = facts("m");
+        two.replicas = 2;
+        admit(&p, two, 5, 1).expect("1");
+        admit(&p, two, 5, 1).expect("2");
+        assert!(admit(&p, two, 5, 1).is_err());
+        // No healthy replica: still one replica's worth (never unlimited).
+        let mut zero = facts("m");
+        zero.replicas = 0;
+        assert!(admit(&p, zero, 5, 1).is_err());
+    }
+}
