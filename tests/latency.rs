@@ -31,24 +31,6 @@ fn rttvar(a: &serde_json::Value) -> Option<f64> {
     a["universal"]["rttvar_ms"].as_f64()
 }
 
-fn sigterm(p: &mut Proc) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &p.child.id().to_string()])
-        .status();
-    let start = std::time::Instant::now();
-    loop {
-        if let Ok(Some(st)) = p.child.try_wait() {
-            assert!(st.success(), "graceful exit: {st:?}\n{}", p.log_text());
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "router did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn chat(http: u16, model: &str, stream: bool, max_tokens: u32) {
     let body = format!(
         r#"{{"model":"{model}","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"hi"}}]}}"#

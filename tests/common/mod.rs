@@ -480,3 +480,95 @@ pub fn router_on(dir: &Path, ports: (u16, u16, u16), extra: &[&str]) -> Proc {
     );
     proc
 }
+
+/// A request with extra header lines; returns status, the head (lower
+/// case) and the (de-chunked) body.
+pub fn request_full(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    extra: &str,
+) -> std::io::Result<(u16, String, Vec<u8>)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())?;
+    s.write_all(body)?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    let split = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| p + 4)
+        .unwrap_or(out.len());
+    let head = String::from_utf8_lossy(&out[..split]).to_ascii_lowercase();
+    let mut body = out[split..].to_vec();
+    if head.contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    Ok((status_of(head.as_bytes()), head, body))
+}
+
+/// The value of header `name` (lower case) in a lower-cased head.
+pub fn header_of(head: &str, name: &str) -> Option<String> {
+    head.lines().find_map(|l| {
+        l.strip_prefix(&format!("{name}:"))
+            .map(|v| v.trim().to_string())
+    })
+}
+
+/// SHA-256 hex of a key (what auth.yaml stores).
+pub fn sha256_hex(key: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A chat body for `model`.
+pub fn chat_body(model: &str, stream: bool) -> String {
+    format!(
+        r#"{{"model":"{model}","stream":{stream},"max_tokens":4,"messages":[{{"role":"user","content":"hello there"}}]}}"#
+    )
+}
+
+/// POST a chat with a bearer key; returns status, head, body.
+pub fn chat_as(http: u16, key: &str, model: &str) -> (u16, String, Vec<u8>) {
+    request_full(
+        http,
+        "POST",
+        "/v1/chat/completions",
+        chat_body(model, false).as_bytes(),
+        &format!("Authorization: Bearer {key}\r\n"),
+    )
+    .expect("chat")
+}
+
+/// Send `sig` (`TERM`, `HUP`) to a process.
+pub fn signal(p: &Proc, sig: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{sig}"), &p.child.id().to_string()])
+        .status();
+}
+
+/// SIGTERM and wait for a graceful exit.
+pub fn sigterm(p: &mut Proc) {
+    signal(p, "TERM");
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(st)) = p.child.try_wait() {
+            assert!(st.success(), "graceful exit: {st:?}\n{}", p.log_text());
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "router did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,121 @@
+//! The audit log end to end: one JSON line per request, written by its own
+//! thread, with the tenant and key ID (never the key), the agent's peer
+//! ID, the stream's token counts, UTC timestamps, 401s, and 499 for a
+//! client that leaves mid-stream.
+
+mod common;
+use common::*;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+fn lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+#[test]
+fn streamed_requests_and_a_client_that_leaves() {
+    let dir = tmpdir("audit");
+    let key = "sk-audit-key";
+    std::fs::write(
+        dir.join("auth.yaml"),
+        format!("api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      metadata: {{name: a, owner: acme}}\n", sha256_hex(key)),
+    )
+    .expect("auth");
+    let log = dir.join("logs/audit.jsonl");
+    let log_s = log.to_string_lossy().to_string();
+    let r = start_router(
+        &dir,
+        &["--auth-config-file", "auth.yaml"],
+        &[("HIVENET_ROUTER_AUDIT_LOG_PATH", &log_s)],
+    );
+    let (_s, port) = start_sim(&dir, "m", &["--output-tokens", "6"]);
+    let (_slow, slow_port) = start_sim(&dir, "slow", &["--output-tokens", "200", "--itl", "50ms"]);
+    let agent = start_agent(&dir, &r, port, "a.key", &[]);
+    let _a2 = start_agent(&dir, &r, slow_port, "b.key", &[]);
+    let up = |m: &'static str| {
+        move || {
+            get_auth(r.http, &format!("/v1/models/{m}"), key)
+                .map(|x| x.0 == 200)
+                .unwrap_or(false)
+        }
+    };
+    wait_until(Duration::from_secs(30), up("m"), "m");
+    wait_until(Duration::from_secs(30), up("slow"), "slow");
+
+    // A streamed request with usage in its last chunk.
+    let body = r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":6,"messages":[{"role":"user","content":"hello"}]}"#;
+    let (st, _, _) = request_full(
+        r.http,
+        "POST",
+        "/v1/chat/completions",
+        body.as_bytes(),
+        &format!("Authorization: Bearer {key}\r\n"),
+    )
+    .expect("stream");
+    assert_eq!(st, 200);
+    // A refused one.
+    assert_eq!(chat_as(r.http, "sk-wrong", "m").0, 401);
+    // A client that leaves after the first event.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", r.http)).expect("connect");
+    let slow = r#"{"model":"slow","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"hello"}]}"#;
+    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {key}\r\nContent-Length: {}\r\n\r\n{slow}", slow.len()).expect("send");
+    let mut buf = [0u8; 4096];
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("data:") {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    drop(s);
+
+    let mut all = Vec::new();
+    wait_until(
+        Duration::from_secs(15),
+        || {
+            all = lines(&log);
+            all.iter().any(|l| l["status_code"] == 499)
+        },
+        "three audit lines",
+    );
+    let streamed = all
+        .iter()
+        .find(|l| l["model"] == "m" && l["status_code"] == 200)
+        .expect("streamed line");
+    assert_eq!(streamed["log_type"], "audit");
+    assert_eq!(streamed["tenant_id"], "acme");
+    assert!(streamed["key_id"].as_str().unwrap_or("").starts_with("sk_"));
+    assert_eq!(streamed["output_tokens"], 6, "{streamed}");
+    assert!(
+        streamed["input_tokens"].as_u64().unwrap_or(0) > 0,
+        "{streamed}"
+    );
+    assert_eq!(
+        streamed["agent_id"].as_str(),
+        Some(peer_in_log(&agent).as_str())
+    );
+    assert_eq!(streamed["source_ip"], "127.0.0.1");
+    let ts = streamed["ts"].as_str().expect("ts");
+    assert!(ts.ends_with('Z') && ts.len() == 30, "UTC RFC 3339: {ts}");
+    let refused = all
+        .iter()
+        .find(|l| l["status_code"] == 401)
+        .expect("401 line");
+    assert_eq!(refused["error_code"], "unauthorized");
+    let gone = all
+        .iter()
+        .find(|l| l["status_code"] == 499)
+        .expect("499 line");
+    assert_eq!(gone["model"], "slow");
+    assert_eq!(gone["level"], "error");
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        !text.contains(key) && !text.contains("sk-wrong"),
+        "never the key itself"
+    );
+    let m = metrics_text(r.metrics);
+    assert!(m.contains("hivenet_audit_write_errors_total 0"), "{m}");
+}

@@ -1,0 +1,199 @@
+//! The dynamic key registry end to end (spec 02 §9, 05 §7): keys created,
+//! rotated, deleted and replaced through `/admin/api-keys` take effect at
+//! once; stale versions get 409 (400 for replace); lists are snake_case
+//! and never show the hash.
+
+mod common;
+use common::*;
+use serde_json::json;
+
+fn admin(http: u16, method: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let b = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
+    let (st, _, out) = request_full(
+        http,
+        method,
+        path,
+        b.as_bytes(),
+        &format!("Authorization: Bearer {ADMIN_KEY}\r\n"),
+    )
+    .expect("admin");
+    (
+        st,
+        serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+fn key(version: &str, raw: &str) -> serde_json::Value {
+    json!({"version": version, "key_hash": sha256_hex(raw), "key_preview": "sk-...x", "owner": "acme", "name": "prod",
+           "allowed_models": ["m"], "quota": {"requests_per_minute": 1000}})
+}
+
+#[test]
+fn registry_versions_rotation_and_replace() {
+    let dir = tmpdir("dyn-keys");
+    let r = start_router(&dir, &[], &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")]);
+    let (_s, port) = start_sim(&dir, "m", &[]);
+    let _a = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_until(
+        std::time::Duration::from_secs(30),
+        || {
+            get_auth(r.http, "/admin/models/m", ADMIN_KEY)
+                .map(|x| x.0 == 200)
+                .unwrap_or(false)
+        },
+        "agent",
+    );
+
+    // Empty until bootstrapped: every client key is refused.
+    let (st, v) = admin(r.http, "GET", "/admin/api-keys", serde_json::Value::Null);
+    assert_eq!(
+        (st, v["keys"].clone(), v["version"].clone()),
+        (200, json!([]), json!(""))
+    );
+    assert_eq!(chat_as(r.http, "sk-1", "m").0, 401);
+    // Admin routes need the admin key.
+    assert_eq!(
+        request_full(r.http, "GET", "/admin/api-keys", b"", "")
+            .expect("r")
+            .0,
+        401
+    );
+
+    let (st, v) = admin(r.http, "PUT", "/admin/api-keys/k1", key("rev_02", "sk-1"));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(chat_as(r.http, "sk-1", "m").0, 200);
+    // Replay of the same version is accepted; an older one is stale.
+    assert_eq!(
+        admin(r.http, "PUT", "/admin/api-keys/k1", key("rev_02", "sk-1")).0,
+        200
+    );
+    let (st, v) = admin(r.http, "PUT", "/admin/api-keys/k1", key("rev_01", "sk-1"));
+    assert_eq!(
+        (st, v),
+        (
+            409,
+            json!({"error": "stale version", "current_version": "rev_02"})
+        )
+    );
+    let mut no_version = key("", "sk-1");
+    no_version["version"] = json!("");
+    assert_eq!(
+        admin(r.http, "PUT", "/admin/api-keys/k1", no_version).1,
+        json!({"error": "version is required"})
+    );
+    let mut bad_hash = key("rev_02", "sk-1");
+    bad_hash["key_hash"] = json!("abc");
+    assert_eq!(admin(r.http, "PUT", "/admin/api-keys/k9", bad_hash).0, 400);
+    // The same hash under another ID is refused.
+    assert_eq!(
+        admin(r.http, "PUT", "/admin/api-keys/k2", key("rev_03", "sk-1")).0,
+        400
+    );
+
+    // Rotation: same ID, new hash; the old key stops at once.
+    assert_eq!(
+        admin(r.http, "PUT", "/admin/api-keys/k1", key("rev_03", "sk-1b")).0,
+        200
+    );
+    assert_eq!(chat_as(r.http, "sk-1", "m").0, 401);
+    assert_eq!(chat_as(r.http, "sk-1b", "m").0, 200);
+
+    // snake_case, no hash.
+    let (st, v) = admin(r.http, "GET", "/admin/api-keys/k1", serde_json::Value::Null);
+    assert_eq!(st, 200);
+    assert_eq!(v["id"], "k1");
+    assert_eq!(v["allowed_models"], json!(["m"]));
+    assert_eq!(v["quota"]["requests_per_minute"], 1000);
+    assert!(
+        v.get("key_hash").is_none() && v.get("KeyHash").is_none(),
+        "{v}"
+    );
+    assert_eq!(
+        admin(
+            r.http,
+            "GET",
+            "/admin/api-keys/nope",
+            serde_json::Value::Null
+        )
+        .0,
+        404
+    );
+
+    // Delete: version required, stale refused, then gone (idempotent).
+    assert_eq!(
+        admin(
+            r.http,
+            "DELETE",
+            "/admin/api-keys/k1",
+            serde_json::Value::Null
+        )
+        .0,
+        400
+    );
+    assert_eq!(
+        admin(
+            r.http,
+            "DELETE",
+            "/admin/api-keys/k1?version=rev_01",
+            serde_json::Value::Null
+        )
+        .0,
+        409
+    );
+    assert_eq!(
+        admin(
+            r.http,
+            "DELETE",
+            "/admin/api-keys/k1?version=rev_04",
+            serde_json::Value::Null
+        )
+        .0,
+        200
+    );
+    assert_eq!(
+        admin(
+            r.http,
+            "DELETE",
+            "/admin/api-keys/k1?version=rev_04",
+            serde_json::Value::Null
+        )
+        .0,
+        200
+    );
+    assert_eq!(chat_as(r.http, "sk-1b", "m").0, 401);
+
+    // Replace swaps everything at once; a stale replace is a 400.
+    let mut a = key("", "sk-a");
+    a["id"] = json!("a");
+    let mut b = key("", "sk-b");
+    b["id"] = json!("b");
+    b["owner"] = json!("beta");
+    let (st, v) = admin(
+        r.http,
+        "POST",
+        "/admin/api-keys/replace",
+        json!({"version": "rev_05", "keys": [a, b]}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(chat_as(r.http, "sk-a", "m").0, 200);
+    assert_eq!(chat_as(r.http, "sk-b", "m").0, 200);
+    assert_eq!(
+        admin(
+            r.http,
+            "POST",
+            "/admin/api-keys/replace",
+            json!({"version": "rev_01", "keys": []})
+        )
+        .0,
+        400
+    );
+    let m = metrics_text(r.metrics);
+    assert!(
+        m.contains("hivenet_tenant_requests_success_total{tenant_id=\"beta\",key_id=\"b\""),
+        "{m}"
+    );
+}

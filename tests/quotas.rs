@@ -1,0 +1,228 @@
+//! Quotas end to end: a flat per-tenant requests-per-minute bucket shared
+//! by the owner's keys (429 with `Retry-After` from the bucket's refill and
+//! the `X-RateLimit-*` headers), per-model requests per minute that double
+//! when a second replica registers, and a daily token budget that refunds
+//! failures and keeps today's usage across SIGHUP and a restart.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+fn yaml(keys: &[(&str, &str, &str)]) -> String {
+    let mut s = String::from("api:\n  mode: api-key\n  keys:\n");
+    for (key, owner, quota) in keys {
+        s.push_str(&format!(
+            "    - key_hash: \"{}\"\n      metadata: {{name: {key}, owner: {owner}}}\n      quota: {quota}\n",
+            sha256_hex(key)
+        ));
+    }
+    s
+}
+
+#[test]
+fn flat_rpm_is_shared_by_the_tenant_and_says_when_to_retry() {
+    let dir = tmpdir("rpm");
+    std::fs::write(
+        dir.join("auth.yaml"),
+        yaml(&[
+            ("sk-a1", "acme", "{requests_per_minute: 3}"),
+            ("sk-a2", "acme", "{requests_per_minute: 3}"),
+            ("sk-b", "beta", "{requests_per_minute: 3}"),
+        ]),
+    )
+    .expect("auth");
+    let r = start_router(
+        &dir,
+        &["--auth-config-file", "auth.yaml", "--shards", "2"],
+        &[],
+    );
+    let (_s, port) = start_sim(&dir, "m", &[]);
+    let _a = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            get_auth(r.http, "/v1/models/m", "sk-b")
+                .map(|x| x.0 == 200)
+                .unwrap_or(false)
+        },
+        "agent",
+    );
+    let mut remaining = Vec::new();
+    for key in ["sk-a1", "sk-a2", "sk-a1"] {
+        let (st, head, b) = chat_as(r.http, key, "m");
+        assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+        assert_eq!(
+            header_of(&head, "x-ratelimit-limit-requests").as_deref(),
+            Some("3")
+        );
+        remaining.push(header_of(&head, "x-ratelimit-remaining-requests").unwrap_or_default());
+    }
+    assert_eq!(remaining, ["2", "1", "0"]);
+    // The owner's bucket is empty whichever of its keys asks.
+    let (st, head, b) = chat_as(r.http, "sk-a2", "m");
+    assert_eq!(st, 429);
+    let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(
+        header_of(&head, "x-ratelimit-remaining-requests").as_deref(),
+        Some("0")
+    );
+    let retry: u64 = header_of(&head, "retry-after")
+        .expect("Retry-After")
+        .parse()
+        .expect("secs");
+    assert!(
+        (19..=20).contains(&retry),
+        "one request refills in 20 s at 3/min: {retry}"
+    );
+    // Another tenant is untouched.
+    assert_eq!(chat_as(r.http, "sk-b", "m").0, 200);
+    let m = metrics_text(r.metrics);
+    assert!(
+        m.contains("hivenet_admission_rejections_total{reason=\"b4_rpm\",model=\"m\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.lines().any(
+            |l| l.starts_with("hivenet_tenant_rate_limited_total{tenant_id=\"acme\"")
+                && l.ends_with(" 1")
+        ),
+        "{m}"
+    );
+}
+
+#[test]
+fn per_model_rpm_doubles_with_a_second_replica() {
+    let dir = tmpdir("rpm-replicas");
+    let q = "{per_model: {m: {requests_per_minute_per_replica: 2, tokens_per_day: 0}}}";
+    std::fs::write(
+        dir.join("auth.yaml"),
+        yaml(&[("sk-one", "one", q), ("sk-two", "two", q)]),
+    )
+    .expect("auth");
+    let r = start_router(&dir, &["--auth-config-file", "auth.yaml"], &[]);
+    let (_s1, p1) = start_sim(&dir, "m", &[]);
+    let (_s2, p2) = start_sim(&dir, "m", &[]);
+    let _a1 = start_agent(&dir, &r, p1, "a1.key", &[]);
+    let healthy = |n: u64| {
+        move || {
+            get_auth(r.http, "/admin/models/m", ADMIN_KEY)
+                .ok()
+                .and_then(|(_, b)| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v["agents"]["healthy"].as_u64())
+                == Some(n)
+        }
+    };
+    wait_until(Duration::from_secs(30), healthy(1), "one agent");
+    let admitted = |key: &str| {
+        (0..6)
+            .take_while(|_| chat_as(r.http, key, "m").0 == 200)
+            .count()
+    };
+    assert_eq!(admitted("sk-one"), 2, "2 per replica x 1 replica");
+    let _a2 = start_agent(&dir, &r, p2, "a2.key", &[]);
+    wait_until(Duration::from_secs(30), healthy(2), "two agents");
+    assert_eq!(admitted("sk-two"), 4, "2 per replica x 2 replicas");
+    let m = metrics_text(r.metrics);
+    assert!(
+        m.contains("hivenet_tenant_per_model_quota_rpm_limit{tenant_id=\"two\",model=\"m\"} 4"),
+        "{m}"
+    );
+}
+
+fn used_today(metrics: u16, tenant: &str) -> u64 {
+    metric(
+        metrics,
+        &format!("hivenet_tenant_tokens_used_today{{tenant_id=\"{tenant}\",model=\"\"}}"),
+    )
+    .map(|v| v as u64)
+    .unwrap_or(0)
+}
+
+#[test]
+fn daily_tokens_refund_failures_and_survive_reload_and_restart() {
+    let dir = tmpdir("tpd");
+    std::fs::write(
+        dir.join("auth.yaml"),
+        yaml(&[("sk-t", "tok", "{tokens_per_day: 120}")]),
+    )
+    .expect("auth");
+    let ports = (free_port(), free_port(), free_port());
+    let args = [
+        "--auth-config-file",
+        "auth.yaml",
+        "--disk-db-path",
+        "db",
+        "--universal-flush-interval",
+        "1s",
+    ];
+    let mut router = router_on(&dir, ports, &args);
+    let (_ok, p_ok) = start_sim(&dir, "m", &["--output-tokens", "4"]);
+    let (_bad, p_bad) = start_sim(&dir, "bad", &["--error-rate", "1"]);
+    let _a1 = agent_to(&dir, ports.2, p_ok, "a1.key", &[]);
+    let _a2 = agent_to(&dir, ports.2, p_bad, "a2.key", &[]);
+    let up = |m: &'static str| {
+        move || {
+            get_auth(ports.0, &format!("/v1/models/{m}"), "sk-t")
+                .map(|x| x.0 == 200)
+                .unwrap_or(false)
+        }
+    };
+    wait_until(Duration::from_secs(30), up("m"), "m");
+    wait_until(Duration::from_secs(30), up("bad"), "bad");
+    // Failures before any output are refunded: far more of them than the
+    // budget could pay for, and nothing is left charged.
+    for _ in 0..40 {
+        let (st, _, _) = chat_as(ports.0, "sk-t", "bad");
+        assert_eq!(st, 500, "the backend's error, not a quota refusal");
+    }
+    assert_eq!(used_today(ports.1, "tok"), 0, "refunded");
+    // Spend the budget: each success is charged its real usage.
+    let mut served = 0;
+    let mut last_remaining = u64::MAX;
+    loop {
+        let (st, head, b) = chat_as(ports.0, "sk-t", "m");
+        if st != 200 {
+            assert_eq!(st, 429, "{}", String::from_utf8_lossy(&b));
+            let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
+            assert_eq!(v["error"]["code"], "token_limit_exceeded");
+            assert_eq!(
+                v["error"]["message"],
+                "insufficient daily token budget for requested max_tokens"
+            );
+            let left: u64 = header_of(&head, "x-ratelimit-remaining-tokens")
+                .expect("remaining")
+                .parse()
+                .expect("n");
+            assert!(
+                left < 8,
+                "refused only when estimate + declared output does not fit: {left}"
+            );
+            break;
+        }
+        let left: u64 = header_of(&head, "x-ratelimit-remaining-tokens")
+            .expect("remaining")
+            .parse()
+            .expect("n");
+        assert!(left < last_remaining);
+        last_remaining = left;
+        served += 1;
+        assert!(served < 50, "the budget must run out");
+    }
+    assert!(served >= 2, "{served}");
+    let used = used_today(ports.1, "tok");
+    assert!(used > 112 && used <= 120 + 30, "{used}");
+    // SIGHUP keeps today's usage (the Go router's memory backend forgot it).
+    signal(&router, "HUP");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(chat_as(ports.0, "sk-t", "m").0, 429);
+    assert!(router.log_text().contains("client keys reloaded"));
+    // So does a restart: flushed at shutdown, restored at start.
+    sigterm(&mut router);
+    drop(router);
+    let router = router_on(&dir, ports, &args);
+    assert_eq!(used_today(ports.1, "tok"), used, "restored");
+    wait_until(Duration::from_secs(30), up("m"), "agent back");
+    assert_eq!(chat_as(ports.0, "sk-t", "m").0, 429);
+    drop(router);
+}
