@@ -255,7 +255,7 @@ fn startup_refuses_invalid_auth_configs_in_one_line() {
             .find(|l| l.starts_with("hivenet-router:"))
             .unwrap_or_default();
         assert!(line.contains(want), "case {i}: {line:?} lacks {want:?}");
-        if i >= 2 && i <= 3 {
+        if (2..=3).contains(&i) {
             assert!(line.contains(&file), "case {i} names the file: {line}");
         }
     }
