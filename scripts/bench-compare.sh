@@ -39,7 +39,7 @@ trap 'stop_all; [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/d
   echo "vllm-router: $("$VENV/bin/pip" show vllm-router 2>/dev/null | awk '/^Version/ {print $2}')"
   [ -n "${BEFORE_BIN:-}" ] && echo "hivenet-before: binaries from $BEFORE_BIN (${BEFORE_COMMIT:-unknown commit})"
 } >"$OUT/env.txt"
-echo "ROUNDS=$ROUNDS DUR=$DUR ${BEFORE_BIN:+BEFORE_BIN=$BEFORE_BIN }scripts/bench-compare.sh $SCENARIO" >"$OUT/cmd.txt"
+echo "ROUNDS=$ROUNDS DUR=$DUR ${BEFORE_BIN:+BEFORE_BIN=$BEFORE_BIN }${BEFORE_ARGS:+BEFORE_ARGS=\"$BEFORE_ARGS\" }${BENCH_ARGS:+BENCH_ARGS=\"$BENCH_ARGS\" }${SKIP_PEERS:+SKIP_PEERS=1 }scripts/bench-compare.sh $SCENARIO" >"$OUT/cmd.txt"
 : >"$OUT/cpu.tsv"
 
 wait_http() { for _ in $(seq 1 200); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.05; done; echo "not up: $1" >&2; return 1; }
@@ -59,24 +59,31 @@ start_sims() { # args for the sim; one sim per model in $MODELS
 # start_hivenet SHARDS [BIN_DIR PORT_BASE TAG]: router + one agent per model.
 start_hivenet() {
   local bin=${2:-$BIN} base=${3:-21} tag=${4:-}
-  "$bin/hivenet-router" --http-port 127.0.0.1:${base}080 --metrics-port 127.0.0.1:${base}112 --p2p-port ${base}900 --shards "$1" --disk-db-path "$WORK/db$tag" --reset-disk-db >"$WORK/router$tag.log" 2>&1 & local rpid=$!; PIDS+=($!)
+  local extra=()
+  [ -n "$tag" ] && [ -n "${BEFORE_ARGS:-}" ] && read -r -a extra <<<"$BEFORE_ARGS"
+  "$bin/hivenet-router" --http-port 127.0.0.1:${base}080 --metrics-port 127.0.0.1:${base}112 --p2p-port ${base}900 --shards "$1" --disk-db-path "$WORK/db$tag" --reset-disk-db "${extra[@]}" >"$WORK/router$tag.log" 2>&1 & local rpid=$!; PIDS+=($!)
   wait_http http://127.0.0.1:${base}080/health
   local apids=() i=0 m
   for m in $MODELS; do
     "$bin/hivenet-agent" --router-p2p 127.0.0.1:${base}900 --backend-url "http://127.0.0.1:${SIM_PORTS[$i]}" --identity-path "$WORK/agent$tag-$m.key" --capacity 100000 >"$WORK/agent$tag-$m.log" 2>&1 & PIDS+=($!); apids+=($!)
     i=$((i + 1))
   done
-  for m in $MODELS; do for _ in $(seq 1 200); do curl -s http://127.0.0.1:${base}080/v1/models | grep -q "\"id\":\"$m\"" && break; sleep 0.05; done; done
+  for m in $MODELS; do for _ in $(seq 1 200); do curl -s -H "Authorization: Bearer $HIVENET_ROUTER_ADMIN_API_KEYS" http://127.0.0.1:${base}080/admin/models | grep -q "\"id\":\"$m\"" && break; sleep 0.05; done; done
   if [ -z "$tag" ]; then ROUTER_PID=$rpid; AGENT_PIDS=("${apids[@]}"); else BROUTER_PID=$rpid; BAGENT_PIDS=("${apids[@]}"); fi
 }
 # BEFORE_BIN=<dir with an older build's binaries>: also run that router and
 # agent (ports 22xxx) against the same sim, as target "hivenet-before", so a
-# change is compared with its predecessor in the same run.
+# change is compared with its predecessor in the same run. BEFORE_ARGS adds
+# router flags to that target only (e.g. the same build with
+# --auth-config-file, to price a feature); BENCH_ARGS adds hivenet-bench
+# flags to every run (e.g. --api-key); SKIP_PEERS=1 leaves nginx and
+# vllm-router out.
 start_hivenet_before() {
   [ -n "${BEFORE_BIN:-}" ] || return 0
   start_hivenet "$1" "$BEFORE_BIN" 22 -before
 }
 start_nginx() {
+  [ -n "${SKIP_PEERS:-}" ] && return 0
   cat >"$WORK/nginx.conf" <<NGX
 worker_processes 1;
 pid $WORK/nginx.pid;
@@ -102,6 +109,7 @@ NGX
   NGINX_PIDS=("$(cat "$WORK/nginx.pid")" $(pgrep -P "$(cat "$WORK/nginx.pid")"))
 }
 start_vllm_router() {
+  [ -n "${SKIP_PEERS:-}" ] && return 0
   "$VENV/bin/vllm-router" --host 127.0.0.1 --port 21280 --worker-urls "http://127.0.0.1:${SIM_PORTS[0]}" --policy round_robin \
     --disable-retries --disable-circuit-breaker --log-level warning --prometheus-port 21290 >"$WORK/vllm-router.log" 2>&1 & VR_PID=$!; PIDS+=($!)
   wait_http http://127.0.0.1:21280/health || wait_http http://127.0.0.1:21280/v1/models
@@ -116,7 +124,9 @@ run() {
   local before=() s
   for s in "${specs[@]}"; do before+=("$(ticks ${s#*:})"); done
   local json="$OUT/reports/$name-$target.json"
-  "$BIN/hivenet-bench" --url "$url" --quiet --out "$json" "$@" >"$OUT/reports/$name-$target.txt"
+  local bargs=()
+  [ -n "${BENCH_ARGS:-}" ] && read -r -a bargs <<<"$BENCH_ARGS"
+  "$BIN/hivenet-bench" --url "$url" --quiet --out "$json" "$@" "${bargs[@]}" >"$OUT/reports/$name-$target.txt"
   local i=0
   for s in "${specs[@]}"; do
     printf '%s\t%s\t%s\t%s\n' "$name" "$target" "${s%%:*}" "$(( $(ticks ${s#*:}) - ${before[$i]} ))" >>"$OUT/cpu.tsv"
@@ -132,6 +142,7 @@ peers() { # NAME -- bench args : runs all four targets once, interleaved by the 
   if [ -n "${BEFORE_BIN:-}" ]; then
     run "$name" hivenet-before http://127.0.0.1:22080 "router:$BROUTER_PID" "agent:${BAGENT_PIDS[*]}" "sim:${SIM_PIDS[*]}" -- "$@"
   fi
+  [ -n "${SKIP_PEERS:-}" ] && return 0
   run "$name" nginx http://127.0.0.1:21180 "nginx:${NGINX_PIDS[*]}" "sim:${SIM_PIDS[*]}" -- "$@"
   run "$name" vllm-router http://127.0.0.1:21280 "vllm-router:$VR_PID" "sim:${SIM_PIDS[*]}" -- "$@"
 }
@@ -146,7 +157,7 @@ if [ "$SCENARIO" = one-conn ] || [ "$SCENARIO" = all ]; then
   for r in $(seq 1 "$ROUNDS"); do
     peers "one-conn-r$r" --connections 1 --duration "$DUR" --model bench-model --max-tokens 16
   done
-  nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop; stop_all; SIM_PIDS=()
+  [ -z "${SKIP_PEERS:-}" ] && nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop; stop_all; SIM_PIDS=()
 fi
 
 if [ "$SCENARIO" = open ] || [ "$SCENARIO" = all ]; then
@@ -157,7 +168,7 @@ if [ "$SCENARIO" = open ] || [ "$SCENARIO" = all ]; then
       peers "open-$rate-r$r" --rate "$rate" --duration "$DUR" --model bench-model --max-tokens 16 --timeout 10s
     done
   done
-  nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop; stop_all; SIM_PIDS=()
+  [ -z "${SKIP_PEERS:-}" ] && nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop; stop_all; SIM_PIDS=()
 fi
 
 if [ "$SCENARIO" = stream ] || [ "$SCENARIO" = all ]; then
@@ -168,7 +179,7 @@ if [ "$SCENARIO" = stream ] || [ "$SCENARIO" = all ]; then
       peers "stream-$rate-r$r" --rate "$rate" --duration "$DUR" --model bench-model --stream --max-tokens 32 --timeout 20s
     done
   done
-  nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop; stop_all; SIM_PIDS=()
+  [ -z "${SKIP_PEERS:-}" ] && nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop; stop_all; SIM_PIDS=()
 fi
 
 if [ "$SCENARIO" = shards ] || [ "$SCENARIO" = all ]; then

@@ -51,9 +51,9 @@ class Fleet:
         self.tmp = tmp
         self.procs = []
 
-    def spawn(self, name, args):
+    def spawn(self, name, args, env=None):
         log = open(os.path.join(self.tmp, f"{name}-{len(self.procs)}.log"), "w")
-        env = dict(os.environ, RUST_LOG="info", HIVENET_ROUTER_ADMIN_API_KEYS="test-admin-key")
+        env = dict(os.environ, RUST_LOG="info", HIVENET_ROUTER_ADMIN_API_KEYS="test-admin-key", **(env or {}))
         p = subprocess.Popen([os.path.join(BIN, name)] + args, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp, env=env)
         p.log_path = log.name
         self.procs.append(p)
@@ -66,10 +66,10 @@ class Fleet:
         p.port = port
         return p
 
-    def router(self, *extra):
+    def router(self, *extra, env=None):
         self.http, self.metrics, self.p2p = free_port(), free_port(), free_port()
         p = self.spawn("hivenet-router", ["--http-port", f"127.0.0.1:{self.http}", "--metrics-port", f"127.0.0.1:{self.metrics}",
-                                          "--p2p-port", str(self.p2p), *extra])
+                                          "--p2p-port", str(self.p2p), *extra], env=env)
         wait_until(lambda: get_json(f"http://127.0.0.1:{self.http}/health")[0] == 200, "router")
         self.base = f"http://127.0.0.1:{self.http}"
         return p
@@ -80,7 +80,10 @@ class Fleet:
                                             "--identity-path", os.path.join(self.tmp, identity), *extra])
 
     def healthy(self, model):
-        _, v = get_json(f"{self.base}/v1/models")
+        # The admin view: it answers whatever the client auth mode.
+        req = urllib.request.Request(f"{self.base}/admin/models", headers={"Authorization": "Bearer test-admin-key"})
+        with urllib.request.urlopen(req, timeout=2) as r:
+            v = json.loads(r.read())
         for m in v["data"]:
             if m["id"] == model:
                 return m["agents"]["healthy"]
