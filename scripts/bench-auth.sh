@@ -25,5 +25,9 @@ STAMP="$(date -u +%Y-%m-%d)"
 for s in one-conn open; do
   BEFORE_BIN="$PWD/target/release" BEFORE_ARGS="--auth-config-file $KEYS" BENCH_ARGS="--api-key sk-bench-key" SKIP_PEERS=1 \
     OUT="perf/$STAMP-auth-$s" scripts/bench-compare.sh "$s"
+  # The same with the roles swapped ("hivenet" = auth on), so an order
+  # effect inside a round cancels out between the two runs.
+  BEFORE_BIN="$PWD/target/release" MAIN_ARGS="--auth-config-file $KEYS" BENCH_ARGS="--api-key sk-bench-key" SKIP_PEERS=1 \
+    OUT="perf/$STAMP-auth-$s-swapped" scripts/bench-compare.sh "$s"
 done
 rm -f "$KEYS"

@@ -39,7 +39,7 @@ trap 'stop_all; [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/d
   echo "vllm-router: $("$VENV/bin/pip" show vllm-router 2>/dev/null | awk '/^Version/ {print $2}')"
   [ -n "${BEFORE_BIN:-}" ] && echo "hivenet-before: binaries from $BEFORE_BIN (${BEFORE_COMMIT:-unknown commit})"
 } >"$OUT/env.txt"
-echo "ROUNDS=$ROUNDS DUR=$DUR ${BEFORE_BIN:+BEFORE_BIN=$BEFORE_BIN }${BEFORE_ARGS:+BEFORE_ARGS=\"$BEFORE_ARGS\" }${BENCH_ARGS:+BENCH_ARGS=\"$BENCH_ARGS\" }${SKIP_PEERS:+SKIP_PEERS=1 }scripts/bench-compare.sh $SCENARIO" >"$OUT/cmd.txt"
+echo "ROUNDS=$ROUNDS DUR=$DUR ${BEFORE_BIN:+BEFORE_BIN=$BEFORE_BIN }${BEFORE_ARGS:+BEFORE_ARGS=\"$BEFORE_ARGS\" }${MAIN_ARGS:+MAIN_ARGS=\"$MAIN_ARGS\" }${BENCH_ARGS:+BENCH_ARGS=\"$BENCH_ARGS\" }${SKIP_PEERS:+SKIP_PEERS=1 }scripts/bench-compare.sh $SCENARIO" >"$OUT/cmd.txt"
 : >"$OUT/cpu.tsv"
 
 wait_http() { for _ in $(seq 1 200); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.05; done; echo "not up: $1" >&2; return 1; }
@@ -61,6 +61,7 @@ start_hivenet() {
   local bin=${2:-$BIN} base=${3:-21} tag=${4:-}
   local extra=()
   [ -n "$tag" ] && [ -n "${BEFORE_ARGS:-}" ] && read -r -a extra <<<"$BEFORE_ARGS"
+  [ -z "$tag" ] && [ -n "${MAIN_ARGS:-}" ] && read -r -a extra <<<"$MAIN_ARGS"
   "$bin/hivenet-router" --http-port 127.0.0.1:${base}080 --metrics-port 127.0.0.1:${base}112 --p2p-port ${base}900 --shards "$1" --disk-db-path "$WORK/db$tag" --reset-disk-db "${extra[@]}" >"$WORK/router$tag.log" 2>&1 & local rpid=$!; PIDS+=($!)
   wait_http http://127.0.0.1:${base}080/health
   local apids=() i=0 m
@@ -74,7 +75,7 @@ start_hivenet() {
 # BEFORE_BIN=<dir with an older build's binaries>: also run that router and
 # agent (ports 22xxx) against the same sim, as target "hivenet-before", so a
 # change is compared with its predecessor in the same run. BEFORE_ARGS adds
-# router flags to that target only (e.g. the same build with
+# router flags to that target only, MAIN_ARGS to "hivenet" only (e.g. the same build with
 # --auth-config-file, to price a feature); BENCH_ARGS adds hivenet-bench
 # flags to every run (e.g. --api-key); SKIP_PEERS=1 leaves nginx and
 # vllm-router out.

@@ -47,7 +47,7 @@ python3 scripts/soak.py "$PWD/target/debug" "${SOAK_SECONDS:-20}" >/dev/null
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install -q --locked cargo-fuzz
 FUZZ_SECONDS="${FUZZ_SECONDS:-10}"
 scratch="$(mktemp -d)"
-for t in request_head response_head chunked link_codecs policy_yaml; do
+for t in request_head response_head chunked link_codecs policy_yaml client_input; do
   mkdir -p "$scratch/$t"
   if ! (cd shards && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none "$t" "$scratch/$t" "fuzz/corpus/$t" -- \
       -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 >"$scratch/$t.log" 2>&1); then

@@ -162,33 +162,6 @@ async fn serve(
 ) -> bool {
     inc(&shard.counters.requests);
     let cfg = &shard.router.cfg;
-    let model = p.meta.model.clone();
-    let model = model.as_str();
-    // Quotas: per tenant (shared buckets) or per (tenant, model), scaled by
-    // the model's healthy replicas here.
-    let facts = QuotaFacts {
-        model,
-        endpoint: p.endpoint,
-        estimate: p.meta.estimate(COLD_TOKENS_PER_BYTE),
-        declared_output: p.meta.declared_output,
-        replicas: healthy_replicas(shard, model),
-        burst_secs: cfg.rpm_burst_secs,
-    };
-    let today = quota::day_of(clock::unix_secs());
-    match tenancy::admit(&p.principal, facts, clock::mono_ns(), today) {
-        Ok(ticket) => {
-            conn.reply_headers.extend(ticket.headers.iter().cloned());
-            end.ticket = Some(ticket);
-        }
-        Err(r) => {
-            record_quota_refusal(shard, model, &p.principal, r.kind);
-            end.status = r.error.status;
-            end.error_code = r.error.code.as_str();
-            let more: Vec<(&'static str, &[u8])> =
-                r.headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
-            return respond::send_error_with(conn, &r.error, p.head.keep_alive, &more).await;
-        }
-    }
     let body_bytes = p.body.len();
     let request = build_request(p);
     // The request bytes carry the body from here on: one copy is held for
@@ -196,6 +169,12 @@ async fn serve(
     // counts it until the request is done.
     p.body = Vec::new();
     let p = &*p;
+    let model = p.meta.model.as_str();
+    if let Principal::Key(_) = p.principal {
+        if let Err(keep) = take_quota(shard, conn, p, end).await {
+            return keep;
+        }
+    }
     debug!(shard = shard.id, model, "serving request");
     let deadline = p.received_at + cfg.request_timeout;
     let mut d = Decision::new(
@@ -269,6 +248,42 @@ async fn serve(
     }
 }
 
+/// Quotas of a keyed request: per tenant (shared buckets) or per (tenant,
+/// model), scaled by the model's healthy replicas here. `Err(keep)` after
+/// the refusal is written.
+async fn take_quota(
+    shard: &Shard,
+    conn: &mut Conn,
+    p: &PendingRequest,
+    end: &mut Ending,
+) -> Result<(), bool> {
+    let model = p.meta.model.as_str();
+    let facts = QuotaFacts {
+        model,
+        endpoint: p.endpoint,
+        estimate: p.meta.estimate(COLD_TOKENS_PER_BYTE),
+        declared_output: p.meta.declared_output,
+        replicas: healthy_replicas(shard, model),
+        burst_secs: shard.router.cfg.rpm_burst_secs,
+    };
+    let today = quota::day_of(clock::unix_secs());
+    match tenancy::admit(&p.principal, facts, clock::mono_ns(), today) {
+        Ok(mut ticket) => {
+            conn.reply_headers.append(&mut ticket.headers);
+            end.ticket = Some(ticket);
+        }
+        Err(r) => {
+            record_quota_refusal(shard, model, &p.principal, r.kind);
+            end.status = r.error.status;
+            end.error_code = r.error.code.as_str();
+            let more: Vec<(&'static str, &[u8])> =
+                r.headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
+            return Err(respond::send_error_with(conn, &r.error, p.head.keep_alive, &more).await);
+        }
+    }
+    Ok(())
+}
+
 /// Healthy agents of `model` on this (its owner) shard.
 fn healthy_replicas(shard: &Shard, model: &str) -> u64 {
     shard.models.borrow().get(model).map_or(0, |m| {
@@ -294,10 +309,10 @@ fn finish(shard: &Shard, conn: &Conn, p: &PendingRequest, end: Ending) {
     let tokens = end.tokens.unwrap_or_default();
     let now_unix = clock::unix_secs();
     with_stats(shard, &p.meta.model, |s| {
-        let t = s
-            .tenants
-            .entry((p.principal.tenant_arc(), p.principal.key_id_arc()))
-            .or_default();
+        let (tenant, key) = p.principal.names();
+        let Some(t) = s.tenant(tenant, key) else {
+            return;
+        };
         if ok {
             t.success += 1;
             t.input_tokens += tokens.input;
@@ -338,10 +353,10 @@ fn finish(shard: &Shard, conn: &Conn, p: &PendingRequest, end: Ending) {
 /// Count a quota refusal.
 fn record_quota_refusal(shard: &Shard, model: &str, principal: &Principal, kind: RefusalKind) {
     with_stats(shard, model, |s| {
-        let t = s
-            .tenants
-            .entry((principal.tenant_arc(), principal.key_id_arc()))
-            .or_default();
+        let (tenant, key) = principal.names();
+        let Some(t) = s.tenant(tenant, key) else {
+            return;
+        };
         match kind {
             RefusalKind::Requests => {
                 t.rate_limited += 1;

@@ -45,7 +45,11 @@ pub fn render(
             *healthy.entry(a.reg.model.as_str()).or_default() += u64::from(a.healthy);
         }
         for (m, st) in &s.models {
-            for ((t, k), ts) in &st.tenants {
+            for (t, k, ts) in st
+                .tenants
+                .iter()
+                .flat_map(|(t, ks)| ks.iter().map(move |(k, ts)| (t, k, ts)))
+            {
                 let e = by.entry((t.clone(), k.clone(), m.clone())).or_default();
                 e.success += ts.success;
                 e.failed += ts.failed;

@@ -57,12 +57,16 @@ pub enum Principal {
     Admin,
 }
 
-thread_local! {
-    /// `default`, `anonymous`, `admin`: one copy per shard, so labels of
-    /// anonymous requests allocate nothing and share no cache line.
-    static NAMES: (Arc<str>, Arc<str>, Arc<str>) =
-        (Arc::from("default"), Arc::from("anonymous"), Arc::from("admin"));
-}
+/// `default`, `anonymous`, `admin`: built once, borrowed by
+/// [`Principal::names`] (labels of anonymous requests allocate nothing).
+static NAMES: std::sync::LazyLock<(Arc<str>, Arc<str>, Arc<str>)> =
+    std::sync::LazyLock::new(|| {
+        (
+            Arc::from("default"),
+            Arc::from("anonymous"),
+            Arc::from("admin"),
+        )
+    });
 
 // === impl Principal ===
 
@@ -88,8 +92,8 @@ impl Principal {
     /// The tenant as a shared string (for per-shard maps).
     pub fn tenant_arc(&self) -> Arc<str> {
         match self {
-            Principal::Anonymous => NAMES.with(|n| n.0.clone()),
-            Principal::Admin => NAMES.with(|n| n.2.clone()),
+            Principal::Anonymous => NAMES.0.clone(),
+            Principal::Admin => NAMES.2.clone(),
             Principal::Key(c) => c.key.tenant.clone(),
         }
     }
@@ -97,9 +101,18 @@ impl Principal {
     /// The key ID as a shared string.
     pub fn key_id_arc(&self) -> Arc<str> {
         match self {
-            Principal::Anonymous => NAMES.with(|n| n.1.clone()),
-            Principal::Admin => NAMES.with(|n| n.2.clone()),
+            Principal::Anonymous => NAMES.1.clone(),
+            Principal::Admin => NAMES.2.clone(),
             Principal::Key(c) => c.key.key_id.clone(),
+        }
+    }
+
+    /// Tenant and key ID, borrowed (no reference count touched).
+    pub fn names(&self) -> (&Arc<str>, &Arc<str>) {
+        match self {
+            Principal::Anonymous => (&NAMES.0, &NAMES.1),
+            Principal::Admin => (&NAMES.2, &NAMES.2),
+            Principal::Key(c) => (&c.key.tenant, &c.key.key_id),
         }
     }
 

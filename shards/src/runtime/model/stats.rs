@@ -105,8 +105,8 @@ pub struct ModelStats {
     /// Client-visible duration of completed responses (first request byte
     /// to last response byte, streams included), by (agent id, status).
     pub durations: BTreeMap<(u64, u16, Arc<str>), DurationSeries>,
-    /// Per (tenant, key ID).
-    pub tenants: BTreeMap<(Arc<str>, Arc<str>), TenantStats>,
+    /// Per tenant, then key ID.
+    pub tenants: BTreeMap<Arc<str>, BTreeMap<Arc<str>, TenantStats>>,
     /// `hivenet_admission_rejections_total{reason}` on this model.
     pub admission_rejections: BTreeMap<&'static str, u64>,
 }
@@ -129,6 +129,19 @@ impl ModelStats {
             })
             .hist
             .observe(&DURATION_BUCKETS, secs);
+    }
+
+    /// The counters of (tenant, key); the names are cloned only the first
+    /// time (no shared reference count touched per request after that).
+    pub fn tenant(&mut self, tenant: &Arc<str>, key: &Arc<str>) -> Option<&mut TenantStats> {
+        if !self.tenants.contains_key(&**tenant) {
+            self.tenants.insert(tenant.clone(), BTreeMap::new());
+        }
+        let keys = self.tenants.get_mut(&**tenant)?;
+        if !keys.contains_key(&**key) {
+            keys.insert(key.clone(), TenantStats::default());
+        }
+        keys.get_mut(&**key)
     }
 
     /// Record one wait that ended with a slot.
