@@ -119,3 +119,29 @@ fn streamed_requests_and_a_client_that_leaves() {
     let m = metrics_text(r.metrics);
     assert!(m.contains("hivenet_audit_write_errors_total 0"), "{m}");
 }
+
+#[test]
+fn a_failing_audit_file_never_stalls_serving_and_is_counted() {
+    let dir = tmpdir("audit-full");
+    // Every write to /dev/full fails with ENOSPC: a full disk.
+    let r = start_router(&dir, &[], &[("HIVENET_ROUTER_AUDIT_LOG_PATH", "/dev/full")]);
+    let (_s, port) = start_sim(&dir, "m", &[]);
+    let _a = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_agents(r.http, "m", 1);
+    for _ in 0..20 {
+        let (st, _, _) = request_full(
+            r.http,
+            "POST",
+            "/v1/chat/completions",
+            chat_body("m", false).as_bytes(),
+            "",
+        )
+        .expect("chat");
+        assert_eq!(st, 200);
+    }
+    wait_until(
+        Duration::from_secs(10),
+        || metric(r.metrics, "hivenet_audit_write_errors_total").unwrap_or(0.0) > 0.0,
+        "write errors counted",
+    );
+}

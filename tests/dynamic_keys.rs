@@ -102,6 +102,16 @@ fn registry_versions_rotation_and_replace() {
     assert_eq!(chat_as(r.http, "sk-1", "m").0, 401);
     assert_eq!(chat_as(r.http, "sk-1b", "m").0, 200);
 
+    // A disabled or expired key authenticates nobody.
+    let mut off = key("rev_03", "sk-off");
+    off["enabled"] = json!(false);
+    assert_eq!(admin(r.http, "PUT", "/admin/api-keys/off", off).0, 200);
+    assert_eq!(chat_as(r.http, "sk-off", "m").0, 401);
+    let mut old = key("rev_03", "sk-old");
+    old["expires_at"] = json!("2020-01-01T00:00:00Z");
+    assert_eq!(admin(r.http, "PUT", "/admin/api-keys/old", old).0, 200);
+    assert_eq!(chat_as(r.http, "sk-old", "m").0, 401);
+
     // snake_case, no hash.
     let (st, v) = admin(r.http, "GET", "/admin/api-keys/k1", serde_json::Value::Null);
     assert_eq!(st, 200);

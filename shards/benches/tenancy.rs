@@ -52,7 +52,7 @@ fn facts() -> QuotaFacts<'static> {
         endpoint: Endpoint::ChatCompletions,
         estimate: 20,
         declared_output: 16,
-        replicas: 1,
+        replicas: &|| 1,
         burst_secs: 0,
     }
 }
@@ -78,7 +78,7 @@ fn main() {
     let base = per_op("auth off: authenticate + admit + settle", iters, |i| {
         let p = off.authenticate(Some(black_box(&header)), None, 0).ok();
         if let Some(p) = p {
-            let t = admit(&p, facts(), 1_000 + i, 20_000).ok();
+            let t = admit(&p, facts(), 1_000 + i, || 20_000).ok();
             if let Some(t) = t {
                 t.settle(Settle::Usage(Tokens {
                     input: 18,
@@ -96,7 +96,7 @@ fn main() {
         |i| {
             let p = on.authenticate(Some(black_box(&header)), None, 0).ok();
             if let Some(p) = p {
-                let t = admit(&p, facts(), 1_000 + i, 20_000).ok();
+                let t = admit(&p, facts(), 1_000 + i, || 20_000).ok();
                 if let Some(t) = t {
                     t.settle(Settle::Usage(Tokens {
                         input: 18,
@@ -121,7 +121,7 @@ fn main() {
             std::thread::spawn(move || {
                 for i in 0..n {
                     if let Ok(p) = on.authenticate(Some(&header), None, 0) {
-                        if let Ok(t) = admit(&p, facts(), 1_000 + i, 20_000) {
+                        if let Ok(t) = admit(&p, facts(), 1_000 + i, || 20_000) {
                             t.settle(Settle::Usage(Tokens {
                                 input: 18,
                                 output: 16,

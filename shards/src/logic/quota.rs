@@ -8,7 +8,7 @@
 //! Clocks come in as arguments: `now_ns` (monotonic nanoseconds) for
 //! buckets, `day` (Unix seconds / 86 400) for daily counters.
 
-const MINUTE_NS: u128 = 60_000_000_000;
+const MINUTE_NS: u64 = 60_000_000_000;
 
 /// A request rate: `per_minute` requests per minute with a burst of `burst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,8 +36,8 @@ impl Rate {
     }
 
     /// Nanoseconds between two requests at the steady rate.
-    fn interval(self) -> u128 {
-        (MINUTE_NS / u128::from(self.per_minute.max(1))).max(1)
+    fn interval(self) -> u64 {
+        (MINUTE_NS / self.per_minute.max(1)).max(1)
     }
 }
 
@@ -62,20 +62,20 @@ pub enum Verdict {
 /// (GCRA, equivalent to a token bucket of `burst` refilled at the rate).
 /// A state of 0 is a full bucket.
 pub fn take(tat: u64, now_ns: u64, rate: Rate) -> Verdict {
+    // u64 throughout: interval x burst is at most about a minute of
+    // nanoseconds (burst <= per_minute), far from overflow.
     let t = rate.interval();
-    let capacity = t * u128::from(rate.burst);
-    let now = u128::from(now_ns);
-    let new_tat = u128::from(tat).max(now) + t;
-    let ahead = new_tat - now;
+    let capacity = t.saturating_mul(rate.burst);
+    let new_tat = tat.max(now_ns).saturating_add(t);
+    let ahead = new_tat - now_ns;
     if ahead > capacity {
-        let wait = ahead - capacity;
         return Verdict::Deny {
-            retry_after_ns: u64::try_from(wait).unwrap_or(u64::MAX),
+            retry_after_ns: ahead - capacity,
         };
     }
     Verdict::Admit {
-        tat: u64::try_from(new_tat).unwrap_or(u64::MAX),
-        remaining: u64::try_from((capacity - ahead) / t).unwrap_or(u64::MAX),
+        tat: new_tat,
+        remaining: (capacity - ahead) / t,
     }
 }
 
@@ -256,7 +256,7 @@ mod tests {
                 for (j, end) in admitted.iter().enumerate().skip(i) {
                     let n = (j - i + 1) as u128;
                     let window = u128::from(end - start);
-                    let allowed = u128::from(r.burst) + window * u128::from(r.per_minute) / MINUTE_NS;
+                    let allowed = u128::from(r.burst) + window * u128::from(r.per_minute) / u128::from(MINUTE_NS);
                     prop_assert!(n <= allowed, "{n} admitted in {window} ns, allowed {allowed}");
                 }
             }

@@ -258,15 +258,16 @@ async fn take_quota(
     end: &mut Ending,
 ) -> Result<(), bool> {
     let model = p.meta.model.as_str();
+    let replicas = || healthy_replicas(shard, model);
     let facts = QuotaFacts {
         model,
         endpoint: p.endpoint,
         estimate: p.meta.estimate(COLD_TOKENS_PER_BYTE),
         declared_output: p.meta.declared_output,
-        replicas: healthy_replicas(shard, model),
+        replicas: &replicas,
         burst_secs: shard.router.cfg.rpm_burst_secs,
     };
-    let today = quota::day_of(clock::unix_secs());
+    let today = || quota::day_of(clock::unix_secs());
     match tenancy::admit(&p.principal, facts, clock::mono_ns(), today) {
         Ok(mut ticket) => {
             conn.reply_headers.append(&mut ticket.headers);

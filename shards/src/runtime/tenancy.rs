@@ -299,7 +299,7 @@ pub struct Ticket {
 }
 
 /// The request facts quotas read.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct QuotaFacts<'a> {
     /// The (resolved) model.
     pub model: &'a str,
@@ -310,14 +310,16 @@ pub struct QuotaFacts<'a> {
     /// Declared output tokens.
     pub declared_output: u64,
     /// Healthy replicas of the model now (per-model RPM scales with it,
-    /// floored at 1 so a draining model is never unlimited).
-    pub replicas: u64,
+    /// floored at 1 so a draining model is never unlimited); asked only
+    /// for per-model keys.
+    pub replicas: &'a dyn Fn() -> u64,
     /// `HIVENET_ROUTER_RPM_BURST_SECONDS` (0: burst = the whole minute).
     pub burst_secs: u64,
 }
 
+/// Decimal digits of `v` (itoa: no formatting machinery on the request path).
 fn num(v: u64) -> Vec<u8> {
-    v.to_string().into_bytes()
+    itoa::Buffer::new().format(v).as_bytes().to_vec()
 }
 
 /// Take one request from `b` at `rate` (compare-and-swap over GCRA).
@@ -367,10 +369,15 @@ fn adjust_tokens(b: &Bucket, day: u64, delta: i64) {
 }
 
 /// Admit one request against its principal's quotas at `now_ns`
-/// (monotonic) and `day` (UTC day index): requests per minute first, then
-/// daily tokens (chat and messages only; not count_tokens, embeddings or
-/// rerank).
-pub fn admit(p: &Principal, f: QuotaFacts<'_>, now_ns: u64, day: u64) -> Result<Ticket, Refusal> {
+/// (monotonic) and `day()` (UTC day index, read only when a daily budget
+/// applies): requests per minute first, then daily tokens (chat and
+/// messages only; not count_tokens, embeddings or rerank).
+pub fn admit(
+    p: &Principal,
+    f: QuotaFacts<'_>,
+    now_ns: u64,
+    day: impl FnOnce() -> u64,
+) -> Result<Ticket, Refusal> {
     let Principal::Key(c) = p else {
         return Ok(Ticket::default());
     };
@@ -393,7 +400,7 @@ pub fn admit(p: &Principal, f: QuotaFacts<'_>, now_ns: u64, day: u64) -> Result<
             };
             (
                 b,
-                l.rpm_per_replica.saturating_mul(f.replicas.max(1)),
+                l.rpm_per_replica.saturating_mul((f.replicas)().max(1)),
                 l.tpd,
             )
         }
@@ -429,6 +436,7 @@ pub fn admit(p: &Principal, f: QuotaFacts<'_>, now_ns: u64, day: u64) -> Result<
     let metered = matches!(f.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
     if tpd > 0 && metered {
         let need = f.estimate.saturating_add(f.declared_output);
+        let day = day();
         match take_tokens(bucket, day, tpd, need, f.estimate) {
             Daily::Charged { remaining, .. } => {
                 ticket
@@ -512,9 +520,17 @@ mod tests {
             endpoint: Endpoint::ChatCompletions,
             estimate: 10,
             declared_output: 5,
-            replicas: 1,
+            replicas: &|| 1,
             burst_secs: 0,
         }
+    }
+
+    #[test]
+    fn digits() {
+        assert_eq!(num(0), b"0");
+        assert_eq!(num(7), b"7");
+        assert_eq!(num(1_000_000), b"1000000");
+        assert_eq!(num(u64::MAX), u64::MAX.to_string().as_bytes());
     }
 
     #[test]
@@ -534,13 +550,13 @@ mod tests {
     fn rpm_then_daily_then_settle() {
         let s = state("{requests_per_minute: 2, tokens_per_day: 40}");
         let p = s.authenticate(Some(b"sk-test-1"), None, 0).expect("valid");
-        let t1 = admit(&p, facts("m"), 1_000, 7).expect("first");
+        let t1 = admit(&p, facts("m"), 1_000, || 7).expect("first");
         assert!(t1
             .headers
             .iter()
             .any(|(n, v)| *n == "X-RateLimit-Remaining-Tokens" && v == b"30"));
-        let t2 = admit(&p, facts("m"), 1_000, 7).expect("second");
-        let r = admit(&p, facts("m"), 1_000, 7).expect_err("third: rpm");
+        let t2 = admit(&p, facts("m"), 1_000, || 7).expect("second");
+        let r = admit(&p, facts("m"), 1_000, || 7).expect_err("third: rpm");
         assert_eq!(r.kind, RefusalKind::Requests);
         assert!(r
             .headers
@@ -560,7 +576,7 @@ mod tests {
         let mut big = facts("m");
         big.estimate = 30;
         big.declared_output = 4;
-        let r = admit(&p, big, later, 7).expect_err("tokens");
+        let r = admit(&p, big, later, || 7).expect_err("tokens");
         assert_eq!(r.kind, RefusalKind::Tokens);
         assert_eq!(r.error.code, ErrorCode::TokenLimitExceeded);
         assert!(r
@@ -579,19 +595,19 @@ mod tests {
     fn per_model_scales_with_replicas_and_refuses_undeclared() {
         let s = state("{per_model: {m: {requests_per_minute_per_replica: 1, tokens_per_day: 0}}}");
         let p = s.authenticate(Some(b"sk-test-1"), None, 0).expect("valid");
-        let r = admit(&p, facts("other"), 0, 1).expect_err("undeclared");
+        let r = admit(&p, facts("other"), 0, || 1).expect_err("undeclared");
         assert!(r
             .error
             .message
             .contains("no quota declared for model other"));
         let mut two = facts("m");
-        two.replicas = 2;
-        admit(&p, two, 5, 1).expect("1");
-        admit(&p, two, 5, 1).expect("2");
-        assert!(admit(&p, two, 5, 1).is_err());
+        two.replicas = &|| 2;
+        admit(&p, two, 5, || 1).expect("1");
+        admit(&p, two, 5, || 1).expect("2");
+        assert!(admit(&p, two, 5, || 1).is_err());
         // No healthy replica: still one replica's worth (never unlimited).
         let mut zero = facts("m");
-        zero.replicas = 0;
-        assert!(admit(&p, zero, 5, 1).is_err());
+        zero.replicas = &|| 0;
+        assert!(admit(&p, zero, 5, || 1).is_err());
     }
 }
