@@ -206,6 +206,36 @@ fn failure_table_allowlists_discovery_and_aliases() {
         r#"{"error":"dynamic key registry not active"}"#
     );
 
+    // SIGHUP: a broken file keeps the old keys; a good one applies
+    // (here: the limited key removed).
+    std::fs::write(
+        dir.join("auth.yaml"),
+        "api:\n  mode: api-key\n  keys: [{key_hash: nope}]\n",
+    )
+    .expect("bad");
+    signal(&r.proc, "HUP");
+    wait_until(
+        std::time::Duration::from_secs(10),
+        || r.proc.log_text().contains("auth reload rejected"),
+        "rejected reload",
+    );
+    assert_eq!(chat_as(r.http, LIMITED, "m2").0, 200, "old keys kept");
+    let without_limited: String = auth_yaml()
+        .split("    - key_hash:")
+        .enumerate()
+        .filter(|(i, _)| *i != 2)
+        .map(|(_, part)| part)
+        .collect::<Vec<_>>()
+        .join("    - key_hash:");
+    std::fs::write(dir.join("auth.yaml"), without_limited).expect("good");
+    signal(&r.proc, "HUP");
+    wait_until(
+        std::time::Duration::from_secs(10),
+        || chat_as(r.http, LIMITED, "m2").0 == 401,
+        "limited key removed",
+    );
+    assert_eq!(chat_as(r.http, GOOD, "m1").0, 200);
+
     // The key never reaches the agent, the log or the metrics.
     let metrics = metrics_text(r.metrics);
     assert!(
