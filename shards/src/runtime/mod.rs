@@ -3,9 +3,10 @@
 //!
 //! Layers, top down (imports only run down):
 //! - [`event_loop`]: a shard's listeners, flush timer and mesh messages;
-//! - [`ingress`] (client HTTP), [`admin`] + [`admin_policy`] +
-//!   [`models_api`], [`metrics`], [`agent_link`] (the agents' control
-//!   protocol);
+//! - [`ingress`] (client HTTP: authentication, aliases, allowlist),
+//!   [`admin`] + [`admin_policy`] + [`admin_keys`] + [`models_api`],
+//!   [`metrics`] + [`metrics_tenants`], [`agent_link`] (the agents'
+//!   control protocol);
 //! - [`dispatch`]: the driver of the pure decision machine
 //!   ([`crate::logic::decision`]); [`exchange`]: one exchange with an agent;
 //! - [`respond`]: every response the router writes itself;
@@ -13,7 +14,8 @@
 //!   slots, queue, statistics);
 //! - [`router`]: what every shard reads (config, versioned [`snapshot`]s
 //!   of the directory and policies, mesh senders, identity, the memory
-//!   [`budget`]);
+//!   [`budget`]); [`tenancy`] (the key snapshot and the shared quota
+//!   buckets) and [`audit`] (the audit writer thread);
 //! - [`mesh`], [`pending`], [`views`]: the messages between shards;
 //! - [`conn`] (one buffered read-and-parse loop over TCP and yamux),
 //!   [`link`] + [`io`] (the libp2p stack), [`executor`], [`clock`],
