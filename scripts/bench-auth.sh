@@ -11,16 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build -q --release --workspace --bins
 KEYS="$(mktemp -t hivenet-auth10k-XXXX.yaml)"
-python3 - "$KEYS" <<'PY'
-import hashlib, os, sys
-with open(sys.argv[1], "w") as f:
-    f.write("api:\n  mode: api-key\n  keys:\n")
-    for i in range(9999):
-        h = hashlib.sha256(os.urandom(32)).hexdigest()
-        f.write(f'    - key_hash: "{h}"\n      metadata: {{name: k{i}, owner: tenant-{i % 500}}}\n      quota: {{requests_per_minute: 1000, tokens_per_day: 1000000}}\n')
-    h = hashlib.sha256(b"sk-bench-key").hexdigest()
-    f.write(f'    - key_hash: "{h}"\n      metadata: {{name: bench, owner: bench}}\n      quota: {{requests_per_minute: 1000000000, tokens_per_day: 1000000000000}}\n')
-PY
+python3 scripts/gen-auth-keys.py "$KEYS"
 STAMP="$(date -u +%Y-%m-%d)"
 for s in one-conn open; do
   BEFORE_BIN="$PWD/target/release" BEFORE_ARGS="--auth-config-file $KEYS" BENCH_ARGS="--api-key sk-bench-key" SKIP_PEERS=1 \

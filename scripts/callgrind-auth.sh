@@ -14,16 +14,7 @@ cargo build -q --release --workspace --bins
 B="$PWD/target/release"
 W=$(mktemp -d)
 KEYS="$W/auth10k.yaml"
-python3 - "$KEYS" <<'PY'
-import hashlib, os, sys
-with open(sys.argv[1], "w") as f:
-    f.write("api:\n  mode: api-key\n  keys:\n")
-    for i in range(9999):
-        h = hashlib.sha256(os.urandom(32)).hexdigest()
-        f.write(f'    - key_hash: "{h}"\n      metadata: {{name: k{i}, owner: tenant-{i % 500}}}\n      quota: {{requests_per_minute: 1000, tokens_per_day: 1000000}}\n')
-    h = hashlib.sha256(b"sk-bench-key").hexdigest()
-    f.write(f'    - key_hash: "{h}"\n      metadata: {{name: bench, owner: bench}}\n      quota: {{requests_per_minute: 1000000000, tokens_per_day: 1000000000000}}\n')
-PY
+python3 scripts/gen-auth-keys.py "$KEYS"
 $B/hivenet-sim --port 23881 --model m > $W/sim.log 2>&1 & SIM=$!
 trap 'kill $SIM 2>/dev/null || true' EXIT
 sleep 0.5

@@ -293,30 +293,7 @@ pub fn request_h(
     body: &[u8],
     extra: &str,
 ) -> std::io::Result<(u16, Vec<u8>)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes())?;
-    s.write_all(body)?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out)?;
-    let split = out
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|p| p + 4)
-        .unwrap_or(out.len());
-    let head = String::from_utf8_lossy(&out[..split]).to_string();
-    let mut body = out[split..].to_vec();
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        body = dechunk(&body);
-    }
-    Ok((status_of(head.as_bytes()), body))
+    request_full(port, method, path, body, extra).map(|(st, _, b)| (st, b))
 }
 
 pub fn get(port: u16, path: &str) -> std::io::Result<(u16, Vec<u8>)> {

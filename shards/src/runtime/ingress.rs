@@ -347,12 +347,14 @@ async fn read_inference(
             return Routed::Done(respond::send_error(conn, &e, keep).await.into());
         }
         Access::Undeclared => {
-            let e = ApiError::new(
-                ErrorCode::RateLimitExceeded,
-                format!("no quota declared for model {} on this API key", meta.model),
+            let r = super::tenancy::undeclared(&meta.model);
+            let h: Vec<(&'static str, &[u8])> =
+                r.headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
+            return Routed::Done(
+                respond::send_error_with(conn, &r.error, keep, &h)
+                    .await
+                    .into(),
             );
-            let h = [("X-RateLimit-Remaining-Requests", &b"0"[..])];
-            return Routed::Done(respond::send_error_with(conn, &e, keep, &h).await.into());
         }
     }
     // Unknown model, or no agent registered now: answered here; no

@@ -13,10 +13,30 @@ use super::views::{AgentView, ShardSnapshot};
 use crate::logic::directory::DirectoryStats;
 use crate::logic::http_parse;
 
-fn esc(v: &str) -> String {
+/// A label value escaped for the text format.
+pub fn esc(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// One histogram series (`_bucket` cumulative per bound, `+Inf`, `_sum`,
+/// `_count`) with `labels` already rendered.
+pub fn write_histogram(
+    o: &mut String,
+    name: &str,
+    labels: &str,
+    bounds: &[f64],
+    h: &super::model::stats::Histogram,
+) {
+    let mut cum = 0u64;
+    for (i, b) in bounds.iter().enumerate() {
+        cum += h.buckets.get(i).copied().unwrap_or(0);
+        let _ = writeln!(o, "{name}_bucket{{{labels},le=\"{b}\"}} {cum}");
+    }
+    let _ = writeln!(o, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(o, "{name}_sum{{{labels}}} {}", h.sum);
+    let _ = writeln!(o, "{name}_count{{{labels}}} {}", h.count);
 }
 
 /// Render snapshots as Prometheus text.
@@ -169,34 +189,18 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot]) {
     for s in snaps {
         for (m, st) in &s.models {
             for ((_, status, tenant), series) in &st.durations {
-                let (peer, buckets, sum, count) = (
-                    &series.peer_id,
-                    &series.hist.buckets,
-                    series.hist.sum,
-                    series.hist.count,
-                );
                 let labels = format!(
                     "tenant_id=\"{}\",peer_id=\"{}\",model=\"{}\",status_code=\"{status}\"",
                     esc(tenant),
-                    esc(peer),
+                    esc(&series.peer_id),
                     esc(m)
                 );
-                let mut cum = 0u64;
-                for (i, b) in DURATION_BUCKETS.iter().enumerate() {
-                    cum += buckets.get(i).copied().unwrap_or(0);
-                    let _ = writeln!(
-                        o,
-                        "hivenet_request_duration_seconds_bucket{{{labels},le=\"{b}\"}} {cum}"
-                    );
-                }
-                let _ = writeln!(
+                write_histogram(
                     o,
-                    "hivenet_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {count}"
-                );
-                let _ = writeln!(o, "hivenet_request_duration_seconds_sum{{{labels}}} {sum}");
-                let _ = writeln!(
-                    o,
-                    "hivenet_request_duration_seconds_count{{{labels}}} {count}"
+                    "hivenet_request_duration_seconds",
+                    &labels,
+                    &DURATION_BUCKETS,
+                    &series.hist,
                 );
             }
         }

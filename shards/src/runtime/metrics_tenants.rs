@@ -11,16 +11,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::audit::AuditLog;
+use super::metrics::{esc, write_histogram};
 use super::model::stats::{TenantStats, DURATION_BUCKETS};
 use super::tenancy::AuthState;
 use super::views::ShardSnapshot;
 use crate::logic::quota;
-
-fn esc(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
 
 fn head(o: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(o, "# HELP {name} {help}");
@@ -169,28 +164,12 @@ pub fn render(
             esc(k),
             esc(m)
         );
-        let mut cum = 0u64;
-        for (i, b) in DURATION_BUCKETS.iter().enumerate() {
-            cum += ts.duration.buckets.get(i).copied().unwrap_or(0);
-            let _ = writeln!(
-                o,
-                "hivenet_tenant_request_duration_seconds_bucket{{{labels},le=\"{b}\"}} {cum}"
-            );
-        }
-        let _ = writeln!(
+        write_histogram(
             o,
-            "hivenet_tenant_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-            ts.duration.count
-        );
-        let _ = writeln!(
-            o,
-            "hivenet_tenant_request_duration_seconds_sum{{{labels}}} {}",
-            ts.duration.sum
-        );
-        let _ = writeln!(
-            o,
-            "hivenet_tenant_request_duration_seconds_count{{{labels}}} {}",
-            ts.duration.count
+            "hivenet_tenant_request_duration_seconds",
+            &labels,
+            &DURATION_BUCKETS,
+            &ts.duration,
         );
     }
     head(

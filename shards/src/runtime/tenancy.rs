@@ -322,6 +322,19 @@ fn num(v: u64) -> Vec<u8> {
     itoa::Buffer::new().format(v).as_bytes().to_vec()
 }
 
+/// The refusal of a per-model key asking for a model it declares no
+/// quota for (also answered on the accepting shard, before any hand-off).
+pub fn undeclared(model: &str) -> Refusal {
+    Refusal {
+        error: ApiError::new(
+            ErrorCode::RateLimitExceeded,
+            format!("no quota declared for model {model} on this API key"),
+        ),
+        headers: vec![("X-RateLimit-Remaining-Requests", b"0".to_vec())],
+        kind: RefusalKind::Requests,
+    }
+}
+
 /// Take one request from `b` at `rate` (compare-and-swap over GCRA).
 fn take_request(b: &Bucket, rate: Rate, now_ns: u64) -> Verdict {
     let mut cur = b.rpm.load(Ordering::Relaxed);
@@ -389,14 +402,7 @@ pub fn admit(
         },
         Limits::PerModel(m) => {
             let (Some(l), Some(b)) = (m.get(f.model), c.per_model.get(f.model)) else {
-                return Err(Refusal {
-                    error: ApiError::new(
-                        ErrorCode::RateLimitExceeded,
-                        format!("no quota declared for model {} on this API key", f.model),
-                    ),
-                    headers: vec![("X-RateLimit-Remaining-Requests", b"0".to_vec())],
-                    kind: RefusalKind::Requests,
-                });
+                return Err(undeclared(f.model));
             };
             (
                 b,
