@@ -38,6 +38,10 @@ pub enum ErrorCode {
     RateLimitExceeded,
     /// 429: daily token budget.
     TokenLimitExceeded,
+    /// 400: B1 request caps (input estimate or image count).
+    InputTooLong,
+    /// 429: B2 occupancy or B3 pressure shed.
+    ConcurrencyLimitExceeded,
 }
 
 impl ErrorCode {
@@ -59,16 +63,20 @@ impl ErrorCode {
             ErrorCode::ModelForbidden => "model_forbidden",
             ErrorCode::RateLimitExceeded => "rate_limit_exceeded",
             ErrorCode::TokenLimitExceeded => "token_limit_exceeded",
+            ErrorCode::InputTooLong => "input_too_long",
+            ErrorCode::ConcurrencyLimitExceeded => "concurrency_limit_exceeded",
         }
     }
 
     /// HTTP status of the code (spec 01 §9 mapping).
     pub fn status(self) -> u16 {
         match self {
-            ErrorCode::RequestInvalid => 400,
+            ErrorCode::RequestInvalid | ErrorCode::InputTooLong => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::ModelForbidden => 403,
-            ErrorCode::RateLimitExceeded | ErrorCode::TokenLimitExceeded => 429,
+            ErrorCode::RateLimitExceeded
+            | ErrorCode::TokenLimitExceeded
+            | ErrorCode::ConcurrencyLimitExceeded => 429,
             ErrorCode::ModelNotFound | ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::ClientTimeout => 408,

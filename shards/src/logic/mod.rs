@@ -4,6 +4,7 @@
 //! arguments so it can be unit- and property-tested.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
 
+pub mod admission;
 pub mod auth;
 pub mod control;
 pub mod core_plan;

@@ -170,6 +170,64 @@ pub struct Policy {
     /// right after authentication.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub aliases: BTreeMap<String, String>,
+    /// Admission fields (spec 04 §10-§11), enforced by
+    /// [`super::admission`] before the first step.
+    #[serde(flatten)]
+    pub admission: AdmissionPolicy,
+}
+
+/// How a policy's admission treats keys (spec 04 §10).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Capacity reserved for the operator's tenants: no per-key B4 gates.
+    #[default]
+    Reserved,
+    /// Shared capacity: per-key occupancy share, ITPM and OTPM apply.
+    Serverless,
+}
+
+/// The admission fields of a policy (`0` = unset).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AdmissionPolicy {
+    /// `reserved` or `serverless`.
+    pub mode: Mode,
+    /// B1: largest input-token estimate accepted.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub max_input_tokens: u64,
+    /// B1: most image parts accepted.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub images_max: u64,
+    /// B2: tokens in flight per healthy replica (before the admit fraction).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub admit_budget_tokens: u64,
+    /// B2: requests in flight per healthy replica.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub max_inflight: u64,
+    /// B3: shed when the mean engine signal over healthy agents violates
+    /// a rule (only `kv_cache_utilization` and `waiting_requests`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shed_if: Vec<Rule>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl AdmissionPolicy {
+    /// Whether the B2 occupancy gate applies.
+    pub fn occupancy(&self) -> bool {
+        self.admit_budget_tokens > 0 || self.max_inflight > 0
+    }
+
+    /// Whether any gate applies at all (the hot path skips the rest).
+    pub fn any(&self) -> bool {
+        self.mode == Mode::Serverless
+            || self.max_input_tokens > 0
+            || self.images_max > 0
+            || self.occupancy()
+            || !self.shed_if.is_empty()
+    }
 }
 
 impl Default for Policy {
@@ -184,6 +242,7 @@ impl Default for Policy {
                 max_tries: 0,
             }],
             aliases: BTreeMap::new(),
+            admission: AdmissionPolicy::default(),
         }
     }
 }
@@ -200,17 +259,18 @@ struct RawPolicy {
     fallback_chain: Vec<RawStep>,
     #[serde(default)]
     aliases: BTreeMap<String, String>,
-    // Admission fields of the spec: parsed so the error can name them.
     #[serde(default)]
-    mode: Option<serde_json::Value>,
+    mode: Option<String>,
     #[serde(default)]
-    max_input_tokens: Option<serde_json::Value>,
+    max_input_tokens: Option<i64>,
     #[serde(default)]
-    images_max: Option<serde_json::Value>,
+    images_max: Option<i64>,
     #[serde(default)]
-    admit_budget_tokens: Option<serde_json::Value>,
+    admit_budget_tokens: Option<i64>,
     #[serde(default)]
-    max_inflight: Option<serde_json::Value>,
+    max_inflight: Option<i64>,
+    #[serde(default)]
+    shed_if: Option<BTreeMap<String, BTreeMap<String, f64>>>,
 }
 
 #[derive(Deserialize)]
@@ -300,35 +360,30 @@ fn err(file: &str, text: &str, path: &str, message: impl Into<String>) -> Policy
     }
 }
 
-fn step(
+/// Rules of an `exclude_if` (or `shed_if`) map at `path`, each field one
+/// of `allowed` with exactly one operator.
+fn rules(
     file: &str,
     text: &str,
     path: &str,
-    default_name: &str,
-    raw: RawStep,
-) -> Result<Step, PolicyError> {
-    match raw.strategy.as_deref() {
-        Some("least-loaded") => {}
-        Some("lowest-srtt") => {
-            return Err(err(file, text, &format!("{path}.strategy"), "strategy \"lowest-srtt\" is not supported: SRTT is a gate (exclude_if: {srtt: ...}), not a ranking; the only strategy is least-loaded"))
-        }
-        Some(other) => return Err(err(file, text, &format!("{path}.strategy"), format!("unknown strategy {other:?}; the only strategy is least-loaded"))),
-        None => return Err(err(file, text, path, "strategy is required (least-loaded)")),
-    }
+    map: BTreeMap<String, BTreeMap<String, f64>>,
+    allowed: &[(&str, Field)],
+) -> Result<Vec<Rule>, PolicyError> {
     let mut rules = Vec::new();
-    for (name, ops) in raw.exclude_if.unwrap_or_default() {
-        let fpath = format!("{path}.exclude_if.{name}");
-        if name == "srtt_ms" {
+    for (name, ops) in map {
+        let fpath = format!("{path}.{name}");
+        if name == "srtt_ms" && allowed.len() == FIELDS.len() {
             return Err(err(file, text, &fpath, "use `srtt`, not `srtt_ms`: srtt_ms is the JSON and Prometheus name; the policy field is srtt (milliseconds)"));
         }
-        let Some(field) = FIELDS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f) else {
-            let known: Vec<&str> = FIELDS.iter().map(|(n, _)| *n).collect();
+        let Some(field) = allowed.iter().find(|(n, _)| *n == name).map(|(_, f)| *f) else {
+            let known: Vec<&str> = allowed.iter().map(|(n, _)| *n).collect();
             return Err(err(
                 file,
                 text,
                 &fpath,
                 format!(
-                    "unknown exclude_if field {name:?} (known: {})",
+                    "unknown {} field {name:?} (known: {})",
+                    path.rsplit('.').next().unwrap_or(path),
                     known.join(", ")
                 ),
             ));
@@ -365,6 +420,74 @@ fn step(
             rules.push(Rule { field, op, value });
         }
     }
+    Ok(rules)
+}
+
+/// The only signals `shed_if` reads (means over healthy agents).
+const SHED_FIELDS: [(&str, Field); 2] = [
+    ("kv_cache_utilization", Field::KvCacheUtilization),
+    ("waiting_requests", Field::WaitingRequests),
+];
+
+/// The admission fields of `raw`, validated.
+fn admission(file: &str, text: &str, raw: &mut RawPolicy) -> Result<AdmissionPolicy, PolicyError> {
+    let mode = match raw.mode.as_deref() {
+        None | Some("reserved") => Mode::Reserved,
+        Some("serverless") => Mode::Serverless,
+        Some(other) => {
+            return Err(err(
+                file,
+                text,
+                "mode",
+                format!("unknown mode {other:?} (supported: reserved, serverless)"),
+            ))
+        }
+    };
+    let cap = |name: &str, v: Option<i64>| -> Result<u64, PolicyError> {
+        match v {
+            Some(n) if n < 0 => Err(err(file, text, name, format!("{name} must be >= 0 (0 = unset)"))),
+            Some(n) => Ok(u64::try_from(n).unwrap_or(0)),
+            None => Ok(0),
+        }
+    };
+    Ok(AdmissionPolicy {
+        mode,
+        max_input_tokens: cap("max_input_tokens", raw.max_input_tokens)?,
+        images_max: cap("images_max", raw.images_max)?,
+        admit_budget_tokens: cap("admit_budget_tokens", raw.admit_budget_tokens)?,
+        max_inflight: cap("max_inflight", raw.max_inflight)?,
+        shed_if: rules(
+            file,
+            text,
+            "shed_if",
+            raw.shed_if.take().unwrap_or_default(),
+            &SHED_FIELDS,
+        )?,
+    })
+}
+
+fn step(
+    file: &str,
+    text: &str,
+    path: &str,
+    default_name: &str,
+    raw: RawStep,
+) -> Result<Step, PolicyError> {
+    match raw.strategy.as_deref() {
+        Some("least-loaded") => {}
+        Some("lowest-srtt") => {
+            return Err(err(file, text, &format!("{path}.strategy"), "strategy \"lowest-srtt\" is not supported: SRTT is a gate (exclude_if: {srtt: ...}), not a ranking; the only strategy is least-loaded"))
+        }
+        Some(other) => return Err(err(file, text, &format!("{path}.strategy"), format!("unknown strategy {other:?}; the only strategy is least-loaded"))),
+        None => return Err(err(file, text, path, "strategy is required (least-loaded)")),
+    }
+    let rules = rules(
+        file,
+        text,
+        &format!("{path}.exclude_if"),
+        raw.exclude_if.unwrap_or_default(),
+        &FIELDS,
+    )?;
     let matcher = raw.matcher.unwrap_or_default();
     if !matcher.capability.is_empty() && Capability::parse(&matcher.capability).is_none() {
         return Err(err(
@@ -402,7 +525,7 @@ fn step(
 
 /// Parse and validate one policy document (`file` names it in errors).
 pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
-    let raw: RawPolicy = serde_saphyr::from_str(text).map_err(|e| {
+    let mut raw: RawPolicy = serde_saphyr::from_str(text).map_err(|e| {
         let line = e.location().map(|l| l.line()).unwrap_or(0);
         let msg = e.to_string();
         let first = msg.lines().next().unwrap_or("invalid YAML").to_string();
@@ -415,24 +538,7 @@ pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
             message: first,
         }
     })?;
-    // Admission fields of the spec: refused until admission enforces them,
-    // so no operator believes a limit holds that does not.
-    for (name, set) in [
-        ("mode", raw.mode.is_some()),
-        ("max_input_tokens", raw.max_input_tokens.is_some()),
-        ("images_max", raw.images_max.is_some()),
-        ("admit_budget_tokens", raw.admit_budget_tokens.is_some()),
-        ("max_inflight", raw.max_inflight.is_some()),
-    ] {
-        if set {
-            return Err(err(
-                file,
-                text,
-                name,
-                format!("{name} is not enforced by this router yet (admission control is not built); remove it"),
-            ));
-        }
-    }
+    let admission = admission(file, text, &mut raw)?;
     let Some(primary) = raw.routing_policy else {
         return Err(PolicyError {
             file: file.into(),
@@ -488,6 +594,7 @@ pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
         models: raw.models,
         steps,
         aliases: raw.aliases,
+        admission,
     })
 }
 

@@ -72,6 +72,7 @@ fn policy(steps: Vec<Step>) -> Arc<Policy> {
         models: Vec::new(),
         steps,
         aliases: Default::default(),
+        admission: Default::default(),
     })
 }
 

@@ -40,11 +40,15 @@ fn validation_table() {
         ("routing_policy:\n  strategy: least-loaded\n  match:\n    capability: vision\n", "routing_policy.match.capability", 4, "unknown capability"),
         ("routing_policy:\n  strategy: least-loaded\nfallback_chains: []\n", "fallback_chains", 3, "unknown field"),
         ("routing_policy:\n  strategy: least-loaded\n  max_try: 2\n", "max_try", 3, "unknown field"),
-        ("mode: reserved\nrouting_policy:\n  strategy: least-loaded\n", "mode", 1, "not enforced"),
-        ("routing_policy:\n  strategy: least-loaded\nmax_input_tokens: 4096\n", "max_input_tokens", 3, "not enforced"),
-        ("routing_policy:\n  strategy: least-loaded\nimages_max: 2\n", "images_max", 3, "not enforced"),
-        ("routing_policy:\n  strategy: least-loaded\nadmit_budget_tokens: 100000\n", "admit_budget_tokens", 3, "not enforced"),
-        ("routing_policy:\n  strategy: least-loaded\nmax_inflight: 8\n", "max_inflight", 3, "not enforced"),
+        ("mode: shared\nrouting_policy:\n  strategy: least-loaded\n", "mode", 1, "unknown mode"),
+        ("routing_policy:\n  strategy: least-loaded\nmax_input_tokens: -1\n", "max_input_tokens", 3, ">= 0"),
+        ("routing_policy:\n  strategy: least-loaded\nimages_max: -2\n", "images_max", 3, ">= 0"),
+        ("routing_policy:\n  strategy: least-loaded\nadmit_budget_tokens: -5\n", "admit_budget_tokens", 3, ">= 0"),
+        ("routing_policy:\n  strategy: least-loaded\nmax_inflight: -8\n", "max_inflight", 3, ">= 0"),
+        ("routing_policy:\n  strategy: least-loaded\nshed_if:\n  srtt:\n    gt: 5\n", "shed_if.srtt", 4, "unknown shed_if field"),
+        ("routing_policy:\n  strategy: least-loaded\nshed_if:\n  waiting_requests:\n    gt: 5\n    lt: 9\n", "shed_if.waiting_requests", 4, "exactly one operator"),
+        ("routing_policy:\n  strategy: least-loaded\nshed_if:\n  kv_cache_utilization:\n    over: 0.9\n", "shed_if.kv_cache_utilization.over", 5, "unknown operator"),
+        ("routing_policy:\n  strategy: least-loaded\nmax_inflight: lots\n", "", 0, ""),
         ("routing_policy: [\n", "", 0, ""),
     ];
     for (text, path, line, msg) in cases {
@@ -59,6 +63,40 @@ fn validation_table() {
         assert!(e.message.contains(msg), "{text}: {e}");
         assert!(e.to_string().starts_with("policy: p.yaml:"), "{e}");
     }
+}
+
+#[test]
+fn admission_fields_are_parsed() {
+    let p = parse(
+        "a.yaml",
+        "models: [m]\nmode: serverless\nmax_input_tokens: 4096\nimages_max: 2\nadmit_budget_tokens: 100000\nmax_inflight: 8\nshed_if:\n  kv_cache_utilization: {gt: 0.9}\n  waiting_requests: {gte: 20}\nrouting_policy:\n  strategy: least-loaded\n",
+    )
+    .expect("admission policy");
+    let a = &p.admission;
+    assert_eq!(a.mode, Mode::Serverless);
+    assert_eq!(
+        (a.max_input_tokens, a.images_max, a.admit_budget_tokens, a.max_inflight),
+        (4096, 2, 100_000, 8)
+    );
+    assert_eq!(
+        a.shed_if,
+        vec![
+            Rule {
+                field: Field::KvCacheUtilization,
+                op: Op::Gt,
+                value: 0.9
+            },
+            Rule {
+                field: Field::WaitingRequests,
+                op: Op::Gte,
+                value: 20.0
+            }
+        ]
+    );
+    assert!(a.any() && a.occupancy());
+    let plain = parse("b.yaml", "mode: reserved\nrouting_policy:\n  strategy: least-loaded\n")
+        .expect("reserved");
+    assert!(!plain.admission.any(), "reserved with no caps: no gate");
 }
 
 fn facts(
