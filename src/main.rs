@@ -254,6 +254,24 @@ fn build() -> Result<Startup, String> {
             }
         };
     }
+    if let Ok(v) = std::env::var("HIVENET_ROUTER_ADMIT_FRACTION") {
+        cfg.admit_fraction = match v.trim().parse::<f64>() {
+            Ok(x) if x > 0.0 && x <= 1.0 => x,
+            _ => {
+                return Err(format!(
+                    "HIVENET_ROUTER_ADMIT_FRACTION: {v:?} must be a number in (0, 1]"
+                ))
+            }
+        };
+    }
+    if let Ok(v) = std::env::var("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT") {
+        // "0" (no unit) means no park, as in Go.
+        cfg.admit_park_timeout = if v.trim() == "0" {
+            std::time::Duration::ZERO
+        } else {
+            cli::parse_duration("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT", &v)?
+        };
+    }
     let audit_path = std::env::var("HIVENET_ROUTER_AUDIT_LOG_PATH")
         .ok()
         .filter(|p| !p.trim().is_empty())
@@ -282,6 +300,15 @@ fn build() -> Result<Startup, String> {
             .map(Into::into),
     };
     let policies = hivenet_router::policy_files::load(&policy_sources)?;
+    hivenet_router::policy_files::serverless_check(
+        auth.keys.iter().filter_map(|(_, k)| match k.limits {
+            shards::logic::auth::Limits::Flat { itpm, .. } if itpm > 0 => {
+                Some((k.name.as_str(), itpm))
+            }
+            _ => None,
+        }),
+        &policies,
+    )?;
     let drain = cli::parse_duration("--drain-timeout", &f.drain_timeout)?;
     Ok(Startup {
         drain,
@@ -320,6 +347,12 @@ fn reload_auth(shared: &Router, src: &hivenet_router::auth_files::AuthSources) {
         Ok(cfg) => {
             let n = cfg.keys.len();
             let next = AuthState::build(cfg.api, cfg.keys, Some(&prev), &Default::default());
+            let policies = shared.policies.load();
+            let keys = next.itpm_limits.iter().map(|(k, v)| (k.as_str(), *v));
+            if let Err(e) = hivenet_router::policy_files::serverless_check(keys, &policies) {
+                error!("SIGHUP: auth reload rejected, keeping the previous keys: {e}");
+                return;
+            }
             shared.auth.store(next);
             info!(keys = n, "SIGHUP: client keys reloaded");
         }
@@ -573,7 +606,12 @@ fn run(startup: Startup) -> Result<(), String> {
             // Auth first (spec 05 §9); an invalid file keeps the old keys.
             reload_auth(&shared, &auth_sources);
             // Reload policies; an invalid set keeps the old one.
-            match hivenet_router::policy_files::load(&policy_sources) {
+            let loaded = hivenet_router::policy_files::load(&policy_sources).and_then(|set| {
+                let auth = shared.auth.load();
+                let keys = auth.itpm_limits.iter().map(|(k, v)| (k.as_str(), *v));
+                hivenet_router::policy_files::serverless_check(keys, &set).map(|()| set)
+            });
+            match loaded {
                 Ok(set) => match shared.swap_policies(set, "sighup") {
                     Ok(()) => info!("SIGHUP: policies reloaded"),
                     Err(e) => {

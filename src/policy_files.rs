@@ -71,3 +71,18 @@ pub fn load(src: &PolicySources) -> Result<PolicySet, String> {
     set.validate().map_err(|e| format!("policy: {e}"))?;
     Ok(set)
 }
+
+/// The serverless cross-config check (spec 04 §11) of `keys` (name,
+/// ITPM) against every document of `set`: at startup and on SIGHUP (the
+/// admin API skips it, as in the spec).
+pub fn serverless_check<'a>(
+    keys: impl Iterator<Item = (&'a str, u64)> + Clone,
+    set: &'a PolicySet,
+) -> Result<(), String> {
+    let docs = std::iter::once(("global", &set.global.admission)).chain(
+        set.named
+            .iter()
+            .map(|(name, p)| (name.as_str(), &p.admission)),
+    );
+    shards::logic::admission::cross_check(keys, docs).map_err(|e| format!("policy: {e}"))
+}

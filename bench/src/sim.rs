@@ -59,6 +59,10 @@ pub struct SimStats {
     pub arrived: AtomicU64,
     /// End of the stall, once it started.
     pub stall_until: std::sync::Mutex<Option<Instant>>,
+    /// KV-cache use reported now (f64 bits): `--kv-cache-usage` at start,
+    /// changed at run time by `PUT /sim/kv_cache_usage` (a test drives
+    /// engine pressure up and down).
+    pub kv_bits: AtomicU64,
 }
 
 /// Words the simulator "generates", in order.
@@ -129,6 +133,9 @@ pub fn run(addr: SocketAddr, threads: usize, cfg: SimConfig) -> std::io::Result<
         tracing::info!(addr = %l.local_addr()?, model = %cfg.model, ttft = ?cfg.ttft, itl = ?cfg.itl, tokens = cfg.output_tokens, "hivenet-sim listening");
     }
     let stats = Arc::new(SimStats::default());
+    stats
+        .kv_bits
+        .store(cfg.kv_cache_usage.to_bits(), Ordering::Relaxed);
     let started = Instant::now();
     let mut handles = Vec::new();
     for (i, l) in listeners.into_iter().enumerate() {
@@ -229,6 +236,22 @@ async fn handle(
                 reply_json(conn, 200, &json!({"status": "ok"}), keep).await
             }
         }
+        ("PUT", "/sim/kv_cache_usage") => {
+            let v = std::str::from_utf8(body)
+                .ok()
+                .and_then(|t| t.trim().parse::<f64>().ok())
+                .filter(|v| (0.0..=1.0).contains(v));
+            match v {
+                Some(v) => {
+                    sim.stats.kv_bits.store(v.to_bits(), Ordering::Relaxed);
+                    reply_json(conn, 200, &json!({"kv_cache_usage": v}), keep).await
+                }
+                None => {
+                    let e = json!({"error": "body must be a number in [0, 1]"});
+                    reply_json(conn, 400, &e, keep).await
+                }
+            }
+        }
         ("GET", "/v1/models") => {
             let v = json!({"object": "list", "data": [{"id": sim.cfg.model, "object": "model", "owned_by": "hivenet-sim"}]});
             reply_json(conn, 200, &v, keep).await
@@ -246,7 +269,7 @@ async fn handle(
                 s.success.load(Ordering::Relaxed),
                 s.generated.load(Ordering::Relaxed),
                 m = sim.cfg.model,
-                kv = sim.cfg.kv_cache_usage
+                kv = f64::from_bits(s.kv_bits.load(Ordering::Relaxed))
             );
             reply(
                 conn,

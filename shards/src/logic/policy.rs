@@ -445,7 +445,12 @@ fn admission(file: &str, text: &str, raw: &mut RawPolicy) -> Result<AdmissionPol
     };
     let cap = |name: &str, v: Option<i64>| -> Result<u64, PolicyError> {
         match v {
-            Some(n) if n < 0 => Err(err(file, text, name, format!("{name} must be >= 0 (0 = unset)"))),
+            Some(n) if n < 0 => Err(err(
+                file,
+                text,
+                name,
+                format!("{name} must be >= 0 (0 = unset)"),
+            )),
             Some(n) => Ok(u64::try_from(n).unwrap_or(0)),
             None => Ok(0),
         }

@@ -57,12 +57,25 @@ pub struct SseUsage {
     pub tokens: Tokens,
     /// Whether any usage was seen.
     pub seen: bool,
+    /// Count generated text bytes (`content` / `text` strings of `data:`
+    /// lines) into `content_bytes`.
+    pub count_content: bool,
+    /// Generated text bytes seen (when counted).
+    pub content_bytes: u64,
 }
 
 /// Longest SSE line examined (longer lines are skipped).
 const MAX_LINE: usize = 64 * 1024;
 
 impl SseUsage {
+    /// A meter that also counts generated text bytes when `content`.
+    pub fn counting(content: bool) -> Self {
+        SseUsage {
+            count_content: content,
+            ..SseUsage::default()
+        }
+    }
+
     /// Feed decoded body bytes.
     pub fn feed(&mut self, data: &[u8]) {
         for b in data {
@@ -79,6 +92,9 @@ impl SseUsage {
         let Some(rest) = line.strip_prefix(b"data:") else {
             return;
         };
+        if self.count_content {
+            self.content_bytes += content_len(rest);
+        }
         // Cheap filter before parsing.
         if !rest.windows(7).any(|w| w == b"\"usage\"") {
             return;
@@ -94,6 +110,37 @@ impl SseUsage {
             self.seen = true;
         }
     }
+}
+
+/// Bytes of the JSON string values of `"content":"` and `"text":"` in
+/// one data line (escapes count as their encoded length): what a delta
+/// generated, without parsing the chunk.
+fn content_len(line: &[u8]) -> u64 {
+    let mut n = 0u64;
+    for key in [&b"\"content\":\""[..], &b"\"text\":\""[..]] {
+        let mut from = 0;
+        while let Some(at) = line
+            .get(from..)
+            .and_then(|l| l.windows(key.len()).position(|w| w == key))
+        {
+            let start = from + at + key.len();
+            let mut i = start;
+            let mut escaped = false;
+            while let Some(&b) = line.get(i) {
+                if escaped {
+                    escaped = false;
+                } else if b == b'\\' {
+                    escaped = true;
+                } else if b == b'"' {
+                    break;
+                }
+                i += 1;
+            }
+            n += (i - start) as u64;
+            from = i;
+        }
+    }
+    n
 }
 
 #[cfg(test)]
@@ -118,6 +165,17 @@ mod tests {
         );
         assert_eq!(from_body(br#"{"x":1}"#), None);
         assert_eq!(from_body(b"garbage"), None);
+    }
+
+    #[test]
+    fn content_is_counted_without_parsing() {
+        let mut u = SseUsage::counting(true);
+        u.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hello\"}}]}\n\n");
+        u.feed(b"data: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"a\\\"b\"}}\n\n");
+        assert_eq!(u.content_bytes, 5 + 4, "escapes count as sent");
+        let mut off = SseUsage::default();
+        off.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hello\"}}]}\n");
+        assert_eq!(off.content_bytes, 0, "not counted unless asked");
     }
 
     #[test]

@@ -9,14 +9,19 @@ use serde_json::{json, Value};
 use super::router::Router;
 use crate::logic::policy;
 
-fn step_json(s: &crate::logic::policy::Step) -> Value {
+/// `{field: {op: value}}` of a rule list.
+fn rules_json(rules: &[crate::logic::policy::Rule]) -> Value {
     let mut ex = serde_json::Map::new();
-    for r in &s.exclude_if {
+    for r in rules {
         ex.insert(r.field.name().to_string(), json!({ serde_json::to_value(r.op).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(): r.value }));
     }
+    Value::Object(ex)
+}
+
+fn step_json(s: &crate::logic::policy::Step) -> Value {
     let mut v = json!({"match": s.matcher, "strategy": "least-loaded"});
-    if !ex.is_empty() {
-        v["exclude_if"] = Value::Object(ex);
+    if !s.exclude_if.is_empty() {
+        v["exclude_if"] = rules_json(&s.exclude_if);
     }
     if s.max_tries > 0 {
         v["max_tries"] = json!(s.max_tries);
@@ -48,6 +53,23 @@ pub fn policy_json(p: &crate::logic::policy::Policy) -> Value {
     }
     if !p.aliases.is_empty() {
         v["aliases"] = json!(p.aliases);
+    }
+    let a = &p.admission;
+    if a.any() {
+        v["mode"] = json!(a.mode);
+        for (name, n) in [
+            ("max_input_tokens", a.max_input_tokens),
+            ("images_max", a.images_max),
+            ("admit_budget_tokens", a.admit_budget_tokens),
+            ("max_inflight", a.max_inflight),
+        ] {
+            if n > 0 {
+                v[name] = json!(n);
+            }
+        }
+        if !a.shed_if.is_empty() {
+            v["shed_if"] = rules_json(&a.shed_if);
+        }
     }
     v
 }

@@ -126,7 +126,44 @@ pub struct Conn<S = TcpStream> {
     pub error_code: &'static str,
 }
 
+/// Pipelined input kept while a request waits; past it the client socket
+/// is no longer watched (its EOF is then found when the response is written).
+const WATCH_LIMIT: usize = 64 * 1024;
+
 impl Conn<TcpStream> {
+    /// Run `fut` while watching the client socket: `None` when the client
+    /// closed its connection first (the wait is abandoned at once, so a
+    /// departed client never reaches a backend nor keeps a place). Input
+    /// that arrives meanwhile is kept for the next request.
+    pub async fn unless_gone<F: std::future::Future>(&mut self, fut: F) -> Option<F::Output> {
+        use futures::future::{select, Either};
+        futures::pin_mut!(fut);
+        let mut watch = self.buf.len() < WATCH_LIMIT;
+        loop {
+            if !watch {
+                return Some(fut.await);
+            }
+            // Readiness only: nothing is read (or lost) when `fut` ends first.
+            let ready = {
+                let readable = self.stream.readable(false);
+                futures::pin_mut!(readable);
+                match select(&mut fut, readable).await {
+                    Either::Left((out, _)) => return Some(out),
+                    Either::Right((r, _)) => r.is_ok(),
+                }
+            };
+            if !ready {
+                watch = false;
+                continue;
+            }
+            // Input or EOF is pending: this read completes at once.
+            match self.fill().await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => watch = self.buf.len() < WATCH_LIMIT,
+            }
+        }
+    }
+
     /// Wrap a TCP stream (sets `TCP_NODELAY`).
     pub fn new(stream: TcpStream, buf: Vec<u8>) -> Self {
         let _ = stream.set_nodelay(true);

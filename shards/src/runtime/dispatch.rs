@@ -11,19 +11,24 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
+use super::admission::{self, Refused, Wait};
 use super::audit::{self, AuditRecord};
 use super::clock;
 use super::conn::Conn;
 use super::exchange::{self, Progress, RelayEnd};
+use super::model::admission::{Admitted, Reservation};
 use super::model::agent::{Agent, Slot};
 use super::model::wake_head;
 use super::pending::PendingRequest;
 use super::respond;
 use super::shard::{inc, Shard};
 use super::tenancy::{self, Principal, QuotaFacts, RefusalKind, Settle, Ticket};
+use crate::logic::admission::Reason;
 use crate::logic::decision::{
     Action, AttemptEnd, Decision, Limits, ModelFacts, Rejection, RequestFacts, WaitEnd,
 };
+use crate::logic::endpoint::Endpoint;
+use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::failure::{Failure, Side, Stage};
 use crate::logic::http_write::{self, OutFraming};
 use crate::logic::probe::COLD_TOKENS_PER_BYTE;
@@ -153,7 +158,9 @@ pub async fn serve_inference(shard: &Rc<Shard>, conn: &mut Conn, mut p: PendingR
     keep
 }
 
-/// Quotas, then the decision machine's loop.
+/// Request quota, admission, daily tokens, then the decision machine's
+/// loop. The admission reservation lives until this returns: released on
+/// every exit.
 async fn serve(
     shard: &Rc<Shard>,
     conn: &mut Conn,
@@ -170,15 +177,71 @@ async fn serve(
     p.body = Vec::new();
     let p = &*p;
     let model = p.meta.model.as_str();
+    let policy = shard.policy(model);
+    // One estimate per request, from the probe's sums and the model's
+    // learned ratio: admission and the daily budget both read it.
+    let estimate = p.meta.estimate(tokens_per_byte(shard, model));
+    let replicas = || healthy_replicas(shard, model);
+    let facts = QuotaFacts {
+        model,
+        endpoint: p.endpoint,
+        estimate,
+        declared_output: p.meta.declared_output,
+        replicas: &replicas,
+        burst_secs: cfg.rpm_burst_secs,
+    };
+    let mut ticket = None;
     if let Principal::Key(_) = p.principal {
-        if let Err(keep) = take_quota(shard, conn, p, end).await {
-            return keep;
+        match tenancy::take_requests(&p.principal, &facts, clock::mono_ns()) {
+            Ok(t) => ticket = Some(t),
+            Err(r) => return refuse_quota(shard, conn, p, end, r).await,
+        }
+    }
+    let gated = matches!(p.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
+    let mut admitted = Admitted::default();
+    if gated && policy.admission.any() {
+        let asked = admission::Request {
+            policy: &policy.admission,
+            principal: &p.principal,
+            estimate,
+            declared_output: p.meta.declared_output,
+            images: p.meta.images,
+            fraction: cfg.admit_fraction,
+        };
+        let wait = Wait {
+            until: clock::now() + cfg.admit_park_timeout,
+            recompute: None,
+        };
+        match admission::admit(shard, conn, model, asked, wait).await {
+            Ok(a) => admitted = a,
+            Err(Refused::ClientGone) => {
+                end.status = 499;
+                end.error_code = "client_closed_request";
+                return false;
+            }
+            Err(Refused::WaitEnded) => {
+                let e = Reason::B2.error();
+                return refuse_admission(shard, conn, p, end, Reason::B2, e).await;
+            }
+            Err(Refused::Gate(reason, e)) => {
+                return refuse_admission(shard, conn, p, end, reason, e).await
+            }
+        }
+    }
+    if let Some(mut t) = ticket {
+        let today = || quota::day_of(clock::unix_secs());
+        match tenancy::take_daily(&mut t, &facts, today) {
+            Ok(()) => {
+                conn.reply_headers.append(&mut t.headers);
+                end.ticket = Some(t);
+            }
+            Err(r) => return refuse_quota(shard, conn, p, end, r).await,
         }
     }
     debug!(shard = shard.id, model, "serving request");
     let deadline = p.received_at + cfg.request_timeout;
     let mut d = Decision::new(
-        shard.policy(model),
+        policy,
         RequestFacts {
             endpoint: p.endpoint,
             stream: p.meta.stream,
@@ -190,6 +253,7 @@ async fn serve(
             queue_depth: cfg.queue_depth,
         },
     );
+    let held = admitted.reservation.as_ref();
     loop {
         match decide(shard, model, &mut d) {
             Next::Forward {
@@ -201,13 +265,20 @@ async fn serve(
                     with_stats(shard, model, |s| s.observe_wait(w.as_secs_f64()));
                 }
                 end.agent.clone_from(&agent.reg.peer_id);
-                let (outcome, sample) = attempt(shard, conn, p, &agent, &request, deadline).await;
+                let (outcome, sample) =
+                    attempt(shard, conn, p, &agent, &request, deadline, held).await;
                 let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
                 match &outcome {
                     Outcome::Served { status, tokens } => {
                         end.status = *status;
                         end.tokens = *tokens;
                         end.relayed = true;
+                        if let Some(t) = tokens {
+                            admitted.charge_output(t.output);
+                            if gated && p.meta.images == 0 && *status < 400 {
+                                learn(shard, model, t.input, p.meta.text_bytes);
+                            }
+                        }
                     }
                     Outcome::ClientGone => {
                         end.status = 499;
@@ -248,41 +319,66 @@ async fn serve(
     }
 }
 
-/// Quotas of a keyed request: per tenant (shared buckets) or per (tenant,
-/// model), scaled by the model's healthy replicas here. `Err(keep)` after
-/// the refusal is written.
-async fn take_quota(
+/// The model's learned input tokens per body text byte.
+fn tokens_per_byte(shard: &Shard, model: &str) -> f64 {
+    shard
+        .models
+        .borrow()
+        .get(model)
+        .map_or(COLD_TOKENS_PER_BYTE, |m| {
+            m.admission.borrow().tokens_per_byte
+        })
+}
+
+/// Teach the model's estimator one exact prompt count.
+fn learn(shard: &Shard, model: &str, prompt_tokens: u64, text_bytes: u64) {
+    if let Some(m) = shard.models.borrow().get(model) {
+        m.admission.borrow_mut().learn(prompt_tokens, text_bytes);
+    }
+}
+
+/// Write a quota refusal (RPM or daily tokens) and count it.
+async fn refuse_quota(
     shard: &Shard,
     conn: &mut Conn,
     p: &PendingRequest,
     end: &mut Ending,
-) -> Result<(), bool> {
-    let model = p.meta.model.as_str();
-    let replicas = || healthy_replicas(shard, model);
-    let facts = QuotaFacts {
-        model,
-        endpoint: p.endpoint,
-        estimate: p.meta.estimate(COLD_TOKENS_PER_BYTE),
-        declared_output: p.meta.declared_output,
-        replicas: &replicas,
-        burst_secs: shard.router.cfg.rpm_burst_secs,
+    r: tenancy::Refusal,
+) -> bool {
+    record_quota_refusal(shard, &p.meta.model, &p.principal, r.kind);
+    end.status = r.error.status;
+    end.error_code = r.error.code.as_str();
+    let more: Vec<(&'static str, &[u8])> =
+        r.headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
+    respond::send_error_with(conn, &r.error, p.head.keep_alive, &more).await
+}
+
+/// Write an admission refusal (`Retry-After: 1` but for B1) and count it.
+async fn refuse_admission(
+    shard: &Shard,
+    conn: &mut Conn,
+    p: &PendingRequest,
+    end: &mut Ending,
+    reason: Reason,
+    e: ApiError,
+) -> bool {
+    with_stats(shard, &p.meta.model, |s| {
+        *s.admission_rejections.entry(reason.as_str()).or_default() += 1;
+        let (tenant, key) = p.principal.names();
+        if let Some(t) = s.tenant(tenant, key) {
+            if e.code == ErrorCode::RateLimitExceeded {
+                t.rate_limited += 1;
+            }
+        }
+    });
+    end.status = e.status;
+    end.error_code = e.code.as_str();
+    let retry: &[(&'static str, &[u8])] = if reason == Reason::B1 {
+        &[]
+    } else {
+        &[("Retry-After", b"1")]
     };
-    let today = || quota::day_of(clock::unix_secs());
-    match tenancy::admit(&p.principal, facts, clock::mono_ns(), today) {
-        Ok(mut ticket) => {
-            conn.reply_headers.append(&mut ticket.headers);
-            end.ticket = Some(ticket);
-        }
-        Err(r) => {
-            record_quota_refusal(shard, model, &p.principal, r.kind);
-            end.status = r.error.status;
-            end.error_code = r.error.code.as_str();
-            let more: Vec<(&'static str, &[u8])> =
-                r.headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
-            return Err(respond::send_error_with(conn, &r.error, p.head.keep_alive, &more).await);
-        }
-    }
-    Ok(())
+    respond::send_error_with(conn, &e, p.head.keep_alive, retry).await
 }
 
 /// Healthy agents of `model` on this (its owner) shard.
@@ -368,10 +464,6 @@ fn record_quota_refusal(shard: &Shard, model: &str, principal: &Principal, kind:
     });
 }
 
-/// Pipelined input kept while a request waits; past it the client socket
-/// is no longer watched (its EOF is then found when the response is written).
-const WATCH_LIMIT: usize = 64 * 1024;
-
 /// Queue the request (at its original place when it has one) and wait for
 /// a slot until `until`, watching the client socket: a client that closes
 /// its connection leaves the queue at once and never reaches a backend.
@@ -407,34 +499,10 @@ async fn wait_for_capacity(
     d.queued(seq, now);
     let timer = monoio::time::sleep(until.saturating_duration_since(now));
     futures::pin_mut!(timer);
-    let mut watch = conn.buf.len() < WATCH_LIMIT;
-    let end = loop {
-        if !watch {
-            break match select(&mut rx, &mut timer).await {
-                Either::Left((Ok(()), _)) => WaitEnd::Woken,
-                _ => WaitEnd::TimedOut,
-            };
-        }
-        // Readiness only: nothing is read (or lost) when the wait ends first.
-        let ready = {
-            let readable = conn.stream.readable(false);
-            futures::pin_mut!(readable);
-            match select(select(&mut rx, &mut timer), readable).await {
-                Either::Left((Either::Left((Ok(()), _)), _)) => break WaitEnd::Woken,
-                Either::Left(_) => break WaitEnd::TimedOut,
-                Either::Right((r, _)) => r.is_ok(),
-            }
-        };
-        if !ready {
-            watch = false;
-            continue;
-        }
-        // Input or EOF is pending: this read completes at once; what it
-        // brings is kept for the next request on the connection.
-        match conn.fill().await {
-            Ok(0) | Err(_) => break WaitEnd::ClientGone,
-            Ok(_) => watch = conn.buf.len() < WATCH_LIMIT,
-        }
+    let end = match conn.unless_gone(select(&mut rx, timer)).await {
+        Some(Either::Left((Ok(()), _))) => WaitEnd::Woken,
+        Some(_) => WaitEnd::TimedOut,
+        None => WaitEnd::ClientGone,
     };
     if end != WaitEnd::Woken {
         queue.borrow_mut().remove(seq);
@@ -467,6 +535,7 @@ async fn attempt(
     agent: &Rc<Agent>,
     request: &[u8],
     deadline: clock::Instant,
+    held: Option<&Reservation>,
 ) -> (Outcome, Option<f64>) {
     let _slot = Slot::take(agent.clone());
     let progress = Progress::default();
@@ -498,6 +567,7 @@ async fn attempt(
         conn: head.upstream,
         idle: shard.router.cfg.stream_idle_timeout,
         cut: agent.cut_signal(),
+        held,
     };
     let relayed = exchange::relay(conn, up, &head.head, p.head.keep_alive).await;
     let outcome = match relayed {

@@ -13,6 +13,7 @@ use futures::AsyncWriteExt;
 use super::clock::{self, Instant};
 use super::conn::Conn;
 use super::link::{LinkHandle, LinkStream, HTTP_PROTOCOL};
+use super::model::admission::Reservation;
 use super::respond;
 use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::failure::{Failure, Side, Stage};
@@ -114,16 +115,19 @@ pub enum RelayEnd {
 /// The agent's side of a relay: the stream, the idle bound between its
 /// bytes (`--stream-idle-timeout`) and the signal that cuts it when the
 /// agent is declared dead.
-pub struct Upstream {
+pub struct Upstream<'a> {
     /// The stream, with what was read past the head.
     pub conn: Conn<LinkStream>,
     /// Longest silence allowed between bytes.
     pub idle: std::time::Duration,
     /// Fires when the agent's responses must be cut.
     pub cut: futures::channel::oneshot::Receiver<()>,
+    /// The request's admission reservation: an SSE stream trues it up to
+    /// the exact input tokens and grows it with content as it streams.
+    pub held: Option<&'a Reservation>,
 }
 
-impl Upstream {
+impl Upstream<'_> {
     /// One read, bounded by the idle timeout and the cut signal, so a hung
     /// or frozen agent cannot hold a client (and a slot) for long.
     async fn fill(&mut self) -> Result<usize, String> {
@@ -152,7 +156,12 @@ impl Upstream {
 }
 
 /// Relay the body after `head` to the client.
-pub async fn relay(client: &mut Conn, up: Upstream, head: &ResponseHead, keep: bool) -> RelayEnd {
+pub async fn relay(
+    client: &mut Conn,
+    up: Upstream<'_>,
+    head: &ResponseHead,
+    keep: bool,
+) -> RelayEnd {
     match head.framing {
         BodyFraming::None => {
             let mut out = Vec::with_capacity(512);
@@ -176,7 +185,7 @@ pub async fn relay(client: &mut Conn, up: Upstream, head: &ResponseHead, keep: b
 /// A body up to [`BUFFERED_BODY`]: read whole, usage parsed, one write.
 async fn relay_buffered(
     client: &mut Conn,
-    mut up: Upstream,
+    mut up: Upstream<'_>,
     head: &ResponseHead,
     n: usize,
     keep: bool,
@@ -201,7 +210,7 @@ async fn relay_buffered(
 /// cannot make the router hold gigabytes.
 async fn relay_large(
     client: &mut Conn,
-    mut up: Upstream,
+    mut up: Upstream<'_>,
     head: &ResponseHead,
     n: usize,
     keep: bool,
@@ -230,7 +239,7 @@ async fn relay_large(
 /// chunk per read); SSE usage is metered on the way.
 async fn relay_chunks(
     client: &mut Conn,
-    mut up: Upstream,
+    mut up: Upstream<'_>,
     head: &ResponseHead,
     keep: bool,
 ) -> RelayEnd {
@@ -239,7 +248,7 @@ async fn relay_chunks(
     let mut out = Vec::with_capacity(512);
     respond::relayed_head(&mut out, head, OutFraming::Chunked, keep, client);
     let mut dec = ChunkedDecoder::new();
-    let mut meter = SseUsage::default();
+    let mut meter = SseUsage::counting(up.held.is_some_and(|h| h.grows()));
     let mut payload = Vec::with_capacity(16 * 1024);
     loop {
         if until_close {
@@ -254,6 +263,12 @@ async fn relay_chunks(
         }
         if sse {
             meter.feed(&payload);
+            if let Some(h) = up.held {
+                h.streamed(meter.content_bytes);
+                if meter.seen {
+                    h.exact_input(meter.tokens.input);
+                }
+            }
         }
         http_write::write_chunk(&mut out, &payload);
         payload.clear();

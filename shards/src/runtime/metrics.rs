@@ -123,6 +123,10 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot]) {
             e.exhausted += st.exhausted;
             e.queue_depth += st.queue_depth;
             e.wait.merge(&st.wait);
+            // A model lives on one shard: its gauges are taken as they are.
+            if st.admission.active {
+                e.admission = st.admission;
+            }
         }
     }
     for (name, help, map) in [
@@ -182,6 +186,43 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot]) {
         let _ = writeln!(o, "# TYPE {name} {kind}");
         for (m, st) in &per_model {
             let _ = writeln!(o, "{name}{{model=\"{}\"}} {}", esc(m), get(st));
+        }
+    }
+    type AGet = fn(&super::model::admission::Gauges) -> u64;
+    let adm: [(&str, &str, AGet); 5] = [
+        (
+            "hivenet_admission_occupancy_tokens",
+            "Tokens reserved by requests in flight (estimate + declared output, trued up).",
+            |g| g.occupancy_tokens,
+        ),
+        (
+            "hivenet_admission_budget_tokens",
+            "Effective token budget last seen (admit fraction x per-replica budget x replicas; 0: unset).",
+            |g| g.budget_tokens,
+        ),
+        (
+            "hivenet_admission_inflight_requests",
+            "Requests holding an admission reservation.",
+            |g| g.inflight_requests,
+        ),
+        (
+            "hivenet_admission_max_inflight",
+            "Effective in-flight cap last seen (max_inflight x replicas; 0: unset).",
+            |g| g.max_inflight,
+        ),
+        (
+            "hivenet_admission_parked_requests",
+            "Requests parked waiting for admission room.",
+            |g| g.parked_requests,
+        ),
+    ];
+    for (name, help, get) in adm {
+        let _ = writeln!(o, "# HELP {name} {help}");
+        let _ = writeln!(o, "# TYPE {name} gauge");
+        for (m, st) in &per_model {
+            if st.admission.active {
+                let _ = writeln!(o, "{name}{{model=\"{}\"}} {}", esc(m), get(&st.admission));
+            }
         }
     }
     let _ = writeln!(o, "# HELP hivenet_request_duration_seconds Client-visible duration of completed responses (first request byte to last response byte, streams included).");

@@ -24,6 +24,7 @@
 pub mod admin;
 pub mod admin_keys;
 pub mod admin_policy;
+pub mod admission;
 pub mod agent_link;
 pub mod audit;
 pub mod budget;

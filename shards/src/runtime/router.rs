@@ -60,6 +60,12 @@ pub struct RouterConfig {
     /// `HIVENET_ROUTER_RPM_BURST_SECONDS` (0: a bucket's burst is the
     /// whole minute).
     pub rpm_burst_secs: u64,
+    /// `HIVENET_ROUTER_ADMIT_FRACTION`: share of `admit_budget_tokens`
+    /// admission fills, (0, 1].
+    pub admit_fraction: f64,
+    /// `HIVENET_ROUTER_ADMIT_PARK_TIMEOUT`: how long a request waits for
+    /// occupancy room (0: refused at once).
+    pub admit_park_timeout: Duration,
 }
 
 impl Default for RouterConfig {
@@ -83,6 +89,8 @@ impl Default for RouterConfig {
             max_buffered_body_bytes: 256 * 1024 * 1024,
             max_client_connections: 4096,
             rpm_burst_secs: 0,
+            admit_fraction: 0.9,
+            admit_park_timeout: Duration::from_millis(250),
         }
     }
 }

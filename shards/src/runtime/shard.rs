@@ -258,6 +258,7 @@ impl Shard {
                 .map(|(name, m)| {
                     let mut st = m.stats.clone();
                     st.queue_depth = m.queue.borrow().len();
+                    st.admission = m.admission.borrow().gauges();
                     (name.clone(), st)
                 })
                 .collect(),

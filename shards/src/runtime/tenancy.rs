@@ -136,6 +136,9 @@ pub struct AuthState {
     /// Limits per tenant for the gauges: flat (rpm, tpd) and per model
     /// (rpm per replica, tpd); the last key of a tenant wins.
     pub tenant_limits: BTreeMap<Arc<str>, TenantLimits>,
+    /// (key name, ITPM) of every key with an ITPM limit: the serverless
+    /// cross-config check of a policy reload reads it.
+    pub itpm_limits: Vec<(String, u64)>,
 }
 
 /// A tenant's configured limits (gauges).
@@ -195,7 +198,13 @@ impl AuthState {
         };
         let mut by_hash = HashMap::with_capacity(keys.len());
         let mut tenant_limits: BTreeMap<Arc<str>, TenantLimits> = BTreeMap::new();
+        let mut itpm_limits = Vec::new();
         for (hash, rec) in keys {
+            if let Limits::Flat { itpm, .. } = rec.limits {
+                if itpm > 0 {
+                    itpm_limits.push((rec.name.clone(), itpm));
+                }
+            }
             let tenant = rec.tenant.clone();
             let limits = tenant_limits.entry(tenant.clone()).or_default();
             let (flat, per_model) = match &rec.limits {
@@ -232,6 +241,7 @@ impl AuthState {
             by_hash,
             buckets,
             tenant_limits,
+            itpm_limits,
         }
     }
 
@@ -296,6 +306,8 @@ pub struct Ticket {
     /// Headers for the response (`X-RateLimit-*`).
     pub headers: Vec<(&'static str, Vec<u8>)>,
     daily: Option<(Arc<Bucket>, u64, u64)>,
+    /// The bucket and daily limit the token charge uses (after admission).
+    pending: Option<(Arc<Bucket>, u64)>,
 }
 
 /// The request facts quotas read.
@@ -381,16 +393,22 @@ fn adjust_tokens(b: &Bucket, day: u64, delta: i64) {
         });
 }
 
-/// Admit one request against its principal's quotas at `now_ns`
-/// (monotonic) and `day()` (UTC day index, read only when a daily budget
-/// applies): requests per minute first, then daily tokens (chat and
-/// messages only; not count_tokens, embeddings or rerank).
+/// Requests, then daily tokens, in one call (the admission gates run
+/// between the two in the request path: [`take_requests`], [`take_daily`]).
 pub fn admit(
     p: &Principal,
     f: QuotaFacts<'_>,
     now_ns: u64,
     day: impl FnOnce() -> u64,
 ) -> Result<Ticket, Refusal> {
+    let mut t = take_requests(p, &f, now_ns)?;
+    take_daily(&mut t, &f, day)?;
+    Ok(t)
+}
+
+/// The request quota (RPM) of a keyed request; the ticket remembers the
+/// bucket its daily charge will use.
+pub fn take_requests(p: &Principal, f: &QuotaFacts<'_>, now_ns: u64) -> Result<Ticket, Refusal> {
     let Principal::Key(c) = p else {
         return Ok(Ticket::default());
     };
@@ -439,16 +457,31 @@ pub fn admit(
             }
         }
     }
+    if tpd > 0 {
+        ticket.pending = Some((bucket.clone(), tpd));
+    }
+    Ok(ticket)
+}
+
+/// The daily token charge of a request whose [`take_requests`] passed.
+pub fn take_daily(
+    ticket: &mut Ticket,
+    f: &QuotaFacts<'_>,
+    day: impl FnOnce() -> u64,
+) -> Result<(), Refusal> {
+    let Some((bucket, tpd)) = ticket.pending.take() else {
+        return Ok(());
+    };
     let metered = matches!(f.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
-    if tpd > 0 && metered {
+    if metered {
         let need = f.estimate.saturating_add(f.declared_output);
         let day = day();
-        match take_tokens(bucket, day, tpd, need, f.estimate) {
+        match take_tokens(&bucket, day, tpd, need, f.estimate) {
             Daily::Charged { remaining, .. } => {
                 ticket
                     .headers
                     .push(("X-RateLimit-Remaining-Tokens", num(remaining)));
-                ticket.daily = Some((bucket.clone(), day, f.estimate));
+                ticket.daily = Some((bucket, day, f.estimate));
             }
             Daily::Refused { remaining } => {
                 let msg = if f.declared_output > 0 {
@@ -464,7 +497,7 @@ pub fn admit(
             }
         }
     }
-    Ok(ticket)
+    Ok(())
 }
 
 // === impl Ticket ===

@@ -27,9 +27,15 @@ fn b1_names_the_numbers() {
     assert!(caps(&p, 100, 2).is_ok(), "at the cap is accepted");
     let e = caps(&p, 101, 0).expect_err("over");
     assert_eq!((e.status, e.code.as_str()), (400, "input_too_long"));
-    assert_eq!(e.message, "input is 101 tokens, over the model limit of 100");
+    assert_eq!(
+        e.message,
+        "input is 101 tokens, over the model limit of 100"
+    );
     let e = caps(&p, 1, 3).expect_err("images");
-    assert_eq!(e.message, "request carries 3 images, over the model limit of 2");
+    assert_eq!(
+        e.message,
+        "request carries 3 images, over the model limit of 2"
+    );
     assert!(caps(&AdmissionPolicy::default(), u64::MAX, u64::MAX).is_ok());
 }
 
@@ -50,7 +56,11 @@ fn b3_means_over_healthy_reporters() {
         .into_iter(),
     );
     assert_eq!(pr.kv_cache_utilization, Some(0.7));
-    assert_eq!(pr.waiting_requests, Some(30.0), "the unhealthy one is not counted");
+    assert_eq!(
+        pr.waiting_requests,
+        Some(30.0),
+        "the unhealthy one is not counted"
+    );
     let p = AdmissionPolicy {
         shed_if: vec![Rule {
             field: Field::KvCacheUtilization,
@@ -90,7 +100,11 @@ fn room_scales_with_replicas_and_floors() {
         ..policy(1000, 0)
     };
     assert_eq!(share_budget(&serverless, 0.25, 2), Some(500));
-    assert_eq!(share_budget(&serverless, 0.0001, 1), Some(1), "A17: floored");
+    assert_eq!(
+        share_budget(&serverless, 0.0001, 1),
+        Some(1),
+        "A17: floored"
+    );
     assert_eq!(share_budget(&policy(1000, 0), 0.25, 2), None, "reserved");
 }
 
@@ -219,7 +233,10 @@ fn learning_blends_and_clamps() {
     assert!((r1 - (0.2 * 0.25 + 0.8 * r0)).abs() < 1e-12);
     assert_eq!(learn(r0, 0, 1000), r0);
     assert_eq!(learn(r0, 10, 0), r0);
-    assert!((learn(r0, 10_000, 10) - (0.2 + 0.8 * r0)).abs() < 1e-12, "clamped at 1");
+    assert!(
+        (learn(r0, 10_000, 10) - (0.2 + 0.8 * r0)).abs() < 1e-12,
+        "clamped at 1"
+    );
 }
 
 #[test]
@@ -230,14 +247,21 @@ fn cross_check_names_the_key_and_policy() {
         ..Default::default()
     };
     let keys = [("ok", 10_000u64), ("unset", 0), ("small", 1000)];
-    let e = cross_check(keys.iter().map(|(k, v)| (*k, *v)), [("llama", &sv)].into_iter())
-        .expect_err("small");
+    let e = cross_check(
+        keys.iter().map(|(k, v)| (*k, *v)),
+        [("llama", &sv)].into_iter(),
+    )
+    .expect_err("small");
     assert!(e.contains("\"small\"") && e.contains("llama"), "{e}");
     let reserved = AdmissionPolicy {
         max_input_tokens: 4096,
         ..Default::default()
     };
-    assert!(cross_check(keys.iter().map(|(k, v)| (*k, *v)), [("g", &reserved)].into_iter()).is_ok());
+    assert!(cross_check(
+        keys.iter().map(|(k, v)| (*k, *v)),
+        [("g", &reserved)].into_iter()
+    )
+    .is_ok());
 }
 
 /// One operation of a random schedule.

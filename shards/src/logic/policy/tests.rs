@@ -75,7 +75,12 @@ fn admission_fields_are_parsed() {
     let a = &p.admission;
     assert_eq!(a.mode, Mode::Serverless);
     assert_eq!(
-        (a.max_input_tokens, a.images_max, a.admit_budget_tokens, a.max_inflight),
+        (
+            a.max_input_tokens,
+            a.images_max,
+            a.admit_budget_tokens,
+            a.max_inflight
+        ),
         (4096, 2, 100_000, 8)
     );
     assert_eq!(
@@ -94,8 +99,11 @@ fn admission_fields_are_parsed() {
         ]
     );
     assert!(a.any() && a.occupancy());
-    let plain = parse("b.yaml", "mode: reserved\nrouting_policy:\n  strategy: least-loaded\n")
-        .expect("reserved");
+    let plain = parse(
+        "b.yaml",
+        "mode: reserved\nrouting_policy:\n  strategy: least-loaded\n",
+    )
+    .expect("reserved");
     assert!(!plain.admission.any(), "reserved with no caps: no gate");
 }
 

@@ -5,6 +5,7 @@
 //! Key types: [`ModelState`], [`agent::Agent`], [`agent::Slot`],
 //! [`stats::ModelStats`].
 
+pub mod admission;
 pub mod agent;
 pub mod stats;
 
@@ -57,6 +58,9 @@ pub struct ModelState {
     pub stats: ModelStats,
     /// Rejections logged at most once a second, with their count.
     pub shed_log: LogGate,
+    /// Admission: reservations, parked requests, key rate buckets, the
+    /// learned tokens per byte.
+    pub admission: self::admission::Shared,
 }
 
 // === impl ModelState ===
@@ -68,6 +72,13 @@ impl ModelState {
         self.agents.retain(|a| a.reg.peer_id != agent.reg.peer_id);
         self.agents.push(agent);
         wake_all(&self.queue);
+        self.replicas_changed();
+    }
+
+    /// Healthy replicas changed: parked admissions re-check the room.
+    pub fn replicas_changed(&self) {
+        let healthy = self.agents.iter().filter(|a| a.healthy()).count() as u64;
+        self.admission.borrow_mut().replicas_changed(healthy);
     }
 
     /// Remove the agent with `id`; returns whether it was still here (a

@@ -109,6 +109,8 @@ pub struct ModelStats {
     pub tenants: BTreeMap<Arc<str>, BTreeMap<Arc<str>, TenantStats>>,
     /// `hivenet_admission_rejections_total{reason}` on this model.
     pub admission_rejections: BTreeMap<&'static str, u64>,
+    /// `hivenet_admission_*` gauges (filled at snapshot).
+    pub admission: super::admission::Gauges,
 }
 
 impl ModelStats {
