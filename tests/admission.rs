@@ -505,3 +505,83 @@ fn a_serverless_policy_whose_input_cap_no_key_can_pay_is_refused_at_start() {
         "{err}"
     );
 }
+
+#[test]
+fn reservations_are_released_on_errors_timeouts_and_later_refusals() {
+    let dir = tmpdir("adm-release");
+    std::fs::write(
+        dir.join("auth.yaml"),
+        format!(
+            "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      metadata: {{name: k, owner: t}}\n      quota: {{tokens_per_day: 30}}\n",
+            sha256_hex("sk-day")
+        ),
+    )
+    .expect("auth");
+    std::fs::write(
+        dir.join("policy.yaml"),
+        "max_inflight: 1\nadmit_budget_tokens: 100000\nrouting_policy:\n  strategy: least-loaded\n",
+    )
+    .expect("policy");
+    let r = start_router(
+        &dir,
+        &[
+            "--shards",
+            "1",
+            "--policy-file",
+            "policy.yaml",
+            "--auth-config-file",
+            "auth.yaml",
+            "--request-timeout",
+            "1s",
+        ],
+        &[("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")],
+    );
+    let (_bad, pb) = start_sim(&dir, "broken", &["--error-rate", "1"]);
+    let (_slow, ps) = start_sim(&dir, "slow", &["--ttft", "3s"]);
+    let (_ok, po) = start_sim(&dir, "m", &[]);
+    let _a = start_agent(&dir, &r, pb, "b.key", &[]);
+    let _b = start_agent(&dir, &r, ps, "s.key", &[]);
+    let _c = start_agent(&dir, &r, po, "o.key", &[]);
+    for m in ["broken", "slow", "m"] {
+        wait_until(
+            Duration::from_secs(30),
+            || {
+                get_auth(r.http, &format!("/v1/models/{m}"), "sk-day")
+                    .map(|x| x.0 == 200)
+                    .unwrap_or(false)
+            },
+            m,
+        );
+    }
+    let send = |model: &str, max: u32| {
+        let body = chat_body_text(model, "hi", &format!(r#","max_tokens":{max}"#));
+        request_full(
+            r.http,
+            "POST",
+            "/v1/chat/completions",
+            body.as_bytes(),
+            "Authorization: Bearer sk-day\r\n",
+        )
+        .expect("answered")
+        .0
+    };
+    let idle = |model: &str| {
+        gauge(&r, "hivenet_admission_inflight_requests", model) == Some(0.0)
+            && gauge(&r, "hivenet_admission_occupancy_tokens", model) == Some(0.0)
+    };
+    // Backend error: 500 relayed; the room comes back (max_inflight 1
+    // would refuse the second one otherwise).
+    for _ in 0..2 {
+        assert_eq!(send("broken", 4), 500);
+    }
+    assert!(idle("broken"), "released after errors");
+    // Request timeout while the backend thinks.
+    assert_eq!(send("slow", 4), 504);
+    assert!(idle("slow"), "released after a timeout");
+    // Admitted, then refused by the daily budget (30 tokens): the
+    // reservation taken by B2 goes back.
+    assert_eq!(send("m", 100), 429);
+    assert!(idle("m"), "released after a later refusal");
+    assert_eq!(send("m", 4), 200);
+    assert!(idle("m"), "released after success");
+}

@@ -194,8 +194,11 @@ fn daily_tokens_refund_failures_and_survive_reload_and_restart() {
                 .expect("remaining")
                 .parse()
                 .expect("n");
+            // The estimate learns from the sim's usage (its prompt count is
+            // the whole body / 4, so the ratio climbs to its 1.0 clamp): at
+            // most 11 text bytes x 1.0 + 4 declared.
             assert!(
-                left < 8,
+                left < 15,
                 "refused only when estimate + declared output does not fit: {left}"
             );
             break;
@@ -211,7 +214,7 @@ fn daily_tokens_refund_failures_and_survive_reload_and_restart() {
     }
     assert!(served >= 2, "{served}");
     let used = used_today(ports.1, "tok");
-    assert!(used > 112 && used <= 120 + 30, "{used}");
+    assert!(used > 120 - 15 && used <= 120 + 30, "{used}");
     // SIGHUP keeps today's usage (the Go router's memory backend forgot it).
     signal(&router, "HUP");
     std::thread::sleep(Duration::from_millis(300));
@@ -223,6 +226,17 @@ fn daily_tokens_refund_failures_and_survive_reload_and_restart() {
     let router = router_on(&dir, ports, &args);
     assert_eq!(used_today(ports.1, "tok"), used, "restored");
     wait_until(Duration::from_secs(30), up("m"), "agent back");
-    assert_eq!(chat_as(ports.0, "sk-t", "m").0, 429);
+    // The learned estimate starts cold again (4 tokens here): the answer
+    // is the restored budget's, whichever way it goes.
+    let (st, head, _) = chat_as(ports.0, "sk-t", "m");
+    let left: u64 = header_of(&head, "x-ratelimit-remaining-tokens")
+        .expect("remaining")
+        .parse()
+        .expect("n");
+    match st {
+        429 => assert_eq!(left, 120 - used),
+        200 => assert_eq!(left, 120 - used - 4, "charged the cold estimate"),
+        other => panic!("{other}"),
+    }
     drop(router);
 }
