@@ -13,8 +13,7 @@ use shards::logic::probe::{self, COLD_TOKENS_PER_BYTE};
 
 /// A chat body of about `size` bytes: messages of ~200 bytes of text.
 fn body(size: usize) -> Vec<u8> {
-    let text = "The quick brown fox jumps over the lazy dog, and \\\"quotes\\\" too. "
-        .repeat(3);
+    let text = "The quick brown fox jumps over the lazy dog, and \\\"quotes\\\" too. ".repeat(3);
     let mut msgs = Vec::new();
     let mut len = 0;
     let mut i = 0;
