@@ -8,8 +8,10 @@
 //! ([`Decision::attempt_ended`], [`Decision::queued`],
 //! [`Decision::wait_ended`]); every retry and error choice is made here.
 //!
-//! Seams for what comes next: [`GATES`] runs before the first policy step
-//! (authentication, quotas and admission join that list); [`Action`] and
+//! Before the machine starts, the driver has run authentication (on the
+//! accepting shard), quotas and admission ([`super::admission`]: it may
+//! park the request, so it lives in the driver, not in [`GATES`]).
+//! [`GATES`] runs before the first policy step; [`Action`] and
 //! [`Rejection`] grow with holding and redirecting.
 //!
 //! Time comes only from the `now` arguments; the machine reads no clock.
@@ -71,7 +73,7 @@ pub enum Gate {
     ModelRegistered,
 }
 
-/// The gate list (authentication, quota and admission gates join here).
+/// The gate list, checked once before the first policy step.
 pub const GATES: &[Gate] = &[Gate::ModelRegistered];
 
 /// What the driver does next.

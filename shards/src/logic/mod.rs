@@ -26,6 +26,7 @@ pub mod probe;
 pub mod quota;
 pub mod registry;
 pub mod request_id;
+pub mod sites;
 pub mod srtt;
 pub mod timefmt;
 pub mod usage;

@@ -6,38 +6,13 @@ use std::rc::Rc;
 
 use super::budget::Budget;
 use super::conn::Conn;
+use super::exposition::{esc, write_histogram};
 use super::model::stats::{ModelStats, DURATION_BUCKETS, QUEUE_BUCKETS};
 use super::respond;
 use super::shard::Shard;
 use super::views::{AgentView, ShardSnapshot};
 use crate::logic::directory::DirectoryStats;
 use crate::logic::http_parse;
-
-/// A label value escaped for the text format.
-pub fn esc(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-/// One histogram series (`_bucket` cumulative per bound, `+Inf`, `_sum`,
-/// `_count`) with `labels` already rendered.
-pub fn write_histogram(
-    o: &mut String,
-    name: &str,
-    labels: &str,
-    bounds: &[f64],
-    h: &super::model::stats::Histogram,
-) {
-    let mut cum = 0u64;
-    for (i, b) in bounds.iter().enumerate() {
-        cum += h.buckets.get(i).copied().unwrap_or(0);
-        let _ = writeln!(o, "{name}_bucket{{{labels},le=\"{b}\"}} {cum}");
-    }
-    let _ = writeln!(o, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
-    let _ = writeln!(o, "{name}_sum{{{labels}}} {}", h.sum);
-    let _ = writeln!(o, "{name}_count{{{labels}}} {}", h.count);
-}
 
 /// Render snapshots as Prometheus text.
 pub fn render(

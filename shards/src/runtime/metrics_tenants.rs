@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::audit::AuditLog;
-use super::metrics::{esc, write_histogram};
+use super::exposition::{esc, write_histogram};
 use super::model::stats::{TenantStats, DURATION_BUCKETS};
 use super::tenancy::AuthState;
 use super::views::ShardSnapshot;

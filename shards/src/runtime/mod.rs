@@ -5,13 +5,14 @@
 //! - [`event_loop`]: a shard's listeners, flush timer and mesh messages;
 //! - [`ingress`] (client HTTP: authentication, aliases, allowlist),
 //!   [`admin`] + [`admin_policy`] + [`admin_keys`] + [`models_api`],
-//!   [`metrics`] + [`metrics_tenants`], [`agent_link`] (the agents'
-//!   control protocol);
+//!   [`metrics`] + [`metrics_tenants`] (over [`exposition`]),
+//!   [`agent_link`] (the agents' control protocol);
 //! - [`dispatch`]: the driver of the pure decision machine
-//!   ([`crate::logic::decision`]); [`exchange`]: one exchange with an agent;
+//!   ([`crate::logic::decision`]); [`admission`]: the admission gate on the
+//!   owner shard; [`exchange`]: one exchange with an agent;
 //! - [`respond`]: every response the router writes itself;
 //! - [`shard`]: what one core owns; [`model`]: per-model state (agents,
-//!   slots, queue, statistics);
+//!   slots, queue, statistics, admission state);
 //! - [`router`]: what every shard reads (config, versioned [`snapshot`]s
 //!   of the directory and policies, mesh senders, identity, the memory
 //!   [`budget`]); [`tenancy`] (the key snapshot and the shared quota
@@ -34,6 +35,7 @@ pub mod dispatch;
 pub mod event_loop;
 pub mod exchange;
 pub mod executor;
+pub mod exposition;
 pub mod handoff;
 pub mod ingress;
 pub mod io;
