@@ -7,5 +7,6 @@ pub mod agent;
 pub mod auth_files;
 pub mod cli;
 pub mod keygen;
+pub mod map_writer;
 pub mod policy_files;
 pub mod store;

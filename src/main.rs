@@ -102,6 +102,12 @@ struct Flags {
     /// time allowed for an agent's pnet + noise handshake and registration (default 10s)
     #[argh(option, default = "String::from(\"10s\")")]
     handshake_timeout: String,
+    /// this router's site in the sibling map; without it no map is taken and nothing is redirected (env HIVENET_ROUTER_SITE_ID)
+    #[argh(option)]
+    site_id: Option<String>,
+    /// warm/cold hints of the sibling map older than this are ignored (default 60s; env HIVENET_ROUTER_SIBLING_HINTS_MAX_AGE)
+    #[argh(option)]
+    sibling_hints_max_age: Option<String>,
     /// on SIGTERM/SIGINT, time allowed for in-flight requests to finish (default 10s)
     #[argh(option, default = "String::from(\"10s\")")]
     drain_timeout: String,
@@ -309,6 +315,23 @@ fn build() -> Result<Startup, String> {
         }),
         &policies,
     )?;
+    cfg.site_id = cli::flag_or_env_opt(f.site_id, "HIVENET_ROUTER_SITE_ID");
+    if let Some(id) = &cfg.site_id {
+        if !shards::logic::sites::valid_site_id(id) {
+            return Err(format!(
+                "--site-id: {id:?} must match [A-Za-z0-9._-]{{1,64}}"
+            ));
+        }
+    }
+    let age = cli::flag_or_env(
+        f.sibling_hints_max_age,
+        "HIVENET_ROUTER_SIBLING_HINTS_MAX_AGE",
+        "60s",
+    );
+    cfg.sibling_hints_max_age = cli::parse_duration("--sibling-hints-max-age", &age)?;
+    if cfg.sibling_hints_max_age.is_zero() {
+        return Err("--sibling-hints-max-age must be > 0".into());
+    }
     let drain = cli::parse_duration("--drain-timeout", &f.drain_timeout)?;
     Ok(Startup {
         drain,
@@ -469,6 +492,13 @@ fn main() {
         }
     }
     cli::init_logging();
+    if args.get(1).map(String::as_str) == Some("map-writer") {
+        if let Err(e) = hivenet_router::map_writer::run(args.get(2..).unwrap_or(&[])) {
+            eprintln!("hivenet-router: {e}");
+            std::process::exit(2);
+        }
+        return;
+    }
     let startup = match build() {
         Ok(v) => v,
         Err(e) => {
@@ -563,6 +593,7 @@ fn run(startup: Startup) -> Result<(), String> {
         policies: Versioned::new(policies),
         policy_reloads: std::sync::Mutex::new(Default::default()),
         feed: std::sync::Mutex::new(Vec::new()),
+        sites: Versioned::new(Default::default()),
     });
     info!(
         peer_id = %keypair.public().to_peer_id(),

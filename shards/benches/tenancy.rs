@@ -40,6 +40,7 @@ fn keys(n: usize) -> Vec<([u8; 32], KeyRecord)> {
                     max_occupancy_share: 0.0,
                     expires_at: None,
                     enabled: true,
+                    site_scopes: Vec::new(),
                 },
             )
         })

@@ -144,6 +144,8 @@ pub struct KeyRecord {
     pub expires_at: Option<u64>,
     /// Disabled keys authenticate nobody (dynamic registry).
     pub enabled: bool,
+    /// Sites this key may be redirected to, by scope (empty: all sites).
+    pub site_scopes: Vec<String>,
 }
 
 // === impl KeyRecord ===
@@ -271,6 +273,8 @@ struct RawKey {
     quota: Option<Quota>,
     #[serde(default)]
     max_occupancy_share: Option<f64>,
+    #[serde(default)]
+    site_scopes: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -575,6 +579,7 @@ pub fn parse_config(file: &str, text: &str) -> Result<AuthConfig, String> {
                     max_occupancy_share: share,
                     expires_at,
                     enabled: true,
+                    site_scopes: k.site_scopes,
                 },
             ));
         }

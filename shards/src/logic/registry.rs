@@ -49,6 +49,9 @@ pub struct KeyDto {
     /// Serverless per-key occupancy share.
     #[serde(default)]
     pub max_occupancy_share: Option<f64>,
+    /// Redirect scopes (empty: all sites).
+    #[serde(default)]
+    pub site_scopes: Vec<String>,
 }
 
 /// One key as `GET /admin/api-keys` shows it.
@@ -72,6 +75,9 @@ pub struct KeyView {
     pub quota: Quota,
     /// Serverless per-key occupancy share.
     pub max_occupancy_share: f64,
+    /// Redirect scopes (empty: all sites).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub site_scopes: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -141,6 +147,7 @@ fn validate(id: &str, dto: KeyDto) -> Result<Entry, String> {
             max_occupancy_share: share,
             expires_at: expires,
             enabled,
+            site_scopes: dto.site_scopes.clone(),
         },
         view: KeyView {
             id: id.to_string(),
@@ -152,6 +159,7 @@ fn validate(id: &str, dto: KeyDto) -> Result<Entry, String> {
             allowed_models: dto.allowed_models,
             quota,
             max_occupancy_share: share,
+            site_scopes: dto.site_scopes,
         },
     })
 }

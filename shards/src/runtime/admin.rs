@@ -78,6 +78,8 @@ pub async fn serve(shard: &Rc<Shard>, conn: &mut Conn, head: &RequestHead, path:
             head.framing,
             if path == "/admin/api-keys/replace" {
                 super::admin_keys::REPLACE_BODY
+            } else if path == "/admin/sibling-map" {
+                super::admin_sites::MAP_BODY
             } else {
                 ADMIN_BODY
             },
@@ -91,7 +93,7 @@ pub async fn serve(shard: &Rc<Shard>, conn: &mut Conn, head: &RequestHead, path:
             respond::send_json(
                 conn,
                 400,
-                br#"{"error":"failed to read request body (max 1 MB)"}"#,
+                br#"{"error":"failed to read request body (too large or too slow)"}"#,
                 false,
             )
             .await;
@@ -100,6 +102,11 @@ pub async fn serve(shard: &Rc<Shard>, conn: &mut Conn, head: &RequestHead, path:
     };
     if let Some((status, body)) =
         super::admin_keys::keys_api(&shard.router, &head.method, path, &head.path, &body)
+    {
+        return respond::send_json(conn, status, &body, keep).await;
+    }
+    if let Some((status, body)) =
+        super::admin_sites::sites_api(&shard.router, &head.method, path, &head.path, &body)
     {
         return respond::send_json(conn, status, &body, keep).await;
     }

@@ -58,10 +58,11 @@ fn build_request(p: &PendingRequest) -> Vec<u8> {
         )))
         .collect();
     let mut out = Vec::with_capacity(512 + p.body.len());
+    // `hn_*` redirect parameters stay at the router.
     http_write::write_request_head(
         &mut out,
         &p.head.method,
-        &p.head.path,
+        &crate::logic::sites::strip_hn(&p.head.path),
         "agent",
         &headers,
         OutFraming::Length(p.body.len()),

@@ -23,6 +23,7 @@ use crate::logic::endpoint::Endpoint;
 use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::http_parse::{BodyFraming, HeadError, RequestHead};
 use crate::logic::probe;
+use crate::logic::sites::{self, Choice, Kind};
 
 /// What the connection does after a request.
 enum Next {
@@ -357,9 +358,22 @@ async fn read_inference(
             );
         }
     }
+    let owner = shard.owner(&meta.model);
+    // Not served on this site: another site of the map may serve it.
+    if owner.is_none() {
+        if let Some((site, location, count)) = redirect(shard, &head, ep, &meta.model, &principal) {
+            let done = respond::send_redirect(conn, &location, count, &site, keep).await;
+            *shard
+                .redirects
+                .borrow_mut()
+                .entry((meta.model.clone(), site))
+                .or_default() += 1;
+            return Routed::Done(done.into());
+        }
+    }
     // Unknown model, or no agent registered now: answered here; no
     // directory entry, no metric series.
-    let Some(owner) = shard.owner(&meta.model) else {
+    let Some(owner) = owner else {
         let e = ApiError::new(
             ErrorCode::ModelNotFound,
             "No agents registered for this model",
@@ -382,6 +396,53 @@ async fn read_inference(
         return Routed::Dispatched(Next::HandOff(Box::new(pending), owner));
     }
     Routed::Dispatched(dispatch::serve_inference(shard, conn, pending).await.into())
+}
+
+/// Where to redirect a request for `model`, which no agent serves here
+/// (spec 07 §5): (target site, `Location`, new redirect count). `None`
+/// without `--site-id`, without a map, for `count_tokens`, after two
+/// redirects, or when the map names no sibling to send it to.
+fn redirect(
+    shard: &Shard,
+    head: &RequestHead,
+    ep: Endpoint,
+    model: &str,
+    principal: &Principal,
+) -> Option<(String, String, u32)> {
+    let local = shard.router.cfg.site_id.as_deref()?;
+    let kind = Kind::of(ep)?;
+    let map = shard.site_map()?;
+    let query = head.path.split_once('?').map_or("", |(_, q)| q);
+    let (count, from) = sites::redirect_params(query);
+    if count >= sites::MAX_REDIRECTS {
+        return None;
+    }
+    let (identity, scopes) = match principal {
+        Principal::Key(c) => (
+            &*c.key.key_id,
+            Some(c.key.site_scopes.as_slice()).filter(|s| !s.is_empty()),
+        ),
+        _ => ("anonymous", None),
+    };
+    let max_age = shard.router.cfg.sibling_hints_max_age.as_secs();
+    let ask = sites::Ask {
+        identity,
+        model,
+        kind,
+        local,
+        scopes,
+        from,
+        fresh: map.fresh(clock::unix_secs(), max_age),
+    };
+    match sites::choose(&map, ask) {
+        Choice::Redirect(site) => {
+            let base = map.site(&site)?.base_url.clone();
+            let location = sites::location(&base, &head.path, count + 1, local);
+            Some((site, location, count + 1))
+        }
+        // Held here comes with hold-at-zero; until then it fails as before.
+        Choice::HoldHere | Choice::Stay => None,
+    }
 }
 
 /// Hand the connection over to `owner`: the socket, the bytes read past

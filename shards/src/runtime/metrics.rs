@@ -36,6 +36,50 @@ pub fn render(
     o
 }
 
+/// Sites: redirects answered, the sibling map's version and hint age.
+fn render_sites(o: &mut String, snaps: &[ShardSnapshot], sites: &super::router::Sites, now: u64) {
+    let mut redirects: std::collections::BTreeMap<&(String, String), u64> = Default::default();
+    for s in snaps {
+        for (k, n) in &s.redirects {
+            *redirects.entry(k).or_default() += n;
+        }
+    }
+    let _ = writeln!(
+        o,
+        "# HELP hivenet_redirects_total Requests redirected (307) to another site."
+    );
+    let _ = writeln!(o, "# TYPE hivenet_redirects_total counter");
+    for ((m, site), n) in redirects {
+        let _ = writeln!(
+            o,
+            "hivenet_redirects_total{{model=\"{}\",target_site=\"{}\"}} {n}",
+            esc(m),
+            esc(site)
+        );
+    }
+    let Some(map) = &sites.map else {
+        return;
+    };
+    let _ = writeln!(
+        o,
+        "# HELP hivenet_sibling_map_info The sibling map in use (its version)."
+    );
+    let _ = writeln!(o, "# TYPE hivenet_sibling_map_info gauge");
+    let _ = writeln!(
+        o,
+        "hivenet_sibling_map_info{{version=\"{}\"}} 1",
+        esc(&map.dto.version)
+    );
+    if let Some(age) = map.hints_age(now) {
+        let _ = writeln!(
+            o,
+            "# HELP hivenet_sibling_map_age_seconds Age of the map's warm/cold hints."
+        );
+        let _ = writeln!(o, "# TYPE hivenet_sibling_map_age_seconds gauge");
+        let _ = writeln!(o, "hivenet_sibling_map_age_seconds {age}");
+    }
+}
+
 /// Router-wide series: policy reloads, directory names, store errors.
 fn render_router(
     o: &mut String,
@@ -486,6 +530,12 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
                 &reloads,
                 shard.router.directory.load().stats(),
                 &shard.router.budget,
+            );
+            render_sites(
+                &mut body,
+                &snaps,
+                &shard.router.sites.load(),
+                super::clock::unix_secs(),
             );
             super::metrics_tenants::render(
                 &mut body,

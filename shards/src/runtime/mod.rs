@@ -3,8 +3,10 @@
 //!
 //! Layers, top down (imports only run down):
 //! - [`event_loop`]: a shard's listeners, flush timer and mesh messages;
-//! - [`ingress`] (client HTTP: authentication, aliases, allowlist),
-//!   [`admin`] + [`admin_policy`] + [`admin_keys`] + [`models_api`],
+//! - [`ingress`] (client HTTP: authentication, aliases, allowlist, the
+//!   cross-site redirect),
+//!   [`admin`] + [`admin_policy`] + [`admin_keys`] + [`admin_sites`] +
+//!   [`models_api`],
 //!   [`metrics`] + [`metrics_tenants`] (over [`exposition`]),
 //!   [`agent_link`] (the agents' control protocol);
 //! - [`dispatch`]: the driver of the pure decision machine
@@ -25,6 +27,7 @@
 pub mod admin;
 pub mod admin_keys;
 pub mod admin_policy;
+pub mod admin_sites;
 pub mod admission;
 pub mod agent_link;
 pub mod audit;

@@ -127,6 +127,34 @@ pub async fn send_no_content(conn: &mut Conn, keep: bool) -> bool {
     send(conn, out, keep).await
 }
 
+/// `307 Temporary Redirect` to another site (spec 07 §5.3), empty body.
+pub async fn send_redirect(
+    conn: &mut Conn,
+    location: &str,
+    count: u32,
+    site: &str,
+    keep: bool,
+) -> bool {
+    conn.status = 307;
+    conn.error_code = "";
+    let n = count.to_string();
+    let more: [(&'static str, &[u8]); 3] = [
+        ("Location", location.as_bytes()),
+        ("X-Hivenet-Redirect-Count", n.as_bytes()),
+        ("X-Hivenet-Redirect-Site", site.as_bytes()),
+    ];
+    let mut out = Vec::with_capacity(512);
+    http_write::write_response_head(
+        &mut out,
+        307,
+        &[],
+        OutFraming::Length(0),
+        keep,
+        &extras(conn, &more),
+    );
+    send(conn, out, keep).await
+}
+
 /// The head of an event stream the router produces itself.
 pub fn event_stream_head(out: &mut Vec<u8>, conn: &Conn) {
     let headers = [("Content-Type".to_string(), b"text/event-stream".to_vec())];

@@ -6,6 +6,7 @@
 //! [`RouterConfig`].
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::channel::mpsc::UnboundedSender;
@@ -66,6 +67,11 @@ pub struct RouterConfig {
     /// `HIVENET_ROUTER_ADMIT_PARK_TIMEOUT`: how long a request waits for
     /// occupancy room (0: refused at once).
     pub admit_park_timeout: Duration,
+    /// `--site-id` (None: no sites, no redirect; behaviour as before).
+    pub site_id: Option<String>,
+    /// `--sibling-hints-max-age`: warm/cold hints older than this are
+    /// ignored.
+    pub sibling_hints_max_age: Duration,
 }
 
 impl Default for RouterConfig {
@@ -91,6 +97,8 @@ impl Default for RouterConfig {
             rpm_burst_secs: 0,
             admit_fraction: 0.9,
             admit_park_timeout: Duration::from_millis(250),
+            site_id: None,
+            sibling_hints_max_age: Duration::from_secs(60),
         }
     }
 }
@@ -131,6 +139,20 @@ pub struct Router {
     /// Subscribers of `/admin/registration-stream` (16 events buffered each;
     /// a slow subscriber loses events rather than slowing registrations).
     pub feed: std::sync::Mutex<Vec<futures::channel::mpsc::Sender<String>>>,
+    /// The sibling map (pushed by the map writer; memory only).
+    pub sites: Versioned<Sites>,
+}
+
+/// The sibling map as this router holds it.
+#[derive(Debug, Clone, Default)]
+pub struct Sites {
+    /// The last accepted push (None: no map).
+    pub map: Option<Arc<crate::logic::sites::SiteMap>>,
+    /// Unix seconds it was received.
+    pub received_at: u64,
+    /// Version of the last accepted push or delete (the version rule
+    /// survives a delete: an older push stays refused).
+    pub version: Option<String>,
 }
 
 // === impl Router ===

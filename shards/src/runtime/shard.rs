@@ -67,6 +67,9 @@ pub struct Shard {
     directory: Cached<Directory>,
     policies: Cached<PolicySet>,
     auth: Cached<AuthState>,
+    sites: Cached<super::router::Sites>,
+    /// `hivenet_redirects_total{model,target_site}` of redirects answered here.
+    pub redirects: RefCell<std::collections::BTreeMap<(String, String), u64>>,
 }
 
 /// How a registration's warm-start lookup went.
@@ -94,6 +97,8 @@ impl Shard {
             next_agent: Cell::new(1),
             directory: Cached::default(),
             policies: Cached::default(),
+            sites: Cached::default(),
+            redirects: RefCell::default(),
             auth: Cached::default(),
         }
     }
@@ -115,6 +120,11 @@ impl Shard {
         self.policies.with(&self.router.policies, |p| {
             p.resolve_alias(model).map(str::to_string)
         })
+    }
+
+    /// The sibling map now (None: no map).
+    pub fn site_map(&self) -> Option<Arc<crate::logic::sites::SiteMap>> {
+        self.sites.with(&self.router.sites, |s| s.map.clone())
     }
 
     /// The global aliases (for `/v1/models`).
@@ -262,6 +272,12 @@ impl Shard {
                     (name.clone(), st)
                 })
                 .collect(),
+            redirects: self
+                .redirects
+                .borrow()
+                .iter()
+                .map(|(k, n)| (k.clone(), *n))
+                .collect(),
         }
     }
 
@@ -333,6 +349,7 @@ mod tests {
             insecure_admin: false,
             policy_reloads: std::sync::Mutex::new(Default::default()),
             feed: std::sync::Mutex::new(Vec::new()),
+            sites: Versioned::new(Default::default()),
         })
     }
 

@@ -98,4 +98,6 @@ pub struct ShardSnapshot {
     pub agents: Vec<AgentView>,
     /// Routing counters per model owned here.
     pub models: Vec<(String, ModelStats)>,
+    /// Redirects answered here by (model, target site).
+    pub redirects: Vec<((String, String), u64)>,
 }
