@@ -42,12 +42,12 @@ HIVENET_BIN_DIR="$PWD/target/debug" "$VENV/bin/python" -m pytest -q tests/python
 python3 scripts/soak.py "$PWD/target/debug" "${SOAK_SECONDS:-20}" >/dev/null
 
 # Fuzz targets (shards/fuzz: HTTP heads, chunked decoder, link codecs,
-# policy YAML), each for a bounded time from the committed corpus; new
+# policy YAML, client and site input), each for a bounded time from the committed corpus; new
 # inputs go to a scratch directory, a crash fails the suite.
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install -q --locked cargo-fuzz
 FUZZ_SECONDS="${FUZZ_SECONDS:-10}"
 scratch="$(mktemp -d)"
-for t in request_head response_head chunked link_codecs policy_yaml client_input; do
+for t in request_head response_head chunked link_codecs policy_yaml client_input site_input; do
   mkdir -p "$scratch/$t"
   if ! (cd shards && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none "$t" "$scratch/$t" "fuzz/corpus/$t" -- \
       -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 >"$scratch/$t.log" 2>&1); then
