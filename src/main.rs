@@ -108,6 +108,21 @@ struct Flags {
     /// warm/cold hints of the sibling map older than this are ignored (default 60s; env HIVENET_ROUTER_SIBLING_HINTS_MAX_AGE)
     #[argh(option)]
     sibling_hints_max_age: Option<String>,
+    /// how long a request for a model at zero is held unless its placement sets hold_budget (default 5m; env HIVENET_ROUTER_WAKE_HOLD_BUDGET)
+    #[argh(option)]
+    wake_hold_budget: Option<String>,
+    /// held requests per caller identity (default 32; env HIVENET_ROUTER_WAKE_HOLD_MAX_PER_KEY)
+    #[argh(option)]
+    wake_hold_max_per_key: Option<String>,
+    /// held requests per model (default 512; env HIVENET_ROUTER_WAKE_HOLD_MAX_PER_MODEL)
+    #[argh(option)]
+    wake_hold_max_per_model: Option<String>,
+    /// bytes of held request bodies, router-wide (default 268435456; env HIVENET_ROUTER_WAKE_HOLD_MAX_TOTAL)
+    #[argh(option)]
+    wake_hold_max_total: Option<String>,
+    /// keepalive period of held requests, 0 disables (default 15s; env HIVENET_ROUTER_WAKE_KEEPALIVE)
+    #[argh(option)]
+    wake_keepalive: Option<String>,
     /// on SIGTERM/SIGINT, time allowed for in-flight requests to finish (default 10s)
     #[argh(option, default = "String::from(\"10s\")")]
     drain_timeout: String,
@@ -332,6 +347,44 @@ fn build() -> Result<Startup, String> {
     if cfg.sibling_hints_max_age.is_zero() {
         return Err("--sibling-hints-max-age must be > 0".into());
     }
+    let budget = cli::flag_or_env(f.wake_hold_budget, "HIVENET_ROUTER_WAKE_HOLD_BUDGET", "5m");
+    cfg.wake_hold_budget = cli::parse_duration("--wake-hold-budget", &budget)?;
+    if cfg.wake_hold_budget.is_zero() {
+        return Err("--wake-hold-budget must be > 0".into());
+    }
+    let limit = |flag: Option<String>, name: &str, env: &str, default: &str| {
+        let v = cli::flag_or_env(flag, env, default);
+        match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{name}: {v:?} must be an integer > 0")),
+        }
+    };
+    cfg.hold_limits = shards::logic::hold::Limits {
+        per_key: limit(
+            f.wake_hold_max_per_key,
+            "--wake-hold-max-per-key",
+            "HIVENET_ROUTER_WAKE_HOLD_MAX_PER_KEY",
+            "32",
+        )?,
+        per_model: limit(
+            f.wake_hold_max_per_model,
+            "--wake-hold-max-per-model",
+            "HIVENET_ROUTER_WAKE_HOLD_MAX_PER_MODEL",
+            "512",
+        )?,
+        total_bytes: limit(
+            f.wake_hold_max_total,
+            "--wake-hold-max-total",
+            "HIVENET_ROUTER_WAKE_HOLD_MAX_TOTAL",
+            "268435456",
+        )?,
+    };
+    let ka = cli::flag_or_env(f.wake_keepalive, "HIVENET_ROUTER_WAKE_KEEPALIVE", "15s");
+    cfg.wake_keepalive = if ka.trim() == "0" {
+        std::time::Duration::ZERO
+    } else {
+        cli::parse_duration("--wake-keepalive", &ka)?
+    };
     let drain = cli::parse_duration("--drain-timeout", &f.drain_timeout)?;
     Ok(Startup {
         drain,
@@ -594,6 +647,7 @@ fn run(startup: Startup) -> Result<(), String> {
         policy_reloads: std::sync::Mutex::new(Default::default()),
         feed: std::sync::Mutex::new(Vec::new()),
         sites: Versioned::new(Default::default()),
+        holds: Default::default(),
     });
     info!(
         peer_id = %keypair.public().to_peer_id(),

@@ -42,6 +42,8 @@ pub enum ErrorCode {
     InputTooLong,
     /// 429: B2 occupancy or B3 pressure shed.
     ConcurrencyLimitExceeded,
+    /// 503: a model at zero did not wake in time, or a hold limit.
+    ModelWaking,
 }
 
 impl ErrorCode {
@@ -65,6 +67,7 @@ impl ErrorCode {
             ErrorCode::TokenLimitExceeded => "token_limit_exceeded",
             ErrorCode::InputTooLong => "input_too_long",
             ErrorCode::ConcurrencyLimitExceeded => "concurrency_limit_exceeded",
+            ErrorCode::ModelWaking => "model_waking",
         }
     }
 
@@ -82,6 +85,7 @@ impl ErrorCode {
             ErrorCode::ClientTimeout => 408,
             ErrorCode::HeadersTooLarge => 431,
             ErrorCode::NoAgentsAvailable
+            | ErrorCode::ModelWaking
             | ErrorCode::NoCapacity
             | ErrorCode::BackendUnavailable => 503,
             ErrorCode::BackendError => 502,

@@ -16,6 +16,7 @@ pub mod errors;
 pub mod failure;
 pub mod hardware;
 pub mod history;
+pub mod hold;
 pub mod http_parse;
 pub mod http_write;
 pub mod log_gate;

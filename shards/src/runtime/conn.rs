@@ -124,44 +124,109 @@ pub struct Conn<S = TcpStream> {
     pub status: u16,
     /// Its error code (empty on success).
     pub error_code: &'static str,
+    /// Keepalives of a held request (None: none due).
+    pub keepalive: Option<KeepAlive>,
+    /// A 200 head was already sent (keepalives): later errors go in the
+    /// body, and the relay writes no head of its own.
+    pub committed: bool,
+    /// The socket was watched for readiness (a poll may still be in
+    /// flight): a hand-off must duplicate it rather than unwrap it.
+    pub watched: bool,
 }
 
 /// Pipelined input kept while a request waits; past it the client socket
 /// is no longer watched (its EOF is then found when the response is written).
 const WATCH_LIMIT: usize = 64 * 1024;
 
+/// Keepalive bytes a held request receives while it waits (hold at
+/// zero): the first one commits `head` (200, chunked), every later one is
+/// a chunk of `bytes`. Carried across a hand-off so the owner shard goes
+/// on without a longer gap.
+#[derive(Debug, Clone)]
+pub struct KeepAlive {
+    /// Period.
+    pub every: std::time::Duration,
+    /// When the next one is due.
+    pub next: super::clock::Instant,
+    /// The committed response head (status 200, chunked), pre-rendered.
+    pub head: Vec<u8>,
+    /// One keepalive (`: keep-alive\n\n` or a space).
+    pub bytes: &'static [u8],
+    /// The client asked for a stream (late errors as SSE events).
+    pub stream: bool,
+    /// `/v1/messages` (late errors in Anthropic's shape).
+    pub anthropic: bool,
+}
+
 impl Conn<TcpStream> {
     /// Run `fut` while watching the client socket: `None` when the client
     /// closed its connection first (the wait is abandoned at once, so a
     /// departed client never reaches a backend nor keeps a place). Input
-    /// that arrives meanwhile is kept for the next request.
+    /// that arrives meanwhile is kept for the next request. A held
+    /// request's keepalives go out on time meanwhile.
     pub async fn unless_gone<F: std::future::Future>(&mut self, fut: F) -> Option<F::Output> {
         use futures::future::{select, Either};
         futures::pin_mut!(fut);
         let mut watch = self.buf.len() < WATCH_LIMIT;
         loop {
-            if !watch {
-                return Some(fut.await);
-            }
-            // Readiness only: nothing is read (or lost) when `fut` ends first.
-            let ready = {
-                let readable = self.stream.readable(false);
-                futures::pin_mut!(readable);
-                match select(&mut fut, readable).await {
-                    Either::Left((out, _)) => return Some(out),
-                    Either::Right((r, _)) => r.is_ok(),
+            let due = self.keepalive.as_ref().map(|k| k.next);
+            let beat = async move {
+                match due {
+                    Some(t) => {
+                        monoio::time::sleep(t.saturating_duration_since(super::clock::now())).await
+                    }
+                    None => futures::future::pending::<()>().await,
                 }
             };
-            if !ready {
-                watch = false;
-                continue;
-            }
-            // Input or EOF is pending: this read completes at once.
-            match self.fill().await {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => watch = self.buf.len() < WATCH_LIMIT,
+            futures::pin_mut!(beat);
+            // Readiness only: nothing is read (or lost) when `fut` ends first.
+            self.watched |= watch;
+            let ready = {
+                let stream = &self.stream;
+                let readable = async move {
+                    if watch {
+                        stream.readable(false).await.is_ok()
+                    } else {
+                        futures::future::pending::<bool>().await
+                    }
+                };
+                futures::pin_mut!(readable);
+                match select(select(&mut fut, &mut beat), readable).await {
+                    Either::Left((Either::Left((out, _)), _)) => return Some(out),
+                    Either::Left((Either::Right(_), _)) => None,
+                    Either::Right((r, _)) => Some(r),
+                }
+            };
+            match ready {
+                // A keepalive is due.
+                None => {
+                    if self.send_keepalive().await.is_err() {
+                        return None;
+                    }
+                }
+                Some(false) => watch = false,
+                // Input or EOF is pending: this read completes at once.
+                Some(true) => match self.fill().await {
+                    Ok(0) | Err(_) => return None,
+                    Ok(_) => watch = self.buf.len() < WATCH_LIMIT,
+                },
             }
         }
+    }
+
+    /// Send the keepalive now (committing the head first).
+    pub async fn send_keepalive(&mut self) -> io::Result<()> {
+        let Some(k) = self.keepalive.as_mut() else {
+            return Ok(());
+        };
+        k.next = super::clock::now() + k.every;
+        let mut out = Vec::with_capacity(k.head.len() + 32);
+        if !self.committed {
+            out.extend_from_slice(&k.head);
+            self.committed = true;
+        }
+        crate::logic::http_write::write_chunk(&mut out, k.bytes);
+        self.write_all(out).await
     }
 
     /// Wrap a TCP stream (sets `TCP_NODELAY`).
@@ -182,6 +247,9 @@ impl<S: Transport> Conn<S> {
             reply_headers: Vec::new(),
             status: 0,
             error_code: "",
+            keepalive: None,
+            committed: false,
+            watched: false,
         }
     }
 

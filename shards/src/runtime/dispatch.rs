@@ -30,6 +30,7 @@ use crate::logic::decision::{
 use crate::logic::endpoint::Endpoint;
 use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::failure::{Failure, Side, Stage};
+use crate::logic::hold;
 use crate::logic::http_write::{self, OutFraming};
 use crate::logic::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::quota;
@@ -153,6 +154,11 @@ struct Ending {
 /// client connection stays open.
 pub async fn serve_inference(shard: &Rc<Shard>, conn: &mut Conn, mut p: PendingRequest) -> bool {
     conn.reply_headers = std::mem::take(&mut p.reply_headers);
+    if let Some(h) = p.held.as_mut() {
+        // Released by a wake: keepalives go on here without a longer gap.
+        conn.keepalive = h.keepalive.take();
+        conn.committed = h.committed;
+    }
     let mut end = Ending::default();
     let keep = serve(shard, conn, &mut p, &mut end).await;
     finish(shard, conn, &p, end);
@@ -176,6 +182,10 @@ async fn serve(
     // the whole exchange (streams included), not two; the body permit still
     // counts it until the request is done.
     p.body = Vec::new();
+    // A request released by a wake: its quota was taken before the hold,
+    // admission may wait until its hold budget ends, the capacity queue
+    // takes it beyond --queue-depth, its deadline starts now.
+    let mut held = p.held.take();
     let p = &*p;
     let model = p.meta.model.as_str();
     let policy = shard.policy(model);
@@ -191,8 +201,8 @@ async fn serve(
         replicas: &replicas,
         burst_secs: cfg.rpm_burst_secs,
     };
-    let mut ticket = None;
-    if let Principal::Key(_) = p.principal {
+    let mut ticket = held.as_mut().and_then(|h| h.quota.take());
+    if held.is_none() && matches!(p.principal, Principal::Key(_)) {
         match tenancy::take_requests(&p.principal, &facts, clock::mono_ns()) {
             Ok(t) => ticket = Some(t),
             Err(r) => return refuse_quota(shard, conn, p, end, r).await,
@@ -209,9 +219,15 @@ async fn serve(
             images: p.meta.images,
             fraction: cfg.admit_fraction,
         };
-        let wait = Wait {
-            until: clock::now() + cfg.admit_park_timeout,
-            recompute: None,
+        let wait = match &held {
+            Some(h) => Wait {
+                until: h.until,
+                recompute: Some(Duration::from_secs(1)),
+            },
+            None => Wait {
+                until: clock::now() + cfg.admit_park_timeout,
+                recompute: None,
+            },
         };
         match admission::admit(shard, conn, model, asked, wait).await {
             Ok(a) => admitted = a,
@@ -221,6 +237,15 @@ async fn serve(
                 return false;
             }
             Err(Refused::WaitEnded) => {
+                if let Some(h) = &held {
+                    // Woken, but no room before the hold budget ended.
+                    let e = hold::waking(model, hold::Waking::NoRoom, h.budget);
+                    end.status = e.status;
+                    end.error_code = e.code.as_str();
+                    let ra = h.retry_after.to_string();
+                    let more = [("Retry-After", ra.as_bytes())];
+                    return respond::send_error_with(conn, &e, p.head.keep_alive, &more).await;
+                }
                 let e = Reason::B2.error();
                 return refuse_admission(shard, conn, p, end, Reason::B2, e).await;
             }
@@ -240,7 +265,16 @@ async fn serve(
         }
     }
     debug!(shard = shard.id, model, "serving request");
-    let deadline = p.received_at + cfg.request_timeout;
+    let deadline = match held {
+        Some(_) => clock::now() + cfg.request_timeout,
+        None => p.received_at + cfg.request_timeout,
+    };
+    let queue_depth = if held.is_some() {
+        // The hold limits already bound how many there are.
+        usize::MAX
+    } else {
+        cfg.queue_depth
+    };
     let mut d = Decision::new(
         policy,
         RequestFacts {
@@ -251,10 +285,10 @@ async fn serve(
         },
         Limits {
             max_tries_per_step: cfg.max_tries_per_step,
-            queue_depth: cfg.queue_depth,
+            queue_depth,
         },
     );
-    let held = admitted.reservation.as_ref();
+    let reserved = admitted.reservation.as_ref();
     loop {
         match decide(shard, model, &mut d) {
             Next::Forward {
@@ -266,8 +300,12 @@ async fn serve(
                     with_stats(shard, model, |s| s.observe_wait(w.as_secs_f64()));
                 }
                 end.agent.clone_from(&agent.reg.peer_id);
+                // A slot on an agent: it leaves the pending demand.
+                if let Some(h) = held.as_mut() {
+                    h.demand.leave();
+                }
                 let (outcome, sample) =
-                    attempt(shard, conn, p, &agent, &request, deadline, held).await;
+                    attempt(shard, conn, p, &agent, &request, deadline, reserved).await;
                 let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
                 match &outcome {
                     Outcome::Served { status, tokens } => {
@@ -299,9 +337,15 @@ async fn serve(
                 place,
                 wake_head_first,
             } => {
-                let w =
-                    wait_for_capacity(shard, conn, model, &mut d, until, place, wake_head_first)
-                        .await;
+                let w = wait_for_capacity(
+                    shard,
+                    conn,
+                    model,
+                    &mut d,
+                    (until, place, queue_depth),
+                    wake_head_first,
+                )
+                .await;
                 d.wait_ended(w, clock::now());
             }
             Next::Reject(Rejection::ClientGone) => {
@@ -473,8 +517,7 @@ async fn wait_for_capacity(
     conn: &mut Conn,
     model: &str,
     d: &mut Decision,
-    until: clock::Instant,
-    place: Option<u64>,
+    (until, place, depth): (clock::Instant, Option<u64>, usize),
     wake_head_first: bool,
 ) -> WaitEnd {
     use futures::future::{select, Either};
@@ -491,7 +534,7 @@ async fn wait_for_capacity(
             queue.borrow_mut().requeue(seq, tx);
             seq
         }
-        None => match queue.borrow_mut().push(tx, shard.router.cfg.queue_depth) {
+        None => match queue.borrow_mut().push(tx, depth) {
             Ok(seq) => seq,
             Err(_) => return WaitEnd::TimedOut,
         },

@@ -154,5 +154,6 @@ fn on_message(shard: &Rc<Shard>, msg: ShardMsg) {
         ShardMsg::Snapshot { reply } => {
             let _ = reply.send(shard.snapshot());
         }
+        ShardMsg::Woken(model) => super::hold::wake(shard, &model),
     }
 }

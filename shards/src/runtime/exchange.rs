@@ -162,6 +162,12 @@ pub async fn relay(
     head: &ResponseHead,
     keep: bool,
 ) -> RelayEnd {
+    if client.committed {
+        // Keepalives already sent a 200 head: no head of our own, the body
+        // goes out as chunks, keepalives stop.
+        client.keepalive = None;
+        return relay_committed(client, up, head).await;
+    }
     match head.framing {
         BodyFraming::None => {
             let mut out = Vec::with_capacity(512);
@@ -177,8 +183,59 @@ pub async fn relay(
             Err(_) => RelayEnd::UpstreamFailed("response too large".into()),
         },
         BodyFraming::Chunked | BodyFraming::UntilClose => {
-            relay_chunks(client, up, head, keep).await
+            relay_chunks(client, up, head, keep, false).await
         }
+    }
+}
+
+/// The body after a committed head, as chunks (usage parsed when the body
+/// is small enough to buffer).
+async fn relay_committed(client: &mut Conn, mut up: Upstream<'_>, head: &ResponseHead) -> RelayEnd {
+    let n = match head.framing {
+        BodyFraming::None => 0,
+        BodyFraming::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        BodyFraming::Chunked | BodyFraming::UntilClose => {
+            return relay_chunks(client, up, head, false, true).await
+        }
+    };
+    let mut out = Vec::new();
+    let mut tokens = None;
+    if n <= BUFFERED_BODY {
+        while up.conn.buf.len() < n {
+            if let Err(end) = up.more_body().await {
+                return end;
+            }
+        }
+        let body = up.conn.buf.get(..n).unwrap_or(&[]);
+        tokens = usage::from_body(body);
+        if !body.is_empty() {
+            http_write::write_chunk(&mut out, body);
+        }
+    } else {
+        let mut left = n;
+        loop {
+            let mut piece = std::mem::take(&mut up.conn.buf);
+            piece.truncate(left);
+            left -= piece.len();
+            if !piece.is_empty() {
+                let mut c = Vec::with_capacity(piece.len() + 16);
+                http_write::write_chunk(&mut c, &piece);
+                if client.write_all(c).await.is_err() {
+                    return RelayEnd::ClientGone;
+                }
+            }
+            if left == 0 {
+                break;
+            }
+            if let Err(end) = up.more_body().await {
+                return end;
+            }
+        }
+    }
+    out.extend_from_slice(http_write::LAST_CHUNK);
+    match client.write_all(out).await {
+        Ok(()) => RelayEnd::Done(tokens),
+        Err(_) => RelayEnd::ClientGone,
     }
 }
 
@@ -242,11 +299,14 @@ async fn relay_chunks(
     mut up: Upstream<'_>,
     head: &ResponseHead,
     keep: bool,
+    committed: bool,
 ) -> RelayEnd {
     let sse = head.is_event_stream();
     let until_close = head.framing == BodyFraming::UntilClose;
     let mut out = Vec::with_capacity(512);
-    respond::relayed_head(&mut out, head, OutFraming::Chunked, keep, client);
+    if !committed {
+        respond::relayed_head(&mut out, head, OutFraming::Chunked, keep, client);
+    }
     let mut dec = ChunkedDecoder::new();
     let mut meter = SseUsage::counting(up.held.is_some_and(|h| h.grows()));
     let mut payload = Vec::with_capacity(16 * 1024);

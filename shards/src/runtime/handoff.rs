@@ -17,6 +17,20 @@ pub fn into_std(stream: monoio::net::TcpStream) -> std::net::TcpStream {
     unsafe { std::net::TcpStream::from_raw_fd(fd) }
 }
 
+/// Take out a socket that was watched for readiness (a held request):
+/// a cancelled io_uring poll may still hold the runtime's descriptor
+/// until its completion arrives, so `into_raw_fd` would find a second
+/// reference. The socket is duplicated instead (one `dup`, only on this
+/// path); the runtime closes its copy when the poll completes.
+#[allow(unsafe_code)]
+pub fn into_std_watched(stream: monoio::net::TcpStream) -> std::io::Result<std::net::TcpStream> {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    // SAFETY: the descriptor is open for the whole borrow (`stream` lives).
+    let owned = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) }.try_clone_to_owned()?;
+    drop(stream);
+    Ok(std::net::TcpStream::from(owned))
+}
+
 /// Adopt a socket into the current runtime.
 pub fn adopt(stream: std::net::TcpStream) -> std::io::Result<monoio::net::TcpStream> {
     stream.set_nonblocking(true)?;

@@ -68,6 +68,8 @@ pub async fn serve(
             Ok(Ok(h)) => {
                 conn.request_id = respond::request_id(&h);
                 conn.reply_headers.clear();
+                conn.keepalive = None;
+                conn.committed = false;
                 h
             }
             Ok(Err(HeadRead::Closed)) => return,
@@ -371,16 +373,7 @@ async fn read_inference(
             return Routed::Done(done.into());
         }
     }
-    // Unknown model, or no agent registered now: answered here; no
-    // directory entry, no metric series.
-    let Some(owner) = owner else {
-        let e = ApiError::new(
-            ErrorCode::ModelNotFound,
-            "No agents registered for this model",
-        );
-        return Routed::Done(respond::send_error(conn, &e, keep).await.into());
-    };
-    let pending = PendingRequest {
+    let mut pending = PendingRequest {
         head,
         body,
         meta,
@@ -391,6 +384,33 @@ async fn read_inference(
         alias,
         reply_headers: std::mem::take(&mut conn.reply_headers),
         body_permit,
+        held: None,
+    };
+    // At zero here and placed here with scale_from_zero: held until an
+    // agent registers (seed hold-at-zero).
+    if owner.is_none() {
+        if let Some(budget) = super::hold::holdable(shard, ep, &pending.meta.model) {
+            conn.reply_headers = std::mem::take(&mut pending.reply_headers);
+            return match super::hold::hold(shard, conn, pending, budget).await {
+                super::hold::HoldEnd::Answered(k) => Routed::Done(k.into()),
+                super::hold::HoldEnd::Released(p, o) if o != shard.id => {
+                    Routed::Dispatched(Next::HandOff(p, o))
+                }
+                super::hold::HoldEnd::Released(p, _) => {
+                    Routed::Dispatched(dispatch::serve_inference(shard, conn, *p).await.into())
+                }
+            };
+        }
+    }
+    // Unknown model, or no agent registered now: answered here; no
+    // directory entry, no metric series.
+    let Some(owner) = owner else {
+        let e = ApiError::new(
+            ErrorCode::ModelNotFound,
+            "No agents registered for this model",
+        );
+        conn.reply_headers = std::mem::take(&mut pending.reply_headers);
+        return Routed::Done(respond::send_error(conn, &e, keep).await.into());
     };
     if owner != shard.id {
         return Routed::Dispatched(Next::HandOff(Box::new(pending), owner));
@@ -457,9 +477,24 @@ fn hand_off(
     let Some(tx) = shard.router.mesh.get(owner) else {
         return;
     };
+    let watched = conn.watched;
     let (stream, buf) = conn.into_parts();
+    let stream = if watched {
+        match handoff::into_std_watched(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(
+                    shard = shard.id,
+                    "hand-off failed: cannot duplicate the socket: {e}"
+                );
+                return;
+            }
+        }
+    } else {
+        handoff::into_std(stream)
+    };
     let msg = ShardMsg::AdoptHttp(Box::new(HandOff {
-        stream: handoff::into_std(stream),
+        stream,
         buf,
         pending,
         permit,

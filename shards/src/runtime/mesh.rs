@@ -29,6 +29,8 @@ pub enum ShardMsg {
         /// Signalled when the flush was handed to the store.
         reply: oneshot::Sender<()>,
     },
+    /// An agent of this model registered: release the requests held here.
+    Woken(String),
     /// Reply with this shard's snapshot.
     Snapshot {
         /// Where to send it.

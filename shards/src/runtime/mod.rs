@@ -40,6 +40,8 @@ pub mod exchange;
 pub mod executor;
 pub mod exposition;
 pub mod handoff;
+pub mod hold;
+pub mod hold_book;
 pub mod ingress;
 pub mod io;
 pub mod link;

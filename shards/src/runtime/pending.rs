@@ -33,6 +33,27 @@ pub struct PendingRequest {
     /// The body's share of the router-wide body budget (given back when
     /// the request is done).
     pub body_permit: BodyPermit,
+    /// Set when the request was held at zero and released by a wake.
+    pub held: Option<Held>,
+}
+
+/// What a request released by a wake carries on (seed "After the wake").
+#[derive(Debug)]
+pub struct Held {
+    /// End of its hold budget: admission may wait for room until then.
+    pub until: Instant,
+    /// The budget (for the `model_waking` message and `Retry-After`).
+    pub budget: std::time::Duration,
+    /// `Retry-After` seconds of a `model_waking` answer.
+    pub retry_after: u64,
+    /// Keepalives go on until the response starts.
+    pub keepalive: Option<super::conn::KeepAlive>,
+    /// A 200 head already went out.
+    pub committed: bool,
+    /// Its pending demand, left when it gets a slot.
+    pub demand: super::hold_book::DemandGuard,
+    /// The request quota taken before the hold (not taken twice).
+    pub quota: Option<super::tenancy::Ticket>,
 }
 
 /// A client connection moving to its model's shard: the socket out of

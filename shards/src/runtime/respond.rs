@@ -71,7 +71,27 @@ pub async fn send_error_with(
 ) -> bool {
     conn.status = err.status;
     conn.error_code = err.code.as_str();
-    let body = err.body();
+    if conn.committed {
+        // A 200 already went out with keepalives: the error is the body's
+        // end (the audit keeps the logical status set above).
+        let retry = more
+            .iter()
+            .find(|(n, _)| *n == "Retry-After")
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|_| err.code == crate::logic::errors::ErrorCode::ModelWaking);
+        return send_late_error(conn, err, retry).await;
+    }
+    let body = match more.iter().find(|(n, _)| *n == "Retry-After") {
+        Some((_, v)) if err.code == crate::logic::errors::ErrorCode::ModelWaking => {
+            let secs = std::str::from_utf8(v)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            crate::logic::hold::waking_body(err, secs)
+        }
+        _ => err.body(),
+    };
     let mut out = Vec::with_capacity(256 + body.len());
     http_write::write_full_response(
         &mut out,
@@ -82,6 +102,47 @@ pub async fn send_error_with(
         &extras(conn, more),
     );
     send(conn, out, keep).await
+}
+
+/// An error after a committed 200: the in-band error (an SSE event for
+/// streams, the envelope after the spaces otherwise), then the last
+/// chunk; the connection closes.
+pub async fn send_late_error(conn: &mut Conn, err: &ApiError, retry_after: Option<u64>) -> bool {
+    let (stream, anthropic) = conn
+        .keepalive
+        .as_ref()
+        .map_or((false, false), |k| (k.stream, k.anthropic));
+    conn.keepalive = None;
+    let body = crate::logic::hold::late_error(err, stream, anthropic, retry_after);
+    let mut out = Vec::with_capacity(body.len() + 16);
+    http_write::write_chunk(&mut out, &body);
+    out.extend_from_slice(http_write::LAST_CHUNK);
+    let _ = conn.write_all(out).await;
+    false
+}
+
+/// The committed head of a held request (200, chunked, the request's
+/// headers), written with its first keepalive.
+pub fn committed_head(conn: &Conn, stream: bool) -> Vec<u8> {
+    let ct: &[u8] = if stream {
+        b"text/event-stream"
+    } else {
+        b"application/json"
+    };
+    let mut headers = vec![("Content-Type".to_string(), ct.to_vec())];
+    if stream {
+        headers.push(("Cache-Control".to_string(), b"no-cache".to_vec()));
+    }
+    let mut out = Vec::with_capacity(512);
+    http_write::write_response_head(
+        &mut out,
+        200,
+        &headers,
+        OutFraming::Chunked,
+        false,
+        &extras(conn, &[("X-Accel-Buffering", b"no")]),
+    );
+    out
 }
 
 /// A JSON body.

@@ -72,6 +72,13 @@ pub struct RouterConfig {
     /// `--sibling-hints-max-age`: warm/cold hints older than this are
     /// ignored.
     pub sibling_hints_max_age: Duration,
+    /// `--wake-hold-budget`: how long a request is held at zero unless its
+    /// placement sets `hold_budget`.
+    pub wake_hold_budget: Duration,
+    /// The three hold limits.
+    pub hold_limits: crate::logic::hold::Limits,
+    /// `--wake-keepalive` (zero: no keepalives, plain status codes).
+    pub wake_keepalive: Duration,
 }
 
 impl Default for RouterConfig {
@@ -99,6 +106,9 @@ impl Default for RouterConfig {
             admit_park_timeout: Duration::from_millis(250),
             site_id: None,
             sibling_hints_max_age: Duration::from_secs(60),
+            wake_hold_budget: Duration::from_secs(300),
+            hold_limits: crate::logic::hold::Limits::default(),
+            wake_keepalive: Duration::from_secs(15),
         }
     }
 }
@@ -141,6 +151,8 @@ pub struct Router {
     pub feed: std::sync::Mutex<Vec<futures::channel::mpsc::Sender<String>>>,
     /// The sibling map (pushed by the map writer; memory only).
     pub sites: Versioned<Sites>,
+    /// Hold at zero's books (limits, demand, outcomes, wake times).
+    pub holds: Arc<super::hold_book::HoldBook>,
 }
 
 /// The sibling map as this router holds it.

@@ -68,6 +68,8 @@ pub struct Shard {
     policies: Cached<PolicySet>,
     auth: Cached<AuthState>,
     sites: Cached<super::router::Sites>,
+    /// Requests held here at zero, by model, in arrival order.
+    pub held: RefCell<HashMap<String, Vec<futures::channel::oneshot::Sender<()>>>>,
     /// `hivenet_redirects_total{model,target_site}` of redirects answered here.
     pub redirects: RefCell<std::collections::BTreeMap<(String, String), u64>>,
 }
@@ -99,6 +101,7 @@ impl Shard {
             policies: Cached::default(),
             sites: Cached::default(),
             redirects: RefCell::default(),
+            held: RefCell::default(),
             auth: Cached::default(),
         }
     }
@@ -195,6 +198,12 @@ impl Shard {
             persist,
         ));
         model.add(agent.clone());
+        drop(models);
+        // Requests held at zero on any shard are released (seed step 6).
+        self.router.holds.woke(&agent.reg.model);
+        for tx in &self.router.mesh {
+            let _ = tx.unbounded_send(super::mesh::ShardMsg::Woken(agent.reg.model.clone()));
+        }
         agent
     }
 
@@ -350,6 +359,7 @@ mod tests {
             policy_reloads: std::sync::Mutex::new(Default::default()),
             feed: std::sync::Mutex::new(Vec::new()),
             sites: Versioned::new(Default::default()),
+            holds: Default::default(),
         })
     }
 

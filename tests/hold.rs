@@ -1,0 +1,402 @@
+//! Hold at zero end to end (seed hold-at-zero, spec 07 §10) on real
+//! processes: a request for a model placed here with `scale_from_zero`
+//! and no agent is held (pending demand 1, keepalive bytes), then served
+//! when an agent registers; a budget that runs out answers
+//! `model_waking` in the body after keepalives (OpenAI and Anthropic SSE
+//! shapes, JSON after spaces) or as a plain 503 without them; the demand
+//! counts a key and UUID once; forbidden models and count_tokens are never
+//! held; a full hold is refused at once; a client leaving is noticed; 100
+//! released requests all served by one agent of 4 slots; an agent leaving
+//! makes the model holdable again at once.
+
+mod common;
+use common::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+const ADMIN: &str = "test-admin-key";
+
+fn site_router(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Router {
+    let mut args = vec!["--shards", "2", "--site-id", "a"];
+    args.extend_from_slice(extra);
+    let mut e = vec![("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN)];
+    e.extend_from_slice(env);
+    start_router(dir, &args, &e)
+}
+
+/// Place `m` (chat) and `e` (embedding) here with scale_from_zero.
+fn push_map(r: &Router, budget: &str) {
+    let body = format!(
+        r#"{{"version":"1","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{}"}}],"placements":[{{"site_id":"a","model":"m","kind":"chat","scale_from_zero":true,"hold_budget":"{budget}"}}]}}"#,
+        r.http
+    );
+    let (st, b) = request_h(
+        r.http,
+        "PUT",
+        "/admin/sibling-map",
+        body.as_bytes(),
+        &format!("Authorization: Bearer {ADMIN}\r\n"),
+    )
+    .expect("push");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+}
+
+fn demand(r: &Router) -> Option<f64> {
+    metric(r.metrics, "hivenet_pending_demand{model=\"m\"}")
+}
+
+fn outcome(r: &Router, o: &str) -> f64 {
+    metric(
+        r.metrics,
+        &format!("hivenet_wake_holds_total{{model=\"m\",outcome=\"{o}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+/// Send a request on a raw socket (the caller reads the answer as it comes).
+fn send(http: u16, path: &str, body: &str, extra: &str) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", http)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok();
+    s.write_all(
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .expect("write");
+    s
+}
+
+fn read_all(mut s: TcpStream) -> (String, String) {
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let split = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| p + 4)
+        .unwrap_or(out.len());
+    let head = String::from_utf8_lossy(&out[..split]).to_string();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(&out[split..])
+    } else {
+        out[split..].to_vec()
+    };
+    (head, String::from_utf8_lossy(&body).to_string())
+}
+
+#[test]
+fn held_with_keepalives_then_served_when_an_agent_registers() {
+    let dir = tmpdir("hold-wake");
+    let r = site_router(&dir, &["--wake-keepalive", "300ms"], &[]);
+    push_map(&r, "30s");
+    assert_eq!(demand(&r), Some(0.0), "a series for the holdable model");
+    let t0 = Instant::now();
+    let s = send(r.http, "/v1/chat/completions", &chat_body("m", false), "");
+    let st = send(r.http, "/v1/chat/completions", &chat_body("m", true), "");
+    wait_until(Duration::from_secs(5), || demand(&r) == Some(2.0), "held");
+    std::thread::sleep(Duration::from_millis(1000));
+    let (_sim, port) = start_sim(&dir, "m", &[]);
+    let _a = start_agent(&dir, &r, port, "a.key", &[]);
+    // The stream: keepalive comments, then the backend's events.
+    let (head, body) = read_all(st);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/event-stream"),
+        "{head}"
+    );
+    assert!(body.starts_with(": keep-alive\n\n"), "{body:?}");
+    assert!(
+        body.contains("data: {") && body.contains("[DONE]"),
+        "{body:?}"
+    );
+    let (head, body) = read_all(s);
+    let served = t0.elapsed();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let spaces = body.len() - body.trim_start().len();
+    assert!(
+        spaces >= 3,
+        "keepalive spaces before the JSON: {spaces} ({body:?})"
+    );
+    let v: serde_json::Value = serde_json::from_str(body.trim()).expect("JSON after the spaces");
+    assert_eq!(v["object"], "chat.completion", "{body}");
+    assert!(served >= Duration::from_millis(1000));
+    wait_until(
+        Duration::from_secs(5),
+        || demand(&r) == Some(0.0),
+        "demand left at the slot",
+    );
+    assert_eq!(outcome(&r, "woken"), 2.0);
+    assert!(metrics_text(r.metrics).contains("hivenet_wake_seconds{model=\"m\"}"));
+}
+
+#[test]
+fn budget_expiry_in_band_after_keepalives_and_plain_without() {
+    let dir = tmpdir("hold-expire");
+    let r = site_router(&dir, &["--wake-keepalive", "200ms"], &[]);
+    push_map(&r, "1s");
+    // Non-streaming: 200, spaces, then the envelope.
+    let s = send(r.http, "/v1/chat/completions", &chat_body("m", false), "");
+    let (head, body) = read_all(s);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let v: serde_json::Value = serde_json::from_str(body.trim()).expect("envelope");
+    assert_eq!(v["error"]["code"], "model_waking");
+    assert_eq!(v["error"]["retry_after"], 5);
+    assert!(v["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("not ready within hold budget 1s")));
+    // Streaming, OpenAI shape: keepalive comments, then a data: error event.
+    let s = send(r.http, "/v1/chat/completions", &chat_body("m", true), "");
+    let (_, body) = read_all(s);
+    assert!(body.starts_with(": keep-alive\n\n"), "{body:?}");
+    assert!(body.trim_end().ends_with('}'), "{body:?}");
+    assert!(
+        body.contains("data: {\"error\":{\"code\":\"model_waking\""),
+        "{body:?}"
+    );
+    // Streaming /v1/messages: Anthropic's error event.
+    let m =
+        r#"{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}"#;
+    let (_, body) = read_all(send(r.http, "/v1/messages", m, ""));
+    assert!(
+        body.contains("event: error\ndata: {\"type\":\"error\""),
+        "{body:?}"
+    );
+    assert!(
+        body.contains("overloaded_error") && body.contains("model_waking: model m"),
+        "{body:?}"
+    );
+    assert_eq!(outcome(&r, "expired"), 3.0);
+    assert_eq!(demand(&r), Some(0.0));
+
+    let dir = tmpdir("hold-expire-plain");
+    let r = site_router(&dir, &["--wake-keepalive", "0"], &[]);
+    push_map(&r, "1s");
+    let (st, head, body) = request_full(
+        r.http,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("m", false).as_bytes(),
+        "",
+    )
+    .expect("plain");
+    assert_eq!(st, 503);
+    assert_eq!(header_of(&head, "retry-after").as_deref(), Some("5"));
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(v["error"]["code"], "model_waking");
+    assert_eq!(v["error"]["retry_after"], 5);
+}
+
+#[test]
+fn demand_dedups_by_key_and_uuid_and_limits_refuse_at_once() {
+    let dir = tmpdir("hold-dedup");
+    let r = site_router(
+        &dir,
+        &["--wake-keepalive", "0", "--wake-hold-max-per-model", "4"],
+        &[],
+    );
+    push_map(&r, "3s");
+    let id = "Client-Request-ID-IGNORED";
+    let uuid = "123E4567-e89b-12d3-a456-426614174000";
+    let h1 = send(
+        r.http,
+        "/v1/chat/completions",
+        &chat_body("m", false),
+        &format!("X-Client-Request-ID: {uuid}\r\n"),
+    );
+    let h2 = send(
+        r.http,
+        "/v1/chat/completions",
+        &chat_body("m", false),
+        &format!("X-Client-Request-ID: {}\r\n", uuid.to_lowercase()),
+    );
+    wait_until(
+        Duration::from_secs(5),
+        || demand(&r) == Some(1.0),
+        "same key and UUID: one",
+    );
+    let h3 = send(
+        r.http,
+        "/v1/chat/completions",
+        &chat_body("m", false),
+        &format!("X-Client-Request-ID: {id}\r\n"),
+    );
+    wait_until(
+        Duration::from_secs(5),
+        || demand(&r) == Some(2.0),
+        "a non-UUID ID counts alone",
+    );
+    let h4 = send(r.http, "/v1/chat/completions", &chat_body("m", false), "");
+    wait_until(
+        Duration::from_secs(5),
+        || demand(&r) == Some(3.0),
+        "no ID counts alone",
+    );
+    // The fifth is over --wake-hold-max-per-model 4: refused at once.
+    let t = Instant::now();
+    let (st, head, body) = request_full(
+        r.http,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("m", false).as_bytes(),
+        "",
+    )
+    .expect("full");
+    assert!(t.elapsed() < Duration::from_secs(1), "at once");
+    assert_eq!(st, 503);
+    assert_eq!(header_of(&head, "retry-after").as_deref(), Some("5"));
+    assert!(
+        String::from_utf8_lossy(&body).contains("hold limit reached (--wake-hold-max-per-model)")
+    );
+    assert_eq!(demand(&r), Some(3.0), "not counted in the demand");
+    assert_eq!(outcome(&r, "full"), 1.0);
+    // count_tokens is never held.
+    let (st, _, _) = request_full(
+        r.http,
+        "POST",
+        "/v1/messages/count_tokens",
+        chat_body("m", false).as_bytes(),
+        "",
+    )
+    .expect("count");
+    assert_eq!(st, 404);
+    // A client that leaves is noticed at once.
+    drop(h4);
+    let t = Instant::now();
+    wait_until(Duration::from_secs(5), || demand(&r) == Some(2.0), "left");
+    eprintln!(
+        "a departed held client left the demand in {:?}",
+        t.elapsed()
+    );
+    assert!(
+        t.elapsed() <= Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    wait_until(
+        Duration::from_secs(2),
+        || outcome(&r, "cancelled") == 1.0,
+        "cancelled",
+    );
+    for h in [h1, h2, h3] {
+        let (head, _) = read_all(h);
+        assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    }
+    assert_eq!(demand(&r), Some(0.0));
+}
+
+#[test]
+fn forbidden_models_are_never_held_and_keys_count_apart() {
+    let dir = tmpdir("hold-keys");
+    let mut yaml = String::from("api:\n  mode: api-key\n  keys:\n");
+    for (key, models) in [("sk-1", "[]"), ("sk-2", "[]"), ("sk-other", "[other]")] {
+        yaml.push_str(&format!(
+            "    - key_hash: \"{}\"\n      metadata: {{name: {key}, owner: {key}}}\n      models: {models}\n",
+            sha256_hex(key)
+        ));
+    }
+    std::fs::write(dir.join("auth.yaml"), yaml).expect("auth");
+    let r = site_router(
+        &dir,
+        &["--wake-keepalive", "0", "--auth-config-file", "auth.yaml"],
+        &[],
+    );
+    push_map(&r, "2s");
+    let (st, _, _) = request_full(
+        r.http,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("m", false).as_bytes(),
+        "Authorization: Bearer sk-other\r\n",
+    )
+    .expect("forbidden");
+    assert_eq!(st, 403, "never held");
+    let uuid = "123e4567-e89b-12d3-a456-426614174000";
+    let a = send(
+        r.http,
+        "/v1/chat/completions",
+        &chat_body("m", false),
+        &format!("Authorization: Bearer sk-1\r\nX-Request-ID: {uuid}\r\n"),
+    );
+    let b = send(
+        r.http,
+        "/v1/chat/completions",
+        &chat_body("m", false),
+        &format!("Authorization: Bearer sk-2\r\nX-Request-ID: {uuid}\r\n"),
+    );
+    wait_until(
+        Duration::from_secs(5),
+        || demand(&r) == Some(2.0),
+        "two keys, same ID: two",
+    );
+    for s in [a, b] {
+        assert!(read_all(s).0.starts_with("HTTP/1.1 503"));
+    }
+}
+
+#[test]
+fn a_hundred_released_onto_four_slots_and_an_agent_leaving_holds_again() {
+    let dir = tmpdir("hold-burst");
+    let r = site_router(
+        &dir,
+        &[
+            "--wake-keepalive",
+            "0",
+            "--queue-depth",
+            "2",
+            "--wake-hold-max-per-key",
+            "1000",
+        ],
+        &[],
+    );
+    push_map(&r, "60s");
+    let handles: Vec<_> = (0..100)
+        .map(|_| {
+            let http = r.http;
+            std::thread::spawn(move || {
+                read_all(send(
+                    http,
+                    "/v1/chat/completions",
+                    &chat_body("m", false),
+                    "",
+                ))
+            })
+        })
+        .collect();
+    wait_until(
+        Duration::from_secs(10),
+        || demand(&r) == Some(100.0),
+        "100 held",
+    );
+    let (_sim, port) = start_sim(&dir, "m", &["--ttft", "50ms"]);
+    let mut agent = start_agent(&dir, &r, port, "a.key", &["--capacity", "4"]);
+    let mut ok = 0;
+    for h in handles {
+        let (head, body) = h.join().expect("thread");
+        if head.starts_with("HTTP/1.1 200") {
+            ok += 1;
+        } else {
+            eprintln!("not served: {} {body}", head.lines().next().unwrap_or(""));
+        }
+    }
+    assert_eq!(ok, 100, "none refused by --queue-depth 2");
+    assert_eq!(demand(&r), Some(0.0));
+    // The agent leaves: the model is holdable again at once.
+    agent.kill9();
+    wait_until(
+        Duration::from_secs(10),
+        || healthy_agents(r.http, "m") == 0,
+        "agent gone",
+    );
+    let s = send(r.http, "/v1/chat/completions", &chat_body("m", false), "");
+    wait_until(
+        Duration::from_secs(5),
+        || demand(&r) == Some(1.0),
+        "held again",
+    );
+    drop(s);
+}
