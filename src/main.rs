@@ -713,6 +713,10 @@ fn run(startup: Startup) -> Result<(), String> {
         info!(signal = sig, drain = ?drain, "shutting down: draining in-flight requests");
         break;
     }
+    // Requests held at zero are answered now (model_waking), not dropped.
+    for tx in &shared.mesh {
+        let _ = tx.unbounded_send(shards::runtime::mesh::ShardMsg::ReleaseHolds);
+    }
     // Let in-flight requests (streams included) finish, up to --drain-timeout.
     let started = std::time::Instant::now();
     loop {

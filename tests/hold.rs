@@ -400,3 +400,61 @@ fn a_hundred_released_onto_four_slots_and_an_agent_leaving_holds_again() {
     );
     drop(s);
 }
+
+#[test]
+fn sigterm_answers_held_requests_and_a_restart_forgets_the_map() {
+    let dir = tmpdir("hold-term");
+    let mut r = site_router(&dir, &["--wake-keepalive", "0"], &[]);
+    push_map(&r, "60s");
+    let s = send(r.http, "/v1/chat/completions", &chat_body("m", false), "");
+    wait_until(Duration::from_secs(5), || demand(&r) == Some(1.0), "held");
+    sigterm(&mut r.proc);
+    let (head, body) = read_all(s);
+    assert!(
+        head.starts_with("HTTP/1.1 503"),
+        "answered, not dropped: {head}"
+    );
+    assert!(
+        body.contains("model_waking") && body.contains("shutting down"),
+        "{body}"
+    );
+    drop(r);
+    // A restarted router has no map: no series, nothing held.
+    let r = site_router(&dir, &["--wake-keepalive", "0"], &[]);
+    assert_eq!(demand(&r), None, "no series without a map");
+    let (st, _, _) = request_full(
+        r.http,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("m", false).as_bytes(),
+        "",
+    )
+    .expect("404");
+    assert_eq!(st, 404, "fails as before until the map is pushed again");
+}
+
+#[test]
+fn a_map_that_drops_the_placement_fails_held_requests_as_before() {
+    let dir = tmpdir("hold-unplaced");
+    let r = site_router(&dir, &["--wake-keepalive", "0"], &[]);
+    push_map(&r, "60s");
+    let s = send(r.http, "/v1/chat/completions", &chat_body("m", false), "");
+    wait_until(Duration::from_secs(5), || demand(&r) == Some(1.0), "held");
+    let body = format!(
+        r#"{{"version":"2","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{}"}}],"placements":[]}}"#,
+        r.http
+    );
+    let (st, _) = request_h(
+        r.http,
+        "PUT",
+        "/admin/sibling-map",
+        body.as_bytes(),
+        &format!("Authorization: Bearer {ADMIN}\r\n"),
+    )
+    .expect("push");
+    assert_eq!(st, 200);
+    let (head, _) = read_all(s);
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    assert_eq!(demand(&r), None, "the series goes with the placement");
+    assert_eq!(outcome(&r, "unplaced"), 1.0);
+}

@@ -193,6 +193,8 @@ pub enum Waking {
     Full(Full),
     /// Woken, but no admission room before the budget ended.
     NoRoom,
+    /// The router shut down while the request was held.
+    ShuttingDown,
 }
 
 /// `Retry-After` seconds: a high percentile of the model's observed wake
@@ -213,6 +215,9 @@ pub fn waking(model: &str, why: Waking, budget: Duration) -> ApiError {
         Waking::Full(f) => format!("model {model} is waking: hold limit reached ({})", f.flag()),
         Waking::NoRoom => {
             format!("model {model} woke but has no capacity within hold budget {d}")
+        }
+        Waking::ShuttingDown => {
+            format!("model {model} is waking: this router is shutting down, retry")
         }
     };
     ApiError::new(ErrorCode::ModelWaking, msg)

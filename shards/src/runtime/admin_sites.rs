@@ -31,6 +31,13 @@ fn query_value<'a>(target: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
+/// Tell every shard the map changed (held requests re-check placement).
+fn announce(router: &Router) {
+    for tx in &router.mesh {
+        let _ = tx.unbounded_send(super::mesh::ShardMsg::MapChanged);
+    }
+}
+
 /// `/admin/sibling-map`; `None` for other paths.
 pub fn sites_api(
     router: &Router,
@@ -78,7 +85,7 @@ pub fn sites_api(
             };
             let placements = map.dto.placements.len();
             let version = map.dto.version.clone();
-            router.sites.update(|s| {
+            let r = router.sites.update(|s| {
                 if !sites::version_ok(s.version.as_deref(), &version) {
                     return reply(
                         409,
@@ -94,7 +101,9 @@ pub fn sites_api(
                     200,
                     json!({"ok": true, "version": version, "placements": placements}),
                 )
-            })
+            });
+            announce(router);
+            r
         }
         "DELETE" => {
             let Some(v) = query_value(target, "version").filter(|v| !v.is_empty()) else {
@@ -104,7 +113,7 @@ pub fn sites_api(
                 ));
             };
             let v = v.to_string();
-            router.sites.update(|s| {
+            let r = router.sites.update(|s| {
                 if !sites::version_ok(s.version.as_deref(), &v) {
                     return reply(
                         409,
@@ -117,7 +126,9 @@ pub fn sites_api(
                     version: Some(v.clone()),
                 };
                 reply(200, json!({"ok": true, "version": v}))
-            })
+            });
+            announce(router);
+            r
         }
         _ => reply(
             405,

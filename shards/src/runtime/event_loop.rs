@@ -155,5 +155,7 @@ fn on_message(shard: &Rc<Shard>, msg: ShardMsg) {
             let _ = reply.send(shard.snapshot());
         }
         ShardMsg::Woken(model) => super::hold::wake(shard, &model),
+        ShardMsg::MapChanged => super::hold::map_changed(shard),
+        ShardMsg::ReleaseHolds => super::hold::shut_down(shard),
     }
 }

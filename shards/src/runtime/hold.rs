@@ -24,6 +24,18 @@ use crate::logic::hold::{self as pure, Ticket, Waking};
 use crate::logic::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::sites::Kind;
 
+/// Why a held request is let go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// An agent of the model registered.
+    Woken,
+    /// The map no longer places the model here with `scale_from_zero`:
+    /// it fails as before (404).
+    Unplaced,
+    /// The router is shutting down: answered now, not dropped.
+    ShuttingDown,
+}
+
 /// How a hold ended.
 pub enum HoldEnd {
     /// Answered here (refused, expired, the client left); `keep`.
@@ -150,6 +162,26 @@ pub async fn hold(
                 conn.error_code = "client_closed_request";
                 return HoldEnd::Answered(false);
             }
+            Some(Either::Left((Ok(Release::Unplaced), _))) => {
+                book.lock().ledger.unhold(&ticket);
+                demand.leave();
+                book.outcome(&model, "unplaced", started.elapsed());
+                let e = crate::logic::errors::ApiError::new(
+                    crate::logic::errors::ErrorCode::ModelNotFound,
+                    "No agents registered for this model",
+                );
+                let k = respond::send_error(conn, &e, keep).await;
+                return HoldEnd::Answered(k && !conn.committed);
+            }
+            Some(Either::Left((Ok(Release::ShuttingDown), _))) => {
+                book.lock().ledger.unhold(&ticket);
+                demand.leave();
+                book.outcome(&model, "shutdown", started.elapsed());
+                let e = pure::waking(&model, Waking::ShuttingDown, budget);
+                let ra = retry_after.to_string();
+                respond::send_error_with(conn, &e, false, &[("Retry-After", ra.as_bytes())]).await;
+                return HoldEnd::Answered(false);
+            }
             Some(Either::Left(_)) => {
                 // Woken (or the room was cleared): served here now?
                 if let Some(o) = shard.owner(&model) {
@@ -190,6 +222,37 @@ pub async fn hold(
 pub fn wake(shard: &Shard, model: &str) {
     let waiters = shard.held.borrow_mut().remove(model).unwrap_or_default();
     for tx in waiters {
-        let _ = tx.send(());
+        let _ = tx.send(Release::Woken);
+    }
+}
+
+/// The sibling map changed: requests held for a model no longer holdable
+/// here fail as before.
+pub fn map_changed(shard: &Shard) {
+    let models: Vec<String> = shard.held.borrow().keys().cloned().collect();
+    for m in models {
+        let still = [
+            Endpoint::ChatCompletions,
+            Endpoint::Embeddings,
+            Endpoint::Rerank,
+        ]
+        .into_iter()
+        .any(|ep| holdable(shard, ep, &m).is_some());
+        if !still {
+            let waiters = shard.held.borrow_mut().remove(&m).unwrap_or_default();
+            for tx in waiters {
+                let _ = tx.send(Release::Unplaced);
+            }
+        }
+    }
+}
+
+/// The router is shutting down: every held request is answered now.
+pub fn shut_down(shard: &Shard) {
+    let all: Vec<_> = shard.held.borrow_mut().drain().collect();
+    for (_, waiters) in all {
+        for tx in waiters {
+            let _ = tx.send(Release::ShuttingDown);
+        }
     }
 }

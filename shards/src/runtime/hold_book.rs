@@ -69,12 +69,16 @@ impl HoldBook {
 
     /// The 90th percentile of `model`'s observed wake times.
     pub fn wake_p90(&self, model: &str) -> Option<Duration> {
-        let b = self.lock();
-        let mut v = b.wake_times.get(model)?.clone();
-        v.sort();
-        let i = (v.len() * 9).div_ceil(10).saturating_sub(1);
-        v.get(i).copied()
+        p90(self.lock().wake_times.get(model)?)
     }
+}
+
+/// The 90th percentile of `v` (nearest rank).
+pub fn p90(v: &[Duration]) -> Option<Duration> {
+    let mut v = v.to_vec();
+    v.sort();
+    let i = (v.len() * 9).div_ceil(10).saturating_sub(1);
+    v.get(i).copied()
 }
 
 /// A held request's place in the pending demand: left once, when it gets

@@ -31,6 +31,11 @@ pub enum ShardMsg {
     },
     /// An agent of this model registered: release the requests held here.
     Woken(String),
+    /// The sibling map changed: requests held for a model no longer
+    /// placed here fail as before.
+    MapChanged,
+    /// The router is shutting down: answer every held request now.
+    ReleaseHolds,
     /// Reply with this shard's snapshot.
     Snapshot {
         /// Where to send it.

@@ -36,7 +36,8 @@ pub fn render(
     o
 }
 
-/// Sites: redirects answered, the sibling map's version and hint age.
+/// Sites: redirects answered, the sibling map's version and hint age, and
+/// hold at zero.
 fn render_sites(
     o: &mut String,
     snaps: &[ShardSnapshot],
@@ -63,72 +64,12 @@ fn render_sites(
             esc(site)
         );
     }
+    if let Some(local) = holds.0 {
+        render_holds(o, sites, local, &holds.1.lock());
+    }
     let Some(map) = &sites.map else {
         return;
     };
-    if let Some(local) = holds.0 {
-        let books = holds.1.lock();
-        let _ = writeln!(o, "# HELP hivenet_pending_demand Requests waiting for a model at zero here: held now plus released without a slot yet (one per key and client ID).");
-        let _ = writeln!(o, "# TYPE hivenet_pending_demand gauge");
-        let mut models: Vec<String> = map
-            .holdable_here(local)
-            .into_iter()
-            .map(|(m, _)| m)
-            .collect();
-        models.dedup();
-        for m in &models {
-            let _ = writeln!(
-                o,
-                "hivenet_pending_demand{{model=\"{}\"}} {}",
-                esc(m),
-                books.ledger.demand(m)
-            );
-        }
-        let _ = writeln!(o, "# HELP hivenet_wake_holds_total Holds ended, by outcome (woken, expired, full, cancelled).");
-        let _ = writeln!(o, "# TYPE hivenet_wake_holds_total counter");
-        for ((m, outcome), n) in &books.outcomes {
-            let _ = writeln!(
-                o,
-                "hivenet_wake_holds_total{{model=\"{}\",outcome=\"{outcome}\"}} {n}",
-                esc(m)
-            );
-        }
-        let _ = writeln!(
-            o,
-            "# HELP hivenet_wake_hold_seconds How long requests were held, by outcome."
-        );
-        let _ = writeln!(o, "# TYPE hivenet_wake_hold_seconds histogram");
-        for ((m, outcome), h) in &books.hold_seconds {
-            let labels = format!("model=\"{}\",outcome=\"{outcome}\"", esc(m));
-            write_histogram(
-                o,
-                "hivenet_wake_hold_seconds",
-                &labels,
-                &super::hold_book::HOLD_BUCKETS,
-                h,
-            );
-        }
-        let _ = writeln!(o, "# HELP hivenet_wake_seconds Observed wake time of a model (first hold to first registration), 90th percentile of the last 32.");
-        let _ = writeln!(o, "# TYPE hivenet_wake_seconds gauge");
-        let mut waked: Vec<(&String, Vec<std::time::Duration>)> = books
-            .wake_times
-            .iter()
-            .map(|(m, v)| (m, v.clone()))
-            .collect();
-        waked.sort();
-        for (m, mut v) in waked {
-            v.sort();
-            let i = (v.len() * 9).div_ceil(10).saturating_sub(1);
-            if let Some(d) = v.get(i) {
-                let _ = writeln!(
-                    o,
-                    "hivenet_wake_seconds{{model=\"{}\"}} {}",
-                    esc(m),
-                    d.as_secs_f64()
-                );
-            }
-        }
-    }
     let _ = writeln!(
         o,
         "# HELP hivenet_sibling_map_info The sibling map in use (its version)."
@@ -146,6 +87,75 @@ fn render_sites(
         );
         let _ = writeln!(o, "# TYPE hivenet_sibling_map_age_seconds gauge");
         let _ = writeln!(o, "hivenet_sibling_map_age_seconds {age}");
+    }
+}
+
+/// Hold at zero: pending demand (a series per model the map places here
+/// with scale_from_zero, none without a map), hold outcomes and
+/// durations, observed wake times.
+fn render_holds(
+    o: &mut String,
+    sites: &super::router::Sites,
+    local: &str,
+    books: &super::hold_book::Books,
+) {
+    if let Some(map) = &sites.map {
+        let _ = writeln!(o, "# HELP hivenet_pending_demand Requests waiting for a model at zero here: held now plus released without a slot yet (one per key and client ID).");
+        let _ = writeln!(o, "# TYPE hivenet_pending_demand gauge");
+        let mut models: Vec<String> = map
+            .holdable_here(local)
+            .into_iter()
+            .map(|(m, _)| m)
+            .collect();
+        models.dedup();
+        for m in &models {
+            let _ = writeln!(
+                o,
+                "hivenet_pending_demand{{model=\"{}\"}} {}",
+                esc(m),
+                books.ledger.demand(m)
+            );
+        }
+    }
+    let _ = writeln!(o, "# HELP hivenet_wake_holds_total Holds ended, by outcome (woken, expired, full, cancelled, unplaced, shutdown).");
+    let _ = writeln!(o, "# TYPE hivenet_wake_holds_total counter");
+    for ((m, outcome), n) in &books.outcomes {
+        let _ = writeln!(
+            o,
+            "hivenet_wake_holds_total{{model=\"{}\",outcome=\"{outcome}\"}} {n}",
+            esc(m)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "# HELP hivenet_wake_hold_seconds How long requests were held, by outcome."
+    );
+    let _ = writeln!(o, "# TYPE hivenet_wake_hold_seconds histogram");
+    for ((m, outcome), h) in &books.hold_seconds {
+        let labels = format!("model=\"{}\",outcome=\"{outcome}\"", esc(m));
+        write_histogram(
+            o,
+            "hivenet_wake_hold_seconds",
+            &labels,
+            &super::hold_book::HOLD_BUCKETS,
+            h,
+        );
+    }
+    let _ = writeln!(o, "# HELP hivenet_wake_seconds Observed wake time of a model (first hold to first registration), 90th percentile of the last 32.");
+    let _ = writeln!(o, "# TYPE hivenet_wake_seconds gauge");
+    let mut models: Vec<&String> = books.wake_times.keys().collect();
+    models.sort();
+    for m in models {
+        if let Some(d) =
+            super::hold_book::p90(books.wake_times.get(m).map(Vec::as_slice).unwrap_or(&[]))
+        {
+            let _ = writeln!(
+                o,
+                "hivenet_wake_seconds{{model=\"{}\"}} {}",
+                esc(m),
+                d.as_secs_f64()
+            );
+        }
     }
 }
 

@@ -69,7 +69,8 @@ pub struct Shard {
     auth: Cached<AuthState>,
     sites: Cached<super::router::Sites>,
     /// Requests held here at zero, by model, in arrival order.
-    pub held: RefCell<HashMap<String, Vec<futures::channel::oneshot::Sender<()>>>>,
+    pub held:
+        RefCell<HashMap<String, Vec<futures::channel::oneshot::Sender<super::hold::Release>>>>,
     /// `hivenet_redirects_total{model,target_site}` of redirects answered here.
     pub redirects: RefCell<std::collections::BTreeMap<(String, String), u64>>,
 }
