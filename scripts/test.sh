@@ -35,6 +35,8 @@ cargo build --workspace --bins
 # timing assertions; running them side by side on 2 cores invites flakes.
 cargo test --workspace -- --test-threads=1
 cargo test -p shards --no-default-features
+# The KEDA query as a recording rule, on synthetic series.
+(cd deploy/keda && promtool test rules rules-test.yaml)
 HIVENET_BIN_DIR="$PWD/target/debug" "$VENV/bin/python" -m pytest -q tests/python
 
 # A short soak: mixed traffic with agents killed and restarted, then no
