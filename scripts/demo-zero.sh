@@ -16,11 +16,15 @@ W="$(mktemp -d -t hivenet-zero-XXXX)"
 HTTP=18480 METRICS=18481 P2P=18482 SIM=18483
 export HIVENET_ROUTER_ADMIN_API_KEYS=demo-admin
 PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+cleanup() {
+  for f in "$W/agent.pid" "$W/sim.pid"; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
 t0=$(date +%s.%N)
 say() { awk -v a="$(date +%s.%N)" -v b="$t0" -v m="$*" 'BEGIN { printf "%6.2fs  %s\n", a - b, m }'; }
 
-(cd "$W" && "$B/hivenet-router" --http-port 127.0.0.1:$HTTP --metrics-port 127.0.0.1:$METRICS \
+(cd "$W" && exec "$B/hivenet-router" --http-port 127.0.0.1:$HTTP --metrics-port 127.0.0.1:$METRICS \
   --p2p-port $P2P --site-id a --wake-keepalive 2s >router.log 2>&1) & PIDS+=($!)
 for _ in $(seq 1 100); do curl -sf 127.0.0.1:$HTTP/health >/dev/null && break; sleep 0.1; done
 curl -sf -X PUT -H "Authorization: Bearer demo-admin" 127.0.0.1:$HTTP/admin/sibling-map -d "{
@@ -40,7 +44,7 @@ say "router up, map pushed: zero-model placed here with scale_from_zero, no back
       say "autoscaler: pending demand $demand, scaling zero-model from 0 to 1 (cold start 3s)"
       "$B/hivenet-sim" --port $SIM --model zero-model --ttft 100ms --itl 50ms --output-tokens 8 --startup-delay 3s >"$W/sim.log" 2>&1 &
       echo $! >"$W/sim.pid"
-      (cd "$W" && "$B/hivenet-agent" --router-p2p /ip4/127.0.0.1/tcp/$P2P --backend-url http://127.0.0.1:$SIM \
+      (cd "$W" && exec "$B/hivenet-agent" --router-p2p /ip4/127.0.0.1/tcp/$P2P --backend-url http://127.0.0.1:$SIM \
         --identity-path "$W/agent.key" >agent.log 2>&1) & echo $! >"$W/agent.pid"
       up=1; last_routed=$routed; idle_since=$(date +%s)
     elif [ "$up" = 1 ]; then
