@@ -248,7 +248,20 @@ fn scopes_and_hints_decide() {
         ));
     }
     std::fs::write(dir.join("auth.yaml"), yaml).expect("auth");
-    let a = site_router(&dir, "a", &["--auth-config-file", "auth.yaml"]);
+    // A short hold budget: the holdable model is held (then 503
+    // model_waking) rather than failing at once.
+    let a = site_router(
+        &dir,
+        "a",
+        &[
+            "--auth-config-file",
+            "auth.yaml",
+            "--wake-hold-budget",
+            "1s",
+            "--wake-keepalive",
+            "0",
+        ],
+    );
     let b_port = free_port();
     let bearer = |k: &str| format!("Authorization: Bearer {k}\r\n");
     // b is in scope "us", m is warm there.
@@ -264,11 +277,11 @@ fn scopes_and_hints_decide() {
     assert_eq!(chat_at(a.http, "", &bearer("sk-any")).0, 307);
     assert_eq!(
         chat_at(a.http, "", &bearer("sk-eu")).0,
-        404,
-        "b is outside the key's scopes: not redirected"
+        503,
+        "b is outside the key's scopes: not redirected (held here, then model_waking)"
     );
-    // Fresh hints, the only home sibling cold, holdable here: no redirect
-    // (the hold itself comes with hold-at-zero: it fails as before).
+    // Fresh hints, the only home sibling cold, holdable here: no redirect,
+    // the request is held here (the 1 s budget ends in model_waking).
     let cold_b = warm_b.replace(r#""warm":true"#, r#""warm":false"#);
     assert_eq!(
         push(
@@ -278,7 +291,9 @@ fn scopes_and_hints_decide() {
         .0,
         200
     );
-    assert_eq!(chat_at(a.http, "", &bearer("sk-any")).0, 404);
+    let (st, _, body) = chat_at(a.http, "", &bearer("sk-any"));
+    assert_eq!(st, 503, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("model_waking"));
     // Stale hints: the cold hint is not trusted, the request is redirected.
     assert_eq!(
         push(

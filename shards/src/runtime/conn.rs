@@ -253,6 +253,13 @@ impl<S: Transport> Conn<S> {
         }
     }
 
+    /// Give back read-buffer capacity a long wait does not need (a held
+    /// request: thousands may wait at once; the next read reserves again).
+    pub fn trim(&mut self) {
+        self.rbuf = Vec::new();
+        self.buf.shrink_to_fit();
+    }
+
     /// Take the stream and unconsumed input apart (for a hand-off).
     pub fn into_parts(self) -> (S, Vec<u8>) {
         (self.stream, self.buf)

@@ -56,6 +56,13 @@ pub fn holdable(shard: &Shard, ep: Endpoint, model: &str) -> Option<Duration> {
     Some(p.hold_budget.unwrap_or(shard.router.cfg.wake_hold_budget))
 }
 
+/// The shard that holds every held request of `model` (a wake releases
+/// them from one place, in hold order).
+pub fn hold_shard(model: &str, shards: usize) -> usize {
+    let h = xxhash_rust::xxh64::xxh64(model.as_bytes(), 0);
+    usize::try_from(h % shards.max(1) as u64).unwrap_or(0)
+}
+
 fn identity(p: &Principal) -> String {
     match p {
         Principal::Key(c) => c.key.key_id.to_string(),
@@ -127,6 +134,8 @@ pub async fn hold(
         );
     }
     let mut demand = DemandGuard::new(book.clone(), ticket.clone());
+    conn.trim();
+    p.body.shrink_to_fit();
     if !cfg.wake_keepalive.is_zero() {
         let stream = p.meta.stream;
         conn.keepalive = Some(KeepAlive {

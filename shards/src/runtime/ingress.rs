@@ -54,10 +54,32 @@ pub async fn serve(
     first: Option<Box<PendingRequest>>,
     permit: ConnPermit,
 ) {
-    if let Some(p) = first {
+    if let Some(mut p) = first {
         conn.request_id = p.request_id.clone();
         conn.reply_headers.clear();
-        if !dispatch::serve_inference(&shard, &mut conn, *p).await {
+        let keep = match p.hold_for.take() {
+            // Sent here to be held with the model's other held requests.
+            Some(budget) => {
+                conn.reply_headers = std::mem::take(&mut p.reply_headers);
+                let (method, path) = (p.head.method.clone(), p.head.path_only().to_string());
+                let (started, principal) = (p.received_at, p.principal.clone());
+                match super::hold::hold(&shard, &mut conn, *p, budget).await {
+                    super::hold::HoldEnd::Answered(k) => {
+                        audit_here(&shard, &conn, &method, &path, started, Some(&principal));
+                        k
+                    }
+                    super::hold::HoldEnd::Released(p, o) if o != shard.id => {
+                        hand_off(&shard, conn, p, o, permit);
+                        return;
+                    }
+                    super::hold::HoldEnd::Released(p, _) => {
+                        dispatch::serve_inference(&shard, &mut conn, *p).await
+                    }
+                }
+            }
+            None => dispatch::serve_inference(&shard, &mut conn, *p).await,
+        };
+        if !keep {
             return;
         }
     }
@@ -385,11 +407,17 @@ async fn read_inference(
         reply_headers: std::mem::take(&mut conn.reply_headers),
         body_permit,
         held: None,
+        hold_for: None,
     };
     // At zero here and placed here with scale_from_zero: held until an
     // agent registers (seed hold-at-zero).
     if owner.is_none() {
         if let Some(budget) = super::hold::holdable(shard, ep, &pending.meta.model) {
+            let home = super::hold::hold_shard(&pending.meta.model, shard.router.mesh.len());
+            if home != shard.id {
+                pending.hold_for = Some(budget);
+                return Routed::Dispatched(Next::HandOff(Box::new(pending), home));
+            }
             conn.reply_headers = std::mem::take(&mut pending.reply_headers);
             return match super::hold::hold(shard, conn, pending, budget).await {
                 super::hold::HoldEnd::Answered(k) => Routed::Done(k.into()),

@@ -35,6 +35,10 @@ pub struct PendingRequest {
     pub body_permit: BodyPermit,
     /// Set when the request was held at zero and released by a wake.
     pub held: Option<Held>,
+    /// Hold it for this budget on arrival (it was sent to its model's
+    /// hold shard, where every held request of the model waits, so a wake
+    /// releases them in one order).
+    pub hold_for: Option<std::time::Duration>,
 }
 
 /// What a request released by a wake carries on (seed "After the wake").
