@@ -59,12 +59,17 @@ async def held_request(i, port, body, period, stats, t_register):
     w.write(head + body)
     await w.drain()
     k = 0
+    seen = []
     try:
         while True:
             line = await r.readline()
             if not line:
                 stats["closed"] += 1
+                if len(stats.setdefault("closed_samples", [])) < 5:
+                    stats["closed_samples"].append(b"|".join(seen[-4:]).decode(errors="replace"))
                 return
+            if not line.startswith(b": keep-alive") and line.strip():
+                seen.append(line.strip()[:200])
             now = time.monotonic()
             if line.startswith(b": keep-alive"):
                 k += 1
@@ -144,6 +149,7 @@ async def main_async(a, port, metrics_port, router_pid, work):
         "keepalives_later_than_1s": sum(1 for x in late if x > 1.0),
         "served": stats["served"],
         "closed_without_data": stats["closed"],
+        "closed_samples": stats.get("closed_samples", []),
         "connect_errors": stats["connect_errors"],
         "agent_spawned_to_first_data_s": (t_first - t_reg_guess) if t_first else None,
         "first_capacity_within_1s_of_first_data": within,

@@ -79,11 +79,21 @@ impl Directory {
     /// unreserved). Every call is matched by [`Directory::register`] or
     /// [`Directory::release`].
     pub fn reserve(&mut self, model: &str) -> usize {
+        self.reserve_preferring(model, None)
+    }
+
+    /// [`Directory::reserve`], giving a new model `prefer` (in range)
+    /// instead of the least-loaded shard: a model at zero whose held
+    /// requests wait on one shard is owned there, so its wake releases
+    /// them without moving a socket.
+    pub fn reserve_preferring(&mut self, model: &str, prefer: Option<usize>) -> usize {
         if let Some(e) = self.owners.get_mut(model) {
             e.pending = e.pending.saturating_add(1);
             return e.shard;
         }
-        let shard = self.tentative();
+        let shard = prefer
+            .filter(|p| *p < self.counts.len())
+            .unwrap_or_else(|| self.tentative());
         if self.provisional < MAX_PROVISIONAL {
             self.owners.insert(
                 model.to_string(),

@@ -22,12 +22,12 @@ pub fn into_std(stream: monoio::net::TcpStream) -> std::net::TcpStream {
 /// until its completion arrives, so `into_raw_fd` would find a second
 /// reference. The socket is duplicated instead (one `dup`, only on this
 /// path); the runtime closes its copy when the poll completes.
+/// The caller drops its `stream` afterwards.
 #[allow(unsafe_code)]
-pub fn into_std_watched(stream: monoio::net::TcpStream) -> std::io::Result<std::net::TcpStream> {
+pub fn dup_watched(stream: &monoio::net::TcpStream) -> std::io::Result<std::net::TcpStream> {
     use std::os::fd::{AsRawFd, BorrowedFd};
     // SAFETY: the descriptor is open for the whole borrow (`stream` lives).
     let owned = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) }.try_clone_to_owned()?;
-    drop(stream);
     Ok(std::net::TcpStream::from(owned))
 }
 

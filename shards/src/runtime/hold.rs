@@ -57,10 +57,15 @@ pub fn holdable(shard: &Shard, ep: Endpoint, model: &str) -> Option<Duration> {
 }
 
 /// The shard that holds every held request of `model` (a wake releases
-/// them from one place, in hold order).
-pub fn hold_shard(model: &str, shards: usize) -> usize {
+/// them from one place, in hold order): the model's shard when it has
+/// had one, else a hash of its name (and the model's first agent is then
+/// owned there: [`super::router::Router::reserve`]).
+pub fn hold_shard(router: &super::router::Router, model: &str) -> usize {
+    if let Some(s) = router.directory.load().assigned(model) {
+        return s;
+    }
     let h = xxhash_rust::xxh64::xxh64(model.as_bytes(), 0);
-    usize::try_from(h % shards.max(1) as u64).unwrap_or(0)
+    usize::try_from(h % router.mesh.len().max(1) as u64).unwrap_or(0)
 }
 
 fn identity(p: &Principal) -> String {

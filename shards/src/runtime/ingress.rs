@@ -69,7 +69,7 @@ pub async fn serve(
                         k
                     }
                     super::hold::HoldEnd::Released(p, o) if o != shard.id => {
-                        hand_off(&shard, conn, p, o, permit);
+                        hand_off(&shard, conn, p, o, permit).await;
                         return;
                     }
                     super::hold::HoldEnd::Released(p, _) => {
@@ -116,7 +116,7 @@ pub async fn serve(
             Next::KeepAlive => {}
             Next::Close => return,
             Next::HandOff(pending, owner) => {
-                hand_off(&shard, conn, pending, owner, permit);
+                hand_off(&shard, conn, pending, owner, permit).await;
                 return;
             }
         }
@@ -413,7 +413,7 @@ async fn read_inference(
     // agent registers (seed hold-at-zero).
     if owner.is_none() {
         if let Some(budget) = super::hold::holdable(shard, ep, &pending.meta.model) {
-            let home = super::hold::hold_shard(&pending.meta.model, shard.router.mesh.len());
+            let home = super::hold::hold_shard(&shard.router, &pending.meta.model);
             if home != shard.id {
                 pending.hold_for = Some(budget);
                 return Routed::Dispatched(Next::HandOff(Box::new(pending), home));
@@ -495,9 +495,9 @@ fn redirect(
 
 /// Hand the connection over to `owner`: the socket, the bytes read past
 /// this request, and the parsed request, in one message.
-fn hand_off(
+async fn hand_off(
     shard: &Shard,
-    conn: Conn,
+    mut conn: Conn,
     pending: Box<PendingRequest>,
     owner: usize,
     permit: ConnPermit,
@@ -505,22 +505,49 @@ fn hand_off(
     let Some(tx) = shard.router.mesh.get(owner) else {
         return;
     };
-    let watched = conn.watched;
-    let (stream, buf) = conn.into_parts();
-    let stream = if watched {
-        match handoff::into_std_watched(stream) {
+    let stream = if conn.watched {
+        match handoff::dup_watched(&conn.stream) {
             Ok(s) => s,
             Err(e) => {
+                // Out of descriptors: say so rather than drop it.
                 tracing::warn!(
                     shard = shard.id,
                     "hand-off failed: cannot duplicate the socket: {e}"
                 );
+                let err = ApiError::new(
+                    ErrorCode::BackendUnavailable,
+                    format!("the router could not hand the request to its model's shard: {e}"),
+                );
+                respond::send_error_with(&mut conn, &err, false, &[("Retry-After", b"1")]).await;
                 return;
             }
         }
     } else {
-        handoff::into_std(stream)
+        let (stream, buf) = conn.into_parts();
+        return send_hand_off(
+            shard,
+            tx,
+            handoff::into_std(stream),
+            buf,
+            pending,
+            permit,
+            owner,
+        );
     };
+    let (_, buf) = conn.into_parts();
+    send_hand_off(shard, tx, stream, buf, pending, permit, owner);
+}
+
+/// Send the hand-off message.
+fn send_hand_off(
+    shard: &Shard,
+    tx: &futures::channel::mpsc::UnboundedSender<ShardMsg>,
+    stream: std::net::TcpStream,
+    buf: Vec<u8>,
+    pending: Box<PendingRequest>,
+    permit: ConnPermit,
+    owner: usize,
+) {
     let msg = ShardMsg::AdoptHttp(Box::new(HandOff {
         stream,
         buf,

@@ -173,7 +173,12 @@ impl Router {
     /// Reserve the owner for a link whose preamble names `model` (matched
     /// by [`Router::register`] or [`Router::release`]).
     pub fn reserve(&self, model: &str) -> usize {
-        self.directory.update(|d| d.reserve(model))
+        // Held requests of a model at zero wait on its hold shard: own it
+        // there, so the wake needs no hand-off.
+        let held = self.holds.lock().ledger.demand(model) > 0;
+        let prefer = held.then(|| super::hold::hold_shard(self, model));
+        self.directory
+            .update(|d| d.reserve_preferring(model, prefer))
     }
 
     /// A link reserved at its preamble failed before registering.
