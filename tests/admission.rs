@@ -124,15 +124,7 @@ fn a_replica_registering_admits_a_parked_request() {
     let (_s2, p2) = start_sim(&dir, "m", &["--ttft", "6s"]);
     let _a1 = start_agent(&dir, &r, p1, "a1.key", &[]);
     wait_agents(r.http, "m", 1);
-    let send = move || {
-        request_full(
-            r.http,
-            "POST",
-            "/v1/chat/completions",
-            chat_body("m", false).as_bytes(),
-            "",
-        )
-    };
+    let send = move || chat_m(r.http);
     let long = std::thread::spawn(send);
     wait_until(
         Duration::from_secs(5),
@@ -248,15 +240,7 @@ fn a_client_leaving_while_parked_or_streaming_frees_its_room_at_once() {
         "stream reservation freed at the next chunk: {stream_gone:?}"
     );
     assert_eq!(
-        request_full(
-            r.http,
-            "POST",
-            "/v1/chat/completions",
-            chat_body("m", false).as_bytes(),
-            ""
-        )
-        .expect("after")
-        .0,
+        chat_m(r.http).expect("after").0,
         200,
         "the room is free again"
     );
@@ -283,14 +267,7 @@ fn shed_if_sheds_under_kv_pressure_and_stops_when_it_drops() {
         }
     };
     wait_until(Duration::from_secs(10), kv(0.95), "kv 0.95 reported");
-    let (st, head, body) = request_full(
-        r.http,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("m", false).as_bytes(),
-        "",
-    )
-    .expect("shed");
+    let (st, head, body) = chat_m(r.http).expect("shed");
     let b = String::from_utf8_lossy(&body);
     assert_eq!(st, 429, "{b}");
     assert!(
@@ -306,14 +283,7 @@ fn shed_if_sheds_under_kv_pressure_and_stops_when_it_drops() {
     let (st, _) = request(p, "PUT", "/sim/kv_cache_usage", b"0.2").expect("set kv");
     assert_eq!(st, 200);
     wait_until(Duration::from_secs(10), kv(0.2), "kv 0.2 reported");
-    let (st, _, body) = request_full(
-        r.http,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("m", false).as_bytes(),
-        "",
-    )
-    .expect("served");
+    let (st, _, body) = chat_m(r.http).expect("served");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
 }
 
@@ -357,18 +327,7 @@ fn b1_caps_refuse_long_prompts_and_too_many_images() {
         b.contains("request carries 2 images, over the model limit of 1"),
         "{b}"
     );
-    assert_eq!(
-        request_full(
-            r.http,
-            "POST",
-            "/v1/chat/completions",
-            chat_body("m", false).as_bytes(),
-            ""
-        )
-        .expect("short")
-        .0,
-        200
-    );
+    assert_eq!(chat_m(r.http).expect("short").0, 200);
     // count_tokens is exempt.
     let (st, _, _) = request_full(
         r.http,

@@ -176,14 +176,7 @@ fn budget_expiry_in_band_after_keepalives_and_plain_without() {
     let dir = tmpdir("hold-expire-plain");
     let r = site_router(&dir, &["--wake-keepalive", "0"], &[]);
     push_map(&r, "1s");
-    let (st, head, body) = request_full(
-        r.http,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("m", false).as_bytes(),
-        "",
-    )
-    .expect("plain");
+    let (st, head, body) = chat_m(r.http).expect("plain");
     assert_eq!(st, 503);
     assert_eq!(header_of(&head, "retry-after").as_deref(), Some("5"));
     let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
@@ -238,14 +231,7 @@ fn demand_dedups_by_key_and_uuid_and_limits_refuse_at_once() {
     );
     // The fifth is over --wake-hold-max-per-model 4: refused at once.
     let t = Instant::now();
-    let (st, head, body) = request_full(
-        r.http,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("m", false).as_bytes(),
-        "",
-    )
-    .expect("full");
+    let (st, head, body) = chat_m(r.http).expect("full");
     assert!(t.elapsed() < Duration::from_secs(1), "at once");
     assert_eq!(st, 503);
     assert_eq!(header_of(&head, "retry-after").as_deref(), Some("5"));
@@ -422,14 +408,7 @@ fn sigterm_answers_held_requests_and_a_restart_forgets_the_map() {
     // A restarted router has no map: no series, nothing held.
     let r = site_router(&dir, &["--wake-keepalive", "0"], &[]);
     assert_eq!(demand(&r), None, "no series without a map");
-    let (st, _, _) = request_full(
-        r.http,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("m", false).as_bytes(),
-        "",
-    )
-    .expect("404");
+    let (st, _, _) = chat_m(r.http).expect("404");
     assert_eq!(st, 404, "fails as before until the map is pushed again");
 }
 

@@ -549,3 +549,14 @@ pub fn sigterm(p: &mut Proc) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// POST a plain chat for model `m` with no key; status, head, body.
+pub fn chat_m(http: u16) -> std::io::Result<(u16, String, Vec<u8>)> {
+    request_full(
+        http,
+        "POST",
+        "/v1/chat/completions",
+        chat_body("m", false).as_bytes(),
+        "",
+    )
+}

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::clock;
 use super::conn::{Conn, KeepAlive};
-use super::hold_book::DemandGuard;
+use super::hold_book::{DemandGuard, Release};
 use super::pending::{Held, PendingRequest};
 use super::respond;
 use super::shard::Shard;
@@ -23,18 +23,6 @@ use crate::logic::endpoint::Endpoint;
 use crate::logic::hold::{self as pure, Ticket, Waking};
 use crate::logic::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::sites::Kind;
-
-/// Why a held request is let go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Release {
-    /// An agent of the model registered.
-    Woken,
-    /// The map no longer places the model here with `scale_from_zero`:
-    /// it fails as before (404).
-    Unplaced,
-    /// The router is shutting down: answered now, not dropped.
-    ShuttingDown,
-}
 
 /// How a hold ended.
 pub enum HoldEnd {
@@ -61,11 +49,11 @@ pub fn holdable(shard: &Shard, ep: Endpoint, model: &str) -> Option<Duration> {
 /// had one, else a hash of its name (and the model's first agent is then
 /// owned there: [`super::router::Router::reserve`]).
 pub fn hold_shard(router: &super::router::Router, model: &str) -> usize {
-    if let Some(s) = router.directory.load().assigned(model) {
-        return s;
-    }
-    let h = xxhash_rust::xxh64::xxh64(model.as_bytes(), 0);
-    usize::try_from(h % router.mesh.len().max(1) as u64).unwrap_or(0)
+    super::hold_book::hold_shard_of(
+        router.directory.load().assigned(model),
+        model,
+        router.mesh.len(),
+    )
 }
 
 fn identity(p: &Principal) -> String {

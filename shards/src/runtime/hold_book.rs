@@ -16,6 +16,28 @@ pub const HOLD_BUCKETS: [f64; 13] = [
     0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 ];
 
+/// Why a held request is let go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// An agent of the model registered.
+    Woken,
+    /// The map no longer places the model here with `scale_from_zero`:
+    /// it fails as before (404).
+    Unplaced,
+    /// The router is shutting down: answered now, not dropped.
+    ShuttingDown,
+}
+
+/// The shard that holds every held request of a model: its `assigned`
+/// shard when it has had one, else a hash of its name over `shards`.
+pub fn hold_shard_of(assigned: Option<usize>, model: &str, shards: usize) -> usize {
+    if let Some(s) = assigned {
+        return s;
+    }
+    let h = xxhash_rust::xxh64::xxh64(model.as_bytes(), 0);
+    usize::try_from(h % shards.max(1) as u64).unwrap_or(0)
+}
+
 /// Everything hold at zero counts.
 #[derive(Default)]
 pub struct Books {

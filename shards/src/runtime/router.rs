@@ -176,7 +176,9 @@ impl Router {
         // Held requests of a model at zero wait on its hold shard: own it
         // there, so the wake needs no hand-off.
         let held = self.holds.lock().ledger.demand(model) > 0;
-        let prefer = held.then(|| super::hold::hold_shard(self, model));
+        let assigned = self.directory.load().assigned(model);
+        let prefer =
+            held.then(|| super::hold_book::hold_shard_of(assigned, model, self.mesh.len()));
         self.directory
             .update(|d| d.reserve_preferring(model, prefer))
     }

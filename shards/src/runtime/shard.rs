@@ -70,7 +70,7 @@ pub struct Shard {
     sites: Cached<super::router::Sites>,
     /// Requests held here at zero, by model, in arrival order.
     pub held:
-        RefCell<HashMap<String, Vec<futures::channel::oneshot::Sender<super::hold::Release>>>>,
+        RefCell<HashMap<String, Vec<futures::channel::oneshot::Sender<super::hold_book::Release>>>>,
     /// `hivenet_redirects_total{model,target_site}` of redirects answered here.
     pub redirects: RefCell<std::collections::BTreeMap<(String, String), u64>>,
 }
