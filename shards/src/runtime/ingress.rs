@@ -63,7 +63,7 @@ pub async fn serve(
                 conn.reply_headers = std::mem::take(&mut p.reply_headers);
                 let (method, path) = (p.head.method.clone(), p.head.path_only().to_string());
                 let (started, principal) = (p.received_at, p.principal.clone());
-                match super::hold::hold(&shard, &mut conn, *p, budget).await {
+                match Box::pin(super::hold::hold(&shard, &mut conn, *p, budget)).await {
                     super::hold::HoldEnd::Answered(k) => {
                         audit_here(&shard, &conn, &method, &path, started, Some(&principal));
                         k
@@ -73,11 +73,11 @@ pub async fn serve(
                         return;
                     }
                     super::hold::HoldEnd::Released(p, _) => {
-                        dispatch::serve_inference(&shard, &mut conn, *p).await
+                        Box::pin(dispatch::serve_inference(&shard, &mut conn, *p)).await
                     }
                 }
             }
-            None => dispatch::serve_inference(&shard, &mut conn, *p).await,
+            None => Box::pin(dispatch::serve_inference(&shard, &mut conn, *p)).await,
         };
         if !keep {
             return;
@@ -419,13 +419,17 @@ async fn read_inference(
                 return Routed::Dispatched(Next::HandOff(Box::new(pending), home));
             }
             conn.reply_headers = std::mem::take(&mut pending.reply_headers);
-            return match super::hold::hold(shard, conn, pending, budget).await {
+            // Boxed, as every serve below: a connection's task stays small
+            // while it waits (idle keep-alive or held at zero), the big
+            // futures are allocated only while they run.
+            return match Box::pin(super::hold::hold(shard, conn, pending, budget)).await {
                 super::hold::HoldEnd::Answered(k) => Routed::Done(k.into()),
                 super::hold::HoldEnd::Released(p, o) if o != shard.id => {
                     Routed::Dispatched(Next::HandOff(p, o))
                 }
                 super::hold::HoldEnd::Released(p, _) => {
-                    Routed::Dispatched(dispatch::serve_inference(shard, conn, *p).await.into())
+                    let served = Box::pin(dispatch::serve_inference(shard, conn, *p)).await;
+                    Routed::Dispatched(served.into())
                 }
             };
         }
@@ -443,7 +447,8 @@ async fn read_inference(
     if owner != shard.id {
         return Routed::Dispatched(Next::HandOff(Box::new(pending), owner));
     }
-    Routed::Dispatched(dispatch::serve_inference(shard, conn, pending).await.into())
+    let served = Box::pin(dispatch::serve_inference(shard, conn, pending)).await;
+    Routed::Dispatched(served.into())
 }
 
 /// Where to redirect a request for `model`, which no agent serves here
