@@ -437,3 +437,50 @@ fn a_map_that_drops_the_placement_fails_held_requests_as_before() {
     assert_eq!(demand(&r), None, "the series goes with the placement");
     assert_eq!(outcome(&r, "unplaced"), 1.0);
 }
+
+#[test]
+fn a_request_refused_by_a_hold_limit_is_still_charged_its_quota() {
+    let dir = tmpdir("hold-quota");
+    std::fs::write(
+        dir.join("auth.yaml"),
+        format!(
+            "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      metadata: {{name: k, owner: t}}\n      quota: {{requests_per_minute: 2}}\n",
+            sha256_hex("sk-q")
+        ),
+    )
+    .expect("auth");
+    let r = site_router(
+        &dir,
+        &[
+            "--wake-keepalive",
+            "0",
+            "--wake-hold-max-per-model",
+            "1",
+            "--auth-config-file",
+            "auth.yaml",
+        ],
+        &[],
+    );
+    push_map(&r, "3s");
+    let key = "Authorization: Bearer sk-q\r\n";
+    let held = send(r.http, "/v1/chat/completions", &chat_body("m", false), key);
+    wait_until(Duration::from_secs(5), || demand(&r) == Some(1.0), "held");
+    let full = |extra: &str| {
+        request_full(
+            r.http,
+            "POST",
+            "/v1/chat/completions",
+            chat_body("m", false).as_bytes(),
+            extra,
+        )
+        .expect("answer")
+    };
+    let (st, _, body) = full(key);
+    assert_eq!(st, 503, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("hold limit reached"));
+    // Two requests taken of 2 per minute: the third is refused by the quota.
+    let (st, _, body) = full(key);
+    assert_eq!(st, 429, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("rate_limit_exceeded"));
+    assert!(read_all(held).0.starts_with("HTTP/1.1 503"));
+}
