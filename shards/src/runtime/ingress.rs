@@ -33,6 +33,40 @@ enum Next {
     Close,
     /// Give it to the model's shard with this request.
     HandOff(Box<PendingRequest>, usize),
+    /// Hold this request here, its model's hold shard (`hold_for` set).
+    Hold(Box<PendingRequest>),
+}
+
+/// What a hold leaves the connection to do.
+enum AfterHold {
+    /// Answered or served here; `keep`.
+    Keep(bool),
+    /// Woken: serve it on its owner.
+    HandOff(Box<PendingRequest>, usize),
+}
+
+/// Hold `p` on this shard (its model's hold shard), at the top of the
+/// connection's task so that a held request keeps only the small hold
+/// state (not the whole request path's), then serve it or pass it on.
+async fn hold_here(shard: &Rc<Shard>, conn: &mut Conn, mut p: Box<PendingRequest>) -> AfterHold {
+    let budget = p
+        .hold_for
+        .take()
+        .unwrap_or(shard.router.cfg.wake_hold_budget);
+    conn.request_id = p.request_id.clone();
+    conn.reply_headers = std::mem::take(&mut p.reply_headers);
+    let (method, path) = (p.head.method.clone(), p.head.path_only().to_string());
+    let (started, principal) = (p.received_at, p.principal.clone());
+    match Box::pin(super::hold::hold(shard, conn, *p, budget)).await {
+        super::hold::HoldEnd::Answered(k) => {
+            audit_here(shard, conn, &method, &path, started, Some(&principal));
+            AfterHold::Keep(k)
+        }
+        super::hold::HoldEnd::Released(p, o) if o != shard.id => AfterHold::HandOff(p, o),
+        super::hold::HoldEnd::Released(p, _) => {
+            AfterHold::Keep(Box::pin(dispatch::serve_inference(shard, conn, *p)).await)
+        }
+    }
 }
 
 impl From<bool> for Next {
@@ -54,30 +88,20 @@ pub async fn serve(
     first: Option<Box<PendingRequest>>,
     permit: ConnPermit,
 ) {
-    if let Some(mut p) = first {
+    if let Some(p) = first {
         conn.request_id = p.request_id.clone();
         conn.reply_headers.clear();
-        let keep = match p.hold_for.take() {
+        let keep = if p.hold_for.is_some() {
             // Sent here to be held with the model's other held requests.
-            Some(budget) => {
-                conn.reply_headers = std::mem::take(&mut p.reply_headers);
-                let (method, path) = (p.head.method.clone(), p.head.path_only().to_string());
-                let (started, principal) = (p.received_at, p.principal.clone());
-                match Box::pin(super::hold::hold(&shard, &mut conn, *p, budget)).await {
-                    super::hold::HoldEnd::Answered(k) => {
-                        audit_here(&shard, &conn, &method, &path, started, Some(&principal));
-                        k
-                    }
-                    super::hold::HoldEnd::Released(p, o) if o != shard.id => {
-                        hand_off(&shard, conn, p, o, permit).await;
-                        return;
-                    }
-                    super::hold::HoldEnd::Released(p, _) => {
-                        Box::pin(dispatch::serve_inference(&shard, &mut conn, *p)).await
-                    }
+            match hold_here(&shard, &mut conn, p).await {
+                AfterHold::Keep(k) => k,
+                AfterHold::HandOff(p, o) => {
+                    hand_off(&shard, conn, p, o, permit).await;
+                    return;
                 }
             }
-            None => Box::pin(dispatch::serve_inference(&shard, &mut conn, *p)).await,
+        } else {
+            Box::pin(dispatch::serve_inference(&shard, &mut conn, *p)).await
         };
         if !keep {
             return;
@@ -112,13 +136,23 @@ pub async fn serve(
                 return;
             }
         };
-        match route(&shard, &mut conn, head, started).await {
+        // Boxed: between requests (idle keep-alive) and while a request is
+        // held, the connection's task keeps only this loop's state.
+        match Box::pin(route(&shard, &mut conn, head, started)).await {
             Next::KeepAlive => {}
             Next::Close => return,
             Next::HandOff(pending, owner) => {
                 hand_off(&shard, conn, pending, owner, permit).await;
                 return;
             }
+            Next::Hold(pending) => match hold_here(&shard, &mut conn, pending).await {
+                AfterHold::Keep(true) => {}
+                AfterHold::Keep(false) => return,
+                AfterHold::HandOff(p, o) => {
+                    hand_off(&shard, conn, p, o, permit).await;
+                    return;
+                }
+            },
         }
     }
 }
@@ -413,25 +447,16 @@ async fn read_inference(
     // agent registers (seed hold-at-zero).
     if owner.is_none() {
         if let Some(budget) = super::hold::holdable(shard, ep, &pending.meta.model) {
+            // Held on the model's hold shard, from the top of its
+            // connection's task there (or here).
             let home = super::hold::hold_shard(&shard.router, &pending.meta.model);
-            if home != shard.id {
-                pending.hold_for = Some(budget);
-                return Routed::Dispatched(Next::HandOff(Box::new(pending), home));
-            }
-            conn.reply_headers = std::mem::take(&mut pending.reply_headers);
-            // Boxed, as every serve below: a connection's task stays small
-            // while it waits (idle keep-alive or held at zero), the big
-            // futures are allocated only while they run.
-            return match Box::pin(super::hold::hold(shard, conn, pending, budget)).await {
-                super::hold::HoldEnd::Answered(k) => Routed::Done(k.into()),
-                super::hold::HoldEnd::Released(p, o) if o != shard.id => {
-                    Routed::Dispatched(Next::HandOff(p, o))
-                }
-                super::hold::HoldEnd::Released(p, _) => {
-                    let served = Box::pin(dispatch::serve_inference(shard, conn, *p)).await;
-                    Routed::Dispatched(served.into())
-                }
-            };
+            pending.hold_for = Some(budget);
+            let pending = Box::new(pending);
+            return Routed::Dispatched(if home != shard.id {
+                Next::HandOff(pending, home)
+            } else {
+                Next::Hold(pending)
+            });
         }
     }
     // Unknown model, or no agent registered now: answered here; no
