@@ -5,7 +5,7 @@
 //! target keeps no hn_ parameter).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shards::logic::sites::{self, Choice, Kind};
+use shards::logic::sites::{self, Choice};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else {
@@ -38,7 +38,6 @@ fuzz_target!(|data: &[u8]| {
                     }
                 }
             }
-            let _ = Kind::Chat;
         }
         1 => {
             if let Ok(s) = std::str::from_utf8(rest) {

@@ -6,19 +6,15 @@
 //! operator's service pushes `replace` again (as in the spec).
 
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::admin_policy::AdminReply;
+use super::admin_policy::{reply, AdminReply};
 use super::router::Router;
 use crate::logic::auth::ApiMode;
 use crate::logic::registry::{KeyDto, RegistryError};
 
 /// Largest `POST /admin/api-keys/replace` body.
 pub const REPLACE_BODY: u64 = 16 * 1024 * 1024;
-
-fn reply(status: u16, v: Value) -> AdminReply {
-    (status, serde_json::to_vec(&v).unwrap_or_default())
-}
 
 /// Percent-decode a path segment or query value (`+` stays `+`).
 fn decode(s: &str) -> Option<String> {

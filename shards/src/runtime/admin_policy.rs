@@ -77,7 +77,8 @@ pub fn policy_json(p: &crate::logic::policy::Policy) -> Value {
 /// Result of a policy admin call: status and JSON body.
 pub type AdminReply = (u16, Vec<u8>);
 
-fn reply(status: u16, v: Value) -> AdminReply {
+/// A JSON reply of an admin call (shared by the admin modules).
+pub fn reply(status: u16, v: Value) -> AdminReply {
     (status, serde_json::to_vec(&v).unwrap_or_default())
 }
 

@@ -7,21 +7,15 @@
 
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
+use super::admin_policy::{reply, AdminReply};
 use super::clock;
 use super::router::{Router, Sites};
 use crate::logic::sites::{self, MapDto};
 
 /// Largest map body accepted.
 pub const MAP_BODY: u64 = 4 * 1024 * 1024;
-
-/// Status and JSON body.
-pub type AdminReply = (u16, Vec<u8>);
-
-fn reply(status: u16, v: Value) -> AdminReply {
-    (status, serde_json::to_vec(&v).unwrap_or_default())
-}
 
 fn query_value<'a>(target: &'a str, name: &str) -> Option<&'a str> {
     let (_, q) = target.split_once('?')?;
