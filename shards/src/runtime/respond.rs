@@ -71,26 +71,21 @@ pub async fn send_error_with(
 ) -> bool {
     conn.status = err.status;
     conn.error_code = err.code.as_str();
+    // model_waking repeats its Retry-After in the body (`retry_after`).
+    let waking_retry = more
+        .iter()
+        .find(|(n, _)| *n == "Retry-After")
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|_| err.code == crate::logic::errors::ErrorCode::ModelWaking);
     if conn.committed {
         // A 200 already went out with keepalives: the error is the body's
         // end (the audit keeps the logical status set above).
-        let retry = more
-            .iter()
-            .find(|(n, _)| *n == "Retry-After")
-            .and_then(|(_, v)| std::str::from_utf8(v).ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .filter(|_| err.code == crate::logic::errors::ErrorCode::ModelWaking);
-        return send_late_error(conn, err, retry).await;
+        return send_late_error(conn, err, waking_retry).await;
     }
-    let body = match more.iter().find(|(n, _)| *n == "Retry-After") {
-        Some((_, v)) if err.code == crate::logic::errors::ErrorCode::ModelWaking => {
-            let secs = std::str::from_utf8(v)
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-            crate::logic::hold::waking_body(err, secs)
-        }
-        _ => err.body(),
+    let body = match waking_retry {
+        Some(secs) => crate::logic::hold::waking_body(err, secs),
+        None => err.body(),
     };
     let mut out = Vec::with_capacity(256 + body.len());
     http_write::write_full_response(
