@@ -9,7 +9,11 @@
    registration: all answered? the first C by hold order within 1 s? how
    far from FIFO (hold order vs order of first data)?
 
-usage: scripts/bench-hold.py --router-bin target/release [--held N] [--hold-seconds S] [--capacity C] [--out DIR]
+usage: scripts/bench-hold.py --router-bin target/release [--held N] [--hold-seconds S] [--capacity C] [--client python|rust] [--out DIR]
+
+--client rust (default) drives the requests from `hivenet-hold-bench` (one
+Rust thread); --client python from this script's asyncio loop, which
+saturates near 18,000 held requests and then adds its own lateness.
 Prints a summary and writes it (JSON and text) to --out.
 """
 import argparse
@@ -161,6 +165,80 @@ async def main_async(a, port, metrics_port, router_pid, work):
     return out
 
 
+def start_agent(a, work):
+    sim_port = free_port()
+    sim = subprocess.Popen([os.path.join(a.router_bin, "hivenet-sim"), "--port", str(sim_port), "--model", "zero-model",
+                            "--output-tokens", "2", "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    agent = subprocess.Popen([os.path.join(a.router_bin, "hivenet-agent"), "--router-p2p", f"/ip4/127.0.0.1/tcp/{a.p2p}",
+                              "--backend-url", f"http://127.0.0.1:{sim_port}", "--identity-path", os.path.join(work, "a.key"),
+                              "--capacity", str(a.capacity)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return sim, agent
+
+
+def run_rust(a, port, metrics_port, router_pid, work):
+    """The same measurement with the Rust client (module doc of bench::hold_client)."""
+    rss_before = rss_kib(router_pid)
+    client = subprocess.Popen([os.path.join(a.router_bin, "hivenet-hold-bench"), "--addr", f"127.0.0.1:{port}",
+                               "--held", str(a.held), "--keepalive", f"{a.keepalive}s",
+                               "--hold-seconds", f"{a.hold_seconds}s"], stdout=subprocess.PIPE, text=True)
+    lines = iter(client.stdout.readline, "")
+    line = next(lines, "")
+    assert line.startswith("SENT"), line
+    held = metric(metrics_port, 'hivenet_pending_demand{model="zero-model"}')
+    for _ in range(240):
+        if held == a.held:
+            break
+        time.sleep(0.5)
+        held = metric(metrics_port, 'hivenet_pending_demand{model="zero-model"}')
+    line = next(lines, "")
+    assert line.startswith("HOLD_DONE "), line
+    both = json.loads(line.split(" ", 1)[1])
+    kfig, gfig = both["from_send"], both["from_previous"]
+    rss_held = rss_kib(router_pid)
+    sim, agent = start_agent(a, work)
+    line = next(lines, "")
+    client.wait(timeout=60)
+    agent.kill()
+    sim.kill()
+    assert line.startswith("RESULT "), line
+    res = json.loads(line.split(" ", 1)[1])
+    rel = res["release"]
+    t = rel["first_data_s_by_hold_order"]
+    got = [x for x in t if x is not None]
+    within = sum(1 for x in t[: a.capacity] if x is not None and x <= 1.0)
+    by_data = sorted((x, rank) for rank, x in enumerate(t) if x is not None)
+    waves_off = [abs(rank // a.capacity - n // a.capacity) for n, (_, rank) in enumerate(by_data)]
+    return {
+        "client": "rust",
+        "held": a.held,
+        "held_counted_in_demand": held,
+        "router_rss_kib_before": rss_before,
+        "router_rss_kib_held": rss_held,
+        "rss_per_held_kib": (rss_held - rss_before) / max(1, a.held),
+        "keepalives": kfig["keepalives"],
+        "keepalive_late_p50_ms": kfig["late_p50_ms"],
+        "keepalive_late_p99_ms": kfig["late_p99_ms"],
+        "keepalive_late_max_ms": kfig["late_max_ms"],
+        "keepalives_later_than_1s": kfig["later_than_1s"],
+        "keepalive_gap_late_p50_ms": gfig["late_p50_ms"],
+        "keepalive_gap_late_p99_ms": gfig["late_p99_ms"],
+        "keepalive_gap_late_max_ms": gfig["late_max_ms"],
+        "keepalive_gaps_later_than_1s": gfig["later_than_1s"],
+        "late_gaps_by_second": both["late_gaps_by_second"],
+        "keepalives_after_release": res["keepalives_after_release"],
+        "keepalive_gaps_after_release": res["keepalive_gaps_after_release"],
+        "served": rel["served"],
+        "closed_without_data": rel["closed_without_data"],
+        "connect_errors": rel["connect_errors"],
+        "first_capacity_within_1s_of_first_data": within,
+        "capacity": a.capacity,
+        "fifo_waves_off_max": max(waves_off) if waves_off else None,
+        "fifo_waves_off_mean": (sum(waves_off) / len(waves_off)) if waves_off else None,
+        "last_data_after_first_s": max(got) if got else None,
+    }
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--router-bin", default="target/release")
@@ -169,6 +247,7 @@ def main():
     ap.add_argument("--keepalive", type=float, default=1.0)
     ap.add_argument("--capacity", type=int, default=1024)
     ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--client", choices=["rust", "python"], default="rust")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     a.router_bin = os.path.abspath(a.router_bin)
@@ -195,7 +274,10 @@ def main():
                                  headers={"Authorization": "Bearer bench-admin"})
     urllib.request.urlopen(req, timeout=5)
     try:
-        out = asyncio.run(main_async(a, port, metrics_port, router.pid, work))
+        if a.client == "rust":
+            out = run_rust(a, port, metrics_port, router.pid, work)
+        else:
+            out = asyncio.run(main_async(a, port, metrics_port, router.pid, work))
     finally:
         router.kill()
     out["nofile_limit"] = hard
@@ -203,7 +285,7 @@ def main():
     print(text)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, f"hold-{a.held}.json"), "w") as f:
+        with open(os.path.join(a.out, f"hold-{a.held}-{a.client}.json"), "w") as f:
             json.dump(out, f, indent=1)
 
 

@@ -482,5 +482,11 @@ fn a_request_refused_by_a_hold_limit_is_still_charged_its_quota() {
     let (st, _, body) = full(key);
     assert_eq!(st, 429, "{}", String::from_utf8_lossy(&body));
     assert!(String::from_utf8_lossy(&body).contains("rate_limit_exceeded"));
+    // Counted for the key although the model has no state (it is at zero).
+    let limited = metric(
+        r.metrics,
+        "hivenet_tenant_rate_limited_total{tenant_id=\"t\",",
+    );
+    assert_eq!(limited, Some(1.0));
     assert!(read_all(held).0.starts_with("HTTP/1.1 503"));
 }

@@ -3,6 +3,7 @@
 //! tests call [`run`] with [`Opts`].
 #![forbid(unsafe_code)]
 
+pub mod hold_client;
 pub mod report;
 pub mod schedule;
 pub mod sim;

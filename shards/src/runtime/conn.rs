@@ -198,6 +198,30 @@ pub struct KeepAlive {
     pub anthropic: bool,
 }
 
+/// What [`Conn::unless_gone`]'s inner wait ended with.
+enum Step {
+    /// Keepalive bytes the socket did not take at once.
+    Write(Vec<u8>),
+    /// The watch fired: input or EOF pending (`true`), or the watch failed.
+    Ready(bool),
+}
+
+/// The bytes of the keepalive due now (the committed head first, once),
+/// and the next due time. Empty without a keepalive.
+fn next_keepalive(keepalive: &mut Option<KeepAlive>, committed: &mut bool) -> Vec<u8> {
+    let Some(k) = keepalive.as_mut() else {
+        return Vec::new();
+    };
+    k.next = super::clock::now() + k.every;
+    let mut out = Vec::with_capacity(k.head.len() + 32);
+    if !*committed {
+        out.extend_from_slice(&k.head);
+        *committed = true;
+    }
+    crate::logic::http_write::write_chunk(&mut out, k.bytes);
+    out
+}
+
 impl Conn<TcpStream> {
     /// Run `fut` while watching the client socket: `None` when the client
     /// closed its connection first (the wait is abandoned at once, so a
@@ -209,19 +233,9 @@ impl Conn<TcpStream> {
         futures::pin_mut!(fut);
         let mut watch = self.buf.len() < WATCH_LIMIT;
         loop {
-            let due = self.keepalive.as_ref().map(|k| k.next);
-            let beat = async move {
-                match due {
-                    Some(t) => {
-                        monoio::time::sleep(t.saturating_duration_since(super::clock::now())).await
-                    }
-                    None => futures::future::pending::<()>().await,
-                }
-            };
-            futures::pin_mut!(beat);
             // Readiness only: nothing is read (or lost) when `fut` ends first.
             self.watched |= watch;
-            let ready = {
+            let step = {
                 let stream = &self.stream;
                 let readable = async move {
                     if watch {
@@ -231,22 +245,52 @@ impl Conn<TcpStream> {
                     }
                 };
                 futures::pin_mut!(readable);
-                match select(select(&mut fut, &mut beat), readable).await {
-                    Either::Left((Either::Left((out, _)), _)) => return Some(out),
-                    Either::Left((Either::Right(_), _)) => None,
-                    Either::Right((r, _)) => Some(r),
+                // The watch lives across keepalives: dropping a pending
+                // io_uring poll costs a cancel, which the kernel finds by
+                // walking a hash bucket of every pending poll; re-arming
+                // it per keepalive stalled a shard holding 18,000
+                // requests for 3.6 s (perf/2026-12-01-hold-scale).
+                loop {
+                    let due = self.keepalive.as_ref().map(|k| k.next);
+                    let beat = async move {
+                        match due {
+                            Some(t) => {
+                                let left = t.saturating_duration_since(super::clock::now());
+                                monoio::time::sleep(left).await
+                            }
+                            None => futures::future::pending::<()>().await,
+                        }
+                    };
+                    futures::pin_mut!(beat);
+                    match select(select(&mut fut, beat), &mut readable).await {
+                        Either::Left((Either::Left((out, _)), _)) => return Some(out),
+                        // A keepalive is due: sent at once without
+                        // blocking; what the socket does not take now is
+                        // written after the watch is let go.
+                        Either::Left((Either::Right(_), _)) => {
+                            let out = next_keepalive(&mut self.keepalive, &mut self.committed);
+                            match super::handoff::send_now(stream, &out) {
+                                Ok(n) if n == out.len() => {}
+                                Ok(n) => break Step::Write(out[n..].to_vec()),
+                                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                    break Step::Write(out)
+                                }
+                                Err(_) => return None,
+                            }
+                        }
+                        Either::Right((r, _)) => break Step::Ready(r),
+                    }
                 }
             };
-            match ready {
-                // A keepalive is due.
-                None => {
-                    if self.send_keepalive().await.is_err() {
+            match step {
+                Step::Write(rest) => {
+                    if self.write_all(rest).await.is_err() {
                         return None;
                     }
                 }
-                Some(false) => watch = false,
+                Step::Ready(false) => watch = false,
                 // Input or EOF is pending: this read completes at once.
-                Some(true) => match self.fill().await {
+                Step::Ready(true) => match self.fill().await {
                     Ok(0) | Err(_) => return None,
                     Ok(_) => watch = self.buf.len() < WATCH_LIMIT,
                 },
@@ -256,16 +300,10 @@ impl Conn<TcpStream> {
 
     /// Send the keepalive now (committing the head first).
     pub async fn send_keepalive(&mut self) -> io::Result<()> {
-        let Some(k) = self.keepalive.as_mut() else {
+        if self.keepalive.is_none() {
             return Ok(());
-        };
-        k.next = super::clock::now() + k.every;
-        let mut out = Vec::with_capacity(k.head.len() + 32);
-        if !self.committed {
-            out.extend_from_slice(&k.head);
-            self.committed = true;
         }
-        crate::logic::http_write::write_chunk(&mut out, k.bytes);
+        let out = next_keepalive(&mut self.keepalive, &mut self.committed);
         self.write_all(out).await
     }
 

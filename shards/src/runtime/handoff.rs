@@ -3,7 +3,7 @@
 //! monoio has no safe conversion from its `TcpStream` back to a
 //! `std::net::TcpStream`, and the architecture hands each connection to
 //! the core that owns its model exactly once. This is the crate's only
-//! `unsafe`: `into_raw_fd` gives up ownership of the descriptor (monoio
+//! `unsafe` (descriptor ownership and borrowing): `into_raw_fd` gives up ownership of the descriptor (monoio
 //! deregisters it from its poller first), so wrapping it in a new owner is
 //! the ownership transfer `FromRawFd` documents; nothing else holds it.
 
@@ -29,6 +29,20 @@ pub fn dup_watched(stream: &monoio::net::TcpStream) -> std::io::Result<std::net:
     // SAFETY: the descriptor is open for the whole borrow (`stream` lives).
     let owned = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) }.try_clone_to_owned()?;
     Ok(std::net::TcpStream::from(owned))
+}
+
+/// Write what the socket takes now, without blocking and without the
+/// runtime (one `send` with `MSG_DONTWAIT`): a held request's keepalive
+/// goes out while its readiness watch stays armed (`Conn::unless_gone`).
+#[allow(unsafe_code)]
+pub fn send_now(stream: &monoio::net::TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    if bytes.is_empty() {
+        return Ok(0);
+    }
+    // SAFETY: the descriptor is open for the whole borrow (`stream` lives).
+    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+    socket2::SockRef::from(&fd).send_with_flags(bytes, libc::MSG_DONTWAIT)
 }
 
 /// Adopt a socket into the current runtime.

@@ -93,6 +93,9 @@ pub async fn hold(
         match tenancy::take_requests(&p.principal, &facts, clock::mono_ns()) {
             Ok(t) => quota = Some(t),
             Err(r) => {
+                let (tenant, key) = p.principal.names();
+                let requests = r.kind == tenancy::RefusalKind::Requests;
+                book.quota_refused(tenant, key, requests);
                 let more: Vec<(&'static str, &[u8])> =
                     r.headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
                 return HoldEnd::Answered(

@@ -38,6 +38,9 @@ pub fn hold_shard_of(assigned: Option<usize>, model: &str, shards: usize) -> usi
     usize::try_from(h % shards.max(1) as u64).unwrap_or(0)
 }
 
+/// Quota refusals per (tenant, key): (requests per minute, daily tokens).
+pub type QuotaRefusals = BTreeMap<(Arc<str>, Arc<str>), (u64, u64)>;
+
 /// Everything hold at zero counts.
 #[derive(Default)]
 pub struct Books {
@@ -51,6 +54,10 @@ pub struct Books {
     pub waking_since: HashMap<String, Instant>,
     /// Observed wake times per model (most recent last, at most 32).
     pub wake_times: HashMap<String, Vec<Duration>>,
+    /// Quota refusals before a hold, per (tenant, key): (requests per
+    /// minute, daily tokens). A model at zero has no per-model state to
+    /// count them in; `hivenet_tenant_{rate,token}_limited_total` add them.
+    pub quota_refused: QuotaRefusals,
 }
 
 /// The books behind their lock.
@@ -74,6 +81,21 @@ impl HoldBook {
             .entry((model.to_string(), outcome))
             .or_default()
             .observe(&HOLD_BUCKETS, held.as_secs_f64());
+    }
+
+    /// Count a quota refusal before a hold (`requests`: per minute, else
+    /// daily tokens).
+    pub fn quota_refused(&self, tenant: &Arc<str>, key: &Arc<str>, requests: bool) {
+        let mut b = self.lock();
+        let e = b
+            .quota_refused
+            .entry((tenant.clone(), key.clone()))
+            .or_default();
+        if requests {
+            e.0 += 1;
+        } else {
+            e.1 += 1;
+        }
     }
 
     /// An agent of `model` registered: its wake time (since the first

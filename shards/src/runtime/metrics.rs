@@ -623,6 +623,7 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
                 &shard.router.auth.load(),
                 crate::logic::quota::day_of(super::clock::unix_secs()),
                 shard.router.audit.as_deref(),
+                &shard.router.holds.lock().quota_refused.clone(),
             );
             let ct = "text/plain; version=0.0.4; charset=utf-8";
             respond::send_body(&mut conn, 200, ct, body.as_bytes(), keep).await

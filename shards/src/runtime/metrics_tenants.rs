@@ -31,6 +31,7 @@ pub fn render(
     auth: &AuthState,
     today: u64,
     audit: Option<&AuditLog>,
+    refused_before_hold: &super::hold_book::QuotaRefusals,
 ) {
     let mut by: BTreeMap<TenantKey, TenantStats> = BTreeMap::new();
     let mut rejections: BTreeMap<(&'static str, String), u64> = BTreeMap::new();
@@ -105,6 +106,11 @@ pub fn render(
         e.0 += ts.rate_limited;
         e.1 += ts.token_limited;
         e.2 = e.2.max(ts.last_request);
+    }
+    for (tk, (r, t)) in refused_before_hold {
+        let e = per_key.entry(tk.clone()).or_default();
+        e.0 += r;
+        e.1 += t;
     }
     head(
         o,
