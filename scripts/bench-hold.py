@@ -42,6 +42,13 @@ def rss_kib(pid):
     return 0
 
 
+def cpu_s(pid):
+    """User + system CPU seconds of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def metric(port, prefix):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
@@ -185,6 +192,7 @@ def run_rust(a, port, metrics_port, router_pid, work):
     lines = iter(client.stdout.readline, "")
     line = next(lines, "")
     assert line.startswith("SENT"), line
+    cpu_sent, t_sent = cpu_s(router_pid), time.monotonic()
     held = metric(metrics_port, 'hivenet_pending_demand{model="zero-model"}')
     for _ in range(240):
         if held == a.held:
@@ -196,6 +204,7 @@ def run_rust(a, port, metrics_port, router_pid, work):
     both = json.loads(line.split(" ", 1)[1])
     kfig, gfig = both["from_send"], both["from_previous"]
     rss_held = rss_kib(router_pid)
+    cpu_held = (cpu_s(router_pid) - cpu_sent) / (time.monotonic() - t_sent)
     sim, agent = start_agent(a, work)
     line = next(lines, "")
     client.wait(timeout=60)
@@ -216,6 +225,7 @@ def run_rust(a, port, metrics_port, router_pid, work):
         "router_rss_kib_before": rss_before,
         "router_rss_kib_held": rss_held,
         "rss_per_held_kib": (rss_held - rss_before) / max(1, a.held),
+        "router_cpu_while_held": cpu_held,
         "keepalives": kfig["keepalives"],
         "keepalive_late_p50_ms": kfig["late_p50_ms"],
         "keepalive_late_p99_ms": kfig["late_p99_ms"],

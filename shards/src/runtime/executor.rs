@@ -62,7 +62,11 @@ pub fn bind_reuseport(addr: SocketAddr, n: usize) -> io::Result<Vec<TcpListener>
         s.set_nonblocking(true)?;
         s.set_nodelay(true)?;
         s.bind(&addr.into())?;
-        s.listen(1024)?;
+        // As deep as the system allows (the kernel clamps to
+        // net.core.somaxconn, as Go's listeners do): a burst of held
+        // clients overflowed 1024 and the kernel dropped their final ACKs,
+        // costing each a 1 s SYN-ACK retransmit (perf/2026-12-01-hold-scale).
+        s.listen(65_535)?;
         let l: TcpListener = s.into();
         addr = l.local_addr()?;
         out.push(l);
