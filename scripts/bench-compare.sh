@@ -7,7 +7,7 @@
 # interleaved A B C D A B C D so machine drift cancels; CPU seconds per
 # request of every server process from /proc; results in a dated folder.
 #
-# usage: scripts/bench-compare.sh one-conn|open|stream|shards|all
+# usage: scripts/bench-compare.sh one-conn|sixteen|first-event|open|stream|shards|all
 set -euo pipefail
 export HIVENET_ROUTER_ADMIN_API_KEYS="${HIVENET_ROUTER_ADMIN_API_KEYS:-demo-admin-$(date +%s%N)}"
 cd "$(dirname "$0")/.."
@@ -157,6 +157,24 @@ if [ "$SCENARIO" = one-conn ] || [ "$SCENARIO" = all ]; then
   MODELS="bench-model"; start_sims --output-tokens 16; start_hivenet 1; start_hivenet_before 1; start_nginx; start_vllm_router
   for r in $(seq 1 "$ROUNDS"); do
     peers "one-conn-r$r" --connections 1 --duration "$DUR" --model bench-model --max-tokens 16
+  done
+  [ -z "${SKIP_PEERS:-}" ] && nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop; stop_all; SIM_PIDS=()
+fi
+
+if [ "$SCENARIO" = sixteen ] || [ "$SCENARIO" = all ]; then
+  echo "== sixteen: closed loop, 16 connections, non-streaming, zero-delay sim"
+  MODELS="bench-model"; start_sims --output-tokens 16; start_hivenet 1; start_hivenet_before 1; start_nginx; start_vllm_router
+  for r in $(seq 1 "$ROUNDS"); do
+    peers "sixteen-r$r" --connections 16 --duration "$DUR" --model bench-model --max-tokens 16
+  done
+  [ -z "${SKIP_PEERS:-}" ] && nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop; stop_all; SIM_PIDS=()
+fi
+
+if [ "$SCENARIO" = first-event ] || [ "$SCENARIO" = all ]; then
+  echo "== first-event: one keep-alive connection, streams of 10 events 20 ms apart (time to the first event)"
+  MODELS="bench-model"; start_sims --ttft 0ms --itl 20ms --output-tokens 10; start_hivenet 1; start_hivenet_before 1; start_nginx; start_vllm_router
+  for r in $(seq 1 "$ROUNDS"); do
+    peers "first-event-r$r" --connections 1 --duration "$DUR" --model bench-model --stream --max-tokens 10
   done
   [ -z "${SKIP_PEERS:-}" ] && nginx -c "$WORK/nginx.conf" -p "$WORK" -s stop; stop_all; SIM_PIDS=()
 fi

@@ -6,13 +6,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages the tests need: python3-venv (SDK tests), curl, and
-# promtool (Debian package prometheus) for the /metrics check. Installed
+# System packages the tests need: python3-venv (SDK tests), curl,
+# promtool (Debian package prometheus) for the /metrics check, and perf
+# (linux-perf) to count system calls per request. Installed
 # when missing and we are root; otherwise say what to install.
 need=()
 python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v perf >/dev/null 2>&1 || need+=(linux-perf)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"
@@ -38,6 +40,11 @@ cargo test -p shards --no-default-features
 # The KEDA query as a recording rule, on synthetic series.
 (cd deploy/keda && promtool test rules rules-test.yaml)
 HIVENET_BIN_DIR="$PWD/target/debug" "$VENV/bin/python" -m pytest -q tests/python
+
+# System calls per proxied request (router, agent) at 1 and 16
+# connections and per streamed event, against generous ceilings: a change
+# that doubles a count fails (figures: perf/2026-12-01-syscalls).
+DUR=2s scripts/count-syscalls.sh --check
 
 # A short soak: mixed traffic with agents killed and restarted, then no
 # leftovers (slots, queue entries, bodies, connections) and a flat RSS.

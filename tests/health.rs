@@ -37,6 +37,11 @@ fn missed_heartbeats_make_an_agent_unhealthy() {
             )
             .await;
             monoio::time::sleep(Duration::from_millis(1500)).await;
+            // Close the link while the runtime still runs: a link whose
+            // runtime is dropped with it stays open until the process
+            // exits (its read is in flight in the dropped runtime).
+            l.handle.close();
+            monoio::time::sleep(Duration::from_millis(100)).await;
         });
     });
     wait_until(

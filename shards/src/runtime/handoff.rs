@@ -45,6 +45,18 @@ pub fn send_now(stream: &monoio::net::TcpStream, bytes: &[u8]) -> std::io::Resul
     socket2::SockRef::from(&fd).send_with_flags(bytes, libc::MSG_DONTWAIT)
 }
 
+/// Shut both directions of a socket that is still open but owned
+/// elsewhere (a link socket whose read is in flight in the runtime): the
+/// peer sees the end at once and the pending read completes.
+#[allow(unsafe_code)]
+pub fn shut_down(fd: std::os::fd::RawFd) {
+    use std::os::fd::BorrowedFd;
+    // SAFETY: the caller guarantees `fd` is open for this call (see
+    // `LinkSocket`'s `Drop`: a half of the stream still owns it).
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let _ = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Both);
+}
+
 /// Adopt a socket into the current runtime.
 pub fn adopt(stream: std::net::TcpStream) -> std::io::Result<monoio::net::TcpStream> {
     stream.set_nonblocking(true)?;

@@ -1,7 +1,8 @@
-//! Adapters between monoio's poll-io (tokio traits) and the futures-io
-//! traits libp2p and yamux expect, plus a prefix replay reader.
+//! The link stack's stream type and small futures-io adapters: a prefix
+//! replay reader and a thread-bound `Send` wrapper (the socket itself is
+//! [`super::link_socket::LinkSocket`]).
 //!
-//! Key types: [`FuturesIo`], [`Prefixed`], [`BoxIo`].
+//! Key types: [`Prefixed`], [`ThreadBound`], [`BoxIo`].
 
 use std::io;
 use std::pin::Pin;
@@ -15,40 +16,6 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> LinkIo for T {}
 
 /// A boxed link stream (plain or behind the private-network cipher).
 pub type BoxIo = Box<dyn LinkIo>;
-
-/// futures-io view of a tokio-io stream.
-pub struct FuturesIo<T>(pub T);
-
-impl<T: tokio::io::AsyncRead + Unpin> AsyncRead for FuturesIo<T> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut [u8],
-    ) -> Poll<io::Result<usize>> {
-        let mut rb = tokio::io::ReadBuf::new(buf);
-        match Pin::new(&mut self.0).poll_read(cx, &mut rb) {
-            Poll::Ready(Ok(())) => Poll::Ready(Ok(rb.filled().len())),
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-impl<T: tokio::io::AsyncWrite + Unpin> AsyncWrite for FuturesIo<T> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
 
 /// Replays bytes already read (e.g. after the preamble) before reading on.
 pub struct Prefixed<T> {

@@ -1,5 +1,6 @@
 //! The agent link stack, without a libp2p `Swarm`:
-//! monoio TCP -> futures-io adapter -> thread-bound `Send` wrapper ->
+//! monoio TCP ([`super::link_socket::LinkSocket`]: completion-based
+//! reads, writes gathered and sent once per driver wake) -> thread-bound `Send` wrapper ->
 //! optional pre-shared-key private network (`libp2p-pnet`) -> `noise`
 //! (authenticates both PeerIds) -> `yamux` -> streams negotiated with
 //! `multistream-select` (`V1Lazy`).
@@ -20,9 +21,10 @@ use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 use libp2p_core::upgrade::{InboundConnectionUpgrade, OutboundConnectionUpgrade};
 use libp2p_identity::{Keypair, PeerId};
 use libp2p_pnet::{PnetConfig, PreSharedKey};
-use monoio::io::{AsyncWriteRentExt, IntoPollIo};
+use monoio::io::AsyncWriteRentExt;
 
-use super::io::{BoxIo, FuturesIo, Prefixed, ThreadBound};
+use super::io::{BoxIo, Prefixed, ThreadBound};
+use super::link_socket::{Flusher, LinkSocket};
 use crate::logic::control::{self, ControlMsg};
 use crate::logic::preamble;
 
@@ -106,6 +108,12 @@ async fn secure(io: BoxIo, psk: Option<PreSharedKey>) -> Result<BoxIo, LinkError
     }
 }
 
+/// A handshaken link, ready for [`spawn_driver`].
+pub struct Link {
+    conn: yamux::Connection<BoxIo>,
+    flusher: Flusher,
+}
+
 /// Router side: finish a link whose preamble has been read. `prefix` holds
 /// bytes read past the preamble.
 pub async fn accept(
@@ -113,10 +121,10 @@ pub async fn accept(
     prefix: Vec<u8>,
     psk: Option<PreSharedKey>,
     keypair: &Keypair,
-) -> Result<(PeerId, yamux::Connection<BoxIo>), LinkError> {
+) -> Result<(PeerId, Link), LinkError> {
     let _ = stream.set_nodelay(true);
-    let poll = stream.into_poll_io()?;
-    let io: BoxIo = Box::new(Prefixed::new(prefix, ThreadBound::new(FuturesIo(poll))));
+    let (socket, flusher) = LinkSocket::new(stream);
+    let io: BoxIo = Box::new(Prefixed::new(prefix, ThreadBound::new(socket)));
     let io = secure(io, psk).await?;
     let noise = libp2p_noise::Config::new(keypair).map_err(|e| LinkError::Noise(e.to_string()))?;
     let (peer, out) = noise
@@ -124,10 +132,8 @@ pub async fn accept(
         .await
         .map_err(|e| LinkError::Noise(e.to_string()))?;
     let io: BoxIo = Box::new(out);
-    Ok((
-        peer,
-        yamux::Connection::new(io, yamux_config(), yamux::Mode::Server),
-    ))
+    let conn = yamux::Connection::new(io, yamux_config(), yamux::Mode::Server);
+    Ok((peer, Link { conn, flusher }))
 }
 
 /// Agent side: connect, send the preamble, handshake.
@@ -136,14 +142,14 @@ pub async fn dial(
     model: &str,
     psk: Option<PreSharedKey>,
     keypair: &Keypair,
-) -> Result<(PeerId, yamux::Connection<BoxIo>), LinkError> {
+) -> Result<(PeerId, Link), LinkError> {
     let stream = monoio::net::TcpStream::connect(addr).await?;
     let _ = stream.set_nodelay(true);
     let mut stream = stream;
     let (res, _) = stream.write_all(preamble::encode(model)).await;
     res?;
-    let poll = stream.into_poll_io()?;
-    let io: BoxIo = Box::new(ThreadBound::new(FuturesIo(poll)));
+    let (socket, flusher) = LinkSocket::new(stream);
+    let io: BoxIo = Box::new(ThreadBound::new(socket));
     let io = secure(io, psk).await?;
     let noise = libp2p_noise::Config::new(keypair).map_err(|e| LinkError::Noise(e.to_string()))?;
     let (peer, out) = noise
@@ -151,10 +157,8 @@ pub async fn dial(
         .await
         .map_err(|e| LinkError::Noise(e.to_string()))?;
     let io: BoxIo = Box::new(out);
-    Ok((
-        peer,
-        yamux::Connection::new(io, yamux_config(), yamux::Mode::Client),
-    ))
+    let conn = yamux::Connection::new(io, yamux_config(), yamux::Mode::Client);
+    Ok((peer, Link { conn, flusher }))
 }
 
 type OpenReply = oneshot::Sender<Result<yamux::Stream, io::Error>>;
@@ -212,7 +216,7 @@ impl LinkHandle {
 /// to open streams, the inbound streams, and a receiver that completes
 /// when the connection ends.
 pub fn spawn_driver(
-    conn: yamux::Connection<BoxIo>,
+    link: Link,
 ) -> (
     LinkHandle,
     mpsc::UnboundedReceiver<yamux::Stream>,
@@ -221,12 +225,14 @@ pub fn spawn_driver(
     let (cmd_tx, cmd_rx) = mpsc::unbounded::<Command>();
     let (in_tx, in_rx) = mpsc::unbounded();
     let (done_tx, done_rx) = oneshot::channel::<()>();
-    monoio::spawn(drive(conn, cmd_rx, in_tx, done_tx));
+    link.flusher.defer();
+    monoio::spawn(drive(link.conn, link.flusher, cmd_rx, in_tx, done_tx));
     (LinkHandle { tx: cmd_tx }, in_rx, done_rx)
 }
 
 async fn drive(
     mut conn: yamux::Connection<BoxIo>,
+    flusher: Flusher,
     mut cmd_rx: mpsc::UnboundedReceiver<Command>,
     in_tx: mpsc::UnboundedSender<yamux::Stream>,
     done: oneshot::Sender<()>,
@@ -271,7 +277,11 @@ async fn drive(
                 Poll::Pending => {}
             }
             if !progressed {
-                return Poll::Pending;
+                // Everything this wake wrote goes out in one send.
+                return match flusher.poll_send(cx) {
+                    Poll::Ready(Err(_)) => Poll::Ready(()),
+                    _ => Poll::Pending,
+                };
             }
         }
     })

@@ -45,6 +45,7 @@ pub mod hold_book;
 pub mod ingress;
 pub mod io;
 pub mod link;
+pub mod link_socket;
 pub mod mesh;
 pub mod metrics;
 pub mod metrics_tenants;

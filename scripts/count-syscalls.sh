@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# System calls, context switches and CPU per proxied request (issue 14):
+# starts a simulated backend, a router and an agent, drives closed-loop
+# non-streaming chat at 1 and at 16 connections with hivenet-bench (plus a
+# streaming run), and counts each process's system calls and context
+# switches with `perf stat` (raw_syscalls:sys_enter, context-switches,
+# task-clock) over exactly the measured run. Also counts the direct path
+# (bench -> sim) as the floor. Prints one table.
+#
+# usage: scripts/count-syscalls.sh [--check] [--out DIR]
+#   BIN=target/release (default: target/debug; build first)
+#   DUR=5s             length of each measured run
+#   --check            fail when a count passes its ceiling (CEIL_* below)
+# The ceilings are generous on purpose (about twice the figures recorded
+# in perf/ when they were set): a change that doubles a count fails, noise
+# does not. The figures themselves come from release builds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CHECK=0
+OUT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --check) CHECK=1 ;;
+    --out) OUT="$2"; shift ;;
+    *) echo "usage: $0 [--check] [--out DIR]" >&2; exit 2 ;;
+  esac
+  shift
+done
+BIN="${BIN:-target/debug}"
+DUR="${DUR:-5s}"
+# Ceilings: system calls per request at 1 and 16 connections, router and
+# agent; context switches per request at 1 connection (router).
+# Recorded (release, perf/2026-12-01-syscalls): router 5.6 / agent 5.3 at
+# 1 connection, 0.60 / 0.64 at 16, 0.43 per streamed event (the build
+# before the link socket change: 12.3 / 13.2, 4.8 / 5.8, 0.98).
+CEIL_ROUTER_1="${CEIL_ROUTER_1:-11}"
+CEIL_AGENT_1="${CEIL_AGENT_1:-11}"
+CEIL_ROUTER_16="${CEIL_ROUTER_16:-2}"
+CEIL_AGENT_16="${CEIL_AGENT_16:-2}"
+CEIL_STREAM_EVENT="${CEIL_STREAM_EVENT:-2}"
+
+command -v perf >/dev/null || { echo "count-syscalls: perf is missing (Debian: linux-perf)" >&2; exit 2; }
+for b in hivenet-router hivenet-agent hivenet-sim hivenet-bench; do
+  [ -x "$BIN/$b" ] || { echo "count-syscalls: $BIN/$b missing (cargo build --workspace --bins)" >&2; exit 2; }
+done
+export HIVENET_ROUTER_ADMIN_API_KEYS="count-$(date +%s%N)"
+WORK="$(mktemp -d -t hivenet-syscalls-XXXX)"
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_http() { for _ in $(seq 1 400); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.05; done; echo "not up: $1" >&2; return 1; }
+
+SIM=$(free_port); HTTP=$(free_port); MET=$(free_port); P2P=$(free_port)
+"$BIN/hivenet-sim" --port "$SIM" --model sim-model --threads 1 >"$WORK/sim.log" 2>&1 & SIM_PID=$!; PIDS+=($!)
+wait_http "http://127.0.0.1:$SIM/health"
+"$BIN/hivenet-router" --http-port "127.0.0.1:$HTTP" --metrics-port "127.0.0.1:$MET" --p2p-port "$P2P" --shards 1 \
+  --disk-db-path "$WORK/db" >"$WORK/router.log" 2>&1 & ROUTER_PID=$!; PIDS+=($!)
+wait_http "http://127.0.0.1:$HTTP/health"
+"$BIN/hivenet-agent" --router-p2p "127.0.0.1:$P2P" --backend-url "http://127.0.0.1:$SIM" --identity-path "$WORK/agent.key" \
+  --capacity 1024 >"$WORK/agent.log" 2>&1 & AGENT_PID=$!; PIDS+=($!)
+for _ in $(seq 1 400); do
+  curl -s -H "Authorization: Bearer $HIVENET_ROUTER_ADMIN_API_KEYS" "http://127.0.0.1:$HTTP/admin/models" | grep -q '"id":"sim-model"' && break
+  sleep 0.05
+done
+
+# measure NAME URL EVENTS_PER_REQUEST -- bench args: perf stat on the
+# router, agent and sim for the run; prints a TSV row per process.
+ROWS="$WORK/rows.tsv"
+: >"$ROWS"
+measure() {
+  local name=$1 url=$2; shift 2; shift # --
+  local p
+  for p in router:$ROUTER_PID agent:$AGENT_PID sim:$SIM_PID; do
+    perf stat -x, -e raw_syscalls:sys_enter,context-switches,task-clock -p "${p#*:}" -o "$WORK/$name-${p%%:*}.perf" &
+    echo $! >"$WORK/$name-${p%%:*}.perfpid"
+  done
+  sleep 0.3
+  "$BIN/hivenet-bench" --url "$url" --quiet --duration "$DUR" --out "$WORK/$name.json" "$@" >"$WORK/$name.txt"
+  for p in router agent sim; do kill -INT "$(cat "$WORK/$name-$p.perfpid")" 2>/dev/null || true; done
+  for p in router agent sim; do wait "$(cat "$WORK/$name-$p.perfpid")" 2>/dev/null || true; done
+  python3 - "$WORK" "$name" >>"$ROWS" <<'PY'
+import json, sys
+work, name = sys.argv[1], sys.argv[2]
+r = json.load(open(f"{work}/{name}.json"))
+ok = r.get("ok") or 0
+events = r["first_event"]["count"] + r["event_gap"]["count"]
+for proc in ("router", "agent", "sim"):
+    vals = {}
+    for line in open(f"{work}/{name}-{proc}.perf"):
+        f = line.strip().split(",")
+        if len(f) > 3 and f[0] and f[0][0].isdigit():
+            vals[f[2]] = float(f[0])
+    sc = vals.get("raw_syscalls:sys_enter", 0.0)
+    cs = vals.get("context-switches", 0.0)
+    cpu = vals.get("task-clock", 0.0)  # ms
+    per_event = f"{sc / events:.2f}" if events else "-"
+    print(f"{name}\t{proc}\t{ok}\t{sc / max(1, ok):.2f}\t{cs / max(1, ok):.2f}\t{1000 * cpu / max(1, ok):.1f}\t{per_event}")
+PY
+}
+
+measure direct-1 "http://127.0.0.1:$SIM" -- --connections 1
+measure proxied-1 "http://127.0.0.1:$HTTP" -- --connections 1
+measure direct-16 "http://127.0.0.1:$SIM" -- --connections 16
+measure proxied-16 "http://127.0.0.1:$HTTP" -- --connections 16
+measure stream-1 "http://127.0.0.1:$HTTP" -- --connections 1 --stream --max-tokens 16
+
+{
+  echo "# system calls per request (perf stat raw_syscalls:sys_enter), $(date -u +%FT%TZ)"
+  echo "# commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (dirty)'), binaries $BIN, nproc $(nproc), kernel $(uname -r), $(rustc --version)"
+  echo "# run          process   requests  syscalls/req  ctx-switches/req  cpu-us/req  syscalls/SSE-event"
+  awk -F'\t' '{printf "%-14s %-9s %9s  %12s  %16s  %10s  %18s\n", $1, $2, $3, $4, $5, $6, $7}' "$ROWS"
+} | tee "$WORK/table.txt"
+if [ -n "$OUT" ]; then mkdir -p "$OUT"; cp "$WORK/table.txt" "$OUT/syscalls.txt"; fi
+
+if [ "$CHECK" = 1 ]; then
+  get() { awk -F'\t' -v n="$1" -v p="$2" '$1==n && $2==p {print $4}' "$ROWS"; }
+  fail=0
+  check() { # LABEL VALUE CEILING
+    if [ -z "$2" ] || [ "$2" = "-" ]; then
+      echo "count-syscalls: $1: no figure" >&2; fail=1; return
+    fi
+    if awk -v v="$2" -v c="$3" 'BEGIN { exit !(v > c) }'; then
+      echo "count-syscalls: $1: $2 system calls, over the ceiling $3" >&2; fail=1
+    else
+      echo "count-syscalls: $1: $2 system calls (ceiling $3)"
+    fi
+  }
+  check "router per request, 1 connection" "$(get proxied-1 router)" "$CEIL_ROUTER_1"
+  check "agent per request, 1 connection" "$(get proxied-1 agent)" "$CEIL_AGENT_1"
+  check "router per request, 16 connections" "$(get proxied-16 router)" "$CEIL_ROUTER_16"
+  check "agent per request, 16 connections" "$(get proxied-16 agent)" "$CEIL_AGENT_16"
+  ev() { awk -F'\t' -v n="$1" -v p="$2" '$1==n && $2==p {print $7}' "$ROWS"; }
+  check "router, per streamed SSE event" "$(ev stream-1 router)" "$CEIL_STREAM_EVENT"
+  exit $fail
+fi
