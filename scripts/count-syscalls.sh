@@ -4,7 +4,10 @@
 # non-streaming chat at 1 and at 16 connections with hivenet-bench (plus a
 # streaming run), and counts each process's system calls and context
 # switches with `perf stat` (raw_syscalls:sys_enter, context-switches,
-# task-clock) over exactly the measured run. Also counts the direct path
+# task-clock) over exactly the measured run, and the router's and agent's
+# heap allocations (uprobes on mimalloc's mi_malloc_aligned,
+# mi_zalloc_aligned and mi_realloc_aligned, which Rust's global allocator
+# calls; a realloc counts as one). Also counts the direct path
 # (bench -> sim) as the floor. Prints one table.
 #
 # usage: scripts/count-syscalls.sh [--check] [--out DIR]
@@ -38,6 +41,14 @@ CEIL_AGENT_1="${CEIL_AGENT_1:-11}"
 CEIL_ROUTER_16="${CEIL_ROUTER_16:-2}"
 CEIL_AGENT_16="${CEIL_AGENT_16:-2}"
 CEIL_STREAM_EVENT="${CEIL_STREAM_EVENT:-2}"
+# Heap allocations per non-streaming request at 1 connection: exact
+# figures (98.1 router, 86.5 agent, the same in debug and release builds,
+# run to run within 0.15), so the ceiling is half an allocation above:
+# a change that adds one allocation per request fails. Lower them when a
+# change removes some. (Streams allocate per read, which depends on
+# timing: 219-237 router, 96-125 agent; not checked.)
+CEIL_ALLOCS_ROUTER="${CEIL_ALLOCS_ROUTER:-98.6}"
+CEIL_ALLOCS_AGENT="${CEIL_ALLOCS_AGENT:-87.2}"
 
 command -v perf >/dev/null || { echo "count-syscalls: perf is missing (Debian: linux-perf)" >&2; exit 2; }
 for b in hivenet-router hivenet-agent hivenet-sim hivenet-bench; do
@@ -46,10 +57,36 @@ done
 export HIVENET_ROUTER_ADMIN_API_KEYS="count-$(date +%s%N)"
 WORK="$(mktemp -d -t hivenet-syscalls-XXXX)"
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"
+  perf probe -q -d 'hvr:*' >/dev/null 2>&1 || true
+}
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_http() { for _ in $(seq 1 400); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.05; done; echo "not up: $1" >&2; return 1; }
+
+# Allocation probes (kernel uprobes, removed on exit). Each hit traps
+# (~10 us), so allocations are counted in runs of their own, after the
+# system-call runs, never together with them.
+ALLOCS=0
+add_probes() {
+  perf probe -q -d 'hvr:*' >/dev/null 2>&1 || true
+  local who f
+  for who in router agent; do
+    for f in mi_malloc_aligned mi_zalloc_aligned mi_realloc_aligned; do
+      perf probe -q -x "$BIN/hivenet-$who" -a "hvr:${who}_$f=$f" 2>"$WORK/probe.err" \
+        || { echo "count-syscalls: cannot add a uprobe on $f in $BIN/hivenet-$who: $(tail -2 "$WORK/probe.err")" >&2; exit 2; }
+    done
+  done
+  ALLOCS=1
+}
+events_for() { # process -> perf events
+  if [ "$ALLOCS" = 1 ] && [ "$1" != sim ]; then
+    echo "task-clock,hvr:$1_mi_malloc_aligned,hvr:$1_mi_zalloc_aligned,hvr:$1_mi_realloc_aligned"
+  else
+    echo "raw_syscalls:sys_enter,context-switches,task-clock"
+  fi
+}
 
 SIM=$(free_port); HTTP=$(free_port); MET=$(free_port); P2P=$(free_port)
 "$BIN/hivenet-sim" --port "$SIM" --model sim-model --threads 1 >"$WORK/sim.log" 2>&1 & SIM_PID=$!; PIDS+=($!)
@@ -72,7 +109,7 @@ measure() {
   local name=$1 url=$2; shift 2; shift # --
   local p
   for p in router:$ROUTER_PID agent:$AGENT_PID sim:$SIM_PID; do
-    perf stat -x, -e raw_syscalls:sys_enter,context-switches,task-clock -p "${p#*:}" -o "$WORK/$name-${p%%:*}.perf" &
+    perf stat -x, -e "$(events_for "${p%%:*}")" -p "${p#*:}" -o "$WORK/$name-${p%%:*}.perf" &
     echo $! >"$WORK/$name-${p%%:*}.perfpid"
   done
   sleep 0.3
@@ -94,8 +131,10 @@ for proc in ("router", "agent", "sim"):
     sc = vals.get("raw_syscalls:sys_enter", 0.0)
     cs = vals.get("context-switches", 0.0)
     cpu = vals.get("task-clock", 0.0)  # ms
+    allocs = sum(v for k, v in vals.items() if k.startswith("hvr:"))
     per_event = f"{sc / events:.2f}" if events else "-"
-    print(f"{name}\t{proc}\t{ok}\t{sc / max(1, ok):.2f}\t{cs / max(1, ok):.2f}\t{1000 * cpu / max(1, ok):.1f}\t{per_event}")
+    per_alloc = f"{allocs / max(1, ok):.2f}" if name.startswith("allocs") and proc != "sim" else "-"
+    print(f"{name}\t{proc}\t{ok}\t{sc / max(1, ok):.2f}\t{cs / max(1, ok):.2f}\t{1000 * cpu / max(1, ok):.1f}\t{per_event}\t{per_alloc}")
 PY
 }
 
@@ -104,12 +143,15 @@ measure proxied-1 "http://127.0.0.1:$HTTP" -- --connections 1
 measure direct-16 "http://127.0.0.1:$SIM" -- --connections 16
 measure proxied-16 "http://127.0.0.1:$HTTP" -- --connections 16
 measure stream-1 "http://127.0.0.1:$HTTP" -- --connections 1 --stream --max-tokens 16
+add_probes
+measure allocs-1 "http://127.0.0.1:$HTTP" -- --connections 1
+measure allocs-stream-1 "http://127.0.0.1:$HTTP" -- --connections 1 --stream --max-tokens 16
 
 {
   echo "# system calls per request (perf stat raw_syscalls:sys_enter), $(date -u +%FT%TZ)"
   echo "# commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (dirty)'), binaries $BIN, nproc $(nproc), kernel $(uname -r), $(rustc --version)"
-  echo "# run          process   requests  syscalls/req  ctx-switches/req  cpu-us/req  syscalls/SSE-event"
-  awk -F'\t' '{printf "%-14s %-9s %9s  %12s  %16s  %10s  %18s\n", $1, $2, $3, $4, $5, $6, $7}' "$ROWS"
+  echo "# run          process   requests  syscalls/req  ctx-switches/req  cpu-us/req  syscalls/SSE-event  allocs/req"
+  awk -F'\t' '{printf "%-14s %-9s %9s  %12s  %16s  %10s  %18s  %10s\n", $1, $2, $3, $4, $5, $6, $7, $8}' "$ROWS"
 } | tee "$WORK/table.txt"
 if [ -n "$OUT" ]; then mkdir -p "$OUT"; cp "$WORK/table.txt" "$OUT/syscalls.txt"; fi
 
@@ -121,16 +163,19 @@ if [ "$CHECK" = 1 ]; then
       echo "count-syscalls: $1: no figure" >&2; fail=1; return
     fi
     if awk -v v="$2" -v c="$3" 'BEGIN { exit !(v > c) }'; then
-      echo "count-syscalls: $1: $2 system calls, over the ceiling $3" >&2; fail=1
+      echo "count-syscalls: $1: $2, over the ceiling $3" >&2; fail=1
     else
-      echo "count-syscalls: $1: $2 system calls (ceiling $3)"
+      echo "count-syscalls: $1: $2 (ceiling $3)"
     fi
   }
-  check "router per request, 1 connection" "$(get proxied-1 router)" "$CEIL_ROUTER_1"
-  check "agent per request, 1 connection" "$(get proxied-1 agent)" "$CEIL_AGENT_1"
-  check "router per request, 16 connections" "$(get proxied-16 router)" "$CEIL_ROUTER_16"
-  check "agent per request, 16 connections" "$(get proxied-16 agent)" "$CEIL_AGENT_16"
+  check "router system calls per request, 1 connection" "$(get proxied-1 router)" "$CEIL_ROUTER_1"
+  check "agent system calls per request, 1 connection" "$(get proxied-1 agent)" "$CEIL_AGENT_1"
+  check "router system calls per request, 16 connections" "$(get proxied-16 router)" "$CEIL_ROUTER_16"
+  check "agent system calls per request, 16 connections" "$(get proxied-16 agent)" "$CEIL_AGENT_16"
   ev() { awk -F'\t' -v n="$1" -v p="$2" '$1==n && $2==p {print $7}' "$ROWS"; }
-  check "router, per streamed SSE event" "$(ev stream-1 router)" "$CEIL_STREAM_EVENT"
+  check "router system calls per streamed SSE event" "$(ev stream-1 router)" "$CEIL_STREAM_EVENT"
+  al() { awk -F'\t' -v n="$1" -v p="$2" '$1==n && $2==p {print $8}' "$ROWS"; }
+  check "router heap allocations per request" "$(al allocs-1 router)" "$CEIL_ALLOCS_ROUTER"
+  check "agent heap allocations per request" "$(al allocs-1 agent)" "$CEIL_ALLOCS_AGENT"
   exit $fail
 fi
