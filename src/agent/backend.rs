@@ -106,20 +106,22 @@ async fn write_request(
     body: &[u8],
 ) -> io::Result<()> {
     let mut out = Vec::with_capacity(512 + body.len());
-    let mut hs: Vec<(String, Vec<u8>)> = headers.to_vec();
-    if !hs
+    // Borrowed pairs: no copy of the request's headers per request.
+    let typed = headers
         .iter()
-        .any(|(n, _)| n.eq_ignore_ascii_case("content-type"))
-        && !body.is_empty()
-    {
-        hs.push(("Content-Type".into(), b"application/json".to_vec()));
-    }
-    http_write::write_request_head(
+        .any(|(n, _)| n.eq_ignore_ascii_case("content-type"));
+    let default_type =
+        (!typed && !body.is_empty()).then_some(("Content-Type", &b"application/json"[..]));
+    let hs = headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_slice()))
+        .chain(default_type);
+    http_write::write_request_head_from(
         &mut out,
         method,
         &url.path(path),
         &url.authority,
-        &hs,
+        hs,
         OutFraming::Length(body.len()),
     );
     out.extend_from_slice(body);

@@ -106,8 +106,7 @@ pub async fn serve_stream(cfg: Rc<AgentConfig>, s: yamux::Stream) {
         write_error(&mut s, &e).await;
         return;
     }
-    let headers: Vec<(String, Vec<u8>)> = head.headers.clone();
-    let run = proxy(&cfg, &mut s, &head, &headers, &body);
+    let run = proxy(&cfg, &mut s, &head, &head.headers, &body);
     match monoio::time::timeout(cfg.http_timeout, run).await {
         Ok(Ok(())) => {}
         Ok(Err(ProxyError::BeforeHead(e))) => {

@@ -62,9 +62,9 @@ pub fn write_response_head(
     keep_alive: bool,
     extra: &[(&str, &[u8])],
 ) {
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.to_string().as_bytes());
-    out.push(b' ');
+    use std::io::Write as _;
+    // Numbers are written in place: no temporary String per response.
+    let _ = write!(out, "HTTP/1.1 {status} ");
     out.extend_from_slice(reason(status).as_bytes());
     out.extend_from_slice(b"\r\n");
     for (n, v) in headers {
@@ -77,7 +77,9 @@ pub fn write_response_head(
         push_header(out, n, v);
     }
     match framing {
-        OutFraming::Length(n) => push_header(out, "Content-Length", n.to_string().as_bytes()),
+        OutFraming::Length(n) => {
+            let _ = write!(out, "Content-Length: {n}\r\n");
+        }
         OutFraming::Chunked => push_header(out, "Transfer-Encoding", b"chunked"),
     }
     if !keep_alive {
@@ -102,14 +104,16 @@ pub fn write_full_response(
     keep_alive: bool,
     extra: &[(&str, &[u8])],
 ) {
-    let headers = [("Content-Type".to_string(), content_type.as_bytes().to_vec())];
+    let mut more = Vec::with_capacity(extra.len() + 1);
+    more.push(("Content-Type", content_type.as_bytes()));
+    more.extend_from_slice(extra);
     write_response_head(
         out,
         status,
-        &headers,
+        &[],
         OutFraming::Length(body.len()),
         keep_alive,
-        extra,
+        &more,
     );
     out.extend_from_slice(body);
 }
@@ -143,6 +147,21 @@ pub fn write_request_head(
     headers: &[(String, Vec<u8>)],
     framing: OutFraming,
 ) {
+    let hs = headers.iter().map(|(n, v)| (n.as_str(), v.as_slice()));
+    write_request_head_from(out, method, path, host, hs, framing);
+}
+
+/// [`write_request_head`] over borrowed header pairs (the router's request
+/// to an agent: no per-header copies).
+pub fn write_request_head_from<'a>(
+    out: &mut Vec<u8>,
+    method: &str,
+    path: &str,
+    host: &str,
+    headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    framing: OutFraming,
+) {
+    use std::io::Write as _;
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(path.as_bytes());
@@ -156,7 +175,11 @@ pub fn write_request_head(
         push_header(out, n, v);
     }
     match framing {
-        OutFraming::Length(n) => push_header(out, "Content-Length", n.to_string().as_bytes()),
+        OutFraming::Length(n) => {
+            out.extend_from_slice(b"Content-Length: ");
+            let _ = write!(out, "{n}");
+            out.extend_from_slice(b"\r\n");
+        }
         OutFraming::Chunked => push_header(out, "Transfer-Encoding", b"chunked"),
     }
     out.extend_from_slice(b"\r\n");

@@ -47,25 +47,21 @@ fn forwardable(name: &str) -> bool {
 /// The request as the agent receives it: the client's headers minus
 /// credentials, our `X-Request-ID`, the body unchanged.
 fn build_request(p: &PendingRequest) -> Vec<u8> {
-    let headers: Vec<(String, Vec<u8>)> = p
+    let headers = p
         .head
         .headers
         .iter()
         .filter(|(n, _)| forwardable(n))
-        .cloned()
-        .chain(std::iter::once((
-            "X-Request-ID".to_string(),
-            p.request_id.as_bytes().to_vec(),
-        )))
-        .collect();
+        .map(|(n, v)| (n.as_str(), v.as_slice()))
+        .chain(std::iter::once(("X-Request-ID", p.request_id.as_bytes())));
     let mut out = Vec::with_capacity(512 + p.body.len());
     // `hn_*` redirect parameters stay at the router.
-    http_write::write_request_head(
+    http_write::write_request_head_from(
         &mut out,
         &p.head.method,
         &crate::logic::sites::strip_hn(&p.head.path),
         "agent",
-        &headers,
+        headers,
         OutFraming::Length(p.body.len()),
     );
     out.extend_from_slice(&p.body);
