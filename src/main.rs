@@ -532,6 +532,7 @@ fn futures_timer(d: std::time::Duration) -> impl std::future::Future<Output = ()
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    shards::exit_on_version_flag("hivenet-router", &args);
     if args.get(1).map(String::as_str) == Some("keygen") {
         match hivenet_router::keygen::run(args.get(2..).unwrap_or(&[])) {
             Ok(out) => {

@@ -18,5 +18,24 @@
 
 pub mod logic;
 
+/// The product version and the commit it was built from, as `--version`
+/// prints it after the binary's name.
+pub fn version() -> String {
+    format!(
+        "{} (commit {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("HIVENET_COMMIT")
+    )
+}
+
+/// `--version` (or `-V`) anywhere in `args` (after the program name):
+/// print `<name> <version>` and exit 0.
+pub fn exit_on_version_flag(name: &str, args: &[String]) {
+    if args.iter().skip(1).any(|a| a == "--version" || a == "-V") {
+        println!("{name} {}", version());
+        std::process::exit(0);
+    }
+}
+
 #[cfg(feature = "runtime")]
 pub mod runtime;

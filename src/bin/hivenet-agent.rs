@@ -174,6 +174,8 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    shards::exit_on_version_flag("hivenet-agent", &args);
     cli::init_logging();
     let (cfg, driver) = match build() {
         Ok(v) => v,

@@ -3,6 +3,7 @@
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    shards::exit_on_version_flag("hivenet-bench", &args);
     let cmd = args.first().cloned().unwrap_or_default();
     let norm: Vec<String> = args
         .iter()

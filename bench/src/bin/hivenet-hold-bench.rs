@@ -41,6 +41,8 @@ fn dur(flag: &str, v: &str) -> Duration {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    shards::exit_on_version_flag("hivenet-hold-bench", &args);
     let a: Args = argh::from_env();
     let opts = bench::hold_client::HoldOpts {
         addr: a.addr,

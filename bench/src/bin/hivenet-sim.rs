@@ -57,6 +57,8 @@ fn dur(name: &str, s: &str) -> std::time::Duration {
 
 fn main() {
     use std::io::IsTerminal;
+    let args: Vec<String> = std::env::args().collect();
+    shards::exit_on_version_flag("hivenet-sim", &args);
     let _ = tracing_subscriber::fmt()
         .with_ansi(std::io::stdout().is_terminal())
         .with_env_filter(
