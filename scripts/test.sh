@@ -37,8 +37,11 @@ cargo build --workspace --bins
 # timing assertions; running them side by side on 2 cores invites flakes.
 cargo test --workspace -- --test-threads=1
 cargo test -p shards --no-default-features
-# The KEDA query as a recording rule, on synthetic series.
+# The KEDA query as a recording rule, and the alert rules, on synthetic
+# series (tests/prometheus.rs also loads the alerts into a real Prometheus
+# scraping a real router).
 (cd deploy/keda && promtool test rules rules-test.yaml)
+(cd deploy/prometheus && promtool check rules alerts.yaml && promtool test rules alerts-test.yaml)
 HIVENET_BIN_DIR="$PWD/target/debug" "$VENV/bin/python" -m pytest -q tests/python
 
 # System calls per proxied request (router, agent) at 1 and 16
