@@ -38,6 +38,20 @@ fn router_and_agent_print_version_and_commit() {
 }
 
 #[test]
+fn the_agents_version_label_flag_still_takes_a_value() {
+    // `--version VALUE` is the agent's spec flag (its version label): it
+    // must not print and exit; with no router to dial the agent fails
+    // later, on its backend or link, not on the flag.
+    let out = Command::new(env!("CARGO_BIN_EXE_hivenet-agent"))
+        .args(["--version", "1.2.3", "--capacity", "0"])
+        .output()
+        .expect("run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("(commit "), "{text}");
+    assert!(!out.status.success());
+}
+
+#[test]
 fn bench_binaries_print_version_and_commit() {
     // Built by `cargo build --workspace --bins` before the tests (test.sh).
     let dir = std::path::Path::new(env!("CARGO_BIN_EXE_hivenet-router"))

@@ -28,10 +28,12 @@ pub fn version() -> String {
     )
 }
 
-/// `--version` (or `-V`) anywhere in `args` (after the program name):
-/// print `<name> <version>` and exit 0.
+/// `--version` as the last argument (or `-V` anywhere): print `<name>
+/// <version>` and exit 0. Only as the last argument because the agent's
+/// spec flag `--version VALUE` sets its version label.
 pub fn exit_on_version_flag(name: &str, args: &[String]) {
-    if args.iter().skip(1).any(|a| a == "--version" || a == "-V") {
+    let rest = args.get(1..).unwrap_or(&[]);
+    if rest.last().is_some_and(|a| a == "--version") || rest.iter().any(|a| a == "-V") {
         println!("{name} {}", version());
         std::process::exit(0);
     }
