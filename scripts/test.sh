@@ -42,6 +42,9 @@ cargo test -p shards --no-default-features
 # scraping a real router).
 (cd deploy/keda && promtool test rules rules-test.yaml)
 (cd deploy/prometheus && promtool check rules alerts.yaml && promtool test rules alerts-test.yaml)
+# Kubernetes manifests against the schemas kubernetes-validate bundles
+# (strict: unknown fields fail).
+"$VENV/bin/kubernetes-validate" --quiet --strict deploy/kubernetes/*.yaml
 HIVENET_BIN_DIR="$PWD/target/debug" "$VENV/bin/python" -m pytest -q tests/python
 
 # System calls per proxied request (router, agent) at 1 and 16

@@ -1,0 +1,51 @@
+//! The deployment files under `deploy/` checked by the tools that read
+//! them: `systemd-analyze verify` on the units (when systemd is present).
+
+use std::path::Path;
+use std::process::Command;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn systemd_units_verify() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("systemd-analyze not present: systemd units not verified");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("hivenet-units-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    for (unit, bin) in [
+        (
+            "hivenet-router.service",
+            env!("CARGO_BIN_EXE_hivenet-router"),
+        ),
+        ("hivenet-agent.service", env!("CARGO_BIN_EXE_hivenet-agent")),
+    ] {
+        let text = std::fs::read_to_string(root().join("deploy/systemd").join(unit)).expect("unit");
+        let name = unit.trim_end_matches(".service");
+        // The installed path is /usr/local/bin; verify against the build.
+        let text = text.replace(&format!("/usr/local/bin/{name}"), bin);
+        let path = dir.join(unit);
+        std::fs::write(&path, text).expect("write");
+        let out = Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&path)
+            .output()
+            .expect("systemd-analyze");
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Warnings (a bad CPUAffinity, an unknown key) exit 0: fail on them too.
+        let ours: Vec<&str> = err.lines().filter(|l| l.contains(unit)).collect();
+        assert!(
+            out.status.success() && ours.is_empty(),
+            "{unit}: {}\n{err}",
+            out.status
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
