@@ -215,6 +215,61 @@ fn prometheus_scrapes_the_router_and_the_alert_rules_use_real_series() {
         ps[1] > 2.0 * ps[0] && ps[1] >= 0.25,
         "p99 per agent: {ps:?}"
     );
+    // Every query of the Grafana dashboard answers (its variables set to
+    // "All"), and every variable's label_values() series exists.
+    let dash_path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/grafana/hivenet-router.json");
+    let dash: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&dash_path).expect("dashboard")).expect("json");
+    let fill = |q: &str| {
+        q.replace("$__rate_interval", "1m")
+            .replace("$__range", "1m")
+            .replace("$model", ".*")
+            .replace("$agent", ".*")
+            .replace("$job", ".*")
+    };
+    let mut exprs = Vec::new();
+    for panel in dash["panels"].as_array().into_iter().flatten() {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            if let Some(e) = t["expr"].as_str() {
+                exprs.push((
+                    panel["title"].as_str().unwrap_or("?").to_string(),
+                    e.to_string(),
+                ));
+            }
+        }
+    }
+    assert!(exprs.len() >= 15, "{} queries", exprs.len());
+    for (title, e) in &exprs {
+        let got = query(prom_port, &fill(e));
+        assert!(
+            !got.is_empty(),
+            "dashboard panel {title:?}: no result for {e}"
+        );
+        assert!(
+            got.iter().map(value).all(|v| !v.is_nan()),
+            "dashboard panel {title:?}: NaN in {got:?}"
+        );
+    }
+    for var in dash["templating"]["list"].as_array().into_iter().flatten() {
+        let Some(def) = var["definition"].as_str() else {
+            continue;
+        };
+        // label_values(<selector>, <label>): the selector has series with the label.
+        let inner = def
+            .strip_prefix("label_values(")
+            .and_then(|r| r.strip_suffix(')'))
+            .expect("label_values definition");
+        let (sel, label) = inner.rsplit_once(',').expect("selector, label");
+        let got = query(
+            prom_port,
+            &fill(&format!("count by ({}) ({})", label.trim(), sel)),
+        );
+        assert!(
+            got.iter().any(|r| r["metric"][label.trim()].is_string()),
+            "dashboard variable {def}: no values"
+        );
+    }
     // No alert fires on a healthy fleet but the slow-agent one (pending at
     // most: its `for` is 10 minutes).
     let firing = query(prom_port, "ALERTS{alertstate=\"firing\"}");

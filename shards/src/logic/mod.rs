@@ -24,6 +24,7 @@ pub mod policy;
 pub mod policy_set;
 pub mod preamble;
 pub mod probe;
+pub mod procfs;
 pub mod quota;
 pub mod registry;
 pub mod request_id;

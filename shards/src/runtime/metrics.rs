@@ -625,6 +625,7 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
                 shard.router.audit.as_deref(),
                 &shard.router.holds.lock().quota_refused.clone(),
             );
+            super::process_metrics::render(&mut body);
             let ct = "text/plain; version=0.0.4; charset=utf-8";
             respond::send_body(&mut conn, 200, ct, body.as_bytes(), keep).await
         } else {

@@ -52,6 +52,7 @@ pub mod metrics_tenants;
 pub mod model;
 pub mod models_api;
 pub mod pending;
+pub mod process_metrics;
 pub mod respond;
 pub mod router;
 pub mod shard;

@@ -1,0 +1,70 @@
+//! The standard `process_*` series (CPU, memory, descriptors, start
+//! time), as every Prometheus client library's process collector exports
+//! them, read from `/proc/self` at scrape time (Linux only; a file that
+//! cannot be read leaves its series out).
+
+use std::fmt::Write as _;
+
+use crate::logic::procfs;
+
+/// Append the process series to `o`.
+pub fn render(o: &mut String) {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let mut gauge = |name: &str, kind: &str, help: &str, v: f64| {
+        let _ = writeln!(o, "# HELP {name} {help}");
+        let _ = writeln!(o, "# TYPE {name} {kind}");
+        let _ = writeln!(o, "{name} {v}");
+    };
+    let stat = read("/proc/self/stat").and_then(|s| procfs::stat(&s));
+    if let Some((cpu, _)) = stat {
+        gauge(
+            "process_cpu_seconds_total",
+            "counter",
+            "Total user and system CPU time spent in seconds.",
+            cpu,
+        );
+    }
+    if let Some(status) = read("/proc/self/status") {
+        if let Some(b) = procfs::status_kb(&status, "VmRSS") {
+            gauge(
+                "process_resident_memory_bytes",
+                "gauge",
+                "Resident memory size in bytes.",
+                b as f64,
+            );
+        }
+        if let Some(b) = procfs::status_kb(&status, "VmSize") {
+            gauge(
+                "process_virtual_memory_bytes",
+                "gauge",
+                "Virtual memory size in bytes.",
+                b as f64,
+            );
+        }
+    }
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        gauge(
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors.",
+            fds.count() as f64,
+        );
+    }
+    if let Some(max) = read("/proc/self/limits").and_then(|s| procfs::max_open_files(&s)) {
+        gauge(
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors.",
+            max as f64,
+        );
+    }
+    let boot = read("/proc/stat").and_then(|s| procfs::boot_time(&s));
+    if let (Some((_, ticks)), Some(boot)) = (stat, boot) {
+        gauge(
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since unix epoch in seconds.",
+            boot as f64 + ticks as f64 / procfs::USER_HZ,
+        );
+    }
+}
