@@ -97,11 +97,27 @@ pub fn init_logging() {
         },
     };
     use std::io::IsTerminal;
+    if json_logs(std::env::var("GOLOG_LOG_FMT").ok().as_deref()) {
+        // One JSON object per line (spec 06 `GOLOG_LOG_FMT=json`): the same
+        // fields as the text lines, under `fields`, with level and time.
+        let _ = tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(EnvFilter::new(filter))
+            .with_target(false)
+            .with_current_span(false)
+            .try_init();
+        return;
+    }
     let _ = tracing_subscriber::fmt()
         .with_ansi(std::io::stdout().is_terminal())
         .with_env_filter(EnvFilter::new(filter))
         .with_target(false)
         .try_init();
+}
+
+/// Whether `GOLOG_LOG_FMT` asks for JSON lines (case-insensitive).
+pub fn json_logs(v: Option<&str>) -> bool {
+    v.is_some_and(|v| v.trim().eq_ignore_ascii_case("json"))
 }
 
 /// Map Go subsystem levels onto our module targets.
