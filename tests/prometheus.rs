@@ -133,14 +133,7 @@ fn prometheus_scrapes_the_router_and_the_alert_rules_use_real_series() {
             std::thread::sleep(Duration::from_secs(3));
         }
         for _ in 0..20 {
-            let (st, _, _) = request_full(
-                r.http,
-                "POST",
-                "/v1/chat/completions",
-                chat_body("m", false).as_bytes(),
-                "",
-            )
-            .expect("request");
+            let (st, _, _) = chat_m(r.http).expect("request");
             assert_eq!(st, 200);
         }
     }

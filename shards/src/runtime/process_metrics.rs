@@ -10,14 +10,14 @@ use crate::logic::procfs;
 /// Append the process series to `o`.
 pub fn render(o: &mut String) {
     let read = |p: &str| std::fs::read_to_string(p).ok();
-    let mut gauge = |name: &str, kind: &str, help: &str, v: f64| {
+    let mut series = |name: &str, kind: &str, help: &str, v: f64| {
         let _ = writeln!(o, "# HELP {name} {help}");
         let _ = writeln!(o, "# TYPE {name} {kind}");
         let _ = writeln!(o, "{name} {v}");
     };
     let stat = read("/proc/self/stat").and_then(|s| procfs::stat(&s));
     if let Some((cpu, _)) = stat {
-        gauge(
+        series(
             "process_cpu_seconds_total",
             "counter",
             "Total user and system CPU time spent in seconds.",
@@ -26,7 +26,7 @@ pub fn render(o: &mut String) {
     }
     if let Some(status) = read("/proc/self/status") {
         if let Some(b) = procfs::status_kb(&status, "VmRSS") {
-            gauge(
+            series(
                 "process_resident_memory_bytes",
                 "gauge",
                 "Resident memory size in bytes.",
@@ -34,7 +34,7 @@ pub fn render(o: &mut String) {
             );
         }
         if let Some(b) = procfs::status_kb(&status, "VmSize") {
-            gauge(
+            series(
                 "process_virtual_memory_bytes",
                 "gauge",
                 "Virtual memory size in bytes.",
@@ -43,7 +43,7 @@ pub fn render(o: &mut String) {
         }
     }
     if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
-        gauge(
+        series(
             "process_open_fds",
             "gauge",
             "Number of open file descriptors.",
@@ -51,7 +51,7 @@ pub fn render(o: &mut String) {
         );
     }
     if let Some(max) = read("/proc/self/limits").and_then(|s| procfs::max_open_files(&s)) {
-        gauge(
+        series(
             "process_max_fds",
             "gauge",
             "Maximum number of open file descriptors.",
@@ -60,7 +60,7 @@ pub fn render(o: &mut String) {
     }
     let boot = read("/proc/stat").and_then(|s| procfs::boot_time(&s));
     if let (Some((_, ticks)), Some(boot)) = (stat, boot) {
-        gauge(
+        series(
             "process_start_time_seconds",
             "gauge",
             "Start time of the process since unix epoch in seconds.",
