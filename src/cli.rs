@@ -115,6 +115,17 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// Say at start that `OTEL_EXPORTER_OTLP_ENDPOINT` (spec 06: tracing on)
+/// exports nothing here: trace context is propagated, spans are not sent.
+pub fn warn_if_otlp_set() {
+    if std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").is_ok_and(|v| !v.trim().is_empty()) {
+        tracing::warn!(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set but no spans are exported: W3C trace context \
+             (traceparent, tracestate, baggage) is passed on to the backends, which export their own"
+        );
+    }
+}
+
 /// Whether `GOLOG_LOG_FMT` asks for JSON lines (case-insensitive).
 pub fn json_logs(v: Option<&str>) -> bool {
     v.is_some_and(|v| v.trim().eq_ignore_ascii_case("json"))

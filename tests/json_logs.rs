@@ -52,4 +52,16 @@ fn router_and_agent_write_one_json_object_per_line() {
         "router logged too little"
     );
     assert!(check_lines(&alog, "agent") >= 2, "agent logged too little");
+    // Every agent line is labelled with the agent's peer ID (spec 03).
+    let text = std::fs::read_to_string(&alog).expect("agent log");
+    let mut peer = None;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line).expect("json");
+        let p = v["spans"][0]["peer_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("agent line without peer_id: {line}"))
+            .to_string();
+        assert!(p.starts_with("12D3"), "{line}");
+        assert!(peer.get_or_insert(p.clone()) == &p, "one peer ID: {line}");
+    }
 }

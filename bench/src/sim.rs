@@ -42,6 +42,9 @@ pub struct SimConfig {
     pub stall_for: Duration,
     /// KV-cache use reported in `/metrics` (0-1).
     pub kv_cache_usage: f64,
+    /// Remember each inference request's trace headers (off by default:
+    /// the simulator is also the benchmarks' minimal backend).
+    pub record_traces: bool,
 }
 
 /// Counters shared by the simulator's threads.
@@ -63,6 +66,28 @@ pub struct SimStats {
     /// changed at run time by `PUT /sim/kv_cache_usage` (a test drives
     /// engine pressure up and down).
     pub kv_bits: AtomicU64,
+    /// Trace headers of the last [`TRACE_LOG`] inference requests, newest
+    /// last (`GET /sim/trace_headers`: tests check what reached the
+    /// backend).
+    pub traces: std::sync::Mutex<std::collections::VecDeque<TraceSeen>>,
+}
+
+/// How many requests' trace headers the simulator remembers.
+pub const TRACE_LOG: usize = 256;
+
+/// The trace headers one request arrived with (empty when absent).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct TraceSeen {
+    /// Request path.
+    pub path: String,
+    /// `X-Request-ID`.
+    pub x_request_id: String,
+    /// `traceparent` values, in order.
+    pub traceparent: Vec<String>,
+    /// `tracestate` values, in order.
+    pub tracestate: Vec<String>,
+    /// `baggage` values, in order.
+    pub baggage: Vec<String>,
 }
 
 /// Words the simulator "generates", in order.
@@ -197,10 +222,37 @@ async fn serve(sim: Rc<Sim>, mut conn: Conn) {
             Err(_) => return,
         };
         let keep = head.keep_alive;
+        if sim.cfg.record_traces && head.method == "POST" {
+            record_trace(&sim.stats, &head);
+        }
         let ok = handle(&sim, &mut conn, &head.method, head.path_only(), &body, keep).await;
         if !ok || !keep {
             return;
         }
+    }
+}
+
+fn record_trace(stats: &SimStats, head: &shards::logic::http_parse::RequestHead) {
+    let values = |name: &str| -> Vec<String> {
+        head.header_values(name)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect()
+    };
+    let seen = TraceSeen {
+        path: head.path_only().to_string(),
+        x_request_id: head
+            .header("x-request-id")
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default(),
+        traceparent: values("traceparent"),
+        tracestate: values("tracestate"),
+        baggage: values("baggage"),
+    };
+    if let Ok(mut log) = stats.traces.lock() {
+        if log.len() >= TRACE_LOG {
+            log.pop_front();
+        }
+        log.push_back(seen);
     }
 }
 
@@ -251,6 +303,13 @@ async fn handle(
                     reply_json(conn, 400, &e, keep).await
                 }
             }
+        }
+        ("GET", "/sim/trace_headers") => {
+            let seen: Vec<TraceSeen> = match sim.stats.traces.lock() {
+                Ok(log) => log.iter().cloned().collect(),
+                Err(_) => Vec::new(),
+            };
+            reply_json(conn, 200, &json!(seen), keep).await
         }
         ("GET", "/v1/models") => {
             let v = json!({"object": "list", "data": [{"id": sim.cfg.model, "object": "model", "owned_by": "hivenet-sim"}]});

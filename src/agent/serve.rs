@@ -13,6 +13,7 @@ use futures::AsyncWriteExt;
 use shards::logic::errors::{ApiError, ErrorCode, Source};
 use shards::logic::http_parse::{self, BodyFraming, ChunkedDecoder};
 use shards::logic::http_write::{self, OutFraming};
+use shards::logic::trace_context;
 use shards::runtime::conn::{Conn, HeadRead};
 use shards::runtime::link::{self, LinkStream};
 use tracing::{debug, warn};
@@ -119,12 +120,39 @@ pub async fn serve_stream(cfg: Rc<AgentConfig>, s: yamux::Stream) {
         Ok(Err(ProxyError::AfterHead(e))) => {
             // Headers already sent: drop the stream without the last chunk
             // so the router sees a cut, not a clean end.
-            warn!("backend failed mid-response: {e}");
+            let (request_id, trace_id) = log_ids(&head);
+            warn!(%request_id, %trace_id, "backend failed mid-response: {e}");
         }
         Err(_) => {
-            warn!(timeout = ?cfg.http_timeout, "backend exchange timed out");
+            let (request_id, trace_id) = log_ids(&head);
+            warn!(%request_id, %trace_id, timeout = ?cfg.http_timeout, "backend exchange timed out");
         }
     }
+}
+
+/// A request's IDs for the agent's log lines: `X-Request-ID` (else the
+/// trace ID, else `unknown`, spec 03) and the W3C trace ID (else empty).
+fn log_ids(head: &http_parse::RequestHead) -> (String, String) {
+    let trace_id = head
+        .header("traceparent")
+        .and_then(trace_context::parse)
+        .map(|p| {
+            let h = trace_context::encode(&p);
+            String::from_utf8_lossy(h.get(3..35).unwrap_or(&[])).into_owned()
+        })
+        .unwrap_or_default();
+    let request_id = head
+        .header("x-request-id")
+        .map(|v| String::from_utf8_lossy(v).trim().to_string())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| {
+            if trace_id.is_empty() {
+                "unknown".to_string()
+            } else {
+                trace_id.clone()
+            }
+        });
+    (request_id, trace_id)
 }
 
 enum ProxyError {

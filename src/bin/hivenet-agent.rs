@@ -177,6 +177,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     shards::exit_on_version_flag("hivenet-agent", &args);
     cli::init_logging();
+    cli::warn_if_otlp_set();
     let (cfg, driver) = match build() {
         Ok(v) => v,
         Err(e) => {
@@ -184,7 +185,11 @@ fn main() {
             std::process::exit(2);
         }
     };
-    info!(peer_id = %cfg.keypair.public().to_peer_id(), router = %cfg.router.addr, router_peer_id = ?cfg.router.peer, engine = cfg.engine.as_str(), "hivenet-agent starting");
+    // Every line the agent logs carries its peer ID (spec 03: the agent's
+    // logs are labelled `peer_id`); the agent runs on this thread.
+    let peer_id = cfg.keypair.public().to_peer_id();
+    let _labelled = tracing::info_span!("agent", %peer_id).entered();
+    info!(peer_id = %peer_id, router = %cfg.router.addr, router_peer_id = ?cfg.router.peer, engine = cfg.engine.as_str(), "hivenet-agent starting");
     executor::run_on_runtime(driver, |kind| {
         info!("agent runtime driver {kind}");
         agent::run(cfg)

@@ -344,9 +344,14 @@ pub fn peer_in_log(p: &Proc) -> String {
     let log = p.log_text();
     log.split("peer_id=")
         .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or("")
-        .to_string()
+        .map(|r| {
+            // Base58: the ID ends at the first other character (a space, or
+            // the `}` of the agent's `agent{peer_id=..}` label).
+            r.chars()
+                .take_while(char::is_ascii_alphanumeric)
+                .collect::<String>()
+        })
+        .unwrap_or_default()
 }
 
 /// A hand-driven agent link: dialled, registered, its control stream open.

@@ -40,6 +40,10 @@ struct Flags {
     /// KV-cache use reported in /metrics, 0-1 (default 0)
     #[argh(option, default = "0.0")]
     kv_cache_usage: f64,
+    /// remember the trace headers (traceparent, tracestate, baggage) of the
+    /// last 256 inference requests, served at GET /sim/trace_headers
+    #[argh(switch)]
+    record_traces: bool,
     /// worker threads (default 1)
     #[argh(option, default = "1")]
     threads: usize,
@@ -88,6 +92,7 @@ fn main() {
         stall_after: f.stall_after,
         stall_for: dur("stall-for", &f.stall_for),
         kv_cache_usage: f.kv_cache_usage,
+        record_traces: f.record_traces,
     };
     if let Err(e) = sim::run(std::net::SocketAddr::new(ip, f.port), f.threads.max(1), cfg) {
         eprintln!("hivenet-sim: {e}");

@@ -78,6 +78,14 @@ impl RequestHead {
             .map(|(_, v)| v.as_slice())
     }
 
+    /// Every value of this (case-insensitive) header name, in order.
+    pub fn header_values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.headers
+            .iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+
     /// Path without the query string.
     pub fn path_only(&self) -> &str {
         match self.path.split_once('?') {

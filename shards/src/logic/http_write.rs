@@ -53,7 +53,9 @@ pub enum OutFraming {
 }
 
 /// Append a status line and headers. `headers` are copied except hop-by-hop
-/// ones; framing and `Connection` are written from the arguments.
+/// ones and those `extra` sets (the router's `X-Request-ID` and
+/// `traceparent` win over a backend's); framing and `Connection` are
+/// written from the arguments.
 pub fn write_response_head(
     out: &mut Vec<u8>,
     status: u16,
@@ -68,7 +70,7 @@ pub fn write_response_head(
     out.extend_from_slice(reason(status).as_bytes());
     out.extend_from_slice(b"\r\n");
     for (n, v) in headers {
-        if is_hop_header(n) {
+        if is_hop_header(n) || extra.iter().any(|(e, _)| e.eq_ignore_ascii_case(n)) {
             continue;
         }
         push_header(out, n, v);
@@ -189,6 +191,22 @@ pub fn write_request_head_from<'a>(
 mod tests {
     use super::*;
     use crate::logic::http_parse::{parse_response_head, BodyFraming};
+
+    #[test]
+    fn the_routers_headers_replace_the_backends() {
+        let mut out = Vec::new();
+        let hs = vec![
+            ("x-request-id".to_string(), b"backend-id".to_vec()),
+            ("Traceparent".to_string(), b"00-backend".to_vec()),
+            ("Content-Type".to_string(), b"application/json".to_vec()),
+        ];
+        let extra: [(&str, &[u8]); 2] = [("X-Request-ID", b"ours"), ("traceparent", b"00-ours")];
+        write_response_head(&mut out, 200, &hs, OutFraming::Length(0), true, &extra);
+        let text = String::from_utf8(out).expect("ascii");
+        assert!(!text.contains("backend"), "{text}");
+        assert_eq!(text.matches("ours").count(), 2, "{text}");
+        assert!(text.contains("Content-Type: application/json"), "{text}");
+    }
 
     #[test]
     fn head_round_trips_through_parser() {

@@ -31,5 +31,6 @@ pub mod request_id;
 pub mod sites;
 pub mod srtt;
 pub mod timefmt;
+pub mod trace_context;
 pub mod usage;
 pub mod wait_queue;

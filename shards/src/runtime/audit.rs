@@ -52,6 +52,8 @@ pub struct AuditRecord {
     pub method: String,
     /// Path without query.
     pub path: String,
+    /// W3C trace ID, lower-case hex (all zero: none).
+    pub trace_id: [u8; 32],
 }
 
 #[derive(Serialize)]
@@ -72,7 +74,7 @@ struct Line<'a> {
     agent_id: &'a str,
     error_code: &'a str,
     source_ip: &'a str,
-    trace_id: &'static str,
+    trace_id: &'a str,
 }
 
 /// Unix time of a request that started `elapsed` ago.
@@ -81,6 +83,15 @@ pub fn started_at(elapsed: std::time::Duration) -> (u64, u32) {
     let now = std::time::Duration::new(secs, nanos);
     let t = now.saturating_sub(elapsed);
     (t.as_secs(), t.subsec_nanos())
+}
+
+/// The trace ID of a request for its record (all zero: none).
+pub fn trace_id_of(t: Option<&crate::logic::trace_context::Trace>) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    if let Some(id) = t.map(|t| t.trace_id()).filter(|id| id.len() == 32) {
+        out.copy_from_slice(id);
+    }
+    out
 }
 
 /// The error code of a status without a domain code (spec 06 §5).
@@ -122,7 +133,11 @@ pub fn render(r: &AuditRecord) -> String {
             r.error_code
         },
         source_ip: &r.source_ip,
-        trace_id: "",
+        trace_id: if r.trace_id == [0; 32] {
+            ""
+        } else {
+            std::str::from_utf8(&r.trace_id).unwrap_or("")
+        },
     };
     serde_json::to_string(&line).unwrap_or_default()
 }
@@ -230,8 +245,12 @@ mod tests {
             source_ip: "127.0.0.1".into(),
             method: "POST".into(),
             path: "/v1/chat/completions".into(),
+            trace_id: *b"4bf92f3577b34da6a3ce929d0e0e4736",
         };
         let v: serde_json::Value = serde_json::from_str(&render(&r)).expect("json");
+        assert_eq!(v["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+        let none = render(&AuditRecord::default());
+        assert!(none.contains("\"trace_id\":\"\""), "{none}");
         assert_eq!(v["log_type"], "audit");
         assert_eq!(v["level"], "error");
         assert_eq!(v["ts"], "2026-11-29T19:00:01.000000005Z");

@@ -157,6 +157,8 @@ pub struct Conn<S = TcpStream> {
     rbuf: Vec<u8>,
     /// `X-Request-ID` of the request being answered (echoed on the response).
     pub request_id: String,
+    /// Trace context of that request (its `traceparent` is echoed).
+    pub trace: Option<crate::logic::trace_context::Trace>,
     /// Headers every response to the current request carries
     /// (`X-RateLimit-*`, `X-Hivenet-Routed-Model`); cleared per request.
     pub reply_headers: Vec<(&'static str, Vec<u8>)>,
@@ -322,6 +324,7 @@ impl<S: Transport> Conn<S> {
             buf,
             rbuf: Vec::new(),
             request_id: String::new(),
+            trace: None,
             reply_headers: Vec::new(),
             status: 0,
             error_code: "",

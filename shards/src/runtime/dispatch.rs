@@ -45,15 +45,25 @@ fn forwardable(name: &str) -> bool {
 }
 
 /// The request as the agent receives it: the client's headers minus
-/// credentials, our `X-Request-ID`, the body unchanged.
+/// credentials, our `X-Request-ID` and `traceparent` (the client's
+/// `tracestate` only with the client's valid `traceparent`), the body
+/// unchanged.
 fn build_request(p: &PendingRequest) -> Vec<u8> {
+    let keep_state = p.trace.keep_state;
     let headers = p
         .head
         .headers
         .iter()
         .filter(|(n, _)| forwardable(n))
+        .filter(|(n, _)| {
+            !(n.eq_ignore_ascii_case("traceparent")
+                || (!keep_state && n.eq_ignore_ascii_case("tracestate")))
+        })
         .map(|(n, v)| (n.as_str(), v.as_slice()))
-        .chain(std::iter::once(("X-Request-ID", p.request_id.as_bytes())));
+        .chain([
+            ("X-Request-ID", p.request_id.as_bytes()),
+            ("traceparent", &p.trace.header[..]),
+        ]);
     let mut out = Vec::with_capacity(512 + p.body.len());
     // `hn_*` redirect parameters stay at the router.
     http_write::write_request_head_from(
@@ -468,6 +478,7 @@ fn finish(shard: &Shard, conn: &Conn, p: &PendingRequest, end: Ending) {
         log.send(AuditRecord {
             started: audit::started_at(elapsed),
             request_id: p.request_id.clone(),
+            trace_id: audit::trace_id_of(Some(&p.trace)),
             tenant_id: p.principal.tenant_arc(),
             key_id: p.principal.key_id_arc(),
             model: p.meta.model.clone(),

@@ -63,6 +63,7 @@ where
 /// close, without reading anything.
 async fn refuse_connection(mut conn: Conn) {
     conn.request_id = super::respond::new_request_id();
+    conn.trace = Some(super::respond::new_trace());
     let err = crate::logic::errors::ApiError::new(
         crate::logic::errors::ErrorCode::NoCapacity,
         "the router has too many client connections; retry shortly",

@@ -54,6 +54,7 @@ async fn hold_here(shard: &Rc<Shard>, conn: &mut Conn, mut p: Box<PendingRequest
         .take()
         .unwrap_or(shard.router.cfg.wake_hold_budget);
     conn.request_id = p.request_id.clone();
+    conn.trace = Some(p.trace);
     conn.reply_headers = std::mem::take(&mut p.reply_headers);
     let (method, path) = (p.head.method.clone(), p.head.path_only().to_string());
     let (started, principal) = (p.received_at, p.principal.clone());
@@ -90,6 +91,7 @@ pub async fn serve(
 ) {
     if let Some(p) = first {
         conn.request_id = p.request_id.clone();
+        conn.trace = Some(p.trace);
         conn.reply_headers.clear();
         let keep = if p.hold_for.is_some() {
             // Sent here to be held with the model's other held requests.
@@ -113,6 +115,7 @@ pub async fn serve(
         let head = match monoio::time::timeout(header_timeout, conn.read_request_head()).await {
             Ok(Ok(h)) => {
                 conn.request_id = respond::request_id(&h);
+                conn.trace = Some(respond::trace(&h));
                 conn.reply_headers.clear();
                 conn.keepalive = None;
                 conn.committed = false;
@@ -121,6 +124,7 @@ pub async fn serve(
             Ok(Err(HeadRead::Closed)) => return,
             Ok(Err(HeadRead::Bad(e))) => {
                 conn.request_id = respond::new_request_id();
+                conn.trace = Some(respond::new_trace());
                 let err = match e {
                     HeadError::Bad(why) => ApiError::new(ErrorCode::RequestInvalid, why),
                     HeadError::TooLarge(why) => ApiError::new(ErrorCode::HeadersTooLarge, why),
@@ -238,6 +242,7 @@ fn audit_here(
     log.send(super::audit::AuditRecord {
         started: super::audit::started_at(elapsed),
         request_id: conn.request_id.clone(),
+        trace_id: super::audit::trace_id_of(conn.trace.as_ref()),
         tenant_id: principal
             .map(Principal::tenant_arc)
             .unwrap_or_else(|| "".into()),
@@ -436,6 +441,7 @@ async fn read_inference(
         endpoint: ep,
         received_at: started,
         request_id: conn.request_id.clone(),
+        trace: conn.trace.unwrap_or_else(respond::new_trace),
         principal,
         alias,
         reply_headers: std::mem::take(&mut conn.reply_headers),

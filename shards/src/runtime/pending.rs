@@ -24,6 +24,8 @@ pub struct PendingRequest {
     pub received_at: Instant,
     /// `X-Request-ID` (the client's when it is a UUID, else generated).
     pub request_id: String,
+    /// Its trace context (sent on to the agent, echoed to the client).
+    pub trace: crate::logic::trace_context::Trace,
     /// Who sent it.
     pub principal: Principal,
     /// The name the client asked for when it was an alias.

@@ -1,12 +1,13 @@
 //! Every response the router writes itself goes out through here: errors
 //! in the spec's envelope, JSON bodies, `204` for CORS preflight, `100
 //! Continue`, and the head of a relayed response; each carries the CORS
-//! headers and the request's `X-Request-ID`.
+//! headers, the request's `X-Request-ID` and its `traceparent`.
 
 use super::conn::Conn;
 use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::http_parse::{RequestHead, ResponseHead};
 use crate::logic::http_write::{self, OutFraming};
+use crate::logic::trace_context::{self, Trace};
 
 /// CORS headers on every response (spec 01 §1).
 pub const CORS: [(&str, &[u8]); 3] = [
@@ -33,19 +34,41 @@ pub fn request_id(head: &RequestHead) -> String {
     }
 }
 
+/// The request's trace: the client's valid `traceparent` (with its
+/// `tracestate`), else a trace started here.
+pub fn trace(head: &RequestHead) -> Trace {
+    trace_context::resolve(
+        head.header_values("traceparent"),
+        head.header_values("tracestate"),
+        rand::random::<[u8; 24]>(),
+    )
+}
+
+/// A trace started here (a request whose head could not be read).
+pub fn new_trace() -> Trace {
+    trace_context::resolve(
+        std::iter::empty(),
+        std::iter::empty(),
+        rand::random::<[u8; 24]>(),
+    )
+}
+
 /// A fresh v4 request ID.
 pub fn new_request_id() -> String {
     crate::logic::request_id::format_v4(rand::random::<[u8; 16]>())
 }
 
-/// CORS, `X-Request-ID`, the request's reply headers (quota state, the
+/// CORS, `X-Request-ID`, `traceparent`, the request's reply headers (quota state, the
 /// routed model) and `more`, borrowed for the writers.
 fn extras<'a>(conn: &'a Conn, more: &[(&'static str, &'a [u8])]) -> Vec<(&'static str, &'a [u8])> {
     let mut v: Vec<(&'static str, &'a [u8])> =
-        Vec::with_capacity(CORS.len() + 1 + conn.reply_headers.len() + more.len());
+        Vec::with_capacity(CORS.len() + 2 + conn.reply_headers.len() + more.len());
     v.extend(CORS.iter().copied());
     if !conn.request_id.is_empty() {
         v.push(("X-Request-ID", conn.request_id.as_bytes()));
+    }
+    if let Some(t) = &conn.trace {
+        v.push(("traceparent", &t.header[..]));
     }
     v.extend(conn.reply_headers.iter().map(|(n, b)| (*n, b.as_slice())));
     v.extend(more.iter().copied());
