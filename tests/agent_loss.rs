@@ -51,27 +51,16 @@ fn run(driver: &str) {
         .find(|l| l.starts_with("hivenet_agent_active_requests{") && l.ends_with(" 1"))
         .expect("one agent active")
         .to_string();
-    let a1_log = a1.log_text();
-    let a1_peer = a1_log
-        .split("peer_id=")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or("")
-        .to_string();
+    let a1_peer = peer_in_log(&a1);
     assert!(
         a1_peer.starts_with("12D3KooW"),
-        "peer id from the agent log: {a1_log}"
+        "peer id from the agent log: {}",
+        a1.log_text()
     );
     let a1_serving = serving_line.contains(&a1_peer);
     let killed_at = Instant::now();
     let victim = if a1_serving { &mut a1 } else { &mut a2 };
-    let victim_log = victim.log_text();
-    let victim_peer = victim_log
-        .split("peer_id=")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or("")
-        .to_string();
+    let victim_peer = peer_in_log(victim);
     victim.kill9();
     // The client's stream must end without the last chunk.
     let mut clean_end = false;
