@@ -317,3 +317,38 @@ fn the_header_limit_is_the_same_for_router_and_agent() {
     assert_eq!(status_of(&resp), 431, "{text}");
     assert!(!text.contains("TooLarge("), "{text}");
 }
+
+/// A refused request whose body is still arriving when the router answers
+/// (413 before reading: declared over the limit) must reach the client as
+/// the response and a clean end, not a reset: the router closes the way
+/// nginx does (lingering close). Without it, closing with body bytes
+/// unread made the kernel send RST, and the client's read failed with
+/// ECONNRESET (sometimes before the response was read).
+#[test]
+fn refused_request_with_a_body_in_flight_ends_cleanly() {
+    use std::io::{Read, Write};
+    let (r, _d) = router();
+    for round in 0..5 {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", r.http)).expect("connect");
+        s.set_read_timeout(Some(W)).expect("timeout");
+        let mut w = s.try_clone().expect("clone");
+        let body = vec![b'x'; 4 << 20];
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        // The body follows the head at once; the router answers from the
+        // head alone, with most of the body still in flight.
+        let writer = std::thread::spawn(move || {
+            let _ = w.write_all(head.as_bytes());
+            let _ = w.write_all(&body);
+        });
+        let mut out = Vec::new();
+        let res = s.read_to_end(&mut out);
+        let text = String::from_utf8_lossy(&out[..out.len().min(400)]).to_string();
+        assert!(res.is_ok(), "round {round}: {res:?} after {text:?}");
+        assert_eq!(status_of(&out), 413, "{text}");
+        drop(s);
+        let _ = writer.join();
+    }
+}

@@ -106,6 +106,7 @@ pub async fn serve(
             Box::pin(dispatch::serve_inference(&shard, &mut conn, *p)).await
         };
         if !keep {
+            linger(&mut conn).await;
             return;
         }
     }
@@ -130,6 +131,7 @@ pub async fn serve(
                     HeadError::TooLarge(why) => ApiError::new(ErrorCode::HeadersTooLarge, why),
                 };
                 respond::send_error(&mut conn, &err, false).await;
+                linger(&mut conn).await;
                 return;
             }
             Err(_) => {
@@ -144,14 +146,20 @@ pub async fn serve(
         // held, the connection's task keeps only this loop's state.
         match Box::pin(route(&shard, &mut conn, head, started)).await {
             Next::KeepAlive => {}
-            Next::Close => return,
+            Next::Close => {
+                linger(&mut conn).await;
+                return;
+            }
             Next::HandOff(pending, owner) => {
                 hand_off(&shard, conn, pending, owner, permit).await;
                 return;
             }
             Next::Hold(pending) => match hold_here(&shard, &mut conn, pending).await {
                 AfterHold::Keep(true) => {}
-                AfterHold::Keep(false) => return,
+                AfterHold::Keep(false) => {
+                    linger(&mut conn).await;
+                    return;
+                }
                 AfterHold::HandOff(p, o) => {
                     hand_off(&shard, conn, p, o, permit).await;
                     return;
@@ -159,6 +167,33 @@ pub async fn serve(
             },
         }
     }
+}
+
+/// Longest a connection lingers after its last response.
+pub const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Close after the last response the way nginx does (lingering close):
+/// the rest of a request the router did not read (the body of a refused
+/// request) may still be arriving, and closing with input pending or
+/// arriving makes the kernel answer with a reset, which clients see as
+/// ECONNRESET instead of the response's end. Shut the write side (the
+/// client sees the end of the response), then discard input until the
+/// client closes, at most [`LINGER_TIME`].
+async fn linger(conn: &mut Conn) {
+    use monoio::io::AsyncWriteRent;
+    if conn.stream.shutdown().await.is_err() {
+        return;
+    }
+    let drain = async {
+        loop {
+            conn.buf.clear();
+            match conn.fill().await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    };
+    let _ = monoio::time::timeout(LINGER_TIME, drain).await;
 }
 
 async fn route(
