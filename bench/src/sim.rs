@@ -438,11 +438,11 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
     }
     sleep(sim.cfg.ttft).await;
     let mut out = Vec::with_capacity(1024);
-    let headers = [
-        ("Content-Type".to_string(), b"text/event-stream".to_vec()),
-        ("Cache-Control".to_string(), b"no-cache".to_vec()),
+    let headers: [(&str, &[u8]); 2] = [
+        ("Content-Type", b"text/event-stream"),
+        ("Cache-Control", b"no-cache"),
     ];
-    http_write::write_response_head(&mut out, 200, &headers, OutFraming::Chunked, keep, &[]);
+    http_write::write_response_head(&mut out, 200, headers, OutFraming::Chunked, keep, &[]);
     for i in 0..n {
         if i > 0 {
             sleep(sim.cfg.itl).await;
@@ -493,8 +493,8 @@ async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
     }
     sleep(sim.cfg.ttft).await;
     let mut out = Vec::with_capacity(2048);
-    let headers = [("Content-Type".to_string(), b"text/event-stream".to_vec())];
-    http_write::write_response_head(&mut out, 200, &headers, OutFraming::Chunked, keep, &[]);
+    let headers: [(&str, &[u8]); 1] = [("Content-Type", b"text/event-stream")];
+    http_write::write_response_head(&mut out, 200, headers, OutFraming::Chunked, keep, &[]);
     let ev = |name: &str, v: Value| format!("event: {name}\ndata: {v}\n\n");
     let start = ev(
         "message_start",

@@ -9,7 +9,7 @@ use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use shards::logic::http_parse::{contains_ci, BodyFraming, ResponseHead};
+use shards::logic::http_parse::{contains_ci, BodyFraming, Headers, ResponseHead};
 use shards::logic::http_write::{self, OutFraming};
 use shards::runtime::conn::Conn;
 
@@ -102,7 +102,7 @@ async fn write_request(
     url: &BackendUrl,
     method: &str,
     path: &str,
-    headers: &[(String, Vec<u8>)],
+    headers: &Headers,
     body: &[u8],
 ) -> io::Result<()> {
     let mut out = Vec::with_capacity(512 + body.len());
@@ -112,10 +112,7 @@ async fn write_request(
         .any(|(n, _)| n.eq_ignore_ascii_case("content-type"));
     let default_type =
         (!typed && !body.is_empty()).then_some(("Content-Type", &b"application/json"[..]));
-    let hs = headers
-        .iter()
-        .map(|(n, v)| (n.as_str(), v.as_slice()))
-        .chain(default_type);
+    let hs = headers.iter().chain(default_type);
     http_write::write_request_head_from(
         &mut out,
         method,
@@ -136,7 +133,7 @@ pub async fn request(
     url: &BackendUrl,
     method: &str,
     path: &str,
-    headers: &[(String, Vec<u8>)],
+    headers: &Headers,
     body: &[u8],
 ) -> io::Result<(Conn, ResponseHead)> {
     if let Some(mut conn) = take_idle(url) {
@@ -175,7 +172,7 @@ pub async fn fetch(
     timeout: Duration,
 ) -> io::Result<(ResponseHead, Vec<u8>)> {
     let run = async {
-        let (mut conn, head) = request(url, method, path, &[], body).await?;
+        let (mut conn, head) = request(url, method, path, &Headers::default(), body).await?;
         let body = conn.read_body(head.framing, 64 * 1024 * 1024).await?;
         release(url, conn, &head);
         Ok((head, body))

@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use futures::AsyncWriteExt;
 use shards::logic::errors::{ApiError, ErrorCode, Source};
-use shards::logic::http_parse::{self, BodyFraming, ChunkedDecoder};
+use shards::logic::http_parse::{self, BodyFraming, ChunkedDecoder, Headers};
 use shards::logic::http_write::{self, OutFraming};
 use shards::logic::trace_context;
 use shards::runtime::conn::{Conn, HeadRead};
@@ -164,7 +164,7 @@ async fn proxy(
     cfg: &AgentConfig,
     s: &mut LinkStream,
     head: &http_parse::RequestHead,
-    headers: &[(String, Vec<u8>)],
+    headers: &Headers,
     body: &[u8],
 ) -> Result<(), ProxyError> {
     let (mut conn, rh) = backend::request(&cfg.backend, &head.method, &head.path, headers, body)

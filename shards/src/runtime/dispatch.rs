@@ -59,7 +59,6 @@ fn build_request(p: &PendingRequest) -> Vec<u8> {
             !(n.eq_ignore_ascii_case("traceparent")
                 || (!keep_state && n.eq_ignore_ascii_case("tracestate")))
         })
-        .map(|(n, v)| (n.as_str(), v.as_slice()))
         .chain([
             ("X-Request-ID", p.request_id.as_bytes()),
             ("traceparent", &p.trace.header[..]),

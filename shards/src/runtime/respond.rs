@@ -147,15 +147,12 @@ pub fn committed_head(conn: &Conn, stream: bool) -> Vec<u8> {
     } else {
         b"application/json"
     };
-    let mut headers = vec![("Content-Type".to_string(), ct.to_vec())];
-    if stream {
-        headers.push(("Cache-Control".to_string(), b"no-cache".to_vec()));
-    }
+    let headers: [(&str, &[u8]); 2] = [("Content-Type", ct), ("Cache-Control", b"no-cache")];
     let mut out = Vec::with_capacity(512);
     http_write::write_response_head(
         &mut out,
         200,
-        &headers,
+        headers.into_iter().take(if stream { 2 } else { 1 }),
         OutFraming::Chunked,
         false,
         &extras(conn, &[("X-Accel-Buffering", b"no")]),
@@ -198,7 +195,7 @@ pub async fn send_no_content(conn: &mut Conn, keep: bool) -> bool {
     http_write::write_response_head(
         &mut out,
         204,
-        &[],
+        std::iter::empty(),
         OutFraming::Length(0),
         keep,
         &extras(conn, &[]),
@@ -226,7 +223,7 @@ pub async fn send_redirect(
     http_write::write_response_head(
         &mut out,
         307,
-        &[],
+        std::iter::empty(),
         OutFraming::Length(0),
         keep,
         &extras(conn, &more),
@@ -236,11 +233,10 @@ pub async fn send_redirect(
 
 /// The head of an event stream the router produces itself.
 pub fn event_stream_head(out: &mut Vec<u8>, conn: &Conn) {
-    let headers = [("Content-Type".to_string(), b"text/event-stream".to_vec())];
     http_write::write_response_head(
         out,
         200,
-        &headers,
+        [("Content-Type", &b"text/event-stream"[..])],
         OutFraming::Chunked,
         false,
         &extras(
@@ -267,7 +263,7 @@ pub fn relayed_head(
     http_write::write_response_head(
         out,
         head.status,
-        &head.headers,
+        head.headers.iter(),
         framing,
         keep,
         &extras(conn, more),
