@@ -63,6 +63,10 @@ pub struct Opts {
     /// worker threads (default 1)
     #[argh(option, default = "1")]
     pub threads: usize,
+    /// open loop: busy-wait this long before each send instead of
+    /// sleeping, to absorb timer wake-up slack (default 100us; 0 sleeps only)
+    #[argh(option, default = "String::from(\"100us\")")]
+    pub spin: String,
     /// CPUs to pin worker threads to, e.g. 0 or 0-1
     #[argh(option)]
     pub cpus: Option<String>,
@@ -104,6 +108,10 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
         humantime::parse_duration(&opts.duration).map_err(|e| format!("--duration: {e}"))?;
     let timeout =
         humantime::parse_duration(&opts.timeout).map_err(|e| format!("--timeout: {e}"))?;
+    let spin = humantime::parse_duration(&opts.spin).map_err(|e| format!("--spin: {e}"))?;
+    if spin > Duration::from_millis(10) {
+        return Err("--spin must be at most 10ms".into());
+    }
     let arrivals =
         Arrivals::parse(&opts.arrivals).ok_or("--arrivals must be constant or poisson")?;
     let endpoint = Endpoint::parse(&opts.endpoint)
@@ -171,7 +179,7 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
             DriverChoice::Auto,
             move || async move {
                 let rec = if is_open {
-                    worker::open_loop(spec, mine, start, progress).await
+                    worker::open_loop(spec, mine, spin, start, progress).await
                 } else {
                     worker::closed_loop(spec, conns, start + duration, start, progress).await
                 };

@@ -58,6 +58,7 @@ fn opts(port: u16, out: &str) -> bench::Opts {
         max_tokens: "4-16".into(),
         api_key: Some("k".into()),
         threads: 1,
+        spin: "100us".into(),
         cpus: None,
         timeout: "10s".into(),
         max_connections: 4096,
