@@ -15,7 +15,7 @@ use shards::logic::http_parse::{self, BodyFraming, ChunkedDecoder, Headers};
 use shards::logic::http_write::{self, OutFraming};
 use shards::logic::trace_context;
 use shards::runtime::conn::{Conn, HeadRead};
-use shards::runtime::link::{self, LinkStream};
+use shards::runtime::inbound_http::{self, InboundHttp};
 use tracing::{debug, warn};
 
 use super::backend;
@@ -27,7 +27,7 @@ const MAX_BODY: usize = 64 * 1024 * 1024;
 
 /// Read the router's request: head, then a Content-Length body.
 async fn read_request(
-    conn: &mut Conn<LinkStream>,
+    conn: &mut Conn<InboundHttp>,
 ) -> io::Result<(http_parse::RequestHead, Vec<u8>)> {
     let head = match conn.read_forwarded_request_head().await {
         Ok(h) => h,
@@ -51,7 +51,7 @@ async fn read_request(
     Ok((head, body))
 }
 
-async fn write_error(s: &mut LinkStream, err: &ApiError) {
+async fn write_error(s: &mut InboundHttp, err: &ApiError) {
     let mut out = Vec::new();
     http_write::write_error(&mut out, err, true);
     let _ = s.write_all(&out).await;
@@ -75,14 +75,14 @@ fn backend_error(status: u16, message: String) -> ApiError {
 
 /// Serve one inbound stream.
 pub async fn serve_stream(cfg: Rc<AgentConfig>, s: yamux::Stream) {
-    let s = match link::accept_protocol(s, &[link::HTTP_PROTOCOL]).await {
-        Ok((_, s)) => s,
+    // The protocol confirmation goes out with the first response bytes.
+    let mut conn = match inbound_http::accept(s).await {
+        Ok(c) => c,
         Err(e) => {
             debug!("stream negotiation failed: {e}");
             return;
         }
     };
-    let mut conn = Conn::over(s, Vec::with_capacity(8192));
     let request = read_request(&mut conn).await;
     let mut s = conn.stream;
     let (head, body) = match request {
@@ -162,7 +162,7 @@ enum ProxyError {
 
 async fn proxy(
     cfg: &AgentConfig,
-    s: &mut LinkStream,
+    s: &mut InboundHttp,
     head: &http_parse::RequestHead,
     headers: &Headers,
     body: &[u8],

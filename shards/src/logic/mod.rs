@@ -20,6 +20,7 @@ pub mod hold;
 pub mod http_parse;
 pub mod http_write;
 pub mod log_gate;
+pub mod multistream;
 pub mod policy;
 pub mod policy_set;
 pub mod preamble;

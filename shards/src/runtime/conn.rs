@@ -80,27 +80,36 @@ impl Transport for TcpStream {
     }
 }
 
-impl Transport for LinkStream {
-    const NEEDS_INIT: bool = true;
+/// Streams that speak `futures::io` (link streams): reads need an
+/// initialized slice, writes are flushed.
+macro_rules! futures_io_transport {
+    ($t:ty) => {
+        impl Transport for $t {
+            const NEEDS_INIT: bool = true;
 
-    async fn read_into(&mut self, mut buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
-        let res = AsyncReadExt::read(self, &mut buf[..]).await;
-        (res, buf)
-    }
+            async fn read_into(&mut self, mut buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
+                let res = AsyncReadExt::read(self, &mut buf[..]).await;
+                (res, buf)
+            }
 
-    async fn read_owned(&mut self, mut buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
-        let cap = buf.capacity();
-        buf.resize(cap, 0);
-        let res = AsyncReadExt::read(self, &mut buf).await;
-        buf.truncate(*res.as_ref().unwrap_or(&0));
-        (res, buf)
-    }
+            async fn read_owned(&mut self, mut buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
+                let cap = buf.capacity();
+                buf.resize(cap, 0);
+                let res = AsyncReadExt::read(self, &mut buf).await;
+                buf.truncate(*res.as_ref().unwrap_or(&0));
+                (res, buf)
+            }
 
-    async fn write_owned(&mut self, data: Vec<u8>) -> io::Result<()> {
-        AsyncWriteExt::write_all(self, &data).await?;
-        self.flush().await
-    }
+            async fn write_owned(&mut self, data: Vec<u8>) -> io::Result<()> {
+                AsyncWriteExt::write_all(self, &data).await?;
+                self.flush().await
+            }
+        }
+    };
 }
+
+futures_io_transport!(LinkStream);
+futures_io_transport!(super::inbound_http::InboundHttp);
 
 /// Why no request head could be read.
 #[derive(Debug)]

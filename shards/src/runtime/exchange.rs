@@ -257,6 +257,10 @@ async fn relay_buffered(
     let mut out = Vec::with_capacity(512 + n);
     respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, client);
     out.extend_from_slice(body);
+    // The stream is done with: dropped before the client write, its
+    // closing frame leaves in the same driver wake (and system call) as
+    // the response instead of one of its own after it.
+    drop(up);
     match client.write_all(out).await {
         Ok(()) => RelayEnd::Done(tokens),
         Err(_) => RelayEnd::ClientGone,

@@ -11,9 +11,11 @@
 //! [`write_frame`] for the control stream (frames are read through
 //! [`super::conn::Conn::read_frame`]).
 
+use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::rc::Rc;
 use std::task::Poll;
 
 use futures::channel::{mpsc, oneshot};
@@ -167,6 +169,8 @@ type OpenReply = oneshot::Sender<Result<yamux::Stream, io::Error>>;
 enum Command {
     /// Open an outbound stream.
     Open(OpenReply),
+    /// The spare stream was taken: open the next one.
+    Refill,
     /// Close the connection now (an agent removed for silence).
     Close,
 }
@@ -176,11 +180,21 @@ enum Command {
 #[derive(Clone)]
 pub struct LinkHandle {
     tx: mpsc::UnboundedSender<Command>,
+    /// An outbound stream the driver opened ahead of need (yamux sends
+    /// nothing for it until its first write). Taking it saves the round
+    /// trip through the driver task per request, and with it the extra
+    /// task hops that made the runtime enter the kernel once more before
+    /// the request went out (issue 14).
+    spare: Rc<Cell<Option<yamux::Stream>>>,
 }
 
 impl LinkHandle {
     /// Open a raw yamux stream.
     pub async fn open_raw(&self) -> io::Result<yamux::Stream> {
+        if let Some(s) = self.spare.take() {
+            let _ = self.tx.unbounded_send(Command::Refill);
+            return Ok(s);
+        }
         let (tx, rx) = oneshot::channel();
         self.tx
             .unbounded_send(Command::Open(tx))
@@ -208,7 +222,10 @@ impl LinkHandle {
     #[cfg(test)]
     pub fn detached() -> Self {
         let (tx, _rx) = mpsc::unbounded();
-        LinkHandle { tx }
+        LinkHandle {
+            tx,
+            spare: Rc::default(),
+        }
     }
 }
 
@@ -226,8 +243,16 @@ pub fn spawn_driver(
     let (in_tx, in_rx) = mpsc::unbounded();
     let (done_tx, done_rx) = oneshot::channel::<()>();
     link.flusher.defer();
-    monoio::spawn(drive(link.conn, link.flusher, cmd_rx, in_tx, done_tx));
-    (LinkHandle { tx: cmd_tx }, in_rx, done_rx)
+    let spare: Rc<Cell<Option<yamux::Stream>>> = Rc::default();
+    monoio::spawn(drive(
+        link.conn,
+        link.flusher,
+        cmd_rx,
+        in_tx,
+        done_tx,
+        spare.clone(),
+    ));
+    (LinkHandle { tx: cmd_tx, spare }, in_rx, done_rx)
 }
 
 async fn drive(
@@ -236,9 +261,11 @@ async fn drive(
     mut cmd_rx: mpsc::UnboundedReceiver<Command>,
     in_tx: mpsc::UnboundedSender<yamux::Stream>,
     done: oneshot::Sender<()>,
+    spare: Rc<Cell<Option<yamux::Stream>>>,
 ) {
     let mut pending: Option<OpenReply> = None;
     let mut closing = false;
+    let mut refill = true;
     let _ = futures::future::poll_fn(|cx| {
         loop {
             let mut progressed = false;
@@ -246,7 +273,26 @@ async fn drive(
             if pending.is_none() && !closing {
                 match cmd_rx.poll_next_unpin(cx) {
                     Poll::Ready(Some(Command::Open(r))) => pending = Some(r),
+                    Poll::Ready(Some(Command::Refill)) => {
+                        refill = true;
+                        progressed = true;
+                    }
                     Poll::Ready(Some(Command::Close)) | Poll::Ready(None) => closing = true,
+                    Poll::Pending => {}
+                }
+            }
+            if refill && pending.is_none() && !closing {
+                match conn.poll_new_outbound(cx) {
+                    Poll::Ready(Ok(s)) => {
+                        refill = false;
+                        // A spare still there (a Refill raced a fallback
+                        // open) is dropped unused: yamux resets a stream
+                        // the remote never saw, which it ignores.
+                        spare.set(Some(s));
+                        progressed = true;
+                    }
+                    // The link is failing: the inbound poll below ends it.
+                    Poll::Ready(Err(_)) => refill = false,
                     Poll::Pending => {}
                 }
             }
@@ -262,6 +308,7 @@ async fn drive(
                 }
             }
             if closing {
+                drop(spare.take());
                 return match conn.poll_close(cx) {
                     Poll::Ready(_) => Poll::Ready(()),
                     Poll::Pending => Poll::Pending,
