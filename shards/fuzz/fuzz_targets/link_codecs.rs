@@ -1,8 +1,9 @@
-//! Agent-link codecs: the preamble and the control-stream frames never
-//! panic on any input, and what decodes encodes back to the same value.
+//! Agent-link codecs: the preamble, the control-stream frames and the
+//! multistream-select prelude the agent reads never panic on any input,
+//! and what decodes encodes back to the same value.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shards::logic::{control, preamble};
+use shards::logic::{control, multistream, preamble};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(Some((model, used))) = preamble::decode(data) {
@@ -21,5 +22,12 @@ fuzz_target!(|data: &[u8]| {
             .expect("complete");
         assert_eq!(n, bytes.len());
         assert_eq!(format!("{again:?}"), format!("{msg:?}"));
+    }
+    if let multistream::Prelude::Selected { consumed } = multistream::parse_prelude(data, "/http/1.1") {
+        assert!(consumed <= data.len());
+        assert_eq!(
+            data.get(..consumed),
+            Some(multistream::confirmation("/http/1.1").as_slice())
+        );
     }
 });

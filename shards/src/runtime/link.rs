@@ -7,7 +7,10 @@
 //!
 //! Key items: [`accept`] (router side, after the preamble), [`dial`]
 //! (agent side, sends the preamble), [`spawn_driver`] and [`LinkHandle`]
-//! (the task that owns a yamux connection and opens streams on request),
+//! (the task that owns a yamux connection, keeps a spare outbound stream
+//! and opens more on request), [`accept_protocol`] for the control stream
+//! (request streams are accepted by [`super::inbound_http`], which sends
+//! the confirmation with the response),
 //! [`write_frame`] for the control stream (frames are read through
 //! [`super::conn::Conn::read_frame`]).
 
