@@ -15,7 +15,7 @@ use shards::logic::http_parse::{self, BodyFraming, ChunkedDecoder, Headers};
 use shards::logic::http_write::{self, OutFraming};
 use shards::logic::trace_context;
 use shards::runtime::conn::{Conn, HeadRead};
-use shards::runtime::inbound_http::{self, InboundHttp};
+use shards::runtime::http_stream::{self, HttpStream};
 use tracing::{debug, warn};
 
 use super::backend;
@@ -27,7 +27,7 @@ const MAX_BODY: usize = 64 * 1024 * 1024;
 
 /// Read the router's request: head, then a Content-Length body.
 async fn read_request(
-    conn: &mut Conn<InboundHttp>,
+    conn: &mut Conn<HttpStream>,
 ) -> io::Result<(http_parse::RequestHead, Vec<u8>)> {
     let head = match conn.read_forwarded_request_head().await {
         Ok(h) => h,
@@ -51,7 +51,7 @@ async fn read_request(
     Ok((head, body))
 }
 
-async fn write_error(s: &mut InboundHttp, err: &ApiError) {
+async fn write_error(s: &mut HttpStream, err: &ApiError) {
     let mut out = Vec::new();
     http_write::write_error(&mut out, err, true);
     let _ = s.write_all(&out).await;
@@ -76,7 +76,7 @@ fn backend_error(status: u16, message: String) -> ApiError {
 /// Serve one inbound stream.
 pub async fn serve_stream(cfg: Rc<AgentConfig>, s: yamux::Stream) {
     // The protocol confirmation goes out with the first response bytes.
-    let mut conn = match inbound_http::accept(s).await {
+    let mut conn = match http_stream::accept(s).await {
         Ok(c) => c,
         Err(e) => {
             debug!("stream negotiation failed: {e}");
@@ -162,7 +162,7 @@ enum ProxyError {
 
 async fn proxy(
     cfg: &AgentConfig,
-    s: &mut InboundHttp,
+    s: &mut HttpStream,
     head: &http_parse::RequestHead,
     headers: &Headers,
     body: &[u8],

@@ -9,7 +9,6 @@
 
 use std::io;
 
-use futures::{AsyncReadExt, AsyncWriteExt};
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
@@ -84,32 +83,33 @@ impl Transport for TcpStream {
 /// initialized slice, writes are flushed.
 macro_rules! futures_io_transport {
     ($t:ty) => {
-        impl Transport for $t {
+        impl $crate::runtime::conn::Transport for $t {
             const NEEDS_INIT: bool = true;
 
-            async fn read_into(&mut self, mut buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
-                let res = AsyncReadExt::read(self, &mut buf[..]).await;
+            async fn read_into(&mut self, mut buf: Vec<u8>) -> (std::io::Result<usize>, Vec<u8>) {
+                let res = futures::AsyncReadExt::read(self, &mut buf[..]).await;
                 (res, buf)
             }
 
-            async fn read_owned(&mut self, mut buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
+            async fn read_owned(&mut self, mut buf: Vec<u8>) -> (std::io::Result<usize>, Vec<u8>) {
                 let cap = buf.capacity();
                 buf.resize(cap, 0);
-                let res = AsyncReadExt::read(self, &mut buf).await;
+                let res = futures::AsyncReadExt::read(self, &mut buf).await;
                 buf.truncate(*res.as_ref().unwrap_or(&0));
                 (res, buf)
             }
 
-            async fn write_owned(&mut self, data: Vec<u8>) -> io::Result<()> {
-                AsyncWriteExt::write_all(self, &data).await?;
-                self.flush().await
+            async fn write_owned(&mut self, data: Vec<u8>) -> std::io::Result<()> {
+                futures::AsyncWriteExt::write_all(self, &data).await?;
+                futures::AsyncWriteExt::flush(self).await
             }
         }
     };
 }
 
+pub(crate) use futures_io_transport;
+
 futures_io_transport!(LinkStream);
-futures_io_transport!(super::inbound_http::InboundHttp);
 
 /// Why no request head could be read.
 #[derive(Debug)]

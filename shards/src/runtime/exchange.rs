@@ -12,7 +12,8 @@ use futures::AsyncWriteExt;
 
 use super::clock::{self, Instant};
 use super::conn::Conn;
-use super::link::{LinkHandle, LinkStream, HTTP_PROTOCOL};
+use super::http_stream::{self, HttpStream};
+use super::link::LinkHandle;
 use super::model::admission::Reservation;
 use super::respond;
 use crate::logic::errors::{ApiError, ErrorCode};
@@ -53,7 +54,7 @@ fn ms_since(t0: Instant) -> f64 {
 /// A response head from an agent.
 pub struct Head {
     /// The stream, with what was read past the head.
-    pub upstream: Conn<LinkStream>,
+    pub upstream: Conn<HttpStream>,
     /// The head.
     pub head: ResponseHead,
     /// Request write to response head, ms.
@@ -68,7 +69,8 @@ pub async fn exchange_head(
     progress: &Progress,
 ) -> Result<Head, (Failure, Option<f64>)> {
     progress.stage.set(Some(Stage::Opening));
-    let mut s = link.open(HTTP_PROTOCOL).await.map_err(|e| {
+    // The multistream-select lines go out with the request (V1Lazy).
+    let s = link.open_raw().await.map_err(|e| {
         (
             Failure::new(
                 Side::Agent,
@@ -78,6 +80,7 @@ pub async fn exchange_head(
             None,
         )
     })?;
+    let mut s = HttpStream::new(s);
     let t0 = clock::now();
     progress.stage.set(Some(Stage::AwaitingHead));
     progress.written_at.set(Some(t0));
@@ -90,6 +93,9 @@ pub async fn exchange_head(
     s.write_all(request).await.map_err(after_send)?;
     s.flush().await.map_err(after_send)?;
     let mut upstream = Conn::over(s, Vec::with_capacity(8192));
+    http_stream::read_lines(&mut upstream)
+        .await
+        .map_err(after_send)?;
     let head = upstream.read_response_head().await.map_err(after_send)?;
     Ok(Head {
         upstream,
@@ -117,7 +123,7 @@ pub enum RelayEnd {
 /// agent is declared dead.
 pub struct Upstream<'a> {
     /// The stream, with what was read past the head.
-    pub conn: Conn<LinkStream>,
+    pub conn: Conn<HttpStream>,
     /// Longest silence allowed between bytes.
     pub idle: std::time::Duration,
     /// Fires when the agent's responses must be cut.

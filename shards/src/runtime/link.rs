@@ -9,8 +9,8 @@
 //! (agent side, sends the preamble), [`spawn_driver`] and [`LinkHandle`]
 //! (the task that owns a yamux connection, keeps a spare outbound stream
 //! and opens more on request), [`accept_protocol`] for the control stream
-//! (request streams are accepted by [`super::inbound_http`], which sends
-//! the confirmation with the response),
+//! (request streams, on both sides, are [`super::http_stream`]: their
+//! multistream-select lines go out with their first bytes),
 //! [`write_frame`] for the control stream (frames are read through
 //! [`super::conn::Conn::read_frame`]).
 

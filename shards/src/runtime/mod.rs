@@ -42,7 +42,7 @@ pub mod exposition;
 pub mod handoff;
 pub mod hold;
 pub mod hold_book;
-pub mod inbound_http;
+pub mod http_stream;
 pub mod ingress;
 pub mod io;
 pub mod link;

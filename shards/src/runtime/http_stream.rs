@@ -1,9 +1,16 @@
-//! An inbound `/http/1.1` request stream on the agent's side of a link:
-//! the dialer's multistream-select prelude is read and checked here
-//! ([`crate::logic::multistream`]), and the confirmation the listener owes
-//! goes out in the same yamux frame as the first response bytes instead
-//! of a frame of its own (the router then wakes once per response, not
-//! twice).
+//! A `/http/1.1` request stream on a link, on either side: the
+//! multistream-select lines ([`crate::logic::multistream`]) are read and
+//! checked here, and the lines this side owes go out in the same yamux
+//! frame as its first bytes instead of a frame of their own. The dialer
+//! (the router) owes the header and protocol lines before its request;
+//! the listener (the agent) owes the same two lines as its confirmation
+//! before its response. The bytes on the wire are those of
+//! `multistream-select` `V1Lazy`.
+//!
+//! Why not the crate on this path: its listener flushed the confirmation
+//! as a frame of its own, so the router woke twice per response. Its
+//! dialer and listener also cost about 7 and 15 heap allocations per
+//! stream (issue 14).
 
 use std::io;
 use std::pin::Pin;
@@ -11,40 +18,53 @@ use std::task::{Context, Poll};
 
 use futures::{AsyncRead, AsyncWrite};
 
-use super::conn::Conn;
+use super::conn::{futures_io_transport, Conn};
 use super::link::HTTP_PROTOCOL;
 use crate::logic::multistream::{self, Prelude};
 
-/// The listener's confirmation of [`HTTP_PROTOCOL`] (checked against
-/// [`multistream::confirmation`] in the tests).
-pub const HTTP_CONFIRMATION: &[u8] = b"\x13/multistream/1.0.0\n\x0a/http/1.1\n";
+/// The multistream-select lines for [`HTTP_PROTOCOL`]: what the dialer
+/// sends first, and what the listener confirms with. They are the same
+/// bytes, checked against [`multistream::confirmation`] in the tests.
+pub const HTTP_LINES: &[u8] = b"\x13/multistream/1.0.0\n\x0a/http/1.1\n";
 
-/// Largest first write merged with the confirmation on the stack (yamux
-/// frames carry at most 16 KiB anyway; more goes in the next frame).
+/// Largest first write merged with the owed lines on the stack (yamux
+/// frames carry at most 16 KiB anyway; more goes in the next frame of the
+/// same flush).
 const MERGE: usize = 4096;
 
-/// A request stream whose confirmation is still owed.
-pub struct InboundHttp {
+/// A request stream whose multistream-select lines are still owed.
+pub struct HttpStream {
     stream: yamux::Stream,
-    /// What of the confirmation is not written yet.
+    /// What of [`HTTP_LINES`] is not written yet.
     owed: &'static [u8],
 }
 
-/// Read the dialer's prelude on `s`. Returns the stream with the bytes
-/// read past the prelude (the start of the request), or why not.
-pub async fn accept(s: yamux::Stream) -> io::Result<Conn<InboundHttp>> {
-    let mut conn = Conn::over(
-        InboundHttp {
-            stream: s,
-            owed: HTTP_CONFIRMATION,
-        },
-        Vec::with_capacity(8192),
-    );
+impl HttpStream {
+    /// A stream that owes its lines (either side).
+    pub fn new(stream: yamux::Stream) -> Self {
+        HttpStream {
+            stream,
+            owed: HTTP_LINES,
+        }
+    }
+}
+
+/// The agent's side: read the dialer's lines on `s`. Returns the stream
+/// with the bytes read past them (the start of the request), or why not.
+pub async fn accept(s: yamux::Stream) -> io::Result<Conn<HttpStream>> {
+    let mut conn = Conn::over(HttpStream::new(s), Vec::with_capacity(8192));
+    read_lines(&mut conn).await?;
+    Ok(conn)
+}
+
+/// Read and drop the peer's multistream-select lines at the start of
+/// `conn` (the dialer's request, or the listener's confirmation).
+pub async fn read_lines(conn: &mut Conn<HttpStream>) -> io::Result<()> {
     loop {
         match multistream::parse_prelude(&conn.buf, HTTP_PROTOCOL) {
             Prelude::Selected { consumed } => {
                 conn.consume(consumed);
-                return Ok(conn);
+                return Ok(());
             }
             Prelude::Incomplete => {
                 if conn.fill().await? == 0 {
@@ -54,12 +74,12 @@ pub async fn accept(s: yamux::Stream) -> io::Result<Conn<InboundHttp>> {
                     ));
                 }
             }
-            // The router dials only this protocol: anything else is not
-            // ours to answer (a dropped stream resets it).
+            // Only this protocol is spoken on request streams: a peer
+            // that names another (or answers `na`) is not ours.
             Prelude::Refused => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
-                    "stream asks for another protocol",
+                    "the peer did not select /http/1.1",
                 ))
             }
             Prelude::Invalid(why) => return Err(io::Error::new(io::ErrorKind::InvalidData, why)),
@@ -67,9 +87,9 @@ pub async fn accept(s: yamux::Stream) -> io::Result<Conn<InboundHttp>> {
     }
 }
 
-impl InboundHttp {
-    /// Write what is owed of the confirmation on its own (before a flush
-    /// or close with no response bytes to carry it).
+impl HttpStream {
+    /// Write what is owed of the lines on its own (before a flush or close
+    /// with no bytes of ours to carry them).
     fn poll_owed(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.owed.is_empty() {
             match Pin::new(&mut self.stream).poll_write(cx, self.owed) {
@@ -83,7 +103,7 @@ impl InboundHttp {
     }
 }
 
-impl AsyncRead for InboundHttp {
+impl AsyncRead for HttpStream {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -93,7 +113,7 @@ impl AsyncRead for InboundHttp {
     }
 }
 
-impl AsyncWrite for InboundHttp {
+impl AsyncWrite for HttpStream {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -139,14 +159,16 @@ impl AsyncWrite for InboundHttp {
     }
 }
 
+futures_io_transport!(HttpStream);
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn the_constant_confirmation_matches_the_encoder() {
+    fn the_constant_lines_match_the_encoder() {
         assert_eq!(
-            HTTP_CONFIRMATION,
+            HTTP_LINES,
             multistream::confirmation(HTTP_PROTOCOL).as_slice()
         );
     }
