@@ -618,6 +618,7 @@ async fn attempt(
         idle: shard.router.cfg.stream_idle_timeout,
         cut: agent.cut_signal(),
         held,
+        link: &agent.link,
     };
     let relayed = exchange::relay(conn, up, &head.head, p.head.keep_alive).await;
     let outcome = match relayed {

@@ -131,6 +131,8 @@ pub struct Upstream<'a> {
     /// The request's admission reservation: an SSE stream trues it up to
     /// the exact input tokens and grows it with content as it streams.
     pub held: Option<&'a Reservation>,
+    /// The link the stream is on (a finished stream is retired to it).
+    pub link: &'a LinkHandle,
 }
 
 impl Upstream<'_> {
@@ -263,10 +265,11 @@ async fn relay_buffered(
     let mut out = Vec::with_capacity(512 + n);
     respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, client);
     out.extend_from_slice(body);
-    // The stream is done with: dropped before the client write, its
-    // closing frame leaves in the same driver wake (and system call) as
-    // the response instead of one of its own after it.
-    drop(up);
+    // The stream is done with: retired to its link before the client
+    // write, its closing frame leaves with the next request on the link
+    // instead of in a send (and an agent wake-up) of its own.
+    let Upstream { conn, link, .. } = up;
+    link.retire(conn.into_parts().0.into_inner());
     match client.write_all(out).await {
         Ok(()) => RelayEnd::Done(tokens),
         Err(_) => RelayEnd::ClientGone,

@@ -47,6 +47,11 @@ impl HttpStream {
             owed: HTTP_LINES,
         }
     }
+
+    /// The yamux stream (what is still owed is dropped with the wrapper).
+    pub fn into_inner(self) -> yamux::Stream {
+        self.stream
+    }
 }
 
 /// The agent's side: read the dialer's lines on `s`. Returns the stream

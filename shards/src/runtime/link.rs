@@ -14,7 +14,7 @@
 //! [`write_frame`] for the control stream (frames are read through
 //! [`super::conn::Conn::read_frame`]).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -189,11 +189,39 @@ pub struct LinkHandle {
     /// task hops that made the runtime enter the kernel once more before
     /// the request went out (issue 14).
     spare: Rc<Cell<Option<yamux::Stream>>>,
+    /// Finished request streams kept until the next open on this link
+    /// (see [`LinkHandle::retire`]).
+    retired: Rc<RefCell<Vec<yamux::Stream>>>,
 }
 
+/// Most finished streams kept for a link before they are let go at once.
+const MAX_RETIRED: usize = 64;
+
 impl LinkHandle {
+    /// Keep a finished stream until the next stream is opened on this
+    /// link. Dropping it sends yamux's closing frame; sent at once, that
+    /// frame reached the agent alone, after its response, and woke it
+    /// for nothing (one system call and one context switch per request
+    /// on the agent). Kept, it leaves with the next request. The agent
+    /// does not wait for it: it has closed and forgotten the stream.
+    pub fn retire(&self, s: yamux::Stream) {
+        let full = {
+            let mut r = self.retired.borrow_mut();
+            r.push(s);
+            if r.len() >= MAX_RETIRED {
+                std::mem::take(&mut *r)
+            } else {
+                Vec::new()
+            }
+        };
+        drop(full);
+    }
+
     /// Open a raw yamux stream.
     pub async fn open_raw(&self) -> io::Result<yamux::Stream> {
+        // Closing frames of finished streams go out with this one.
+        let retired = std::mem::take(&mut *self.retired.borrow_mut());
+        drop(retired);
         if let Some(s) = self.spare.take() {
             let _ = self.tx.unbounded_send(Command::Refill);
             return Ok(s);
@@ -228,6 +256,7 @@ impl LinkHandle {
         LinkHandle {
             tx,
             spare: Rc::default(),
+            retired: Rc::default(),
         }
     }
 }
@@ -255,7 +284,12 @@ pub fn spawn_driver(
         done_tx,
         spare.clone(),
     ));
-    (LinkHandle { tx: cmd_tx, spare }, in_rx, done_rx)
+    let handle = LinkHandle {
+        tx: cmd_tx,
+        spare,
+        retired: Rc::default(),
+    };
+    (handle, in_rx, done_rx)
 }
 
 async fn drive(
