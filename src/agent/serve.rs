@@ -133,13 +133,12 @@ pub async fn serve_stream(cfg: Rc<AgentConfig>, s: yamux::Stream) {
 /// A request's IDs for the agent's log lines: `X-Request-ID` (else the
 /// trace ID, else `unknown`, spec 03) and the W3C trace ID (else empty).
 fn log_ids(head: &http_parse::RequestHead) -> (String, String) {
+    // A valid traceparent carries its trace ID, lower-case hex, at 3..35.
     let trace_id = head
         .header("traceparent")
-        .and_then(trace_context::parse)
-        .map(|p| {
-            let h = trace_context::encode(&p);
-            String::from_utf8_lossy(h.get(3..35).unwrap_or(&[])).into_owned()
-        })
+        .filter(|v| trace_context::parse(v).is_some())
+        .and_then(|v| v.get(3..35))
+        .map(|id| String::from_utf8_lossy(id).into_owned())
         .unwrap_or_default();
     let request_id = head
         .header("x-request-id")
@@ -268,4 +267,33 @@ async fn proxy(
     s.flush().await.map_err(ProxyError::AfterHead)?;
     let _ = s.close().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(extra: &str) -> http_parse::RequestHead {
+        let raw = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\n{extra}\r\n");
+        match http_parse::parse_request_head(raw.as_bytes()) {
+            Ok(Some((h, _))) => h,
+            other => panic!("test head did not parse: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn log_ids_take_the_trace_id_from_a_valid_traceparent_only() {
+        let tp = "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n";
+        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+        // No X-Request-ID: the trace ID stands in for it (spec 03).
+        assert_eq!(log_ids(&head(tp)), (id.to_string(), id.to_string()));
+        let both = format!("{tp}X-Request-ID: abc\r\n");
+        assert_eq!(log_ids(&head(&both)), ("abc".to_string(), id.to_string()));
+        // Upper-case hex is not a valid traceparent: no trace ID.
+        let bad = tp
+            .to_ascii_uppercase()
+            .replace("TRACEPARENT", "traceparent");
+        assert_eq!(log_ids(&head(&bad)), ("unknown".to_string(), String::new()));
+        assert_eq!(log_ids(&head("")), ("unknown".to_string(), String::new()));
+    }
 }

@@ -121,18 +121,33 @@ impl Headers {
         }
     }
 
+    /// The value of `f` when its name is `name` (case-insensitive),
+    /// compared as bytes: lookups run many times per request and need no
+    /// UTF-8 check of every name they pass.
+    fn value_if_named<'a>(&'a self, f: &[u32; 3], name: &str) -> Option<&'a [u8]> {
+        let [a, b, c] = f.map(|x| x as usize);
+        let n = self.raw.get(a..b)?;
+        n.eq_ignore_ascii_case(name.as_bytes())
+            .then(|| self.raw.get(b..c).unwrap_or(&[]))
+    }
+
+    /// Values of the fields named `name`, in order.
+    fn values_named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.fields
+            .iter()
+            .filter_map(move |f| self.value_if_named(f, name))
+    }
+
     /// First value with this (case-insensitive) name.
     pub fn get(&self, name: &str) -> Option<&[u8]> {
-        self.iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
+        self.fields
+            .iter()
+            .find_map(|f| self.value_if_named(f, name))
     }
 
     /// Every value with this (case-insensitive) name, in order.
     pub fn get_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
-        self.iter()
-            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
+        self.values_named(name)
     }
 
     /// Headers built from httparse's parsed fields.
