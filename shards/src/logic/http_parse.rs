@@ -189,8 +189,8 @@ impl<'a> IntoIterator for &'a Headers {
 /// A parsed request head; header names are kept as sent, values as bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestHead {
-    /// Method, e.g. `POST`.
-    pub method: String,
+    /// Method, e.g. `POST` (the common ones without an allocation).
+    pub method: std::borrow::Cow<'static, str>,
     /// Request target as sent.
     pub path: String,
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
@@ -292,12 +292,25 @@ fn has_bare_line_end(b: &[u8]) -> bool {
     })
 }
 
+/// The method as a static string when it is a common one.
+fn known_method(m: &str) -> std::borrow::Cow<'static, str> {
+    const KNOWN: [&str; 7] = ["POST", "GET", "OPTIONS", "HEAD", "PUT", "DELETE", "PATCH"];
+    match KNOWN.iter().find(|k| **k == m) {
+        Some(k) => std::borrow::Cow::Borrowed(k),
+        None => std::borrow::Cow::Owned(m.to_string()),
+    }
+}
+
 /// A target in absolute form (`http://host/path`) as origin form (`/path`).
 fn origin_form(target: &str) -> String {
-    let lower = target.get(..8).unwrap_or(target).to_ascii_lowercase();
-    let rest = if lower.starts_with("http://") {
+    let scheme = |p: &str| {
+        target
+            .get(..p.len())
+            .is_some_and(|t| t.eq_ignore_ascii_case(p))
+    };
+    let rest = if scheme("http://") {
         target.get(7..)
-    } else if lower.starts_with("https://") {
+    } else if scheme("https://") {
         target.get(8..)
     } else {
         return target.to_string();
@@ -419,7 +432,7 @@ fn parse_request_head_within(
     if req.headers.len() > max_headers {
         return Err(HeadError::TooLarge("too many header fields"));
     }
-    let method = req.method.unwrap_or("").to_string();
+    let method = known_method(req.method.unwrap_or(""));
     let path = origin_form(req.path.unwrap_or(""));
     let minor_version = req.version.unwrap_or(1);
     let headers = Headers::from_parsed(req.headers);

@@ -114,7 +114,7 @@ pub async fn serve(shard: &Rc<Shard>, conn: &mut Conn, head: &RequestHead, path:
     {
         return respond::send_json(conn, status, &body, keep).await;
     }
-    match (head.method.as_str(), path) {
+    match (&*head.method, path) {
         ("GET", "/admin/routing-table") => {
             let body = routing_table(shard).await;
             respond::send_json(conn, 200, &body, keep).await

@@ -492,7 +492,7 @@ fn finish(shard: &Shard, conn: &Conn, p: &PendingRequest, end: Ending) {
                 .peer_addr()
                 .map(|a| a.ip().to_string())
                 .unwrap_or_default(),
-            method: p.head.method.clone(),
+            method: p.head.method.to_string(),
             path: p.head.path_only().to_string(),
         });
     }
@@ -659,8 +659,8 @@ fn record_attempt(
     }
     let labels = || {
         (
-            agent.reg.region.clone(),
-            agent.reg.engine.clone(),
+            agent.labels.0.clone(),
+            agent.labels.1.clone(),
             tenant.clone(),
         )
     };
@@ -724,7 +724,7 @@ fn record_rejection(
     if r != Rejection::QueueTimeout {
         *m.stats
             .failed
-            .entry((String::new(), String::new(), tenant))
+            .entry(("".into(), "".into(), tenant))
             .or_default() += 1;
     }
     if let Some(n) = m.shed_log.hit(clock::now(), Duration::from_secs(1)) {

@@ -153,6 +153,16 @@ impl Upstream<'_> {
         }
     }
 
+    /// Hand the finished stream to its link: its closing frame leaves with
+    /// the next request on the link instead of in a send (and an agent
+    /// wake-up) of its own. Only for a stream read to its end: a failed
+    /// or abandoned one is dropped at once, its reset is what stops the
+    /// agent.
+    fn retire(self) {
+        let Upstream { conn, link, .. } = self;
+        link.retire(conn.into_parts().0.into_inner());
+    }
+
     /// More of a body whose end is known: EOF, a stall or a cut fails it.
     async fn more_body(&mut self) -> Result<(), RelayEnd> {
         match self.fill().await {
@@ -265,11 +275,8 @@ async fn relay_buffered(
     let mut out = Vec::with_capacity(512 + n);
     respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, client);
     out.extend_from_slice(body);
-    // The stream is done with: retired to its link before the client
-    // write, its closing frame leaves with the next request on the link
-    // instead of in a send (and an agent wake-up) of its own.
-    let Upstream { conn, link, .. } = up;
-    link.retire(conn.into_parts().0.into_inner());
+    // The stream is done with: retired before the client write.
+    up.retire();
     match client.write_all(out).await {
         Ok(()) => RelayEnd::Done(tokens),
         Err(_) => RelayEnd::ClientGone,
@@ -345,9 +352,16 @@ async fn relay_chunks(
         }
         http_write::write_chunk(&mut out, &payload);
         payload.clear();
-        let finished = !until_close && dec.is_done();
-        if finished {
+        if !until_close && dec.is_done() {
+            // Whole: the stream is retired before the last write, as in
+            // relay_buffered (its closing frame rides with the next
+            // request instead of waking the agent once more).
             out.extend_from_slice(http_write::LAST_CHUNK);
+            up.retire();
+            return match client.write_all(out).await {
+                Ok(()) => RelayEnd::Done(meter.seen.then_some(meter.tokens)),
+                Err(_) => RelayEnd::ClientGone,
+            };
         }
         if !out.is_empty() {
             if client.write_all(std::mem::take(&mut out)).await.is_err() {
@@ -355,11 +369,9 @@ async fn relay_chunks(
             }
             out = Vec::with_capacity(16 * 1024);
         }
-        if finished {
-            return RelayEnd::Done(meter.seen.then_some(meter.tokens));
-        }
         let fail = match up.fill().await {
             Ok(0) if until_close => {
+                up.retire();
                 let _ = client.write_all(http_write::LAST_CHUNK.to_vec()).await;
                 return RelayEnd::Done(meter.seen.then_some(meter.tokens));
             }

@@ -226,7 +226,7 @@ async fn route(
     let method = if shard.router.audit.is_some() {
         head.method.clone()
     } else {
-        String::new()
+        std::borrow::Cow::Borrowed("")
     };
     let next = match route_audited(shard, conn, head, &path, started, keep, &mut principal).await {
         Routed::Done(n) => n,
@@ -361,7 +361,7 @@ async fn route_audited(
         *principal = Some(p);
         return Routed::Done(done.into());
     }
-    let done = match (head.method.as_str(), path) {
+    let done = match (&*head.method, path) {
         (_, "/v1/models") => {
             respond::send_error(conn, &respond::method_not_allowed(&head.method, path), keep).await
         }

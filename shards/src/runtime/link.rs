@@ -172,8 +172,6 @@ type OpenReply = oneshot::Sender<Result<yamux::Stream, io::Error>>;
 enum Command {
     /// Open an outbound stream.
     Open(OpenReply),
-    /// The spare stream was taken: open the next one.
-    Refill,
     /// Close the connection now (an agent removed for silence).
     Close,
 }
@@ -219,11 +217,19 @@ impl LinkHandle {
 
     /// Open a raw yamux stream.
     pub async fn open_raw(&self) -> io::Result<yamux::Stream> {
-        // Closing frames of finished streams go out with this one.
-        let retired = std::mem::take(&mut *self.retired.borrow_mut());
-        drop(retired);
+        // Closing frames of finished streams go out with this one. The
+        // list is emptied outside the borrow and its buffer kept.
+        let mut gone = std::mem::take(&mut *self.retired.borrow_mut());
+        gone.clear();
+        {
+            let mut r = self.retired.borrow_mut();
+            if r.capacity() == 0 {
+                *r = gone;
+            }
+        }
+        // The driver opens the next spare when this one's first frame
+        // wakes it (no command, no extra wake).
         if let Some(s) = self.spare.take() {
-            let _ = self.tx.unbounded_send(Command::Refill);
             return Ok(s);
         }
         let (tx, rx) = oneshot::channel();
@@ -302,7 +308,8 @@ async fn drive(
 ) {
     let mut pending: Option<OpenReply> = None;
     let mut closing = false;
-    let mut refill = true;
+    // A failed open stops refilling: the link is failing.
+    let mut refill_failed = false;
     let _ = futures::future::poll_fn(|cx| {
         loop {
             let mut progressed = false;
@@ -310,26 +317,18 @@ async fn drive(
             if pending.is_none() && !closing {
                 match cmd_rx.poll_next_unpin(cx) {
                     Poll::Ready(Some(Command::Open(r))) => pending = Some(r),
-                    Poll::Ready(Some(Command::Refill)) => {
-                        refill = true;
-                        progressed = true;
-                    }
                     Poll::Ready(Some(Command::Close)) | Poll::Ready(None) => closing = true,
                     Poll::Pending => {}
                 }
             }
-            if refill && pending.is_none() && !closing {
+            if !refill_failed && pending.is_none() && !closing && is_empty(&spare) {
                 match conn.poll_new_outbound(cx) {
                     Poll::Ready(Ok(s)) => {
-                        refill = false;
-                        // A spare still there (a Refill raced a fallback
-                        // open) is dropped unused: yamux resets a stream
-                        // the remote never saw, which it ignores.
                         spare.set(Some(s));
                         progressed = true;
                     }
                     // The link is failing: the inbound poll below ends it.
-                    Poll::Ready(Err(_)) => refill = false,
+                    Poll::Ready(Err(_)) => refill_failed = true,
                     Poll::Pending => {}
                 }
             }
@@ -371,6 +370,14 @@ async fn drive(
     })
     .await;
     drop(done);
+}
+
+/// Whether the spare slot is empty (a `Cell` cannot be looked into).
+fn is_empty(spare: &Cell<Option<yamux::Stream>>) -> bool {
+    let s = spare.take();
+    let empty = s.is_none();
+    spare.set(s);
+    empty
 }
 
 /// Accept the protocol on an inbound stream.

@@ -207,12 +207,22 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot]) {
         for (m, st) in &s.models {
             for ((region, engine, tenant), n) in &st.routed {
                 *routed
-                    .entry((region.clone(), engine.clone(), m.clone(), tenant.clone()))
+                    .entry((
+                        region.to_string(),
+                        engine.to_string(),
+                        m.clone(),
+                        tenant.clone(),
+                    ))
                     .or_default() += n;
             }
             for ((region, engine, tenant), n) in &st.failed {
                 *failed
-                    .entry((region.clone(), engine.clone(), m.clone(), tenant.clone()))
+                    .entry((
+                        region.to_string(),
+                        engine.to_string(),
+                        m.clone(),
+                        tenant.clone(),
+                    ))
                     .or_default() += n;
             }
             let e = per_model.entry(m.clone()).or_default();

@@ -75,6 +75,40 @@ fn extras<'a>(conn: &'a Conn, more: &[(&'static str, &'a [u8])]) -> Vec<(&'stati
     v
 }
 
+/// [`extras`] handed to `f` from the stack when they fit (the relayed
+/// head of every proxied response: no allocation per request).
+fn with_extras<'a, R>(
+    conn: &'a Conn,
+    more: &[(&'static str, &'a [u8])],
+    f: impl FnOnce(&[(&'static str, &'a [u8])]) -> R,
+) -> R {
+    const INLINE: usize = 16;
+    let n = CORS.len() + 2 + conn.reply_headers.len() + more.len();
+    if n > INLINE {
+        return f(&extras(conn, more));
+    }
+    let mut a: [(&'static str, &'a [u8]); INLINE] = [("", &[]); INLINE];
+    let mut len = 0;
+    let mut put = |h: (&'static str, &'a [u8])| {
+        if let Some(slot) = a.get_mut(len) {
+            *slot = h;
+            len += 1;
+        }
+    };
+    CORS.iter().copied().for_each(&mut put);
+    if !conn.request_id.is_empty() {
+        put(("X-Request-ID", conn.request_id.as_bytes()));
+    }
+    if let Some(t) = &conn.trace {
+        put(("traceparent", &t.header[..]));
+    }
+    conn.reply_headers
+        .iter()
+        .for_each(|(n, b)| put((*n, b.as_slice())));
+    more.iter().copied().for_each(&mut put);
+    f(a.get(..len).unwrap_or(&[]))
+}
+
 /// Write a whole response; returns whether the connection stays open.
 async fn send(conn: &mut Conn, out: Vec<u8>, keep: bool) -> bool {
     conn.write_all(out).await.is_ok() && keep
@@ -260,14 +294,9 @@ pub fn relayed_head(
     } else {
         &[]
     };
-    http_write::write_response_head(
-        out,
-        head.status,
-        head.headers.iter(),
-        framing,
-        keep,
-        &extras(conn, more),
-    );
+    with_extras(conn, more, |extra| {
+        http_write::write_response_head(out, head.status, head.headers.iter(), framing, keep, extra)
+    });
 }
 
 /// The error for a method a known route does not take.
@@ -281,4 +310,33 @@ pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
 /// The error for an unknown route.
 pub fn no_route(method: &str, path: &str) -> ApiError {
     ApiError::new(ErrorCode::NotFound, format!("no route for {method} {path}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::executor::{run_on_runtime, DriverChoice};
+
+    /// The stack copy of the extra headers is the same list as the
+    /// allocated one, in order, below, at and past its inline size.
+    #[test]
+    fn extras_from_the_stack_match_the_allocated_ones() {
+        run_on_runtime(DriverChoice::Auto, |_| async {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = l.local_addr().expect("addr");
+            let s = monoio::net::TcpStream::connect(addr)
+                .await
+                .expect("connect");
+            let mut conn = Conn::new(s, Vec::new());
+            conn.request_id = "req-1".into();
+            conn.trace = Some(new_trace());
+            let more: [(&'static str, &[u8]); 2] = [("A", b"1"), ("B", b"2")];
+            for n in 0..14 {
+                conn.reply_headers = (0..n).map(|i| ("X-Reply", vec![b'a' + i])).collect();
+                let stack = with_extras(&conn, &more, |x| x.to_vec());
+                assert_eq!(stack, extras(&conn, &more), "{n} reply headers");
+                assert_eq!(stack.len(), CORS.len() + 2 + n as usize + more.len());
+            }
+        });
+    }
 }

@@ -3,6 +3,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use super::Waiters;
 use crate::logic::control::Registration;
@@ -20,6 +21,9 @@ pub struct Agent {
     pub id: u64,
     /// What it declared.
     pub reg: Registration,
+    /// Its region and engine as counter labels (shared, not copied per
+    /// request).
+    pub labels: (Arc<str>, Arc<str>),
     /// Opens request streams.
     pub link: LinkHandle,
     /// Heartbeats arrive in time.
@@ -83,6 +87,7 @@ impl Agent {
         };
         Agent {
             id,
+            labels: (reg.region.as_str().into(), reg.engine.as_str().into()),
             reg,
             link,
             live: Cell::new(true),

@@ -62,7 +62,7 @@ pub struct DurationSeries {
 }
 
 /// Region and engine of an agent, and the tenant (the routing counters' labels).
-pub type RegionEngine = (String, String, Arc<str>);
+pub type RegionEngine = (Arc<str>, Arc<str>, Arc<str>);
 
 /// A tenant's counters on one model (labels `tenant_id`, `key_id`).
 #[derive(Debug, Clone, Default, Serialize)]
