@@ -61,9 +61,14 @@ impl BackendUrl {
         })
     }
 
-    /// Full path for a request path.
-    pub fn path(&self, p: &str) -> String {
-        format!("{}{}", self.prefix, p)
+    /// Full path for a request path (borrowed when there is no prefix:
+    /// no allocation per request in the common case).
+    pub fn path<'a>(&self, p: &'a str) -> std::borrow::Cow<'a, str> {
+        if self.prefix.is_empty() {
+            std::borrow::Cow::Borrowed(p)
+        } else {
+            std::borrow::Cow::Owned(format!("{}{}", self.prefix, p))
+        }
     }
 }
 
@@ -90,9 +95,13 @@ pub fn release(url: &BackendUrl, conn: Conn, head: &ResponseHead) {
     }
     IDLE.with(|m| {
         let mut m = m.borrow_mut();
-        let v = m.entry(url.authority.clone()).or_default();
-        if v.len() < MAX_IDLE {
-            v.push(conn);
+        // Looked up before inserting: the key is copied only once.
+        match m.get_mut(&url.authority) {
+            Some(v) if v.len() < MAX_IDLE => v.push(conn),
+            Some(_) => {}
+            None => {
+                m.insert(url.authority.clone(), vec![conn]);
+            }
         }
     });
 }

@@ -26,7 +26,7 @@ pub struct AuditRecord {
     /// Request start, Unix seconds and nanoseconds (UTC).
     pub started: (u64, u32),
     /// `X-Request-ID`.
-    pub request_id: String,
+    pub request_id: crate::logic::request_id::RequestId,
     /// Tenant (`default` without auth, empty before authentication).
     pub tenant_id: Arc<str>,
     /// Key ID (`anonymous` without auth).
@@ -116,7 +116,7 @@ pub fn render(r: &AuditRecord) -> String {
         log_type: "audit",
         level: if r.status < 400 { "info" } else { "error" },
         ts: timefmt::rfc3339_nanos(r.started.0, r.started.1),
-        request_id: &r.request_id,
+        request_id: r.request_id.as_str(),
         tenant_id: &r.tenant_id,
         key_id: &r.key_id,
         model: &r.model,
@@ -228,11 +228,13 @@ fn writer(file: std::fs::File, rx: Receiver<AuditRecord>, errors: &AtomicU64, wr
 mod tests {
     use super::*;
 
+    const ID: &str = "123e4567-e89b-12d3-a456-426614174000";
+
     #[test]
     fn a_line_has_the_spec_fields_and_utc_time() {
         let r = AuditRecord {
             started: (1_795_978_801, 5),
-            request_id: "r1".into(),
+            request_id: crate::logic::request_id::RequestId::parse(ID).unwrap_or_default(),
             tenant_id: "acme".into(),
             key_id: "sk_00".into(),
             model: "m".into(),

@@ -165,7 +165,7 @@ pub struct Conn<S = TcpStream> {
     /// timeout never loses what `buf` already holds.
     rbuf: Vec<u8>,
     /// `X-Request-ID` of the request being answered (echoed on the response).
-    pub request_id: String,
+    pub request_id: crate::logic::request_id::RequestId,
     /// Trace context of that request (its `traceparent` is echoed).
     pub trace: Option<crate::logic::trace_context::Trace>,
     /// Headers every response to the current request carries
@@ -332,7 +332,7 @@ impl<S: Transport> Conn<S> {
             stream,
             buf,
             rbuf: Vec::new(),
-            request_id: String::new(),
+            request_id: Default::default(),
             trace: None,
             reply_headers: Vec::new(),
             status: 0,

@@ -476,7 +476,7 @@ fn finish(shard: &Shard, conn: &Conn, p: &PendingRequest, end: Ending) {
     if let Some(log) = &shard.router.audit {
         log.send(AuditRecord {
             started: audit::started_at(elapsed),
-            request_id: p.request_id.clone(),
+            request_id: p.request_id,
             trace_id: audit::trace_id_of(Some(&p.trace)),
             tenant_id: p.principal.tenant_arc(),
             key_id: p.principal.key_id_arc(),

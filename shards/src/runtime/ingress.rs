@@ -53,7 +53,7 @@ async fn hold_here(shard: &Rc<Shard>, conn: &mut Conn, mut p: Box<PendingRequest
         .hold_for
         .take()
         .unwrap_or(shard.router.cfg.wake_hold_budget);
-    conn.request_id = p.request_id.clone();
+    conn.request_id = p.request_id;
     conn.trace = Some(p.trace);
     conn.reply_headers = std::mem::take(&mut p.reply_headers);
     let (method, path) = (p.head.method.clone(), p.head.path_only().to_string());
@@ -90,7 +90,7 @@ pub async fn serve(
     permit: ConnPermit,
 ) {
     if let Some(p) = first {
-        conn.request_id = p.request_id.clone();
+        conn.request_id = p.request_id;
         conn.trace = Some(p.trace);
         conn.reply_headers.clear();
         let keep = if p.hold_for.is_some() {
@@ -276,7 +276,7 @@ fn audit_here(
     let elapsed = started.elapsed();
     log.send(super::audit::AuditRecord {
         started: super::audit::started_at(elapsed),
-        request_id: conn.request_id.clone(),
+        request_id: conn.request_id,
         trace_id: super::audit::trace_id_of(conn.trace.as_ref()),
         tenant_id: principal
             .map(Principal::tenant_arc)
@@ -475,7 +475,7 @@ async fn read_inference(
         meta,
         endpoint: ep,
         received_at: started,
-        request_id: conn.request_id.clone(),
+        request_id: conn.request_id,
         trace: conn.trace.unwrap_or_else(respond::new_trace),
         principal,
         alias,

@@ -23,7 +23,7 @@ pub struct PendingRequest {
     /// When the head started arriving.
     pub received_at: Instant,
     /// `X-Request-ID` (the client's when it is a UUID, else generated).
-    pub request_id: String,
+    pub request_id: crate::logic::request_id::RequestId,
     /// Its trace context (sent on to the agent, echoed to the client).
     pub trace: crate::logic::trace_context::Trace,
     /// Who sent it.

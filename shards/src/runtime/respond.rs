@@ -7,6 +7,7 @@ use super::conn::Conn;
 use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::http_parse::{RequestHead, ResponseHead};
 use crate::logic::http_write::{self, OutFraming};
+use crate::logic::request_id::RequestId;
 use crate::logic::trace_context::{self, Trace};
 
 /// CORS headers on every response (spec 01 §1).
@@ -23,15 +24,12 @@ pub const CORS: [(&str, &[u8]); 3] = [
 pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// The request's ID: the client's `X-Request-ID` when it is a UUID, else a new v4.
-pub fn request_id(head: &RequestHead) -> String {
-    match head
-        .header("x-request-id")
+pub fn request_id(head: &RequestHead) -> RequestId {
+    head.header("x-request-id")
         .and_then(|v| std::str::from_utf8(v).ok())
         .map(str::trim)
-    {
-        Some(v) if crate::logic::request_id::valid(v) => v.to_string(),
-        _ => new_request_id(),
-    }
+        .and_then(RequestId::parse)
+        .unwrap_or_else(new_request_id)
 }
 
 /// The request's trace: the client's valid `traceparent` (with its
@@ -54,8 +52,8 @@ pub fn new_trace() -> Trace {
 }
 
 /// A fresh v4 request ID.
-pub fn new_request_id() -> String {
-    crate::logic::request_id::format_v4(rand::random::<[u8; 16]>())
+pub fn new_request_id() -> RequestId {
+    RequestId::v4(rand::random::<[u8; 16]>())
 }
 
 /// CORS, `X-Request-ID`, `traceparent`, the request's reply headers (quota state, the
@@ -328,7 +326,7 @@ mod tests {
                 .await
                 .expect("connect");
             let mut conn = Conn::new(s, Vec::new());
-            conn.request_id = "req-1".into();
+            conn.request_id = new_request_id();
             conn.trace = Some(new_trace());
             let more: [(&'static str, &[u8]); 2] = [("A", b"1"), ("B", b"2")];
             for n in 0..14 {
