@@ -211,18 +211,6 @@ impl PreciseTimer {
 /// before it (on `precise` when there is one), then busy-wait. Returns at
 /// once when `at` is past.
 pub async fn arrive_at(at: Instant, spin: Duration, precise: &mut Option<PreciseTimer>) {
-    arrive_at_working(at, spin, precise, |_| false).await
-}
-
-/// [`arrive_at`], calling `work(time left)` during the busy wait: it does
-/// one small piece of work and says whether it did (the time is not
-/// lost, and the wait is re-checked after each piece).
-pub async fn arrive_at_working(
-    at: Instant,
-    spin: Duration,
-    precise: &mut Option<PreciseTimer>,
-    mut work: impl FnMut(Duration) -> bool,
-) {
     if let Some(early) = at.checked_sub(spin) {
         let now = Instant::now();
         if early > now + COARSE_MARGIN {
@@ -237,14 +225,8 @@ pub async fn arrive_at_working(
             sleep_until(early).await;
         }
     }
-    loop {
-        let now = Instant::now();
-        if now >= at {
-            return;
-        }
-        if !work(at - now) {
-            yield_now().await;
-        }
+    while Instant::now() < at {
+        yield_now().await;
     }
 }
 

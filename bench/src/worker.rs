@@ -331,12 +331,6 @@ fn finish(
     rec.borrow_mut().record(&s);
 }
 
-/// Requests the open loop keeps built ahead of their time.
-const PREBUILT: usize = 64;
-/// Build ahead only while the next send is at least this much away (a
-/// build takes ~11 us; the margin covers a slow one).
-const BUILD_SLACK: Duration = Duration::from_micros(40);
-
 /// Open loop: send at the intended offsets (spinning the last `spin`
 /// before each); wait for every response.
 pub async fn open_loop(
@@ -357,29 +351,14 @@ pub async fn open_loop(
     // made each request touch fresh pages: ~11 us of page faults between
     // the spawn and the send).
     let inflight = Rc::new(std::cell::Cell::new(0usize));
-    // Requests are built ahead, in the order the seed gives them, while
-    // the next send is far off: building one takes ~11 us, and built
-    // right after a send it delayed a next request due sooner than that
-    // (most of the Poisson p99 send lag, perf/2026-12-01-send-lag).
-    let mut ready: std::collections::VecDeque<Vec<u8>> =
-        std::collections::VecDeque::with_capacity(PREBUILT);
+    // Each request is built before its time comes, so that at its time
+    // only the send is left.
+    let mut next = request_bytes(&spec, &mut rng);
     let mut precise = crate::timer::PreciseTimer::new();
     for off in offsets {
         let intended = start + off;
-        if ready.is_empty() {
-            ready.push_back(request_bytes(&spec, &mut rng));
-        }
-        // More are built in the busy wait while the send is far enough.
-        crate::timer::arrive_at_working(intended, spin, &mut precise, |left| {
-            if ready.len() < PREBUILT && left > BUILD_SLACK {
-                ready.push_back(request_bytes(&spec, &mut rng));
-                true
-            } else {
-                false
-            }
-        })
-        .await;
-        let bytes = ready.pop_front().unwrap_or_default();
+        crate::timer::arrive_at(intended, spin, &mut precise).await;
+        let bytes = std::mem::take(&mut next);
         inflight.set(inflight.get() + 1);
         let (sp, po, op, re, pr) = (
             spec.clone(),
@@ -400,6 +379,7 @@ pub async fn open_loop(
         // that only wakes itself is polled again at once by monoio, so
         // wait for the request's own signal instead.
         let _ = sent_rx.await;
+        next = request_bytes(&spec, &mut rng);
     }
     // Every request ends (response, error or its timeout).
     while inflight.get() > 0 {
