@@ -308,9 +308,10 @@ async fn drive(
 ) {
     let mut pending: Option<OpenReply> = None;
     let mut closing = false;
-    // A failed open stops refilling: the link is failing.
-    let mut refill_failed = false;
     let _ = futures::future::poll_fn(|cx| {
+        // A failed refill (too many streams, or the link failing) is
+        // tried again on the next wake, not again in this one.
+        let mut refill_failed = false;
         loop {
             let mut progressed = false;
             // Outbound opens, one at a time.
