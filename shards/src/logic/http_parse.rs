@@ -102,27 +102,25 @@ impl Headers {
         self.fields.is_empty()
     }
 
-    fn field(&self, f: &[u32; 3]) -> (&str, &[u8]) {
+    /// A field's name and value bytes.
+    fn raw_field(&self, f: &[u32; 3]) -> (&[u8], &[u8]) {
         let [a, b, c] = f.map(|x| x as usize);
+        (
+            self.raw.get(a..b).unwrap_or(&[]),
+            self.raw.get(b..c).unwrap_or(&[]),
+        )
+    }
+
+    fn field(&self, f: &[u32; 3]) -> (&str, &[u8]) {
+        let (name, value) = self.raw_field(f);
         // Names only ever come from `push(&str)`: valid UTF-8.
-        let name = self
-            .raw
-            .get(a..b)
-            .and_then(|n| std::str::from_utf8(n).ok())
-            .unwrap_or("");
-        (name, self.raw.get(b..c).unwrap_or(&[]))
+        (std::str::from_utf8(name).unwrap_or(""), value)
     }
 
     /// Every field in order, names as bytes: for the parsers' own checks,
     /// which compare names and need no UTF-8 check of each.
     fn iter_bytes(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
-        self.fields.iter().map(|f| {
-            let [a, b, c] = f.map(|x| x as usize);
-            (
-                self.raw.get(a..b).unwrap_or(&[]),
-                self.raw.get(b..c).unwrap_or(&[]),
-            )
-        })
+        self.fields.iter().map(|f| self.raw_field(f))
     }
 
     /// Every field in order, as `(name, value)`.
@@ -137,10 +135,8 @@ impl Headers {
     /// compared as bytes: lookups run many times per request and need no
     /// UTF-8 check of every name they pass.
     fn value_if_named<'a>(&'a self, f: &[u32; 3], name: &str) -> Option<&'a [u8]> {
-        let [a, b, c] = f.map(|x| x as usize);
-        let n = self.raw.get(a..b)?;
-        n.eq_ignore_ascii_case(name.as_bytes())
-            .then(|| self.raw.get(b..c).unwrap_or(&[]))
+        let (n, value) = self.raw_field(f);
+        n.eq_ignore_ascii_case(name.as_bytes()).then_some(value)
     }
 
     /// Values of the fields named `name`, in order.

@@ -57,19 +57,29 @@ pub fn new_request_id() -> RequestId {
 }
 
 /// CORS, `X-Request-ID`, `traceparent`, the request's reply headers (quota state, the
-/// routed model) and `more`, borrowed for the writers.
-fn extras<'a>(conn: &'a Conn, more: &[(&'static str, &'a [u8])]) -> Vec<(&'static str, &'a [u8])> {
-    let mut v: Vec<(&'static str, &'a [u8])> =
-        Vec::with_capacity(CORS.len() + 2 + conn.reply_headers.len() + more.len());
-    v.extend(CORS.iter().copied());
+/// routed model) and `more`, in that order, each handed to `put`.
+fn each_extra<'a>(
+    conn: &'a Conn,
+    more: &[(&'static str, &'a [u8])],
+    mut put: impl FnMut((&'static str, &'a [u8])),
+) {
+    CORS.iter().copied().for_each(&mut put);
     if !conn.request_id.is_empty() {
-        v.push(("X-Request-ID", conn.request_id.as_bytes()));
+        put(("X-Request-ID", conn.request_id.as_bytes()));
     }
     if let Some(t) = &conn.trace {
-        v.push(("traceparent", &t.header[..]));
+        put(("traceparent", &t.header[..]));
     }
-    v.extend(conn.reply_headers.iter().map(|(n, b)| (*n, b.as_slice())));
-    v.extend(more.iter().copied());
+    conn.reply_headers
+        .iter()
+        .for_each(|(n, b)| put((*n, b.as_slice())));
+    more.iter().copied().for_each(put);
+}
+
+/// The extra headers ([`each_extra`]) collected, borrowed for the writers.
+fn extras<'a>(conn: &'a Conn, more: &[(&'static str, &'a [u8])]) -> Vec<(&'static str, &'a [u8])> {
+    let mut v = Vec::with_capacity(CORS.len() + 2 + conn.reply_headers.len() + more.len());
+    each_extra(conn, more, |h| v.push(h));
     v
 }
 
@@ -81,29 +91,17 @@ fn with_extras<'a, R>(
     f: impl FnOnce(&[(&'static str, &'a [u8])]) -> R,
 ) -> R {
     const INLINE: usize = 16;
-    let n = CORS.len() + 2 + conn.reply_headers.len() + more.len();
-    if n > INLINE {
+    if CORS.len() + 2 + conn.reply_headers.len() + more.len() > INLINE {
         return f(&extras(conn, more));
     }
     let mut a: [(&'static str, &'a [u8]); INLINE] = [("", &[]); INLINE];
     let mut len = 0;
-    let mut put = |h: (&'static str, &'a [u8])| {
+    each_extra(conn, more, |h| {
         if let Some(slot) = a.get_mut(len) {
             *slot = h;
             len += 1;
         }
-    };
-    CORS.iter().copied().for_each(&mut put);
-    if !conn.request_id.is_empty() {
-        put(("X-Request-ID", conn.request_id.as_bytes()));
-    }
-    if let Some(t) = &conn.trace {
-        put(("traceparent", &t.header[..]));
-    }
-    conn.reply_headers
-        .iter()
-        .for_each(|(n, b)| put((*n, b.as_slice())));
-    more.iter().copied().for_each(&mut put);
+    });
     f(a.get(..len).unwrap_or(&[]))
 }
 
@@ -333,7 +331,13 @@ mod tests {
                 conn.reply_headers = (0..n).map(|i| ("X-Reply", vec![b'a' + i])).collect();
                 let stack = with_extras(&conn, &more, |x| x.to_vec());
                 assert_eq!(stack, extras(&conn, &more), "{n} reply headers");
-                assert_eq!(stack.len(), CORS.len() + 2 + n as usize + more.len());
+                let names: Vec<&str> = stack.iter().map(|(h, _)| *h).collect();
+                let mut want: Vec<&str> = CORS.iter().map(|(h, _)| *h).collect();
+                want.extend(["X-Request-ID", "traceparent"]);
+                want.extend(std::iter::repeat_n("X-Reply", usize::from(n)));
+                want.extend(["A", "B"]);
+                assert_eq!(names, want, "{n} reply headers");
+                assert_eq!(stack.last().map(|(_, v)| *v), Some(&b"2"[..]));
             }
         });
     }
