@@ -16,6 +16,7 @@ use shards::logic::http_write::{self, OutFraming};
 use shards::logic::trace_context;
 use shards::runtime::conn::{Conn, HeadRead};
 use shards::runtime::http_stream::{self, HttpStream};
+use shards::runtime::mux;
 use tracing::{debug, warn};
 
 use super::backend;
@@ -74,7 +75,7 @@ fn backend_error(status: u16, message: String) -> ApiError {
 }
 
 /// Serve one inbound stream.
-pub async fn serve_stream(cfg: Rc<AgentConfig>, s: yamux::Stream) {
+pub async fn serve_stream(cfg: Rc<AgentConfig>, s: mux::Stream) {
     // The protocol confirmation goes out with the first response bytes.
     let mut conn = match http_stream::accept(s).await {
         Ok(c) => c,

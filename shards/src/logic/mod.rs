@@ -21,6 +21,7 @@ pub mod http_parse;
 pub mod http_write;
 pub mod log_gate;
 pub mod multistream;
+pub mod mux_frame;
 pub mod policy;
 pub mod policy_set;
 pub mod preamble;

@@ -20,6 +20,7 @@ use futures::{AsyncRead, AsyncWrite};
 
 use super::conn::{futures_io_transport, Conn};
 use super::link::HTTP_PROTOCOL;
+use super::mux;
 use crate::logic::multistream::{self, Prelude};
 
 /// The multistream-select lines for [`HTTP_PROTOCOL`]: what the dialer
@@ -34,14 +35,14 @@ const MERGE: usize = 4096;
 
 /// A request stream whose multistream-select lines are still owed.
 pub struct HttpStream {
-    stream: yamux::Stream,
+    stream: mux::Stream,
     /// What of [`HTTP_LINES`] is not written yet.
     owed: &'static [u8],
 }
 
 impl HttpStream {
     /// A stream that owes its lines (either side).
-    pub fn new(stream: yamux::Stream) -> Self {
+    pub fn new(stream: mux::Stream) -> Self {
         HttpStream {
             stream,
             owed: HTTP_LINES,
@@ -49,14 +50,14 @@ impl HttpStream {
     }
 
     /// The yamux stream (what is still owed is dropped with the wrapper).
-    pub fn into_inner(self) -> yamux::Stream {
+    pub fn into_inner(self) -> mux::Stream {
         self.stream
     }
 }
 
 /// The agent's side: read the dialer's lines on `s`. Returns the stream
 /// with the bytes read past them (the start of the request), or why not.
-pub async fn accept(s: yamux::Stream) -> io::Result<Conn<HttpStream>> {
+pub async fn accept(s: mux::Stream) -> io::Result<Conn<HttpStream>> {
     let mut conn = Conn::over(HttpStream::new(s), Vec::with_capacity(8192));
     read_lines(&mut conn).await?;
     Ok(conn)

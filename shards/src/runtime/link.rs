@@ -2,27 +2,27 @@
 //! monoio TCP ([`super::link_socket::LinkSocket`]: completion-based
 //! reads, writes gathered and sent once per driver wake) -> thread-bound `Send` wrapper ->
 //! optional pre-shared-key private network (`libp2p-pnet`) -> `noise`
-//! (authenticates both PeerIds) -> `yamux` -> streams negotiated with
+//! (authenticates both PeerIds) -> yamux ([`super::mux`], the wire
+//! format of the `yamux` crate) -> streams negotiated with
 //! `multistream-select` (`V1Lazy`).
 //!
 //! Key items: [`accept`] (router side, after the preamble), [`dial`]
 //! (agent side, sends the preamble), [`spawn_driver`] and [`LinkHandle`]
-//! (the task that owns a yamux connection, keeps a spare outbound stream
-//! and opens more on request), [`accept_protocol`] for the control stream
+//! (the task that owns the multiplexed connection; handles open streams
+//! without it), [`accept_protocol`] for the control stream
 //! (request streams, on both sides, are [`super::http_stream`]: their
 //! multistream-select lines go out with their first bytes),
 //! [`write_frame`] for the control stream (frames are read through
 //! [`super::conn::Conn::read_frame`]).
 
-use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::rc::Rc;
 use std::task::Poll;
 
-use futures::channel::{mpsc, oneshot};
-use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
+use futures::channel::oneshot;
+use futures::{AsyncReadExt, AsyncWriteExt};
 use libp2p_core::upgrade::{InboundConnectionUpgrade, OutboundConnectionUpgrade};
 use libp2p_identity::{Keypair, PeerId};
 use libp2p_pnet::{PnetConfig, PreSharedKey};
@@ -30,6 +30,7 @@ use monoio::io::AsyncWriteRentExt;
 
 use super::io::{BoxIo, Prefixed, ThreadBound};
 use super::link_socket::{Flusher, LinkSocket};
+use super::mux;
 use crate::logic::control::{self, ControlMsg};
 use crate::logic::preamble;
 
@@ -39,7 +40,7 @@ pub const HTTP_PROTOCOL: &str = "/http/1.1";
 pub const CONTROL_PROTOCOL: &str = "/hivenet/control/1.0.0";
 
 /// A negotiated stream.
-pub type LinkStream = multistream_select::Negotiated<yamux::Stream>;
+pub type LinkStream = multistream_select::Negotiated<mux::Stream>;
 
 /// Why a link could not be set up.
 #[derive(Debug)]
@@ -70,21 +71,13 @@ impl From<io::Error> for LinkError {
     }
 }
 
-/// Streams a link accepts at once. yamux terminates the whole connection
-/// when an inbound stream would exceed its limit (seen at 20k req/s with an
-/// agent declaring capacity 100000: every request then failed), so the
-/// router also caps an agent's capacity well below it ([`MAX_AGENT_CAPACITY`]).
+/// Streams the peer may have open on a link at once; more are reset
+/// one by one (the link stays up). The router also caps an agent's
+/// capacity well below it ([`MAX_AGENT_CAPACITY`]).
 pub const MAX_LINK_STREAMS: usize = 4096;
 
 /// Largest capacity the router grants one agent (slots = concurrent streams).
 pub const MAX_AGENT_CAPACITY: u32 = 1024;
-
-fn yamux_config() -> yamux::Config {
-    let mut c = yamux::Config::default();
-    // 4096 x 256 KiB default credit = the default 1 GiB connection window.
-    c.set_max_num_streams(MAX_LINK_STREAMS);
-    c
-}
 
 /// Sent by both sides right after the private-network handshake: a peer
 /// with another key decrypts garbage, so a mismatch is reported at once
@@ -115,7 +108,7 @@ async fn secure(io: BoxIo, psk: Option<PreSharedKey>) -> Result<BoxIo, LinkError
 
 /// A handshaken link, ready for [`spawn_driver`].
 pub struct Link {
-    conn: yamux::Connection<BoxIo>,
+    conn: mux::Connection,
     flusher: Flusher,
 }
 
@@ -137,7 +130,7 @@ pub async fn accept(
         .await
         .map_err(|e| LinkError::Noise(e.to_string()))?;
     let io: BoxIo = Box::new(out);
-    let conn = yamux::Connection::new(io, yamux_config(), yamux::Mode::Server);
+    let conn = mux::Connection::new(io, mux::Mode::Server, MAX_LINK_STREAMS);
     Ok((peer, Link { conn, flusher }))
 }
 
@@ -162,87 +155,46 @@ pub async fn dial(
         .await
         .map_err(|e| LinkError::Noise(e.to_string()))?;
     let io: BoxIo = Box::new(out);
-    let conn = yamux::Connection::new(io, yamux_config(), yamux::Mode::Client);
+    let conn = mux::Connection::new(io, mux::Mode::Client, MAX_LINK_STREAMS);
     Ok((peer, Link { conn, flusher }))
 }
 
-type OpenReply = oneshot::Sender<Result<yamux::Stream, io::Error>>;
+/// Closes the link when the last [`LinkHandle`] goes.
+struct CloseOnDrop(mux::Opener);
 
-/// What a [`LinkHandle`] asks of the link's driver.
-enum Command {
-    /// Open an outbound stream.
-    Open(OpenReply),
-    /// Close the connection now (an agent removed for silence).
-    Close,
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 /// Opens streams on a link driven by [`spawn_driver`]. Dropping every
 /// handle, or [`LinkHandle::close`], closes the link.
 #[derive(Clone)]
 pub struct LinkHandle {
-    tx: mpsc::UnboundedSender<Command>,
-    /// An outbound stream the driver opened ahead of need (yamux sends
-    /// nothing for it until its first write). Taking it saves the round
-    /// trip through the driver task per request, and with it the extra
-    /// task hops that made the runtime enter the kernel once more before
-    /// the request went out (issue 14).
-    spare: Rc<Cell<Option<yamux::Stream>>>,
-    /// Finished request streams kept until the next open on this link
-    /// (see [`LinkHandle::retire`]).
-    retired: Rc<RefCell<Vec<yamux::Stream>>>,
+    opener: mux::Opener,
+    _last: Rc<CloseOnDrop>,
 }
 
-/// Most finished streams kept for a link before they are let go at once.
-const MAX_RETIRED: usize = 64;
-
 impl LinkHandle {
-    /// Keep a finished stream until the next stream is opened on this
-    /// link. Dropping it sends yamux's closing frame; sent at once, that
-    /// frame reached the agent alone, after its response, and woke it
-    /// for nothing (one system call and one context switch per request
-    /// on the agent). Kept, it leaves with the next request. The agent
-    /// does not wait for it: it has closed and forgotten the stream.
-    pub fn retire(&self, s: yamux::Stream) {
-        let full = {
-            let mut r = self.retired.borrow_mut();
-            r.push(s);
-            if r.len() >= MAX_RETIRED {
-                std::mem::take(&mut *r)
-            } else {
-                Vec::new()
-            }
-        };
-        drop(full);
+    /// Let go of a finished stream. Its closing frame leaves with the
+    /// link's next traffic instead of on its own: sent at once, it
+    /// reached the agent alone, after its response, and woke it for
+    /// nothing (one system call and one context switch per request on
+    /// the agent). The agent does not wait for it: it has closed and
+    /// forgotten the stream.
+    pub fn retire(&self, s: mux::Stream) {
+        s.drop_quietly();
     }
 
-    /// Open a raw yamux stream.
-    pub async fn open_raw(&self) -> io::Result<yamux::Stream> {
-        // Closing frames of finished streams go out with this one. The
-        // list is emptied outside the borrow and its buffer kept.
-        let mut gone = std::mem::take(&mut *self.retired.borrow_mut());
-        gone.clear();
-        {
-            let mut r = self.retired.borrow_mut();
-            if r.capacity() == 0 {
-                *r = gone;
-            }
-        }
-        // The driver opens the next spare when this one's first frame
-        // wakes it (no command, no extra wake).
-        if let Some(s) = self.spare.take() {
-            return Ok(s);
-        }
-        let (tx, rx) = oneshot::channel();
-        self.tx
-            .unbounded_send(Command::Open(tx))
-            .map_err(|_| io::Error::new(io::ErrorKind::ConnectionAborted, "link closed"))?;
-        rx.await
-            .map_err(|_| io::Error::new(io::ErrorKind::ConnectionAborted, "link closed"))?
+    /// Open a raw stream (no I/O: its first frame carries the open).
+    pub async fn open_raw(&self) -> io::Result<mux::Stream> {
+        self.opener.open()
     }
 
     /// Open a stream and select `protocol` lazily (0-RTT).
     pub async fn open(&self, protocol: &'static str) -> io::Result<LinkStream> {
-        let s = self.open_raw().await?;
+        let s = self.opener.open()?;
         multistream_select::dialer_select_proto(s, [protocol], multistream_select::Version::V1Lazy)
             .await
             .map(|(_, n)| n)
@@ -251,139 +203,58 @@ impl LinkHandle {
 
     /// Close the link even while other handles exist.
     pub fn close(&self) {
-        let _ = self.tx.unbounded_send(Command::Close);
+        self.opener.close();
     }
 
     /// A handle with no link behind it (every open fails): for unit tests
     /// of the state that holds handles.
     #[cfg(test)]
     pub fn detached() -> Self {
-        let (tx, _rx) = mpsc::unbounded();
+        let opener = mux::Opener::detached();
         LinkHandle {
-            tx,
-            spare: Rc::default(),
-            retired: Rc::default(),
+            _last: Rc::new(CloseOnDrop(opener.clone())),
+            opener,
         }
     }
 }
 
-/// Spawn the task that owns `conn` on the current shard. Returns a handle
+/// Spawn the task that owns `link` on the current shard. Returns a handle
 /// to open streams, the inbound streams, and a receiver that completes
 /// when the connection ends.
-pub fn spawn_driver(
-    link: Link,
-) -> (
-    LinkHandle,
-    mpsc::UnboundedReceiver<yamux::Stream>,
-    oneshot::Receiver<()>,
-) {
-    let (cmd_tx, cmd_rx) = mpsc::unbounded::<Command>();
-    let (in_tx, in_rx) = mpsc::unbounded();
+pub fn spawn_driver(link: Link) -> (LinkHandle, mux::Inbound, oneshot::Receiver<()>) {
     let (done_tx, done_rx) = oneshot::channel::<()>();
     link.flusher.defer();
-    let spare: Rc<Cell<Option<yamux::Stream>>> = Rc::default();
-    monoio::spawn(drive(
-        link.conn,
-        link.flusher,
-        cmd_rx,
-        in_tx,
-        done_tx,
-        spare.clone(),
-    ));
+    let opener = link.conn.opener();
+    let inbound = link.conn.inbound();
+    monoio::spawn(drive(link.conn, link.flusher, done_tx));
     let handle = LinkHandle {
-        tx: cmd_tx,
-        spare,
-        retired: Rc::default(),
+        _last: Rc::new(CloseOnDrop(opener.clone())),
+        opener,
     };
-    (handle, in_rx, done_rx)
+    (handle, inbound, done_rx)
 }
 
-async fn drive(
-    mut conn: yamux::Connection<BoxIo>,
-    flusher: Flusher,
-    mut cmd_rx: mpsc::UnboundedReceiver<Command>,
-    in_tx: mpsc::UnboundedSender<yamux::Stream>,
-    done: oneshot::Sender<()>,
-    spare: Rc<Cell<Option<yamux::Stream>>>,
-) {
-    let mut pending: Option<OpenReply> = None;
-    let mut closing = false;
-    let _ = futures::future::poll_fn(|cx| {
-        // A failed refill (too many streams, or the link failing) is
-        // tried again on the next wake, not again in this one.
-        let mut refill_failed = false;
-        loop {
-            let mut progressed = false;
-            // Outbound opens, one at a time.
-            if pending.is_none() && !closing {
-                match cmd_rx.poll_next_unpin(cx) {
-                    Poll::Ready(Some(Command::Open(r))) => pending = Some(r),
-                    Poll::Ready(Some(Command::Close)) | Poll::Ready(None) => closing = true,
-                    Poll::Pending => {}
-                }
-            }
-            if !refill_failed && pending.is_none() && !closing && is_empty(&spare) {
-                match conn.poll_new_outbound(cx) {
-                    Poll::Ready(Ok(s)) => {
-                        spare.set(Some(s));
-                        progressed = true;
-                    }
-                    // The link is failing: the inbound poll below ends it.
-                    Poll::Ready(Err(_)) => refill_failed = true,
-                    Poll::Pending => {}
-                }
-            }
-            if let Some(reply) = pending.take() {
-                match conn.poll_new_outbound(cx) {
-                    Poll::Ready(r) => {
-                        let _ = reply.send(r.map_err(|e| {
-                            io::Error::new(io::ErrorKind::ConnectionAborted, e.to_string())
-                        }));
-                        progressed = true;
-                    }
-                    Poll::Pending => pending = Some(reply),
-                }
-            }
-            if closing {
-                drop(spare.take());
-                return match conn.poll_close(cx) {
-                    Poll::Ready(_) => Poll::Ready(()),
-                    Poll::Pending => Poll::Pending,
-                };
-            }
-            // Inbound streams; this also drives all of the connection's I/O.
-            match conn.poll_next_inbound(cx) {
-                Poll::Ready(Some(Ok(s))) => {
-                    let _ = in_tx.unbounded_send(s);
-                    progressed = true;
-                }
-                Poll::Ready(Some(Err(_))) | Poll::Ready(None) => return Poll::Ready(()),
-                Poll::Pending => {}
-            }
-            if !progressed {
-                // Everything this wake wrote goes out in one send.
-                return match flusher.poll_send(cx) {
-                    Poll::Ready(Err(_)) => Poll::Ready(()),
-                    _ => Poll::Pending,
-                };
-            }
+async fn drive(mut conn: mux::Connection, flusher: Flusher, done: oneshot::Sender<()>) {
+    let _ = futures::future::poll_fn(|cx| match conn.poll_drive(cx) {
+        Poll::Ready(r) => {
+            // A go-away written on the way out still gets its send.
+            let _ = flusher.poll_send(cx);
+            Poll::Ready(r)
         }
+        // Everything this wake wrote goes out in one send.
+        Poll::Pending => match flusher.poll_send(cx) {
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            _ => Poll::Pending,
+        },
     })
     .await;
+    drop(conn);
     drop(done);
-}
-
-/// Whether the spare slot is empty (a `Cell` cannot be looked into).
-fn is_empty(spare: &Cell<Option<yamux::Stream>>) -> bool {
-    let s = spare.take();
-    let empty = s.is_none();
-    spare.set(s);
-    empty
 }
 
 /// Accept the protocol on an inbound stream.
 pub async fn accept_protocol(
-    s: yamux::Stream,
+    s: mux::Stream,
     protocols: &[&'static str],
 ) -> io::Result<(&'static str, LinkStream)> {
     multistream_select::listener_select_proto(s, protocols.iter().copied())

@@ -21,7 +21,7 @@
 //!   buckets) and [`audit`] (the audit writer thread);
 //! - [`mesh`], [`pending`], [`views`]: the messages between shards;
 //! - [`conn`] (one buffered read-and-parse loop over TCP and yamux),
-//!   [`link`] + [`io`] (the libp2p stack), [`executor`], [`clock`],
+//!   [`link`] + [`mux`] + [`io`] (the libp2p stack), [`executor`], [`clock`],
 //!   [`handoff`], [`store_api`].
 
 pub mod admin;
@@ -52,6 +52,7 @@ pub mod metrics;
 pub mod metrics_tenants;
 pub mod model;
 pub mod models_api;
+pub mod mux;
 pub mod pending;
 pub mod process_metrics;
 pub mod respond;
