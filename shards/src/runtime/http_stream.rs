@@ -28,11 +28,6 @@ use crate::logic::multistream::{self, Prelude};
 /// bytes, checked against [`multistream::confirmation`] in the tests.
 pub const HTTP_LINES: &[u8] = b"\x13/multistream/1.0.0\n\x0a/http/1.1\n";
 
-/// Largest first write merged with the owed lines on the stack (yamux
-/// frames carry at most 16 KiB anyway; more goes in the next frame of the
-/// same flush).
-const MERGE: usize = 4096;
-
 /// A request stream whose multistream-select lines are still owed.
 pub struct HttpStream {
     stream: mux::Stream,
@@ -126,30 +121,15 @@ impl AsyncWrite for HttpStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        while !this.owed.is_empty() {
-            // The owed bytes and the start of `buf` in one write.
-            let mut joined = [0u8; MERGE];
-            let owed = this.owed.len();
-            let take = buf.len().min(MERGE.saturating_sub(owed));
-            let (head, tail) = joined.split_at_mut(owed);
-            head.copy_from_slice(this.owed);
-            let data = buf.get(..take).unwrap_or(&[]);
-            if let Some(t) = tail.get_mut(..take) {
-                t.copy_from_slice(data);
-            }
-            let all = joined.get(..owed + take).unwrap_or(&[]);
-            match Pin::new(&mut this.stream).poll_write(cx, all) {
-                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Poll::Ready(Ok(n)) if n >= owed => {
+        if !this.owed.is_empty() {
+            // The owed lines and the start of `buf` in one frame.
+            return match this.stream.poll_write_prefixed(cx, this.owed, buf) {
+                Poll::Ready(Ok(n)) => {
                     this.owed = &[];
-                    if n > owed {
-                        return Poll::Ready(Ok(n - owed));
-                    }
+                    Poll::Ready(Ok(n))
                 }
-                Poll::Ready(Ok(n)) => this.owed = this.owed.get(n..).unwrap_or(&[]),
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            }
+                other => other,
+            };
         }
         Pin::new(&mut this.stream).poll_write(cx, buf)
     }

@@ -56,7 +56,9 @@ impl Hasher for IdHasher {
         }
     }
     fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n);
+        // Spread into the high bits too: the table's control bytes are
+        // taken from them.
+        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 
@@ -138,6 +140,8 @@ struct Shared {
     /// Inbound streams not yet taken through [`Inbound`].
     accepted: VecDeque<Stream>,
     acceptor: Option<Waker>,
+    /// The [`Inbound`] is gone: streams the peer opens are refused.
+    refusing: bool,
     max_inbound: usize,
     inbound: usize,
     /// No new frames: the session ended (or is ending).
@@ -242,6 +246,7 @@ impl Connection {
             blocked: Vec::new(),
             accepted: VecDeque::new(),
             acceptor: None,
+            refusing: false,
             max_inbound,
             inbound: 0,
             closed: false,
@@ -490,7 +495,11 @@ fn on_header(sh: &mut Shared, h: &Header, body: &mut Option<Body>) {
     }
     let id = h.stream;
     if h.has(SYN) && !sh.streams.contains_key(&id) {
-        if !mux_frame::opened_by_peer(id, sh.client) || sh.inbound >= sh.max_inbound || sh.closed {
+        if !mux_frame::opened_by_peer(id, sh.client)
+            || sh.inbound >= sh.max_inbound
+            || sh.closed
+            || sh.refusing
+        {
             // Not a stream the peer may open, or too many: refuse it
             // alone, the session stays up.
             sh.push(Header::window_update(id, RST, 0), &[]);
@@ -613,6 +622,7 @@ impl Opener {
             blocked: Vec::new(),
             accepted: VecDeque::new(),
             acceptor: None,
+            refusing: false,
             max_inbound: 0,
             inbound: 0,
             closed: true,
@@ -743,10 +753,24 @@ impl AsyncRead for Stream {
     }
 }
 
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
+impl Stream {
+    /// Write all of `prefix` and the start of `buf` in one frame; ready
+    /// with how much of `buf` went (at least one byte when `buf` is not
+    /// empty). For bytes owed before the caller's, without joining them
+    /// in a buffer first.
+    pub fn poll_write_prefixed(
+        &mut self,
         cx: &mut Context<'_>,
+        prefix: &[u8],
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_frame(cx, prefix, buf)
+    }
+
+    fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+        prefix: &[u8],
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let r = self.with(|sh, id| {
@@ -764,24 +788,38 @@ impl AsyncWrite for Stream {
             if slot.reset || slot.local_fin {
                 return Poll::Ready(Err(io::Error::from(io::ErrorKind::WriteZero)));
             }
-            if buf.is_empty() {
+            if buf.is_empty() && prefix.is_empty() {
                 return Poll::Ready(Ok(0));
             }
-            if slot.credit == 0 {
+            // The prefix goes whole, with at least one byte of `buf`.
+            let need = prefix.len() + usize::from(!buf.is_empty());
+            if (slot.credit as usize) < need {
                 slot.writer = Some(cx.waker().clone());
                 return Poll::Pending;
             }
-            let k = buf.len().min(slot.credit as usize).min(MAX_SEND_FRAME);
-            slot.credit -= k as u32;
+            let room = (slot.credit as usize).min(MAX_SEND_FRAME.max(need)) - prefix.len();
+            let k = buf.len().min(room);
+            let len = prefix.len() + k;
+            slot.credit -= len as u32;
             let flags = slot.take_first();
-            sh.push(
-                Header::data(id, flags, k as u32),
-                buf.get(..k).unwrap_or(&[]),
-            );
+            sh.out
+                .extend_from_slice(&Header::data(id, flags, len as u32).encode());
+            sh.out.extend_from_slice(prefix);
+            sh.out.extend_from_slice(buf.get(..k).unwrap_or(&[]));
             sh.wake_driver();
             Poll::Ready(Ok(k))
         });
         r.unwrap_or_else(|| Poll::Ready(Err(closed_err())))
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_frame(cx, &[], buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -811,9 +849,25 @@ impl AsyncWrite for Stream {
 }
 
 /// The streams the peer opens, in order (a futures `Stream`; ends when
-/// the session does).
+/// the session does). Once it is dropped, the peer's opens are refused
+/// (reset), so a side that takes no streams holds none.
 pub struct Inbound {
     shared: Rcs,
+}
+
+impl Drop for Inbound {
+    fn drop(&mut self) {
+        let queued = {
+            let mut sh = self.shared.borrow_mut();
+            sh.refusing = true;
+            std::mem::take(&mut sh.accepted)
+        };
+        // Reset what was queued (outside the borrow: each drop takes it).
+        for mut s in queued {
+            s.shared = Some(self.shared.clone());
+            drop(s);
+        }
+    }
 }
 
 impl futures::Stream for Inbound {
@@ -1190,6 +1244,21 @@ mod tests {
             opener.close();
             assert!(ours_done.await.is_ok());
             theirs_task.await;
+        });
+    }
+    #[test]
+    fn a_side_that_takes_no_streams_refuses_them() {
+        run(async {
+            let e = ends(64).await;
+            drop(e.client_in);
+            let mut s = e.server.open().expect("open");
+            s.write_all(b"anyone?").await.expect("write");
+            let mut got = Vec::new();
+            s.read_to_end(&mut got)
+                .await
+                .expect("reset reads as the end");
+            assert!(got.is_empty());
+            assert!(s.write_all(b"more").await.is_err(), "it was reset");
         });
     }
 }
