@@ -37,6 +37,8 @@ use crate::logic::mux_frame::{
 
 use super::io::BoxIo;
 
+/// Closing frames (12 bytes each) held for other traffic at most.
+const MAX_LAZY: usize = 64 * 12;
 /// Past this many queued bytes a stream's write waits for the driver.
 const OUT_HIGH_WATER: usize = 1024 * 1024;
 /// One read from the secured socket asks for up to this much.
@@ -134,6 +136,9 @@ struct Shared {
     streams: Slots,
     /// Frames waiting for the driver.
     out: Vec<u8>,
+    /// Closing frames of quietly dropped streams: sent with the next
+    /// frames in `out`, never on their own (see [`Stream::drop_quietly`]).
+    lazy: Vec<u8>,
     driver: Option<Waker>,
     /// Streams waiting for `out` to drain below the high-water mark.
     blocked: Vec<Waker>,
@@ -242,6 +247,7 @@ impl Connection {
             next_id: if client { 1 } else { 2 },
             streams: Slots::default(),
             out: Vec::new(),
+            lazy: Vec::new(),
             driver: None,
             blocked: Vec::new(),
             accepted: VecDeque::new(),
@@ -387,6 +393,11 @@ impl Connection {
                     break;
                 }
                 std::mem::swap(&mut self.wbuf, &mut sh.out);
+                // Closing frames of quietly dropped streams ride along.
+                if !sh.lazy.is_empty() {
+                    self.wbuf.extend_from_slice(&sh.lazy);
+                    sh.lazy.clear();
+                }
                 for w in sh.blocked.drain(..) {
                     w.wake();
                 }
@@ -618,6 +629,7 @@ impl Opener {
             next_id: 2,
             streams: Slots::default(),
             out: Vec::new(),
+            lazy: Vec::new(),
             driver: None,
             blocked: Vec::new(),
             accepted: VecDeque::new(),
@@ -659,10 +671,12 @@ impl Stream {
     }
 
     /// Let go of a finished stream without waking the driver: its closing
-    /// frame (if one is owed) leaves with the link's next traffic. For a
-    /// response read to its end, the peer has nothing more to learn soon;
-    /// sent at once, the frame woke the agent for nothing (one system
-    /// call and one context switch per request, issue 14).
+    /// frame (if one is owed) leaves with the next frame another stream
+    /// sends, not with whatever else wakes the driver (a frame read in,
+    /// such as the peer's own late FIN). For a response read to its end,
+    /// the peer has nothing more to learn soon; sent at once, the frame
+    /// woke the agent for nothing (one system call and one context switch
+    /// per request, issue 14).
     pub fn drop_quietly(mut self) {
         self.release(false);
     }
@@ -696,9 +710,18 @@ impl Stream {
             First::Ack => ACK,
             _ => 0,
         };
-        sh.push(Header::window_update(self.id, flags | first, 0), &[]);
+        let h = Header::window_update(self.id, flags | first, 0).encode();
         if wake {
+            sh.out.extend_from_slice(&h);
             sh.wake_driver();
+        } else {
+            sh.lazy.extend_from_slice(&h);
+            if sh.lazy.len() >= MAX_LAZY {
+                // Quiet for long enough: they go with the next wake.
+                let lazy = std::mem::take(&mut sh.lazy);
+                sh.out.extend_from_slice(&lazy);
+                sh.wake_driver();
+            }
         }
     }
 }
@@ -1259,6 +1282,43 @@ mod tests {
                 .expect("reset reads as the end");
             assert!(got.is_empty());
             assert!(s.write_all(b"more").await.is_err(), "it was reset");
+        });
+    }
+    /// A quietly dropped stream's FIN waits for the next frame this side
+    /// sends; what the peer sends meanwhile does not carry it out.
+    #[test]
+    fn a_quiet_drop_waits_for_the_next_frame_out() {
+        run(async {
+            let mut e = ends(64).await;
+            let mut b = [0u8; 3];
+            let mut s1 = e.server.open().expect("open");
+            s1.write_all(b"req").await.expect("write");
+            let mut c1 = e.client_in.next().await.expect("c1");
+            c1.read_exact(&mut b).await.expect("read");
+            c1.write_all(b"resp").await.expect("answer");
+            c1.close().await.expect("close");
+            let mut got = Vec::new();
+            s1.read_to_end(&mut got).await.expect("read");
+            let mut s2 = e.server.open().expect("open");
+            s2.write_all(b"two").await.expect("write");
+            let mut c2 = e.client_in.next().await.expect("c2");
+            c2.read_exact(&mut b).await.expect("read");
+            s1.drop_quietly();
+            // Traffic in wakes the server's driver; the FIN stays.
+            c2.write_all(b"ack").await.expect("write");
+            s2.read_exact(&mut b).await.expect("read");
+            monoio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let mut one = [0u8; 1];
+            let mut r = c1.read(&mut one);
+            assert!(
+                futures::poll!(&mut r).is_pending(),
+                "the FIN went on its own"
+            );
+            drop(r);
+            // The next frame out carries it.
+            s2.write_all(b"x").await.expect("write");
+            let n = c1.read(&mut one).await.expect("read");
+            assert_eq!(n, 0, "the FIN came with the next frame");
         });
     }
 }
