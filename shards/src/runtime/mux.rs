@@ -156,6 +156,26 @@ struct Shared {
 }
 
 impl Shared {
+    fn new(mode: Mode, max_inbound: usize) -> Self {
+        let client = mode == Mode::Client;
+        Shared {
+            client,
+            next_id: if client { 1 } else { 2 },
+            streams: Slots::default(),
+            out: Vec::new(),
+            lazy: Vec::new(),
+            driver: None,
+            blocked: Vec::new(),
+            accepted: VecDeque::new(),
+            acceptor: None,
+            refusing: false,
+            max_inbound,
+            inbound: 0,
+            closed: false,
+            close_requested: false,
+        }
+    }
+
     fn push(&mut self, h: Header, body: &[u8]) {
         self.out.extend_from_slice(&h.encode());
         self.out.extend_from_slice(body);
@@ -241,23 +261,7 @@ impl Connection {
     /// Multiplex `io`. At most `max_inbound` peer-opened streams live at
     /// once; more are reset (the session stays up).
     pub fn new(io: BoxIo, mode: Mode, max_inbound: usize) -> Self {
-        let client = mode == Mode::Client;
-        let shared = Shared {
-            client,
-            next_id: if client { 1 } else { 2 },
-            streams: Slots::default(),
-            out: Vec::new(),
-            lazy: Vec::new(),
-            driver: None,
-            blocked: Vec::new(),
-            accepted: VecDeque::new(),
-            acceptor: None,
-            refusing: false,
-            max_inbound,
-            inbound: 0,
-            closed: false,
-            close_requested: false,
-        };
+        let shared = Shared::new(mode, max_inbound);
         Connection {
             io,
             shared: Rc::new(RefCell::new(shared)),
@@ -624,22 +628,8 @@ impl Opener {
     /// An opener with no link behind it (every open fails): for unit
     /// tests of the state that holds link handles.
     pub fn detached() -> Self {
-        let shared = Shared {
-            client: false,
-            next_id: 2,
-            streams: Slots::default(),
-            out: Vec::new(),
-            lazy: Vec::new(),
-            driver: None,
-            blocked: Vec::new(),
-            accepted: VecDeque::new(),
-            acceptor: None,
-            refusing: false,
-            max_inbound: 0,
-            inbound: 0,
-            closed: true,
-            close_requested: true,
-        };
+        let mut shared = Shared::new(Mode::Server, 0);
+        shared.closed = true;
         Opener {
             shared: Rc::new(RefCell::new(shared)),
         }
