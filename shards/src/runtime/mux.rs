@@ -37,6 +37,11 @@ use crate::logic::mux_frame::{
 
 use super::io::BoxIo;
 
+/// Receive buffers kept for reuse, and the largest kept (a stream's
+/// buffer grows to what it was sent between reads; a request's head and
+/// body usually fit a few KiB).
+const SPARE_BUFS: usize = 64;
+const SPARE_BUF_MAX: usize = 64 * 1024;
 /// Closing frames (12 bytes each) held for other traffic at most.
 const MAX_LAZY: usize = 64 * 12;
 /// Past this many queued bytes a stream's write waits for the driver.
@@ -136,6 +141,8 @@ struct Shared {
     streams: Slots,
     /// Frames waiting for the driver.
     out: Vec<u8>,
+    /// Receive buffers of finished streams, for the next ones.
+    spare: Vec<Vec<u8>>,
     /// Closing frames of quietly dropped streams: sent with the next
     /// frames in `out`, never on their own (see [`Stream::drop_quietly`]).
     lazy: Vec<u8>,
@@ -164,6 +171,7 @@ impl Shared {
             streams: Slots::default(),
             out: Vec::new(),
             lazy: Vec::new(),
+            spare: Vec::new(),
             driver: None,
             blocked: Vec::new(),
             accepted: VecDeque::new(),
@@ -437,13 +445,19 @@ impl Connection {
                     return Ok(());
                 }
                 let k = (b.remaining as usize).min(avail);
-                let slot = sh.streams.get_mut(&b.stream);
+                let Shared { streams, spare, .. } = &mut *sh;
+                let slot = streams.get_mut(&b.stream);
                 if let (true, Some(slot), Some(bytes)) =
                     (b.kept, slot, self.rbuf.get(self.rstart..self.rstart + k))
                 {
                     if slot.rpos == slot.recv.len() {
                         slot.recv.clear();
                         slot.rpos = 0;
+                    }
+                    if slot.recv.capacity() == 0 {
+                        if let Some(buf) = spare.pop() {
+                            slot.recv = buf;
+                        }
                     }
                     slot.recv.extend_from_slice(bytes);
                     if let Some(w) = slot.reader.take() {
@@ -676,9 +690,14 @@ impl Stream {
             return;
         };
         let mut sh = rc.borrow_mut();
-        let Some(slot) = sh.streams.remove(&self.id) else {
+        let Some(mut slot) = sh.streams.remove(&self.id) else {
             return;
         };
+        let mut buf = std::mem::take(&mut slot.recv);
+        if buf.capacity() > 0 && buf.capacity() <= SPARE_BUF_MAX && sh.spare.len() < SPARE_BUFS {
+            buf.clear();
+            sh.spare.push(buf);
+        }
         if self.inbound {
             sh.inbound = sh.inbound.saturating_sub(1);
         }
