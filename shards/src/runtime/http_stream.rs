@@ -92,13 +92,10 @@ impl HttpStream {
     /// Write what is owed of the lines on its own (before a flush or close
     /// with no bytes of ours to carry them).
     fn poll_owed(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while !self.owed.is_empty() {
-            match Pin::new(&mut self.stream).poll_write(cx, self.owed) {
-                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Poll::Ready(Ok(n)) => self.owed = self.owed.get(n..).unwrap_or(&[]),
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            }
+        if !self.owed.is_empty() {
+            // Whole, in one frame of its own.
+            std::task::ready!(self.stream.poll_write_prefixed(cx, self.owed, &[]))?;
+            self.owed = &[];
         }
         Poll::Ready(Ok(()))
     }

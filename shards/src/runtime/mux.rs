@@ -641,7 +641,8 @@ impl Opener {
 
     /// An opener with no link behind it (every open fails): for unit
     /// tests of the state that holds link handles.
-    pub fn detached() -> Self {
+    #[cfg(test)]
+    pub(crate) fn detached() -> Self {
         let mut shared = Shared::new(Mode::Server, 0);
         shared.closed = true;
         Opener {
@@ -796,15 +797,6 @@ impl Stream {
         prefix: &[u8],
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.poll_frame(cx, prefix, buf)
-    }
-
-    fn poll_frame(
-        &mut self,
-        cx: &mut Context<'_>,
-        prefix: &[u8],
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
         let r = self.with(|sh, id| {
             if sh.closed {
                 return Poll::Ready(Err(io::Error::from(io::ErrorKind::WriteZero)));
@@ -834,9 +826,7 @@ impl Stream {
             let len = prefix.len() + k;
             slot.credit -= len as u32;
             let flags = slot.take_first();
-            sh.out
-                .extend_from_slice(&Header::data(id, flags, len as u32).encode());
-            sh.out.extend_from_slice(prefix);
+            sh.push(Header::data(id, flags, len as u32), prefix);
             sh.out.extend_from_slice(buf.get(..k).unwrap_or(&[]));
             sh.wake_driver();
             Poll::Ready(Ok(k))
@@ -851,7 +841,7 @@ impl AsyncWrite for Stream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.get_mut().poll_frame(cx, &[], buf)
+        self.get_mut().poll_write_prefixed(cx, &[], buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
