@@ -616,7 +616,7 @@ async fn attempt(
     let up = exchange::Upstream {
         conn: head.upstream,
         idle: shard.router.cfg.stream_idle_timeout,
-        cut: agent.cut_signal(),
+        cut: agent.cuts.watch(),
         held,
         link: &agent.link,
     };

@@ -127,7 +127,7 @@ pub struct Upstream<'a> {
     /// Longest silence allowed between bytes.
     pub idle: std::time::Duration,
     /// Fires when the agent's responses must be cut.
-    pub cut: futures::channel::oneshot::Receiver<()>,
+    pub cut: super::model::agent::CutWatch<'a>,
     /// The request's admission reservation: an SSE stream trues it up to
     /// the exact input tokens and grows it with content as it streams.
     pub held: Option<&'a Reservation>,

@@ -32,19 +32,96 @@ const READ_CAP: usize = 64 * 1024;
 /// Past this many unsent bytes a write waits for the send in flight.
 const HIGH_WATER: usize = 1024 * 1024;
 
-type ReadOp = Pin<Box<dyn Future<Output = (io::Result<usize>, Vec<u8>, OwnedReadHalf<TcpStream>)>>>;
-type WriteOp = Pin<Box<dyn Future<Output = (io::Result<()>, Vec<u8>, OwnedWriteHalf<TcpStream>)>>>;
+type ReadDone = (io::Result<usize>, Vec<u8>, OwnedReadHalf<TcpStream>);
+type WriteDone = (io::Result<()>, Vec<u8>, OwnedWriteHalf<TcpStream>);
 type CloseOp = Pin<Box<dyn Future<Output = io::Result<()>>>>;
+
+pin_project_lite::pin_project! {
+    /// One kind of socket operation at a time, in a box allocated once per
+    /// link and reused for every operation: boxing each read and send
+    /// cost two heap allocations per proxied request on each side. The
+    /// operation's future type cannot be named (monoio's `read`/`write_all`
+    /// are `async`), so the slot keeps the function that makes it and is
+    /// used through [`Reusable`].
+    struct OpSlot<I, F> {
+        make: fn(I, Vec<u8>) -> F,
+        #[pin]
+        op: Option<F>,
+    }
+}
+
+/// An [`OpSlot`] with its future type erased.
+trait Reusable<I, T> {
+    /// Start the operation on `io` and `buf` (the slot must be idle).
+    fn start(self: Pin<&mut Self>, io: I, buf: Vec<u8>);
+    /// Poll the operation in flight; `None` when the slot is idle.
+    fn poll_op(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>>;
+    /// An operation is in flight.
+    fn busy(&self) -> bool;
+}
+
+impl<I, T, F: Future<Output = T>> Reusable<I, T> for OpSlot<I, F> {
+    fn start(self: Pin<&mut Self>, io: I, buf: Vec<u8>) {
+        let mut this = self.project();
+        let op = (this.make)(io, buf);
+        this.op.set(Some(op));
+    }
+
+    fn poll_op(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let mut this = self.project();
+        let Some(op) = this.op.as_mut().as_pin_mut() else {
+            return Poll::Ready(None);
+        };
+        match op.poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(done) => {
+                this.op.set(None);
+                Poll::Ready(Some(done))
+            }
+        }
+    }
+
+    fn busy(&self) -> bool {
+        self.op.is_some()
+    }
+}
+
+type ReadSlot = Pin<Box<dyn Reusable<OwnedReadHalf<TcpStream>, ReadDone>>>;
+type WriteSlot = Pin<Box<dyn Reusable<OwnedWriteHalf<TcpStream>, WriteDone>>>;
+
+fn read_slot() -> ReadSlot {
+    async fn read(mut half: OwnedReadHalf<TcpStream>, buf: Vec<u8>) -> ReadDone {
+        let (res, buf) = half.read(buf).await;
+        (res, buf, half)
+    }
+    Box::pin(OpSlot {
+        make: read,
+        op: None,
+    })
+}
+
+fn write_slot() -> WriteSlot {
+    async fn write(mut half: OwnedWriteHalf<TcpStream>, buf: Vec<u8>) -> WriteDone {
+        let (res, buf) = half.write_all(buf).await;
+        (res.map(|_| ()), buf, half)
+    }
+    Box::pin(OpSlot {
+        make: write,
+        op: None,
+    })
+}
 
 enum Reading {
     Idle(OwnedReadHalf<TcpStream>),
-    Busy(ReadOp),
+    /// The read half is inside the slot's operation.
+    Busy,
     Gone,
 }
 
 struct Writing {
     half: Option<OwnedWriteHalf<TcpStream>>,
-    op: Option<WriteOp>,
+    /// The send; busy while the write half is inside it.
+    op: WriteSlot,
     close: Option<CloseOp>,
     /// Bytes written by the layers above, not yet handed to a send.
     pending: Vec<u8>,
@@ -59,12 +136,12 @@ impl Writing {
     /// since; ready when everything written so far is sent.
     fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         loop {
-            if let Some(op) = self.op.as_mut() {
-                let (res, mut buf, half) = match op.as_mut().poll(cx) {
+            if self.op.busy() {
+                let (res, mut buf, half) = match self.op.as_mut().poll_op(cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(done) => done,
+                    Poll::Ready(Some(done)) => done,
+                    Poll::Ready(None) => return Poll::Ready(Err(closed())),
                 };
-                self.op = None;
                 self.half = Some(half);
                 buf.clear();
                 if buf.capacity() <= HIGH_WATER {
@@ -75,14 +152,11 @@ impl Writing {
             if self.pending.is_empty() {
                 return Poll::Ready(Ok(()));
             }
-            let Some(mut half) = self.half.take() else {
+            let Some(half) = self.half.take() else {
                 return Poll::Ready(Err(closed()));
             };
             let buf = std::mem::replace(&mut self.pending, std::mem::take(&mut self.spare));
-            self.op = Some(Box::pin(async move {
-                let (res, buf) = half.write_all(buf).await;
-                (res.map(|_| ()), buf, half)
-            }));
+            self.op.as_mut().start(half, buf);
         }
     }
 }
@@ -94,6 +168,7 @@ fn closed() -> io::Error {
 /// The link's socket as a futures-io stream (see the module doc).
 pub struct LinkSocket {
     reading: Reading,
+    read_op: ReadSlot,
     /// Read bytes not yet handed out, from `pos`.
     rbuf: Vec<u8>,
     pos: usize,
@@ -107,7 +182,7 @@ impl Drop for LinkSocket {
         // A read in flight keeps the descriptor open inside the runtime
         // until it completes (and forever when the runtime is going away
         // with it): end the connection now so the peer sees it.
-        if matches!(self.reading, Reading::Busy(_)) {
+        if matches!(self.reading, Reading::Busy) {
             // Open: the read half inside the operation still owns it.
             super::handoff::shut_down(self.fd);
         }
@@ -140,7 +215,7 @@ impl LinkSocket {
         let (r, w) = stream.into_split();
         let writing = Rc::new(RefCell::new(Writing {
             half: Some(w),
-            op: None,
+            op: write_slot(),
             close: None,
             pending: Vec::new(),
             spare: Vec::new(),
@@ -148,6 +223,7 @@ impl LinkSocket {
         }));
         let s = LinkSocket {
             reading: Reading::Idle(r),
+            read_op: read_slot(),
             rbuf: Vec::new(),
             pos: 0,
             eof: false,
@@ -179,23 +255,22 @@ impl AsyncRead for LinkSocket {
                 return Poll::Ready(Ok(0));
             }
             match std::mem::replace(&mut this.reading, Reading::Gone) {
-                Reading::Idle(mut half) => {
+                Reading::Idle(half) => {
                     let mut buf = std::mem::take(&mut this.rbuf);
                     buf.clear();
                     if buf.capacity() < READ_CAP {
                         buf.reserve(READ_CAP);
                     }
-                    this.reading = Reading::Busy(Box::pin(async move {
-                        let (res, buf) = half.read(buf).await;
-                        (res, buf, half)
-                    }));
+                    this.read_op.as_mut().start(half, buf);
+                    this.reading = Reading::Busy;
                 }
-                Reading::Busy(mut op) => match op.as_mut().poll(cx) {
+                Reading::Busy => match this.read_op.as_mut().poll_op(cx) {
                     Poll::Pending => {
-                        this.reading = Reading::Busy(op);
+                        this.reading = Reading::Busy;
                         return Poll::Pending;
                     }
-                    Poll::Ready((res, buf, half)) => {
+                    Poll::Ready(None) => return Poll::Ready(Err(closed())),
+                    Poll::Ready(Some((res, buf, half))) => {
                         this.reading = Reading::Idle(half);
                         this.rbuf = buf;
                         this.pos = 0;

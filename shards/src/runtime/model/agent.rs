@@ -4,6 +4,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use super::Waiters;
 use crate::logic::control::Registration;
@@ -62,9 +63,102 @@ pub struct Agent {
     /// the warm-start lookup failed, so a stored history we could not read
     /// is never overwritten with a fresh one.
     pub persist: bool,
-    /// One signal per relayed response: fired to cut them all at once when
-    /// the agent is declared dead.
-    cut: RefCell<Vec<futures::channel::oneshot::Sender<()>>>,
+    /// Cuts every relayed response at once when the agent is declared dead.
+    pub cuts: Cuts,
+}
+
+/// The signal that cuts an agent's relayed responses, without a channel
+/// per response (a oneshot was one heap allocation per request): each
+/// relay watches an epoch and parks its waker in a slot it gives back
+/// when it ends, so the slots are reused from request to request.
+#[derive(Default)]
+pub struct Cuts {
+    /// Bumped by each cut; a watch made before it fires.
+    epoch: Cell<u64>,
+    /// Parked wakers, by slot; `None` is a free or already woken slot.
+    slots: RefCell<Vec<Option<Waker>>>,
+    /// Slots no watch holds.
+    free: RefCell<Vec<usize>>,
+    /// Watches alive.
+    watching: Cell<usize>,
+}
+
+impl Cuts {
+    /// A future that completes at the next cut.
+    pub fn watch(&self) -> CutWatch<'_> {
+        self.watching.set(self.watching.get() + 1);
+        CutWatch {
+            cuts: self,
+            epoch: self.epoch.get(),
+            slot: None,
+        }
+    }
+
+    /// Fire every watch alive; returns how many there were.
+    pub fn cut_all(&self) -> usize {
+        self.epoch.set(self.epoch.get().wrapping_add(1));
+        let woken: Vec<Waker> = self
+            .slots
+            .borrow_mut()
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        // Woken outside the borrow: a waker may poll at once.
+        for w in woken {
+            w.wake();
+        }
+        self.watching.get()
+    }
+}
+
+/// Completes when its agent's responses are cut.
+pub struct CutWatch<'a> {
+    cuts: &'a Cuts,
+    epoch: u64,
+    slot: Option<usize>,
+}
+
+impl std::future::Future for CutWatch<'_> {
+    type Output = ();
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if this.cuts.epoch.get() != this.epoch {
+            return Poll::Ready(());
+        }
+        let mut slots = this.cuts.slots.borrow_mut();
+        let i = match this.slot {
+            Some(i) => i,
+            None => {
+                let i = this.cuts.free.borrow_mut().pop().unwrap_or_else(|| {
+                    slots.push(None);
+                    slots.len() - 1
+                });
+                this.slot = Some(i);
+                i
+            }
+        };
+        if let Some(s) = slots.get_mut(i) {
+            match s {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => *s = Some(cx.waker().clone()),
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for CutWatch<'_> {
+    fn drop(&mut self) {
+        let c = self.cuts;
+        c.watching.set(c.watching.get().saturating_sub(1));
+        if let Some(i) = self.slot {
+            if let Some(s) = c.slots.borrow_mut().get_mut(i) {
+                *s = None;
+            }
+            c.free.borrow_mut().push(i);
+        }
+    }
 }
 
 // === impl Agent ===
@@ -107,32 +201,15 @@ impl Agent {
             signals: Cell::new(EngineSignals::default()),
             hardware: Cell::new(HardwareSignals::default()),
             persist,
-            cut: RefCell::new(Vec::new()),
+            cuts: Cuts::default(),
         }
-    }
-
-    /// A signal that fires when this agent's in-flight responses must be
-    /// cut (finished relays' signals are pruned here).
-    pub fn cut_signal(&self) -> futures::channel::oneshot::Receiver<()> {
-        let (tx, rx) = futures::channel::oneshot::channel();
-        let mut v = self.cut.borrow_mut();
-        v.retain(|s| !s.is_canceled());
-        v.push(tx);
-        rx
     }
 
     /// Cut every in-flight response (the agent stopped heartbeating: a
     /// frozen agent must not hold its clients until the request timeout).
     /// Returns how many were cut.
     pub fn cut_streams(&self) -> usize {
-        let all = std::mem::take(&mut *self.cut.borrow_mut());
-        let mut n = 0;
-        for tx in all {
-            if tx.send(()).is_ok() {
-                n += 1;
-            }
-        }
-        n
+        self.cuts.cut_all()
     }
 
     /// Record one latency sample (ms) and log the update.
@@ -247,5 +324,59 @@ impl Drop for Slot {
         self.0.active.set(self.0.active.get().saturating_sub(1));
         // A freed slot wakes the head of the model's queue.
         super::wake_head(&self.0.queue);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct Count(AtomicUsize);
+    impl futures::task::ArcWake for Count {
+        fn wake_by_ref(me: &Arc<Self>) {
+            me.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn poll(w: &mut CutWatch<'_>, waker: &Waker) -> Poll<()> {
+        std::pin::Pin::new(w).poll(&mut Context::from_waker(waker))
+    }
+
+    #[test]
+    fn a_cut_wakes_and_fires_every_live_watch() {
+        let cuts = Cuts::default();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = futures::task::waker(count.clone());
+        let mut a = cuts.watch();
+        let mut b = cuts.watch();
+        assert!(poll(&mut a, &waker).is_pending());
+        assert!(poll(&mut b, &waker).is_pending());
+        // A dropped watch is neither counted nor woken.
+        drop(cuts.watch());
+        assert_eq!(cuts.cut_all(), 2);
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        assert!(poll(&mut a, &waker).is_ready());
+        assert!(poll(&mut b, &waker).is_ready());
+        drop((a, b));
+        // A watch made after the cut waits for the next one.
+        let mut c = cuts.watch();
+        assert!(poll(&mut c, &waker).is_pending());
+        assert_eq!(cuts.cut_all(), 1);
+        assert!(poll(&mut c, &waker).is_ready());
+    }
+
+    #[test]
+    fn slots_are_reused_from_watch_to_watch() {
+        let cuts = Cuts::default();
+        let waker = futures::task::noop_waker();
+        for _ in 0..100 {
+            let mut w = cuts.watch();
+            assert!(poll(&mut w, &waker).is_pending());
+            assert!(poll(&mut w, &waker).is_pending());
+        }
+        assert_eq!(cuts.slots.borrow().len(), 1);
+        assert_eq!(cuts.cut_all(), 0);
     }
 }
