@@ -12,7 +12,8 @@
 //!   send lag at 2,000 req/s (perf/2026-12-01-send-lag).
 //!
 //! [`arrive_at`] then busy-waits the last `--spin` (100 us by default):
-//! the timerfd wake-up on these VMs is 0-30 us late, rarely more.
+//! the timerfd wake-up on these VMs is 0-30 us late, rarely more. Other
+//! tasks (responses) keep running during that wait ([`yield_turn`]).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -136,22 +137,19 @@ pub async fn sleep(d: Duration) {
     }
 }
 
-/// Return Pending once after waking the task. monoio polls a task that
-/// woke itself again at once (other tasks do not run in between), so a
-/// loop of these is a busy wait, not a turn for other tasks; that is what
-/// the last microseconds before a send want.
-pub async fn yield_now() {
-    let mut yielded = false;
-    std::future::poll_fn(|cx| {
-        if yielded {
-            std::task::Poll::Ready(())
-        } else {
-            yielded = true;
-            cx.waker().wake_by_ref();
-            std::task::Poll::Pending
-        }
-    })
-    .await
+/// Let every other ready task run once, and the runtime reap its
+/// completions, then come back. A task that wakes itself is put at the
+/// front of monoio's queue and polled again at once, so a busy wait made
+/// of self-wakes starves everything else (no response was read during the
+/// 100 us waits: at 10,000 req/s constant the wait never ends, and
+/// responses sat for milliseconds). The wake here comes from a task
+/// spawned behind the others instead.
+pub async fn yield_turn() {
+    let (tx, rx) = futures::channel::oneshot::channel::<()>();
+    drop(monoio::spawn(async move {
+        let _ = tx.send(());
+    }));
+    let _ = rx.await;
 }
 
 /// A timerfd read through the runtime's io_uring: the waiting thread is
@@ -226,7 +224,7 @@ pub async fn arrive_at(at: Instant, spin: Duration, precise: &mut Option<Precise
         }
     }
     while Instant::now() < at {
-        yield_now().await;
+        yield_turn().await;
     }
 }
 

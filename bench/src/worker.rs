@@ -4,7 +4,7 @@
 //! each request's intended send time, so a stalled server shows up in the
 //! percentiles instead of silently slowing the sender.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -186,121 +186,152 @@ async fn exchange(conn: &mut Conn, rest: Vec<u8>) -> io::Result<Exchange> {
     })
 }
 
-/// One request: take or open a connection, send, measure, record.
-#[allow(clippy::too_many_arguments)]
-async fn one(
-    spec: Rc<WorkerSpec>,
-    pool: Rc<RefCell<Vec<Conn>>>,
-    open: Rc<std::cell::Cell<usize>>,
-    bytes: Vec<u8>,
-    intended: Instant,
-    start: Instant,
-    rec: Rc<RefCell<Recorder>>,
+/// What every request of one worker shares.
+struct Ctx {
+    spec: WorkerSpec,
+    /// Idle keep-alive connections.
+    pool: RefCell<Vec<Conn>>,
+    /// Connections open (idle or busy).
+    open: Cell<usize>,
+    rec: RefCell<Recorder>,
     progress: Arc<Progress>,
-    sent: Option<futures::channel::oneshot::Sender<()>>,
-) {
-    // Told once the request is written (or failed before it): the open
-    // loop waits for it before doing anything else.
-    let mut sent = sent;
-    let signal = move |s: &mut Option<futures::channel::oneshot::Sender<()>>| {
-        if let Some(tx) = s.take() {
-            let _ = tx.send(());
-        }
-    };
-    // Wait for a connection slot when at the cap (the wait counts as latency).
-    let conn = loop {
-        if let Some(c) = pool.borrow_mut().pop() {
-            break Some(c);
-        }
-        if open.get() < spec.max_connections {
-            break None;
-        }
-        monoio::time::sleep(Duration::from_millis(1)).await;
-    };
-    let mut conn = match conn {
-        Some(c) => c,
-        None => {
-            open.set(open.get() + 1);
-            match monoio::net::TcpStream::connect(spec.addr).await {
-                Ok(s) => Conn::new(s, Vec::new()),
+    start: Instant,
+    /// Connects in flight for the spare pool ([`top_up`]).
+    connecting: Cell<usize>,
+    /// The last spare connect failed: no more until a request's own
+    /// connect succeeds (a down target must not get a connect per wake).
+    spare_failed: Cell<bool>,
+}
+
+/// Idle connections the open loop keeps ready. A request that finds
+/// none opens one at its time; a connect costs more than the gap between
+/// requests at 10,000/s, so after a brief server stall every request in
+/// it connected, the generator fell behind, and more connects followed:
+/// episodes of 20-70 ms with sends up to 18 ms late.
+const SPARE_CONNECTIONS: usize = 4;
+
+/// Open connections in the background until [`SPARE_CONNECTIONS`] are
+/// idle or on their way (within the cap).
+fn top_up(ctx: &Rc<Ctx>) {
+    while !ctx.spare_failed.get()
+        && ctx.pool.borrow().len() + ctx.connecting.get() < SPARE_CONNECTIONS
+        && ctx.open.get() < ctx.spec.max_connections
+    {
+        ctx.open.set(ctx.open.get() + 1);
+        ctx.connecting.set(ctx.connecting.get() + 1);
+        let c = ctx.clone();
+        drop(monoio::spawn(async move {
+            match monoio::net::TcpStream::connect(c.spec.addr).await {
+                Ok(s) => c.pool.borrow_mut().push(Conn::new(s, Vec::new())),
                 Err(_) => {
-                    open.set(open.get() - 1);
-                    signal(&mut sent);
-                    finish(
-                        &rec,
-                        &progress,
-                        intended,
-                        intended,
-                        start,
-                        None,
-                        0,
-                        Some("connect".into()),
-                    );
-                    return;
+                    c.open.set(c.open.get() - 1);
+                    c.spare_failed.set(true);
                 }
             }
+            c.connecting.set(c.connecting.get() - 1);
+        }));
+    }
+}
+
+/// A connection for a request, as far as one is available now.
+// Only ever a return value, moved once: boxing the connection would cost
+// an allocation per request for nothing.
+#[allow(clippy::large_enum_variant)]
+enum Slot {
+    Ready(Conn),
+    /// The connect failed.
+    Failed,
+    /// At the cap with none idle.
+    Full,
+}
+
+async fn take_or_open(ctx: &Ctx) -> Slot {
+    if let Some(c) = ctx.pool.borrow_mut().pop() {
+        return Slot::Ready(c);
+    }
+    if ctx.open.get() >= ctx.spec.max_connections {
+        return Slot::Full;
+    }
+    ctx.open.set(ctx.open.get() + 1);
+    match monoio::net::TcpStream::connect(ctx.spec.addr).await {
+        Ok(s) => {
+            ctx.spare_failed.set(false);
+            Slot::Ready(Conn::new(s, Vec::new()))
+        }
+        Err(_) => {
+            ctx.open.set(ctx.open.get() - 1);
+            Slot::Failed
+        }
+    }
+}
+
+/// One request: take or open a connection (waiting for a slot at the
+/// cap; the wait counts as send lag), send, measure, record.
+async fn one(ctx: Rc<Ctx>, bytes: Vec<u8>, intended: Instant) {
+    let conn = loop {
+        match take_or_open(&ctx).await {
+            Slot::Ready(c) => break c,
+            Slot::Failed => {
+                finish(&ctx, intended, intended, None, 0, Some("connect".into()));
+                return;
+            }
+            Slot::Full => monoio::time::sleep(Duration::from_millis(1)).await,
         }
     };
+    let (sent_at, rest) = send_first(&ctx, &conn, bytes);
+    complete(ctx, conn, rest, intended, sent_at).await;
+}
+
+/// Send what the socket takes now, with one system call: through the
+/// ring the request would wait in the submission queue until the
+/// runtime's next submit. Returns the send time and what is left for the
+/// runtime's write.
+fn send_first(ctx: &Ctx, conn: &Conn, bytes: Vec<u8>) -> (Instant, Vec<u8>) {
     let sent_at = Instant::now();
-    progress.sent.fetch_add(1, Ordering::Relaxed);
-    // One send now: through the ring the request would wait in the
-    // submission queue until the runtime's next submit. What the socket
-    // does not take at once goes the usual way.
+    ctx.progress.sent.fetch_add(1, Ordering::Relaxed);
     let rest = match shards::runtime::handoff::send_now(&conn.stream, &bytes) {
         Ok(n) if n == bytes.len() => Vec::new(),
         Ok(n) => bytes.get(n..).unwrap_or(&[]).to_vec(),
         // Would block, or failed: the runtime's write reports it.
         Err(_) => bytes,
     };
-    signal(&mut sent);
-    match monoio::time::timeout(spec.timeout, exchange(&mut conn, rest)).await {
+    (sent_at, rest)
+}
+
+/// The rest of a sent request: its response, measured and recorded.
+async fn complete(
+    ctx: Rc<Ctx>,
+    mut conn: Conn,
+    rest: Vec<u8>,
+    intended: Instant,
+    sent_at: Instant,
+) {
+    match monoio::time::timeout(ctx.spec.timeout, exchange(&mut conn, rest)).await {
         Ok(Ok(x)) => {
-            let reusable = x.reusable;
-            finish(
-                &rec,
-                &progress,
-                intended,
-                sent_at,
-                start,
-                Some(&x),
-                x.status,
-                x.code.clone(),
-            );
-            if reusable {
-                pool.borrow_mut().push(conn);
+            finish(&ctx, intended, sent_at, Some(&x), x.status, x.code.clone());
+            if x.reusable {
+                ctx.pool.borrow_mut().push(conn);
             } else {
-                open.set(open.get() - 1);
+                ctx.open.set(ctx.open.get() - 1);
             }
         }
         failed => {
             // The connection is dropped: a transport error, a cut stream or a timeout.
-            open.set(open.get() - 1);
+            ctx.open.set(ctx.open.get() - 1);
             let code = match failed {
                 Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => "cut",
                 Ok(Err(_)) => "io",
                 _ => "timeout",
             };
-            finish(
-                &rec,
-                &progress,
-                intended,
-                sent_at,
-                start,
-                None,
-                0,
-                Some(code.into()),
-            );
+            finish(&ctx, intended, sent_at, None, 0, Some(code.into()));
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn finish(
-    rec: &RefCell<Recorder>,
-    progress: &Progress,
+    ctx: &Ctx,
     intended: Instant,
     sent_at: Instant,
-    start: Instant,
     x: Option<&Exchange>,
     status: u16,
     code: Option<String>,
@@ -308,7 +339,7 @@ fn finish(
     let end = Instant::now();
     let us = |a: Instant, b: Instant| b.saturating_duration_since(a).as_micros() as u64;
     let mut s = Sample {
-        second: intended.saturating_duration_since(start).as_secs() as usize,
+        second: intended.saturating_duration_since(ctx.start).as_secs() as usize,
         total_us: us(intended, end),
         service_us: us(sent_at, end),
         lag_us: us(intended, sent_at),
@@ -324,15 +355,40 @@ fn finish(
         s.gaps_us = x.events.windows(2).map(|w| us(w[0], w[1])).collect();
     }
     if (200..300).contains(&status) {
-        progress.ok.fetch_add(1, Ordering::Relaxed);
+        ctx.progress.ok.fetch_add(1, Ordering::Relaxed);
     } else {
-        progress.errors.fetch_add(1, Ordering::Relaxed);
+        ctx.progress.errors.fetch_add(1, Ordering::Relaxed);
     }
-    rec.borrow_mut().record(&s);
+    ctx.rec.borrow_mut().record(&s);
+}
+
+fn context(spec: WorkerSpec, start: Instant, progress: Arc<Progress>) -> Rc<Ctx> {
+    Rc::new(Ctx {
+        spec,
+        pool: RefCell::new(Vec::new()),
+        open: Cell::new(0),
+        rec: RefCell::new(Recorder::default()),
+        progress,
+        start,
+        connecting: Cell::new(0),
+        spare_failed: Cell::new(false),
+    })
+}
+
+fn into_recorder(ctx: Rc<Ctx>) -> Recorder {
+    ctx.pool.borrow_mut().clear();
+    std::mem::take(&mut *ctx.rec.borrow_mut())
 }
 
 /// Open loop: send at the intended offsets (spinning the last `spin`
 /// before each); wait for every response.
+///
+/// The send itself happens here, in the loop's own poll right after the
+/// wait: the request and its connection are ready before its time, so
+/// at its time only the send system call is left. Sending from a task of
+/// its own put the send behind every response the runtime had ready
+/// (those pile up during the busy wait): p99 26-32 us with Poisson
+/// arrivals (perf/2026-12-01-send-lag).
 pub async fn open_loop(
     spec: WorkerSpec,
     offsets: Vec<Duration>,
@@ -340,55 +396,59 @@ pub async fn open_loop(
     start: Instant,
     progress: Arc<Progress>,
 ) -> Recorder {
-    let spec = Rc::new(spec);
-    let rec = Rc::new(RefCell::new(Recorder::default()));
-    let pool = Rc::new(RefCell::new(Vec::new()));
-    let open = Rc::new(std::cell::Cell::new(0usize));
     let mut rng = Rng::new(spec.seed);
+    let ctx = context(spec, start, progress);
     // Requests in flight. Their tasks are detached rather than kept as join
     // handles to the end: a finished task's memory goes back to the
     // allocator and the next one reuses warm pages (keeping every handle
     // made each request touch fresh pages: ~11 us of page faults between
     // the spawn and the send).
-    let inflight = Rc::new(std::cell::Cell::new(0usize));
-    // Each request is built before its time comes, so that at its time
-    // only the send is left.
-    let mut next = request_bytes(&spec, &mut rng);
+    let inflight = Rc::new(Cell::new(0usize));
     let mut precise = crate::timer::PreciseTimer::new();
+    let mut ready: Option<Conn> = None;
     for off in offsets {
         let intended = start + off;
+        let bytes = request_bytes(&ctx.spec, &mut rng);
+        top_up(&ctx);
+        if ready.is_none() {
+            // A failed connect or a full pool is left to the request's
+            // own task at its time (it records the failure or waits).
+            if let Slot::Ready(c) = take_or_open(&ctx).await {
+                ready = Some(c);
+            }
+        }
         crate::timer::arrive_at(intended, spin, &mut precise).await;
-        let bytes = std::mem::take(&mut next);
         inflight.set(inflight.get() + 1);
-        let (sp, po, op, re, pr) = (
-            spec.clone(),
-            pool.clone(),
-            open.clone(),
-            rec.clone(),
-            progress.clone(),
-        );
-        let task = move |sent| one(sp, po, op, bytes, intended, start, re, pr, sent);
         let done = inflight.clone();
-        let (sent_tx, sent_rx) = futures::channel::oneshot::channel::<()>();
-        drop(monoio::spawn(async move {
-            task(Some(sent_tx)).await;
-            done.set(done.get() - 1);
-        }));
-        // Let it write before anything else happens here (building the
-        // next request took ~11 us that a waiting send paid for): a task
-        // that only wakes itself is polled again at once by monoio, so
-        // wait for the request's own signal instead.
-        let _ = sent_rx.await;
-        next = request_bytes(&spec, &mut rng);
+        let c = ctx.clone();
+        match ready.take() {
+            Some(conn) => {
+                let (sent_at, rest) = send_first(&ctx, &conn, bytes);
+                drop(monoio::spawn(async move {
+                    complete(c, conn, rest, intended, sent_at).await;
+                    done.set(done.get() - 1);
+                }));
+            }
+            None => drop(monoio::spawn(async move {
+                one(c, bytes, intended).await;
+                done.set(done.get() - 1);
+            })),
+        }
+        // One turn for the other tasks (responses, spare connects) before
+        // the next request, also when it is already due: a loop that is
+        // behind and never yields reads no response, so every request
+        // found its connections busy and opened another (up to 149).
+        crate::timer::yield_turn().await;
     }
-    // Every request ends (response, error or its timeout).
-    while inflight.get() > 0 {
+    if let Some(c) = ready {
+        ctx.pool.borrow_mut().push(c);
+    }
+    // Every request ends (response, error or its timeout), and every
+    // spare connect.
+    while inflight.get() > 0 || ctx.connecting.get() > 0 {
         monoio::time::sleep(Duration::from_millis(1)).await;
     }
-    pool.borrow_mut().clear();
-    Rc::try_unwrap(rec)
-        .map(RefCell::into_inner)
-        .unwrap_or_default()
+    into_recorder(ctx)
 }
 
 /// Closed loop: `connections` connections, each sending back to back until `until`.
@@ -399,49 +459,34 @@ pub async fn closed_loop(
     start: Instant,
     progress: Arc<Progress>,
 ) -> Recorder {
-    let spec = Rc::new(spec);
-    let rec = Rc::new(RefCell::new(Recorder::default()));
     let mut tasks = Vec::new();
     for c in 0..connections {
-        let spec = spec.clone();
-        let rec = rec.clone();
-        let progress = progress.clone();
+        let mut rng = Rng::new(spec.seed ^ (c as u64).wrapping_mul(0x9E37_79B9));
+        // Each connection has a context of its own (a pool of one); the
+        // recorders are merged at the end.
+        let single = WorkerSpec {
+            max_connections: 1,
+            ..spec.clone()
+        };
+        let ctx = context(single, start, progress.clone());
         tasks.push(monoio::spawn(async move {
-            let pool = Rc::new(RefCell::new(Vec::new()));
-            let open = Rc::new(std::cell::Cell::new(0usize));
-            let mut rng = Rng::new(spec.seed ^ (c as u64).wrapping_mul(0x9E37_79B9));
-            let single = Rc::new(WorkerSpec {
-                max_connections: 1,
-                ..(*spec).clone()
-            });
             while Instant::now() < until {
-                let bytes = request_bytes(&single, &mut rng);
-                let before = progress.errors.load(Ordering::Relaxed);
-                one(
-                    single.clone(),
-                    pool.clone(),
-                    open.clone(),
-                    bytes,
-                    Instant::now(),
-                    start,
-                    rec.clone(),
-                    progress.clone(),
-                    None,
-                )
-                .await;
+                let bytes = request_bytes(&ctx.spec, &mut rng);
+                let before = ctx.progress.errors.load(Ordering::Relaxed);
+                one(ctx.clone(), bytes, Instant::now()).await;
                 // A refused connection fails at once: pause briefly rather than spin.
-                if open.get() == 0 && progress.errors.load(Ordering::Relaxed) > before {
+                if ctx.open.get() == 0 && ctx.progress.errors.load(Ordering::Relaxed) > before {
                     monoio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
+            into_recorder(ctx)
         }));
     }
+    let mut all = Recorder::default();
     for t in tasks {
-        t.await;
+        all.merge(&t.await);
     }
-    Rc::try_unwrap(rec)
-        .map(RefCell::into_inner)
-        .unwrap_or_default()
+    all
 }
 
 #[cfg(test)]

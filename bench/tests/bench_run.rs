@@ -145,3 +145,80 @@ fn open_loop_sees_the_stall_closed_loop_hides_it() {
         closed.total
     );
 }
+
+/// A keep-alive HTTP server that answers every request with a small JSON
+/// body and counts the connections it accepts.
+fn counting_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            count.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let _ = s.set_nodelay(true);
+                let body = br#"{"usage":{"prompt_tokens":1,"completion_tokens":1}}"#;
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // One request: the head, then Content-Length bytes.
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + len {
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..end + 4 + len);
+                    let mut out = reply.clone().into_bytes();
+                    out.extend_from_slice(body);
+                    if s.write_all(&out).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, accepted)
+}
+
+/// The busy wait before each send must let responses be read: with a
+/// wait as long as the gap between requests the open loop is always
+/// waiting, and a wait that starved the other tasks left every
+/// connection busy, so each request opened a new one (124 connections
+/// here when the wait was put back to self-wakes).
+#[test]
+fn open_loop_reads_responses_while_it_waits_to_send() {
+    let (port, accepted) = counting_server();
+    let mut o = opts(port, &format!("bench-spin-{port}.json"));
+    o.rate = Some(2000.0);
+    o.arrivals = "constant".into();
+    o.duration = "1s".into();
+    o.spin = "2ms".into();
+    o.api_key = None;
+    let r = bench::run(&o).expect("run");
+    assert_eq!(r.sent, r.ok, "{:?}", r.errors_by_code);
+    assert!(r.sent >= 1900, "{}", r.sent);
+    let n = accepted.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(n <= 32, "{n} connections for {} requests", r.sent);
+}
