@@ -114,7 +114,8 @@ async fn write_request(
     headers: &Headers,
     body: &[u8],
 ) -> io::Result<()> {
-    let mut out = Vec::with_capacity(512 + body.len());
+    // From the thread's pool; the write gives it back.
+    let mut out = shards::runtime::bufpool::take(512 + body.len());
     // Borrowed pairs: no copy of the request's headers per request.
     let typed = headers
         .iter()

@@ -14,6 +14,7 @@ use shards::logic::errors::{ApiError, ErrorCode, Source};
 use shards::logic::http_parse::{self, BodyFraming, ChunkedDecoder, Headers};
 use shards::logic::http_write::{self, OutFraming};
 use shards::logic::trace_context;
+use shards::runtime::bufpool::{self, Pooled};
 use shards::runtime::conn::{Conn, HeadRead};
 use shards::runtime::http_stream::{self, HttpStream};
 use shards::runtime::mux;
@@ -85,9 +86,10 @@ pub async fn serve_stream(cfg: Rc<AgentConfig>, s: mux::Stream) {
         }
     };
     let request = read_request(&mut conn).await;
-    let mut s = conn.stream;
+    let (mut s, buf) = conn.into_parts();
+    bufpool::give(buf);
     let (head, body) = match request {
-        Ok(v) => v,
+        Ok((head, body)) => (head, Pooled::from(body)),
         Err(e) => {
             write_error(
                 &mut s,
@@ -253,8 +255,9 @@ async fn proxy(
         .read_body(rh.framing, MAX_BODY as u64)
         .await
         .map_err(ProxyError::BeforeHead)?;
+    let body = Pooled::from(body);
     backend::release(&cfg.backend, conn, &rh);
-    let mut out = Vec::with_capacity(512 + body.len());
+    let mut out = Pooled::with_capacity(512 + body.len());
     http_write::write_response_head(
         &mut out,
         rh.status,

@@ -13,6 +13,8 @@
 
 use smallvec::SmallVec;
 
+use super::inline_str::InlineStr;
+
 /// Largest accepted header section, request line included.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Largest accepted number of header fields from a client.
@@ -206,8 +208,9 @@ impl<'a> IntoIterator for &'a Headers {
 pub struct RequestHead {
     /// Method, e.g. `POST` (the common ones without an allocation).
     pub method: std::borrow::Cow<'static, str>,
-    /// Request target as sent.
-    pub path: String,
+    /// Request target in origin form (inline: no allocation for the
+    /// usual targets).
+    pub path: InlineStr,
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub minor_version: u8,
     /// All header fields in order.
@@ -235,7 +238,7 @@ impl RequestHead {
     pub fn path_only(&self) -> &str {
         match self.path.split_once('?') {
             Some((p, _)) => p,
-            None => &self.path,
+            None => self.path.as_str(),
         }
     }
 }
@@ -369,7 +372,7 @@ fn known_method(m: &str) -> std::borrow::Cow<'static, str> {
 }
 
 /// A target in absolute form (`http://host/path`) as origin form (`/path`).
-fn origin_form(target: &str) -> String {
+fn origin_form(target: &str) -> InlineStr {
     let scheme = |p: &str| {
         target
             .get(..p.len())
@@ -380,13 +383,17 @@ fn origin_form(target: &str) -> String {
     } else if scheme("https://") {
         target.get(8..)
     } else {
-        return target.to_string();
+        return InlineStr::from(target);
     };
     let rest = rest.unwrap_or("");
     match rest.find(['/', '?']) {
-        Some(i) if rest.get(i..i + 1) == Some("/") => rest.get(i..).unwrap_or("/").to_string(),
-        Some(i) => format!("/{}", rest.get(i..).unwrap_or("")),
-        None => "/".to_string(),
+        Some(i) if rest.get(i..i + 1) == Some("/") => InlineStr::from(rest.get(i..).unwrap_or("/")),
+        Some(i) => {
+            let mut out = InlineStr::from("/");
+            out.push_str(rest.get(i..).unwrap_or(""));
+            out
+        }
+        None => InlineStr::from("/"),
     }
 }
 

@@ -19,6 +19,7 @@ pub mod history;
 pub mod hold;
 pub mod http_parse;
 pub mod http_write;
+pub mod inline_str;
 pub mod log_gate;
 pub mod multistream;
 pub mod mux_frame;

@@ -74,7 +74,8 @@ impl Transport for TcpStream {
     }
 
     async fn write_owned(&mut self, data: Vec<u8>) -> io::Result<()> {
-        let (res, _) = self.write_all(data).await;
+        let (res, buf) = self.write_all(data).await;
+        super::bufpool::give(buf);
         res.map(|_| ())
     }
 }
@@ -100,6 +101,7 @@ macro_rules! futures_io_transport {
             }
 
             async fn write_owned(&mut self, data: Vec<u8>) -> std::io::Result<()> {
+                let data = $crate::runtime::bufpool::Pooled::from(data);
                 futures::AsyncWriteExt::write_all(self, &data).await?;
                 futures::AsyncWriteExt::flush(self).await
             }
@@ -552,7 +554,8 @@ impl<S: Transport> Conn<S> {
                         Err(e) => return Err(BodyError::Closed(e)),
                     }
                 }
-                let body = self.buf.get(..n).unwrap_or(&[]).to_vec();
+                let mut body = super::bufpool::take(n);
+                body.extend_from_slice(self.buf.get(..n).unwrap_or(&[]));
                 self.consume(n);
                 Ok(body)
             }

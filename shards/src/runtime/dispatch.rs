@@ -48,7 +48,7 @@ fn forwardable(name: &str) -> bool {
 /// credentials, our `X-Request-ID` and `traceparent` (the client's
 /// `tracestate` only with the client's valid `traceparent`), the body
 /// unchanged.
-fn build_request(p: &PendingRequest) -> Vec<u8> {
+fn build_request(p: &PendingRequest) -> super::bufpool::Pooled {
     let keep_state = p.trace.keep_state;
     let headers = p
         .head
@@ -63,7 +63,8 @@ fn build_request(p: &PendingRequest) -> Vec<u8> {
             ("X-Request-ID", p.request_id.as_bytes()),
             ("traceparent", &p.trace.header[..]),
         ]);
-    let mut out = Vec::with_capacity(512 + p.body.len());
+    // Back to the pool when the request is done (retries resend it).
+    let mut out = super::bufpool::Pooled::with_capacity(512 + p.body.len());
     // `hn_*` redirect parameters stay at the router.
     http_write::write_request_head_from(
         &mut out,
@@ -147,8 +148,9 @@ struct Ending {
     error_code: &'static str,
     /// Usage the response reported.
     tokens: Option<Tokens>,
-    /// Peer ID of the agent that answered (or was tried last).
-    agent: String,
+    /// The agent that answered (or was tried last); its peer ID is
+    /// copied only into an audit record.
+    agent: Option<Rc<Agent>>,
     /// Whether response bytes from an agent reached the client.
     relayed: bool,
     /// Quota taken at admission, settled once at the end.
@@ -186,7 +188,7 @@ async fn serve(
     // The request bytes carry the body from here on: one copy is held for
     // the whole exchange (streams included), not two; the body permit still
     // counts it until the request is done.
-    p.body = Vec::new();
+    super::bufpool::give(std::mem::take(&mut p.body));
     // A request released by a wake: its quota was taken before the hold,
     // admission may wait until its hold budget ends, the capacity queue
     // takes it beyond --queue-depth, its deadline starts now.
@@ -304,7 +306,7 @@ async fn serve(
                 if let Some(w) = waited {
                     with_stats(shard, model, |s| s.observe_wait(w.as_secs_f64()));
                 }
-                end.agent.clone_from(&agent.reg.peer_id);
+                end.agent = Some(agent.clone());
                 // A slot on an agent: it leaves the pending demand.
                 if let Some(h) = held.as_mut() {
                     h.demand.leave();
@@ -485,7 +487,7 @@ fn finish(shard: &Shard, conn: &Conn, p: &PendingRequest, end: Ending) {
             latency_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
             input_tokens: tokens.input,
             output_tokens: tokens.output,
-            agent_id: end.agent,
+            agent_id: end.agent.map(|a| a.reg.peer_id.clone()).unwrap_or_default(),
             error_code: end.error_code,
             source_ip: conn
                 .stream

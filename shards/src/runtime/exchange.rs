@@ -92,7 +92,7 @@ pub async fn exchange_head(
     };
     s.write_all(request).await.map_err(after_send)?;
     s.flush().await.map_err(after_send)?;
-    let mut upstream = Conn::over(s, Vec::with_capacity(8192));
+    let mut upstream = Conn::over(s, super::bufpool::take(8192));
     http_stream::read_lines(&mut upstream)
         .await
         .map_err(after_send)?;
@@ -160,7 +160,9 @@ impl Upstream<'_> {
     /// agent.
     fn retire(self) {
         let Upstream { conn, link, .. } = self;
-        link.retire(conn.into_parts().0.into_inner());
+        let (stream, buf) = conn.into_parts();
+        super::bufpool::give(buf);
+        link.retire(stream.into_inner());
     }
 
     /// More of a body whose end is known: EOF, a stall or a cut fails it.
@@ -272,7 +274,7 @@ async fn relay_buffered(
     }
     let body = up.conn.buf.get(..n).unwrap_or(&[]);
     let tokens = usage::from_body(body);
-    let mut out = Vec::with_capacity(512 + n);
+    let mut out = super::bufpool::take(512 + n);
     respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, client);
     out.extend_from_slice(body);
     // The stream is done with: retired before the client write.

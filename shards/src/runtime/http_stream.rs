@@ -53,7 +53,7 @@ impl HttpStream {
 /// The agent's side: read the dialer's lines on `s`. Returns the stream
 /// with the bytes read past them (the start of the request), or why not.
 pub async fn accept(s: mux::Stream) -> io::Result<Conn<HttpStream>> {
-    let mut conn = Conn::over(HttpStream::new(s), Vec::with_capacity(8192));
+    let mut conn = Conn::over(HttpStream::new(s), super::bufpool::take(8192));
     read_lines(&mut conn).await?;
     Ok(conn)
 }

@@ -202,7 +202,8 @@ async fn route(
     head: RequestHead,
     started: clock::Instant,
 ) -> Next {
-    let path = head.path_only().to_string();
+    // Inline: the usual paths are copied without an allocation.
+    let path = crate::logic::inline_str::InlineStr::from(head.path_only());
     // Requests other than inference ones carry no body we want: close
     // rather than drain when one is declared.
     let keep = head.keep_alive && head.framing == BodyFraming::None;
@@ -513,7 +514,10 @@ async fn read_inference(
     if owner != shard.id {
         return Routed::Dispatched(Next::HandOff(Box::new(pending), owner));
     }
-    let served = Box::pin(dispatch::serve_inference(shard, conn, pending)).await;
+    // Not boxed on its own: it runs inside `route`'s box, which only
+    // exists while a request is served (an idle or held connection's task
+    // keeps neither), so a second box was a second allocation per request.
+    let served = dispatch::serve_inference(shard, conn, pending).await;
     Routed::Dispatched(served.into())
 }
 

@@ -32,6 +32,7 @@ pub mod admission;
 pub mod agent_link;
 pub mod audit;
 pub mod budget;
+pub mod bufpool;
 pub mod clock;
 pub mod conn;
 pub mod dispatch;
