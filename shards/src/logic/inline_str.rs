@@ -8,8 +8,10 @@ use std::ops::Deref;
 
 use smallvec::SmallVec;
 
-/// Bytes kept without an allocation.
-pub const INLINE_BYTES: usize = 48;
+/// Bytes kept without an allocation (a size smallvec supports without
+/// its `const_generics` feature, which `--no-default-features` builds of
+/// this crate do not get).
+pub const INLINE_BYTES: usize = 64;
 
 /// An owned UTF-8 string, inline up to [`INLINE_BYTES`].
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
