@@ -73,6 +73,12 @@ impl PartialEq<str> for InlineStr {
     }
 }
 
+impl PartialEq<String> for InlineStr {
+    fn eq(&self, o: &String) -> bool {
+        self.0.as_slice() == o.as_bytes()
+    }
+}
+
 impl PartialEq<&str> for InlineStr {
     fn eq(&self, o: &&str) -> bool {
         self.0.as_slice() == o.as_bytes()

@@ -14,14 +14,42 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::errors::{ApiError, ErrorCode};
+use super::inline_str::InlineStr;
 
 /// Longest accepted model name (spec 01 §3).
 pub const MAX_MODEL_BYTES: usize = 256;
 
+/// A string borrowed from the body when it has no escapes. serde's own
+/// `Cow<str>` borrows only as a bare field, not inside `Option`: the model
+/// name was a `String`, one allocation per request.
+struct BodyStr<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for BodyStr<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = BodyStr<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<BodyStr<'a>, E> {
+                Ok(BodyStr(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<BodyStr<'a>, E> {
+                Ok(BodyStr(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<BodyStr<'a>, E> {
+                Ok(BodyStr(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V(std::marker::PhantomData))
+    }
+}
+
 #[derive(Deserialize)]
 struct Probe<'a> {
     #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
+    model: Option<BodyStr<'a>>,
     #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
@@ -39,8 +67,8 @@ struct Probe<'a> {
 /// What routing needs from a body.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RequestMeta {
-    /// Routing key.
-    pub model: String,
+    /// Routing key (inline: the usual model names cost no allocation).
+    pub model: InlineStr,
     /// The client asked for a stream (informational: the response's
     /// content type decides how it is relayed).
     pub stream: bool,
@@ -196,7 +224,7 @@ pub fn probe(body: &[u8]) -> Result<RequestMeta, ApiError> {
     let p: Probe<'_> = serde_json::from_slice(body)
         .map_err(|e| ApiError::new(ErrorCode::RequestInvalid, format!("Invalid request: {e}")))?;
     let model = match p.model {
-        Some(m) if !m.is_empty() => m,
+        Some(BodyStr(m)) if !m.is_empty() => m,
         _ => {
             return Err(ApiError::new(
                 ErrorCode::RequestInvalid,
@@ -217,7 +245,7 @@ pub fn probe(body: &[u8]) -> Result<RequestMeta, ApiError> {
     text += p.tools.map_or(0, |t| t.get().len() as u64);
     let declared = p.max_completion_tokens.or(p.max_tokens).unwrap_or(0);
     Ok(RequestMeta {
-        model: model.into_owned(),
+        model: InlineStr::from(&*model),
         stream: p.stream.unwrap_or(false),
         text_bytes: text,
         messages,

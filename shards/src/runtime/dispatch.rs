@@ -482,7 +482,7 @@ fn finish(shard: &Shard, conn: &Conn, p: &PendingRequest, end: Ending) {
             trace_id: audit::trace_id_of(Some(&p.trace)),
             tenant_id: p.principal.tenant_arc(),
             key_id: p.principal.key_id_arc(),
-            model: p.meta.model.clone(),
+            model: p.meta.model.to_string(),
             status: end.status,
             latency_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
             input_tokens: tokens.input,

@@ -72,7 +72,7 @@ pub async fn hold(
 ) -> HoldEnd {
     let cfg = &shard.router.cfg;
     let keep = p.head.keep_alive;
-    let model = p.meta.model.clone();
+    let model = p.meta.model.to_string();
     let started = clock::now();
     let until = started + budget;
     let book = shard.router.holds.clone();

@@ -22,6 +22,7 @@ use crate::logic::auth::Access;
 use crate::logic::endpoint::Endpoint;
 use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::http_parse::{BodyFraming, HeadError, RequestHead};
+use crate::logic::inline_str::InlineStr;
 use crate::logic::probe;
 use crate::logic::sites::{self, Choice, Kind};
 
@@ -203,7 +204,7 @@ async fn route(
     started: clock::Instant,
 ) -> Next {
     // Inline: the usual paths are copied without an allocation.
-    let path = crate::logic::inline_str::InlineStr::from(head.path_only());
+    let path = InlineStr::from(head.path_only());
     // Requests other than inference ones carry no body we want: close
     // rather than drain when one is declared.
     let keep = head.keep_alive && head.framing == BodyFraming::None;
@@ -433,7 +434,8 @@ async fn read_inference(
                 return Routed::Done(respond::send_error(conn, &e, keep).await.into());
             }
         }
-        alias = Some(std::mem::replace(&mut meta.model, target));
+        alias =
+            Some(std::mem::replace(&mut meta.model, InlineStr::from(target.as_str())).to_string());
         conn.reply_headers
             .push(("X-Hivenet-Routed-Model", meta.model.as_bytes().to_vec()));
     }
@@ -465,7 +467,7 @@ async fn read_inference(
             *shard
                 .redirects
                 .borrow_mut()
-                .entry((meta.model.clone(), site))
+                .entry((meta.model.to_string(), site))
                 .or_default() += 1;
             return Routed::Done(done.into());
         }
