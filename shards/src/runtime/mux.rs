@@ -37,11 +37,6 @@ use crate::logic::mux_frame::{
 
 use super::io::BoxIo;
 
-/// Receive buffers kept for reuse, and the largest kept (a stream's
-/// buffer grows to what it was sent between reads; a request's head and
-/// body usually fit a few KiB).
-const SPARE_BUFS: usize = 64;
-const SPARE_BUF_MAX: usize = 64 * 1024;
 /// Closing frames (12 bytes each) held for other traffic at most.
 const MAX_LAZY: usize = 64 * 12;
 /// Past this many queued bytes a stream's write waits for the driver.
@@ -141,8 +136,6 @@ struct Shared {
     streams: Slots,
     /// Frames waiting for the driver.
     out: Vec<u8>,
-    /// Receive buffers of finished streams, for the next ones.
-    spare: Vec<Vec<u8>>,
     /// Closing frames of quietly dropped streams: sent with the next
     /// frames in `out`, never on their own (see [`Stream::drop_quietly`]).
     lazy: Vec<u8>,
@@ -171,7 +164,6 @@ impl Shared {
             streams: Slots::default(),
             out: Vec::new(),
             lazy: Vec::new(),
-            spare: Vec::new(),
             driver: None,
             blocked: Vec::new(),
             accepted: VecDeque::new(),
@@ -445,8 +437,7 @@ impl Connection {
                     return Ok(());
                 }
                 let k = (b.remaining as usize).min(avail);
-                let Shared { streams, spare, .. } = &mut *sh;
-                let slot = streams.get_mut(&b.stream);
+                let slot = sh.streams.get_mut(&b.stream);
                 if let (true, Some(slot), Some(bytes)) =
                     (b.kept, slot, self.rbuf.get(self.rstart..self.rstart + k))
                 {
@@ -455,9 +446,9 @@ impl Connection {
                         slot.rpos = 0;
                     }
                     if slot.recv.capacity() == 0 {
-                        if let Some(buf) = spare.pop() {
-                            slot.recv = buf;
-                        }
+                        // Finished streams' buffers come back through the
+                        // thread's pool (`release`).
+                        slot.recv = super::bufpool::take(k);
                     }
                     slot.recv.extend_from_slice(bytes);
                     if let Some(w) = slot.reader.take() {
@@ -694,11 +685,7 @@ impl Stream {
         let Some(mut slot) = sh.streams.remove(&self.id) else {
             return;
         };
-        let mut buf = std::mem::take(&mut slot.recv);
-        if buf.capacity() > 0 && buf.capacity() <= SPARE_BUF_MAX && sh.spare.len() < SPARE_BUFS {
-            buf.clear();
-            sh.spare.push(buf);
-        }
+        super::bufpool::give(std::mem::take(&mut slot.recv));
         if self.inbound {
             sh.inbound = sh.inbound.saturating_sub(1);
         }
