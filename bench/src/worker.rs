@@ -203,11 +203,11 @@ struct Ctx {
     spare_failed: Cell<bool>,
 }
 
-/// Idle connections the open loop keeps ready. A request that finds
-/// none opens one at its time; a connect costs more than the gap between
-/// requests at 10,000/s, so after a brief server stall every request in
-/// it connected, the generator fell behind, and more connects followed:
-/// episodes of 20-70 ms with sends up to 18 ms late.
+/// Idle connections the open loop keeps ready, so that a connect (which
+/// costs more than the gap between requests at 10,000/s) is rarely on a
+/// request's send path. It did not remove the 20-70 ms episodes of late
+/// sends seen at 10,000/s: those come from the host running slowly
+/// (perf/2026-12-01-send-lag-turns).
 const SPARE_CONNECTIONS: usize = 4;
 
 /// Open connections in the background until [`SPARE_CONNECTIONS`] are
