@@ -1,0 +1,310 @@
+//! Heap allocations per proxied request, counted by a counting allocator
+//! (issue 14): the router shard and the agent run in this process on
+//! threads of their own, wired as the binaries wire them, with a real
+//! libp2p link and real sockets to a real `hivenet-sim` backend; a
+//! keep-alive client sends non-streaming chat requests one at a time and
+//! the allocator counts the calls made on each thread. A change that adds
+//! one allocation per request on either side fails here.
+//!
+//! `scripts/count-syscalls.sh` counts the same thing in the real binaries
+//! with uprobes; this test needs no perf and names the sizes when it fails.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{start_sim, tmpdir, wait_until};
+use futures::channel::mpsc;
+use hivenet_router::agent::{self, AgentConfig};
+use shards::logic::directory::Directory;
+use shards::runtime::event_loop::{self, ShardListeners};
+use shards::runtime::executor::{self, DriverChoice};
+use shards::runtime::router::{Router, RouterConfig};
+use shards::runtime::snapshot::Versioned;
+use shards::runtime::tenancy::AuthState;
+
+/// Per request, at most. Measured 5.0 on both sides (perf/2026-12-01-
+/// pool-syscalls has the uprobe figures); the half leaves room for
+/// timers and bookkeeping amortised over the run, not for one more
+/// allocation per request.
+const MAX_ROUTER: f64 = 5.5;
+const MAX_AGENT: f64 = 5.5;
+
+const WARMUP: usize = 300;
+const REQUESTS: usize = 3000;
+const MODEL: &str = "alloc-model";
+
+const OTHER: usize = 0;
+const ROUTER: usize = 1;
+const AGENT: usize = 2;
+
+thread_local! {
+    /// Whose allocations this thread's are.
+    static ROLE: Cell<usize> = const { Cell::new(OTHER) };
+}
+
+/// Allocation calls (alloc, alloc_zeroed, realloc) by role, and by role
+/// and power-of-two size class (for the failure message).
+static CALLS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+static BY_SIZE: [[AtomicU64; 24]; 3] = [const { [const { AtomicU64::new(0) }; 24] }; 3];
+
+fn count(size: usize) {
+    let role = ROLE.try_with(Cell::get).unwrap_or(OTHER);
+    CALLS[role].fetch_add(1, Ordering::Relaxed);
+    let class = (usize::BITS - size.leading_zeros()).min(23) as usize;
+    BY_SIZE[role][class].fetch_add(1, Ordering::Relaxed);
+}
+
+/// mimalloc, as in both binaries, with a count in front.
+struct Counting;
+
+// The only unsafe code in the tests: a global allocator must implement an
+// unsafe trait. Every call goes unchanged to mimalloc; the count touches a
+// const thread-local `Cell` and atomics, none of which allocates.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: the caller's contract is passed on unchanged.
+        unsafe { mimalloc::MiMalloc.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: as above.
+        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size);
+        // SAFETY: as above.
+        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn snapshot() -> [u64; 3] {
+    [0, 1, 2].map(|r| CALLS[r].load(Ordering::Relaxed))
+}
+
+fn sizes(role: usize) -> String {
+    let mut out = String::new();
+    for (class, n) in BY_SIZE[role].iter().enumerate() {
+        let n = n.load(Ordering::Relaxed);
+        if n > 0 {
+            let hi = 1u64 << class;
+            out.push_str(&format!(" <{hi}B:{n}"));
+        }
+    }
+    out
+}
+
+/// The router as `hivenet-router --shards 1` builds it, without a store,
+/// keys or policies; returns its HTTP address and its p2p port.
+fn start_router() -> (SocketAddr, u16) {
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let bind = |what| {
+        executor::bind_reuseport(any, 1)
+            .unwrap_or_else(|e| panic!("bind {what}: {e}"))
+            .remove(0)
+    };
+    let (http, metrics, p2p) = (bind("http"), bind("metrics"), bind("p2p"));
+    let addr = |l: &std::net::TcpListener| l.local_addr().expect("bound address");
+    let cfg = RouterConfig {
+        http_addr: addr(&http),
+        metrics_addr: addr(&metrics),
+        p2p_addr: addr(&p2p),
+        // Heartbeats and removal checks far apart: the count is the
+        // request path's, not the control stream's.
+        heartbeat_interval: Duration::from_secs(60),
+        remove_after: Duration::from_secs(600),
+        ..RouterConfig::default()
+    };
+    let (http_addr, p2p_port) = (cfg.http_addr, cfg.p2p_addr.port());
+    let auth = hivenet_router::auth_files::load(&hivenet_router::auth_files::AuthSources {
+        file: None,
+        env_mode: None,
+    })
+    .expect("default auth");
+    let policies =
+        hivenet_router::policy_files::load(&hivenet_router::policy_files::PolicySources {
+            file: None,
+            dir: None,
+        })
+        .expect("default policies");
+    let (tx, rx) = mpsc::unbounded();
+    let shared = Arc::new(Router {
+        cfg: cfg.clone(),
+        directory: Versioned::new(Directory::new(1)),
+        mesh: vec![tx],
+        keypair: libp2p_identity::Keypair::generate_ed25519(),
+        psk: None,
+        store: None,
+        budget: shards::runtime::budget::Budget::new(
+            cfg.max_buffered_body_bytes,
+            cfg.max_client_connections,
+        ),
+        storage_errors: Arc::new(AtomicU64::new(0)),
+        admin_keys: Vec::new(),
+        insecure_admin: false,
+        auth: Versioned::new(AuthState::build(
+            auth.api,
+            auth.keys,
+            None,
+            &Default::default(),
+        )),
+        registry: Default::default(),
+        audit: None,
+        policies: Versioned::new(policies),
+        policy_reloads: Default::default(),
+        feed: Default::default(),
+        sites: Versioned::new(Default::default()),
+        holds: Default::default(),
+    });
+    let listeners = ShardListeners { http, metrics, p2p };
+    executor::spawn_runtime("shard-0".into(), None, DriverChoice::Auto, move || {
+        ROLE.with(|r| r.set(ROUTER));
+        event_loop::run(0, shared, listeners, rx)
+    })
+    .expect("router shard thread");
+    (http_addr, p2p_port)
+}
+
+/// The agent as `hivenet-agent` runs it, on a thread of its own.
+fn start_agent(p2p: u16, sim: u16, dir: &std::path::Path) {
+    let cfg = AgentConfig {
+        router: agent::parse_router_addr(&format!("/ip4/127.0.0.1/tcp/{p2p}"))
+            .expect("router address"),
+        backend: agent::backend::BackendUrl::parse(&format!("http://127.0.0.1:{sim}"))
+            .expect("backend url"),
+        engine: agent::engine::Engine::Vllm,
+        health_url: None,
+        capability: shards::logic::control::Capability::Llm,
+        model: Some(MODEL.into()),
+        capacity: 10,
+        keypair: shards::runtime::link::load_or_create_identity(&dir.join("agent.key"))
+            .expect("agent identity"),
+        psk: None,
+        region: "test".into(),
+        organization: "test".into(),
+        machine: "test".into(),
+        tags: Vec::new(),
+        version: "test".into(),
+        deployment_id: String::new(),
+        replica_id: String::new(),
+        http_timeout: Duration::from_secs(30),
+        // Health checks and engine scrapes far apart, as the heartbeats.
+        health_interval: Duration::from_secs(600),
+        signal_interval: Duration::from_secs(600),
+        warmup: false,
+    };
+    std::thread::Builder::new()
+        .name("agent".into())
+        .spawn(move || {
+            ROLE.with(|r| r.set(AGENT));
+            executor::run_on_runtime(DriverChoice::Auto, |_| agent::run(cfg));
+        })
+        .expect("agent thread");
+}
+
+/// One request on the keep-alive connection; the status and the body.
+fn chat(s: &mut TcpStream, buf: &mut Vec<u8>) -> (u16, Vec<u8>) {
+    let body = format!(
+        r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"hi"}}],"max_tokens":8}}"#
+    );
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("send request");
+    buf.clear();
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let status: u16 = head
+                .get(9..12)
+                .and_then(|s| s.parse().ok())
+                .expect("status line");
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .expect("content-length in a non-streaming response");
+            while buf.len() < end + 4 + len {
+                let n = s.read(&mut chunk).expect("read body");
+                assert!(n > 0, "connection closed mid-body");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            return (status, buf[end + 4..end + 4 + len].to_vec());
+        }
+        let n = s.read(&mut chunk).expect("read head");
+        assert!(n > 0, "connection closed before a response head");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[test]
+fn a_proxied_request_allocates_a_fixed_handful_on_router_and_agent() {
+    let dir = tmpdir("allocations");
+    let (_sim, sim_port) = start_sim(&dir, MODEL, &[]);
+    let (http, p2p) = start_router();
+    start_agent(p2p, sim_port, &dir);
+    wait_until(
+        Duration::from_secs(20),
+        || common::healthy_agents(http.port(), MODEL) >= 1,
+        "agent registered",
+    );
+    let mut s = TcpStream::connect(http).expect("connect to the router");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut buf = Vec::with_capacity(16 * 1024);
+    for _ in 0..WARMUP {
+        let (status, body) = chat(&mut s, &mut buf);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    }
+    for r in [ROUTER, AGENT] {
+        for c in &BY_SIZE[r] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+    let before = snapshot();
+    for _ in 0..REQUESTS {
+        let (status, body) = chat(&mut s, &mut buf);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    }
+    let after = snapshot();
+    let per = |r: usize| (after[r] - before[r]) as f64 / REQUESTS as f64;
+    let (router, agent) = (per(ROUTER), per(AGENT));
+    eprintln!(
+        "allocations per request: router {router:.2} (sizes{}), agent {agent:.2} (sizes{})",
+        sizes(ROUTER),
+        sizes(AGENT)
+    );
+    // Both sides did work on their own threads (the roles are set where
+    // the work runs): a count of zero would mean the test counts nothing.
+    assert!(
+        router >= 1.0 && agent >= 1.0,
+        "router {router}, agent {agent}"
+    );
+    assert!(
+        router <= MAX_ROUTER,
+        "router: {router:.2} allocations per request (at most {MAX_ROUTER}); sizes{}",
+        sizes(ROUTER)
+    );
+    assert!(
+        agent <= MAX_AGENT,
+        "agent: {agent:.2} allocations per request (at most {MAX_AGENT}); sizes{}",
+        sizes(AGENT)
+    );
+}
