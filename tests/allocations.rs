@@ -1,7 +1,8 @@
 //! Heap allocations per proxied request, counted by a counting allocator
 //! (issue 14): the router shard and the agent run in this process on
-//! threads of their own, wired as the binaries wire them, with a real
-//! libp2p link and real sockets to a real `hivenet-sim` backend; a
+//! threads of their own, wired as the binaries wire them (the router
+//! without its history store and audit log), with a real libp2p link and
+//! real sockets to a real `hivenet-sim` backend; a
 //! keep-alive client sends non-streaming chat requests one at a time and
 //! the allocator counts the calls made on each thread. A change that adds
 //! one allocation per request on either side fails here.
@@ -29,10 +30,10 @@ use shards::runtime::router::{Router, RouterConfig};
 use shards::runtime::snapshot::Versioned;
 use shards::runtime::tenancy::AuthState;
 
-/// Per request, at most. Measured 5.0 on both sides (perf/2026-12-01-
-/// pool-syscalls has the uprobe figures); the half leaves room for
-/// timers and bookkeeping amortised over the run, not for one more
-/// allocation per request.
+/// Per request, at most. Measured 5.00 on both sides, in every run
+/// (perf/2026-12-01-pool-syscalls has the uprobe figures of the
+/// binaries); the half leaves room for timers and bookkeeping amortised
+/// over the run, not for one more allocation per request.
 const MAX_ROUTER: f64 = 5.5;
 const MAX_AGENT: f64 = 5.5;
 
