@@ -1,7 +1,7 @@
 //! Heap allocations per proxied request, counted by a counting allocator
 //! (issue 14): the router shard and the agent run in this process on
 //! threads of their own, wired as the binaries wire them (the router
-//! without its history store and audit log), with a real libp2p link and
+//! with its history store and logging, without an audit log), with a real libp2p link and
 //! real sockets to a real `hivenet-sim` backend; a
 //! keep-alive client sends non-streaming chat requests one at a time and
 //! the allocator counts the calls made on each thread. A change that adds
@@ -110,9 +110,10 @@ fn sizes(role: usize) -> String {
     out
 }
 
-/// The router as `hivenet-router --shards 1` builds it, without a store,
-/// keys or policies; returns its HTTP address and its p2p port.
-fn start_router() -> (SocketAddr, u16) {
+/// The router as `hivenet-router --shards 1` builds it, with its history
+/// store in `dir`, without keys, policies or audit log; returns its HTTP
+/// address and its p2p port.
+fn start_router(dir: &std::path::Path) -> (SocketAddr, u16) {
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let bind = |what| {
         executor::bind_reuseport(any, 1)
@@ -143,6 +144,16 @@ fn start_router() -> (SocketAddr, u16) {
             dir: None,
         })
         .expect("default policies");
+    let storage_errors = Arc::new(AtomicU64::new(0));
+    let (store, _store_thread, _restored) = hivenet_router::store::start(
+        hivenet_router::store::StoreConfig {
+            path: dir.join("db"),
+            reset: false,
+            ttl_days: 0,
+        },
+        storage_errors.clone(),
+    )
+    .expect("history store");
     let (tx, rx) = mpsc::unbounded();
     let shared = Arc::new(Router {
         cfg: cfg.clone(),
@@ -150,12 +161,12 @@ fn start_router() -> (SocketAddr, u16) {
         mesh: vec![tx],
         keypair: libp2p_identity::Keypair::generate_ed25519(),
         psk: None,
-        store: None,
+        store: Some(store),
         budget: shards::runtime::budget::Budget::new(
             cfg.max_buffered_body_bytes,
             cfg.max_client_connections,
         ),
-        storage_errors: Arc::new(AtomicU64::new(0)),
+        storage_errors,
         admin_keys: Vec::new(),
         insecure_admin: false,
         auth: Versioned::new(AuthState::build(
@@ -257,9 +268,10 @@ fn chat(s: &mut TcpStream, buf: &mut Vec<u8>) -> (u16, Vec<u8>) {
 
 #[test]
 fn a_proxied_request_allocates_a_fixed_handful_on_router_and_agent() {
+    hivenet_router::cli::init_logging();
     let dir = tmpdir("allocations");
     let (_sim, sim_port) = start_sim(&dir, MODEL, &[]);
-    let (http, p2p) = start_router();
+    let (http, p2p) = start_router(&dir);
     start_agent(p2p, sim_port, &dir);
     wait_until(
         Duration::from_secs(20),
