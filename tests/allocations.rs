@@ -1,8 +1,8 @@
 //! Heap allocations per proxied request, counted by a counting allocator
 //! (issue 14): the router shard and the agent run in this process on
 //! threads of their own, wired as the binaries wire them (the router
-//! with its history store and logging, without an audit log), with a real libp2p link and
-//! real sockets to a real `hivenet-sim` backend; a
+//! with its history store and logging, without an audit log), with a
+//! real libp2p link and real sockets to a real `hivenet-sim` backend; a
 //! keep-alive client sends non-streaming chat requests one at a time and
 //! the allocator counts the calls made on each thread. A change that adds
 //! one allocation per request on either side fails here.
