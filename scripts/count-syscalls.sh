@@ -47,11 +47,11 @@ CEIL_STREAM_EVENT="${CEIL_STREAM_EVENT:-2}"
 # depending on the run, for reasons not found (the probes count entries of
 # mi_malloc_aligned, not calls of Rust's allocator). The exact check is
 # tests/allocations.rs, a counting allocator that reads 5 / 5 in every run
-# and fails on one more; these ceilings catch a gross regression in the
-# binaries. The history of the counts (98 / 86 at the start) is in perf/.
+# and fails on one more; these ceilings (a flip of one either way stays
+# under them) catch a gross regression in the binaries. The history of the counts (98 / 86 at the start) is in perf/.
 # (Streams allocate per read, which depends on timing; not checked.)
 CEIL_ALLOCS_ROUTER="${CEIL_ALLOCS_ROUTER:-6.5}"
-CEIL_ALLOCS_AGENT="${CEIL_ALLOCS_AGENT:-5.6}"
+CEIL_ALLOCS_AGENT="${CEIL_ALLOCS_AGENT:-6.5}"
 
 command -v perf >/dev/null || { echo "count-syscalls: perf is missing (Debian: linux-perf)" >&2; exit 2; }
 for b in hivenet-router hivenet-agent hivenet-sim hivenet-bench; do
