@@ -16,7 +16,7 @@ mod common;
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -245,31 +245,7 @@ fn chat(s: &mut TcpStream, buf: &mut Vec<u8>) -> (u16, Vec<u8>) {
         body.len()
     );
     s.write_all(req.as_bytes()).expect("send request");
-    buf.clear();
-    let mut chunk = [0u8; 8192];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let status: u16 = head
-                .get(9..12)
-                .and_then(|s| s.parse().ok())
-                .expect("status line");
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .expect("content-length in a non-streaming response");
-            while buf.len() < end + 4 + len {
-                let n = s.read(&mut chunk).expect("read body");
-                assert!(n > 0, "connection closed mid-body");
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            return (status, buf[end + 4..end + 4 + len].to_vec());
-        }
-        let n = s.read(&mut chunk).expect("read head");
-        assert!(n > 0, "connection closed before a response head");
-        buf.extend_from_slice(&chunk[..n]);
-    }
+    common::read_response(s, buf)
 }
 
 #[test]

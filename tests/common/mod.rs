@@ -565,3 +565,33 @@ pub fn chat_m(http: u16) -> std::io::Result<(u16, String, Vec<u8>)> {
         "",
     )
 }
+
+/// One response with a Content-Length from a keep-alive connection:
+/// status and body; `buf` keeps what was read past it.
+pub fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> (u16, Vec<u8>) {
+    let mut tmp = [0u8; 8192];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4) {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let cl: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap_or(0))
+                })
+                .expect("content-length");
+            while buf.len() < end + cl {
+                let n = s.read(&mut tmp).expect("read body");
+                assert!(n > 0, "closed mid-body");
+                buf.extend_from_slice(&tmp[..n]);
+            }
+            let body = buf[end..end + cl].to_vec();
+            let status = status_of(&buf[..end]);
+            buf.drain(..end + cl);
+            return (status, body);
+        }
+        let n = s.read(&mut tmp).expect("read head");
+        assert!(n > 0, "closed before head");
+        buf.extend_from_slice(&tmp[..n]);
+    }
+}
