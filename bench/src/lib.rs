@@ -12,7 +12,7 @@ pub mod timer;
 pub mod worker;
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,9 +36,15 @@ pub struct Opts {
     /// closed loop: connections sending back to back (used when --rate is absent)
     #[argh(option)]
     pub connections: Option<usize>,
-    /// run length, e.g. 10s (default 10s)
-    #[argh(option, default = "String::from(\"10s\")")]
-    pub duration: String,
+    /// run length, e.g. 10s (default 10s; with --requests, a cap, default
+    /// 10m)
+    #[argh(option)]
+    pub duration: Option<String>,
+    /// closed loop: stop after this many requests in all, so a count per
+    /// request divides by a fixed number (a run ends at this count or at
+    /// the duration, whichever comes first)
+    #[argh(option)]
+    pub requests: Option<u64>,
     /// arrivals: constant or poisson (default poisson)
     #[argh(option, default = "String::from(\"poisson\")")]
     pub arrivals: String,
@@ -104,8 +110,11 @@ fn parse_target(url: &str) -> Result<(SocketAddr, String), String> {
 /// Run a benchmark and return its report (also written as JSON and SVG).
 pub fn run(opts: &Opts) -> Result<Report, String> {
     let (addr, host) = parse_target(&opts.url)?;
-    let duration =
-        humantime::parse_duration(&opts.duration).map_err(|e| format!("--duration: {e}"))?;
+    let duration = match (&opts.duration, opts.requests) {
+        (Some(d), _) => humantime::parse_duration(d).map_err(|e| format!("--duration: {e}"))?,
+        (None, Some(_)) => Duration::from_secs(600),
+        (None, None) => Duration::from_secs(10),
+    };
     let timeout =
         humantime::parse_duration(&opts.timeout).map_err(|e| format!("--timeout: {e}"))?;
     let spin = humantime::parse_duration(&opts.spin).map_err(|e| format!("--spin: {e}"))?;
@@ -143,6 +152,14 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
         (None, Some(c)) if c > 0 => ("closed", 0.0, c),
         _ => return Err("give --rate (open loop) or --connections (closed loop)".into()),
     };
+    let budget = match opts.requests {
+        None => None,
+        Some(_) if mode == "open" => {
+            return Err("--requests is for the closed loop (--connections); the open loop sends --rate for --duration".into())
+        }
+        Some(0) => return Err("--requests must be at least 1".into()),
+        Some(n) => Some(Arc::new(AtomicU64::new(n))),
+    };
     let offsets = if mode == "open" {
         schedule::schedule(arrivals, rate, duration, opts.seed)
     } else {
@@ -173,6 +190,7 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
             cpus.get(w % cpus.len()).copied()
         };
         let is_open = mode == "open";
+        let budget = budget.clone();
         let h = spawn_runtime(
             format!("bench-{w}"),
             cpu,
@@ -181,7 +199,11 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
                 let rec = if is_open {
                     worker::open_loop(spec, mine, spin, start, progress).await
                 } else {
-                    worker::closed_loop(spec, conns, start + duration, start, progress).await
+                    let end = worker::End {
+                        until: start + duration,
+                        budget,
+                    };
+                    worker::closed_loop(spec, conns, end, start, progress).await
                 };
                 let _ = tx.send(rec);
             },

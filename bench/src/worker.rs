@@ -31,6 +31,28 @@ pub struct Progress {
     pub errors: AtomicU64,
 }
 
+/// When a closed loop stops: at a time, or when the requests shared by
+/// every connection of every worker are spent.
+#[derive(Clone)]
+pub struct End {
+    /// No request starts after this.
+    pub until: Instant,
+    /// Requests left to send, when the run is a fixed number of them.
+    pub budget: Option<Arc<AtomicU64>>,
+}
+
+impl End {
+    /// Claim one request of the budget; false when none is left.
+    fn take(&self) -> bool {
+        match &self.budget {
+            None => true,
+            Some(b) => b
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok(),
+        }
+    }
+}
+
 /// What a worker needs.
 #[derive(Clone)]
 pub struct WorkerSpec {
@@ -455,7 +477,7 @@ pub async fn open_loop(
 pub async fn closed_loop(
     spec: WorkerSpec,
     connections: usize,
-    until: Instant,
+    end: End,
     start: Instant,
     progress: Arc<Progress>,
 ) -> Recorder {
@@ -469,8 +491,9 @@ pub async fn closed_loop(
             ..spec.clone()
         };
         let ctx = context(single, start, progress.clone());
+        let end = end.clone();
         tasks.push(monoio::spawn(async move {
-            while Instant::now() < until {
+            while Instant::now() < end.until && end.take() {
                 let bytes = request_bytes(&ctx.spec, &mut rng);
                 let before = ctx.progress.errors.load(Ordering::Relaxed);
                 one(ctx.clone(), bytes, Instant::now()).await;

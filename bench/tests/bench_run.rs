@@ -49,7 +49,8 @@ fn opts(port: u16, out: &str) -> bench::Opts {
         url: format!("http://127.0.0.1:{port}"),
         rate: None,
         connections: None,
-        duration: "2s".into(),
+        duration: Some("2s".into()),
+        requests: None,
         arrivals: "poisson".into(),
         endpoint: "chat".into(),
         model: "sim-model".into(),
@@ -113,11 +114,35 @@ fn short_run_report_adds_up() {
 }
 
 #[test]
+fn closed_loop_sends_exactly_the_requests_asked() {
+    let (_s, port) = sim(&["--ttft", "1ms"]);
+    let mut o = opts(port, &format!("bench-count-{port}.json"));
+    o.connections = Some(5);
+    o.threads = 2;
+    // The duration is only a cap here: the count ends the run first.
+    o.duration = Some("20s".into());
+    o.requests = Some(257);
+    let r = bench::run(&o).expect("run");
+    assert_eq!(r.sent, 257, "{r:?}");
+    assert_eq!(r.ok, 257, "{r:?}");
+    assert!(r.elapsed_s < 15.0, "{}", r.elapsed_s);
+
+    o.connections = None;
+    o.rate = Some(100.0);
+    let e = bench::run(&o).expect_err("the open loop has no request count");
+    assert!(e.contains("--requests"), "{e}");
+    o.rate = None;
+    o.connections = Some(1);
+    o.requests = Some(0);
+    assert!(bench::run(&o).is_err(), "zero requests is refused");
+}
+
+#[test]
 fn open_loop_sees_the_stall_closed_loop_hides_it() {
     let (_s, port) = sim(&["--stall-after", "50", "--stall-for", "1s"]);
     let mut o = opts(port, &format!("bench-co-open-{port}.json"));
     o.rate = Some(100.0);
-    o.duration = "5s".into();
+    o.duration = Some("5s".into());
     o.arrivals = "constant".into();
     let open = bench::run(&o).expect("open run");
     assert_eq!(open.sent, open.ok);
@@ -132,7 +157,7 @@ fn open_loop_sees_the_stall_closed_loop_hides_it() {
     let (_s2, port2) = sim(&["--stall-after", "50", "--stall-for", "1s"]);
     let mut c = opts(port2, &format!("bench-co-closed-{port2}.json"));
     c.connections = Some(1);
-    c.duration = "5s".into();
+    c.duration = Some("5s".into());
     let closed = bench::run(&c).expect("closed run");
     assert!(
         closed.total.max >= 900.0,
@@ -213,7 +238,7 @@ fn open_loop_reads_responses_while_it_waits_to_send() {
     let mut o = opts(port, &format!("bench-spin-{port}.json"));
     o.rate = Some(2000.0);
     o.arrivals = "constant".into();
-    o.duration = "1s".into();
+    o.duration = Some("1s".into());
     o.spin = "2ms".into();
     o.api_key = None;
     let r = bench::run(&o).expect("run");
