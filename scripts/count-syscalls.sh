@@ -2,9 +2,10 @@
 # System calls, context switches and CPU per proxied request (issue 14):
 # starts a simulated backend, a router and an agent, drives a fixed number
 # of closed-loop non-streaming chat requests at 1 and at 16 connections
-# with hivenet-bench (plus a streaming run), and counts each process's system calls and context
-# switches with `perf stat` (raw_syscalls:sys_enter, context-switches,
-# task-clock) over exactly the measured run, and the router's and agent's
+# with hivenet-bench (plus a streaming run), and counts each process's
+# system calls and context switches with `perf stat`
+# (raw_syscalls:sys_enter, context-switches, task-clock) over exactly the
+# measured run, and the router's and agent's
 # heap allocations (uprobes on mimalloc's mi_malloc_aligned,
 # mi_zalloc_aligned and mi_realloc_aligned, which Rust's global allocator
 # calls; a realloc counts as one). Also counts the direct path
