@@ -243,7 +243,7 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
         let _ = h.join();
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let report = report::build(
+    let mut report = report::build(
         &merged,
         mode,
         &opts.url,
@@ -252,6 +252,7 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
         duration.as_secs_f64(),
         elapsed,
     );
+    report.requests = opts.requests;
     let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
     std::fs::write(&opts.out, json).map_err(|e| format!("cannot write {}: {e}", opts.out))?;
     let svg_path = match opts.out.strip_suffix(".json") {

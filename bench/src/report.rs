@@ -208,8 +208,12 @@ pub struct Report {
     pub rate: f64,
     /// Connections (closed loop).
     pub connections: usize,
-    /// Seconds the schedule lasted.
+    /// Seconds the schedule lasted (with `requests`, the cap on the run).
     pub duration_s: f64,
+    /// Requests asked for (closed loop with `--requests`): the run ends
+    /// when they are sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<u64>,
     /// Seconds until the last response.
     pub elapsed_s: f64,
     /// Requests sent.
@@ -287,6 +291,7 @@ pub fn build(
         rate,
         connections,
         duration_s,
+        requests: None,
         elapsed_s,
         sent: rec.sent,
         ok: rec.ok,

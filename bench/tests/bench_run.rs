@@ -125,6 +125,7 @@ fn closed_loop_sends_exactly_the_requests_asked() {
     let r = bench::run(&o).expect("run");
     assert_eq!(r.sent, 257, "{r:?}");
     assert_eq!(r.ok, 257, "{r:?}");
+    assert_eq!(r.requests, Some(257), "the report names the count asked");
     assert!(r.elapsed_s < 15.0, "{}", r.elapsed_s);
 
     o.connections = None;
