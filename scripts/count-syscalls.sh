@@ -55,7 +55,8 @@ CEIL_STREAM_EVENT="${CEIL_STREAM_EVENT:-2}"
 # mi_malloc_aligned, not calls of Rust's allocator). The exact check is
 # tests/allocations.rs, a counting allocator that reads 5 / 5 in every run
 # and fails on one more; these ceilings (a flip of one either way stays
-# under them) catch a gross regression in the binaries. The history of the counts (98 / 86 at the start) is in perf/.
+# under them) catch a gross regression in the binaries. The history of
+# the counts (98 / 86 at the start) is in perf/.
 # (Streams allocate per read, which depends on timing; not checked.)
 CEIL_ALLOCS_ROUTER="${CEIL_ALLOCS_ROUTER:-6.5}"
 CEIL_ALLOCS_AGENT="${CEIL_ALLOCS_AGENT:-6.5}"

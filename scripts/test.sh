@@ -49,8 +49,8 @@ HIVENET_BIN_DIR="$PWD/target/debug" "$VENV/bin/python" -m pytest -q tests/python
 
 # System calls per proxied request (router, agent) at 1 and 16
 # connections and per streamed event, against generous ceilings: a change
-# that doubles a count fails (figures: perf/2026-12-01-syscalls). A fixed
-# number of requests per run, about 2 s each on a debug build.
+# that doubles a count fails (figures: perf/2026-12-01-fixed-count). A
+# fixed number of requests per run, about 2 s each on a debug build.
 REQS_1=2000 REQS_16=6000 REQS_STREAM=1000 scripts/count-syscalls.sh --check
 
 # A short soak: mixed traffic with agents killed and restarted, then no
