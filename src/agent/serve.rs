@@ -72,6 +72,7 @@ fn backend_error(status: u16, message: String) -> ApiError {
         status,
         message,
         source: Source::Backend,
+        retry_after: None,
     }
 }
 

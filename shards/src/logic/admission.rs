@@ -50,8 +50,10 @@ impl Reason {
     /// The client-visible error of every reason but B1 (whose message
     /// names the numbers: see [`caps`]). All carry `Retry-After: 1`.
     pub fn error(self) -> ApiError {
-        match self {
-            Reason::B1 => ApiError::new(ErrorCode::InputTooLong, "input over the model limit"),
+        let e = match self {
+            Reason::B1 => {
+                return ApiError::new(ErrorCode::InputTooLong, "input over the model limit")
+            }
             Reason::B2 => ApiError::new(
                 ErrorCode::ConcurrencyLimitExceeded,
                 "server at capacity for this model, please retry",
@@ -72,7 +74,8 @@ impl Reason {
                 ErrorCode::RateLimitExceeded,
                 "output token rate exceeded, please retry",
             ),
-        }
+        };
+        e.retry_after(1)
     }
 }
 

@@ -114,6 +114,9 @@ pub struct ApiError {
     pub message: String,
     /// Who caused it.
     pub source: Source,
+    /// `Retry-After` seconds the response carries (`None`: no header);
+    /// `model_waking` repeats it in its body.
+    pub retry_after: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -136,7 +139,14 @@ impl ApiError {
             status: code.status(),
             message: message.into(),
             source: Source::Router,
+            retry_after: None,
         }
+    }
+
+    /// The same error with `Retry-After: secs`.
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
     }
 
     /// 413 body too large (code `request_invalid`).
@@ -146,6 +156,7 @@ impl ApiError {
             status: 413,
             message: format!("request body too large: limit is {limit} bytes"),
             source: Source::Router,
+            retry_after: None,
         }
     }
 

@@ -478,5 +478,7 @@ pub fn location(base_url: &str, target: &str, count: u32, local: &str) -> String
     )
 }
 
+pub mod serving;
+
 #[cfg(test)]
 mod tests;

@@ -13,11 +13,11 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::admin_policy;
-use super::conn::Conn;
 use super::mesh::ShardMsg;
 use super::models_api;
 use super::respond;
 use super::router::Router;
+use super::scope::Client;
 use super::shard::Shard;
 use super::store_api::StoreMsg;
 use super::views::AgentView;
@@ -61,7 +61,7 @@ pub fn authorized(router: &Router, head: &RequestHead) -> bool {
 }
 
 /// Serve one admin request; returns whether the connection stays open.
-pub async fn serve(shard: &Rc<Shard>, conn: &mut Conn, head: &RequestHead, path: &str) -> bool {
+pub async fn serve(shard: &Rc<Shard>, c: &mut Client, head: &RequestHead, path: &str) -> bool {
     let keep = head.keep_alive;
     if !authorized(&shard.router, head) {
         // Refused before reading the body: an unauthenticated client
@@ -70,10 +70,11 @@ pub async fn serve(shard: &Rc<Shard>, conn: &mut Conn, head: &RequestHead, path:
         let www: &[(&'static str, &[u8])] =
             &[("WWW-Authenticate", br#"Bearer realm="hivenet-router""#)];
         let keep = keep && head.framing == crate::logic::http_parse::BodyFraming::None;
-        return respond::send_error_with(conn, &err, keep, www).await;
+        return respond::send_error_with(c, &err, keep, www).await;
     }
     let mut permit = shard.router.budget.body();
-    let body = match conn
+    let body = match c
+        .conn
         .read_request_body(
             head.framing,
             if path == "/admin/api-keys/replace" {
@@ -91,7 +92,7 @@ pub async fn serve(shard: &Rc<Shard>, conn: &mut Conn, head: &RequestHead, path:
         Ok(b) => b,
         Err(_) => {
             respond::send_json(
-                conn,
+                c,
                 400,
                 br#"{"error":"failed to read request body (too large or too slow)"}"#,
                 false,
@@ -103,60 +104,58 @@ pub async fn serve(shard: &Rc<Shard>, conn: &mut Conn, head: &RequestHead, path:
     if let Some((status, body)) =
         super::admin_keys::keys_api(&shard.router, &head.method, path, &head.path, &body)
     {
-        return respond::send_json(conn, status, &body, keep).await;
+        return respond::send_json(c, status, &body, keep).await;
     }
     if let Some((status, body)) =
         super::admin_sites::sites_api(&shard.router, &head.method, path, &head.path, &body)
     {
-        return respond::send_json(conn, status, &body, keep).await;
+        return respond::send_json(c, status, &body, keep).await;
     }
     if let Some((status, body)) = admin_policy::policy_api(&shard.router, &head.method, path, &body)
     {
-        return respond::send_json(conn, status, &body, keep).await;
+        return respond::send_json(c, status, &body, keep).await;
     }
     match (&*head.method, path) {
         ("GET", "/admin/routing-table") => {
             let body = routing_table(shard).await;
-            respond::send_json(conn, 200, &body, keep).await
+            respond::send_json(c, 200, &body, keep).await
         }
         ("POST", "/admin/metrics/reset") => match reset_metrics(shard).await {
-            Ok(body) => respond::send_json(conn, 200, &body, keep).await,
+            Ok(body) => respond::send_json(c, 200, &body, keep).await,
             Err(e) => {
                 let body =
                     serde_json::to_vec(&json!({"error": format!("failed to reset metrics: {e}")}))
                         .unwrap_or_default();
-                respond::send_json(conn, 500, &body, keep).await
+                respond::send_json(c, 500, &body, keep).await
             }
         },
         ("GET", "/admin/models") => {
             let snaps = shard.gather().await;
             let body =
                 models_api::list(snaps.iter().flat_map(|s| s.agents.iter()), &shard.aliases());
-            respond::send_json(conn, 200, &body, keep).await
+            respond::send_json(c, 200, &body, keep).await
         }
         ("GET", p) if p.starts_with("/admin/models/") => {
             let id = p.trim_start_matches("/admin/models/");
             let snaps = shard.gather().await;
             match models_api::detail(id, snaps.iter().flat_map(|s| s.agents.iter()), true) {
-                Some(body) => respond::send_json(conn, 200, &body, keep).await,
-                None => respond::send_error(conn, &models_api::not_found(id), keep).await,
+                Some(body) => respond::send_json(c, 200, &body, keep).await,
+                None => respond::send_error(c, &models_api::not_found(id), keep).await,
             }
         }
         ("GET", "/admin/registration-stream") => {
-            registration_stream(shard, conn).await;
+            registration_stream(shard, c).await;
             false
         }
         ("GET", "/admin/health") => {
             let body = health(shard).await;
-            respond::send_json(conn, 200, &body, keep).await
+            respond::send_json(c, 200, &body, keep).await
         }
         (
             _,
             "/admin/routing-table" | "/admin/metrics/reset" | "/admin/models" | "/admin/health",
-        ) => {
-            respond::send_error(conn, &respond::method_not_allowed(&head.method, path), keep).await
-        }
-        _ => respond::send_error(conn, &respond::no_route(&head.method, path), keep).await,
+        ) => respond::send_error(c, &respond::method_not_allowed(&head.method, path), keep).await,
+        _ => respond::send_error(c, &respond::no_route(&head.method, path), keep).await,
     }
 }
 
@@ -191,15 +190,15 @@ async fn health(shard: &Rc<Shard>) -> Vec<u8> {
 /// `GET /admin/registration-stream`: SSE `data:` lines for every agent
 /// registration and removal, a `: keep-alive` comment every 25 s; the
 /// stream ends when the client goes away.
-async fn registration_stream(shard: &Rc<Shard>, conn: &mut Conn) {
+async fn registration_stream(shard: &Rc<Shard>, c: &mut Client) {
     use futures::StreamExt;
     let (tx, mut rx) = futures::channel::mpsc::channel::<String>(FEED_BUFFER);
     if let Ok(mut subs) = shard.router.feed.lock() {
         subs.push(tx);
     }
     let mut out = Vec::with_capacity(512);
-    respond::event_stream_head(&mut out, conn);
-    if conn.write_all(out).await.is_err() {
+    respond::event_stream_head(&mut out, &c.scope);
+    if c.write_all(out).await.is_err() {
         return;
     }
     loop {
@@ -211,7 +210,7 @@ async fn registration_stream(shard: &Rc<Shard>, conn: &mut Conn) {
         };
         let mut chunk = Vec::with_capacity(frame.len() + 16);
         crate::logic::http_write::write_chunk(&mut chunk, frame.as_bytes());
-        if conn.write_all(chunk).await.is_err() {
+        if c.write_all(chunk).await.is_err() {
             return;
         }
     }

@@ -11,8 +11,8 @@
 use std::time::Duration;
 
 use super::clock;
-use super::conn::Conn;
 use super::model::admission::{self as state, Admitted, Entry, Shared};
+use super::scope::Client;
 use super::shard::Shard;
 use super::tenancy::Principal;
 use crate::logic::admission::{self, Ask, Grant, Pressure, Reason, Room};
@@ -84,7 +84,7 @@ fn state_of(shard: &Shard, model: &str) -> Option<Shared> {
 /// B4 OTPM and ITPM.
 pub async fn admit(
     shard: &Shard,
-    conn: &mut Conn,
+    c: &mut Client,
     model: &str,
     r: Request<'_>,
     wait: Wait,
@@ -123,7 +123,7 @@ pub async fn admit(
             },
             r.fraction,
         ));
-        let id = occupy(shard, conn, model, &state, ask, room, wait).await?;
+        let id = occupy(shard, c, model, &state, ask, room, wait).await?;
         out.reservation = Some(state::reservation(
             &state,
             id,
@@ -149,7 +149,7 @@ pub async fn admit(
 /// B2 (+ B4 share): a reservation id, at once or after a wait.
 async fn occupy(
     shard: &Shard,
-    conn: &mut Conn,
+    c: &mut Client,
     model: &str,
     state: &Shared,
     ask: Ask,
@@ -172,7 +172,7 @@ async fn occupy(
         };
         let timer = monoio::time::sleep(until.saturating_duration_since(now));
         futures::pin_mut!(timer);
-        match conn.unless_gone(select(&mut place.rx, timer)).await {
+        match c.unless_gone(select(&mut place.rx, timer)).await {
             None => return Err(Refused::ClientGone),
             Some(Either::Left((Ok(g), _))) => {
                 place.done = true;

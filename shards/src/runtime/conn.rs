@@ -166,160 +166,12 @@ pub struct Conn<S = TcpStream> {
     /// Spare read buffer: reads land here first so a read cancelled by a
     /// timeout never loses what `buf` already holds.
     rbuf: Vec<u8>,
-    /// `X-Request-ID` of the request being answered (echoed on the response).
-    pub request_id: crate::logic::request_id::RequestId,
-    /// Trace context of that request (its `traceparent` is echoed).
-    pub trace: Option<crate::logic::trace_context::Trace>,
-    /// Headers every response to the current request carries
-    /// (`X-RateLimit-*`, `X-Hivenet-Routed-Model`); cleared per request.
-    pub reply_headers: Vec<(&'static str, Vec<u8>)>,
-    /// Status of the last response the router wrote itself (audit).
-    pub status: u16,
-    /// Its error code (empty on success).
-    pub error_code: &'static str,
-    /// Keepalives of a held request (None: none due).
-    pub keepalive: Option<KeepAlive>,
-    /// A 200 head was already sent (keepalives): later errors go in the
-    /// body, and the relay writes no head of its own.
-    pub committed: bool,
     /// The socket was watched for readiness (a poll may still be in
     /// flight): a hand-off must duplicate it rather than unwrap it.
     pub watched: bool,
 }
 
-/// Pipelined input kept while a request waits; past it the client socket
-/// is no longer watched (its EOF is then found when the response is written).
-const WATCH_LIMIT: usize = 64 * 1024;
-
-/// Keepalive bytes a held request receives while it waits (hold at
-/// zero): the first one commits `head` (200, chunked), every later one is
-/// a chunk of `bytes`. Carried across a hand-off so the owner shard goes
-/// on without a longer gap.
-#[derive(Debug, Clone)]
-pub struct KeepAlive {
-    /// Period.
-    pub every: std::time::Duration,
-    /// When the next one is due.
-    pub next: super::clock::Instant,
-    /// The committed response head (status 200, chunked), pre-rendered.
-    pub head: Vec<u8>,
-    /// One keepalive (`: keep-alive\n\n` or a space).
-    pub bytes: &'static [u8],
-    /// The client asked for a stream (late errors as SSE events).
-    pub stream: bool,
-    /// `/v1/messages` (late errors in Anthropic's shape).
-    pub anthropic: bool,
-}
-
-/// What [`Conn::unless_gone`]'s inner wait ended with.
-enum Step {
-    /// Keepalive bytes the socket did not take at once.
-    Write(Vec<u8>),
-    /// The watch fired: input or EOF pending (`true`), or the watch failed.
-    Ready(bool),
-}
-
-/// The bytes of the keepalive due now (the committed head first, once),
-/// and the next due time. Empty without a keepalive.
-fn next_keepalive(keepalive: &mut Option<KeepAlive>, committed: &mut bool) -> Vec<u8> {
-    let Some(k) = keepalive.as_mut() else {
-        return Vec::new();
-    };
-    k.next = super::clock::now() + k.every;
-    let mut out = Vec::with_capacity(k.head.len() + 32);
-    if !*committed {
-        out.extend_from_slice(&k.head);
-        *committed = true;
-    }
-    crate::logic::http_write::write_chunk(&mut out, k.bytes);
-    out
-}
-
 impl Conn<TcpStream> {
-    /// Run `fut` while watching the client socket: `None` when the client
-    /// closed its connection first (the wait is abandoned at once, so a
-    /// departed client never reaches a backend nor keeps a place). Input
-    /// that arrives meanwhile is kept for the next request. A held
-    /// request's keepalives go out on time meanwhile.
-    pub async fn unless_gone<F: std::future::Future>(&mut self, fut: F) -> Option<F::Output> {
-        use futures::future::{select, Either};
-        futures::pin_mut!(fut);
-        let mut watch = self.buf.len() < WATCH_LIMIT;
-        loop {
-            // Readiness only: nothing is read (or lost) when `fut` ends first.
-            self.watched |= watch;
-            let step = {
-                let stream = &self.stream;
-                let readable = async move {
-                    if watch {
-                        stream.readable(false).await.is_ok()
-                    } else {
-                        futures::future::pending::<bool>().await
-                    }
-                };
-                futures::pin_mut!(readable);
-                // The watch lives across keepalives: dropping a pending
-                // io_uring poll costs a cancel, which the kernel finds by
-                // walking a hash bucket of every pending poll; re-arming
-                // it per keepalive stalled a shard holding 18,000
-                // requests for 3.6 s (perf/2026-12-01-hold-scale).
-                loop {
-                    let due = self.keepalive.as_ref().map(|k| k.next);
-                    let beat = async move {
-                        match due {
-                            Some(t) => {
-                                let left = t.saturating_duration_since(super::clock::now());
-                                monoio::time::sleep(left).await
-                            }
-                            None => futures::future::pending::<()>().await,
-                        }
-                    };
-                    futures::pin_mut!(beat);
-                    match select(select(&mut fut, beat), &mut readable).await {
-                        Either::Left((Either::Left((out, _)), _)) => return Some(out),
-                        // A keepalive is due: sent at once without
-                        // blocking; what the socket does not take now is
-                        // written after the watch is let go.
-                        Either::Left((Either::Right(_), _)) => {
-                            let out = next_keepalive(&mut self.keepalive, &mut self.committed);
-                            match super::handoff::send_now(stream, &out) {
-                                Ok(n) if n == out.len() => {}
-                                Ok(n) => break Step::Write(out[n..].to_vec()),
-                                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                    break Step::Write(out)
-                                }
-                                Err(_) => return None,
-                            }
-                        }
-                        Either::Right((r, _)) => break Step::Ready(r),
-                    }
-                }
-            };
-            match step {
-                Step::Write(rest) => {
-                    if self.write_all(rest).await.is_err() {
-                        return None;
-                    }
-                }
-                Step::Ready(false) => watch = false,
-                // Input or EOF is pending: this read completes at once.
-                Step::Ready(true) => match self.fill().await {
-                    Ok(0) | Err(_) => return None,
-                    Ok(_) => watch = self.buf.len() < WATCH_LIMIT,
-                },
-            }
-        }
-    }
-
-    /// Send the keepalive now (committing the head first).
-    pub async fn send_keepalive(&mut self) -> io::Result<()> {
-        if self.keepalive.is_none() {
-            return Ok(());
-        }
-        let out = next_keepalive(&mut self.keepalive, &mut self.committed);
-        self.write_all(out).await
-    }
-
     /// Wrap a TCP stream (sets `TCP_NODELAY`).
     pub fn new(stream: TcpStream, buf: Vec<u8>) -> Self {
         let _ = stream.set_nodelay(true);
@@ -334,13 +186,6 @@ impl<S: Transport> Conn<S> {
             stream,
             buf,
             rbuf: Vec::new(),
-            request_id: Default::default(),
-            trace: None,
-            reply_headers: Vec::new(),
-            status: 0,
-            error_code: "",
-            keepalive: None,
-            committed: false,
             watched: false,
         }
     }

@@ -12,17 +12,16 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use super::admission::{self, Refused, Wait};
-use super::audit::{self, AuditRecord};
 use super::clock;
-use super::conn::Conn;
 use super::exchange::{self, Progress, RelayEnd};
 use super::model::admission::{Admitted, Reservation};
 use super::model::agent::{Agent, Slot};
 use super::model::wake_head;
 use super::pending::PendingRequest;
 use super::respond;
+use super::scope::Client;
 use super::shard::{inc, Shard};
-use super::tenancy::{self, Principal, QuotaFacts, RefusalKind, Settle, Ticket};
+use super::tenancy::{self, Principal, QuotaFacts, RefusalKind};
 use crate::logic::admission::Reason;
 use crate::logic::decision::{
     Action, AttemptEnd, Decision, Limits, ModelFacts, Rejection, RequestFacts, WaitEnd,
@@ -138,49 +137,24 @@ fn decide(shard: &Shard, model: &str, d: &mut Decision) -> Next {
     }
 }
 
-/// How a request ended: the tenant counters, the quota true-up and the
-/// audit line read it.
-#[derive(Default)]
-struct Ending {
-    /// Logical status (499: the client went away).
-    status: u16,
-    /// Error code (empty on success).
-    error_code: &'static str,
-    /// Usage the response reported.
-    tokens: Option<Tokens>,
-    /// The agent that answered (or was tried last); its peer ID is
-    /// copied only into an audit record.
-    agent: Option<Rc<Agent>>,
-    /// Whether response bytes from an agent reached the client.
-    relayed: bool,
-    /// Quota taken at admission, settled once at the end.
-    ticket: Option<Ticket>,
-}
-
 /// Serve one inference request on its model's shard. Returns whether the
-/// client connection stays open.
-pub async fn serve_inference(shard: &Rc<Shard>, conn: &mut Conn, mut p: PendingRequest) -> bool {
-    conn.reply_headers = std::mem::take(&mut p.reply_headers);
+/// client connection stays open; how it ended is left in the client's
+/// scope for [`super::ending::finish`].
+pub async fn serve_inference(shard: &Rc<Shard>, c: &mut Client, mut p: PendingRequest) -> bool {
+    c.scope.reply_headers = std::mem::take(&mut p.reply_headers);
     if let Some(h) = p.held.as_mut() {
         // Released by a wake: keepalives go on here without a longer gap.
-        conn.keepalive = h.keepalive.take();
-        conn.committed = h.committed;
+        c.scope.keepalive = h.keepalive.take();
+        c.scope.committed = h.committed;
     }
-    let mut end = Ending::default();
-    let keep = serve(shard, conn, &mut p, &mut end).await;
-    finish(shard, conn, &p, end);
-    keep
+    c.scope.ending.dispatched = true;
+    serve(shard, c, &mut p).await
 }
 
 /// Request quota, admission, daily tokens, then the decision machine's
 /// loop. The admission reservation lives until this returns: released on
 /// every exit.
-async fn serve(
-    shard: &Rc<Shard>,
-    conn: &mut Conn,
-    p: &mut PendingRequest,
-    end: &mut Ending,
-) -> bool {
+async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> bool {
     inc(&shard.counters.requests);
     let cfg = &shard.router.cfg;
     let body_bytes = p.body.len();
@@ -212,7 +186,7 @@ async fn serve(
     if held.is_none() && matches!(p.principal, Principal::Key(_)) {
         match tenancy::take_requests(&p.principal, &facts, clock::mono_ns()) {
             Ok(t) => ticket = Some(t),
-            Err(r) => return refuse_quota(shard, conn, p, end, r).await,
+            Err(r) => return refuse_quota(shard, c, p, r).await,
         }
     }
     let gated = matches!(p.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
@@ -236,39 +210,33 @@ async fn serve(
                 recompute: None,
             },
         };
-        match admission::admit(shard, conn, model, asked, wait).await {
+        match admission::admit(shard, c, model, asked, wait).await {
             Ok(a) => admitted = a,
             Err(Refused::ClientGone) => {
-                end.status = 499;
-                end.error_code = "client_closed_request";
+                c.scope.ending.client_gone();
                 return false;
             }
             Err(Refused::WaitEnded) => {
                 if let Some(h) = &held {
                     // Woken, but no room before the hold budget ended.
-                    let e = hold::waking(model, hold::Waking::NoRoom, h.budget);
-                    end.status = e.status;
-                    end.error_code = e.code.as_str();
-                    let ra = h.retry_after.to_string();
-                    let more = [("Retry-After", ra.as_bytes())];
-                    return respond::send_error_with(conn, &e, p.head.keep_alive, &more).await;
+                    let e = hold::waking(model, hold::Waking::NoRoom, h.budget)
+                        .retry_after(h.retry_after);
+                    return respond::send_error(c, &e, p.head.keep_alive).await;
                 }
                 let e = Reason::B2.error();
-                return refuse_admission(shard, conn, p, end, Reason::B2, e).await;
+                return refuse_admission(shard, c, p, Reason::B2, e).await;
             }
-            Err(Refused::Gate(reason, e)) => {
-                return refuse_admission(shard, conn, p, end, reason, e).await
-            }
+            Err(Refused::Gate(reason, e)) => return refuse_admission(shard, c, p, reason, e).await,
         }
     }
     if let Some(mut t) = ticket {
         let today = || quota::day_of(clock::unix_secs());
         match tenancy::take_daily(&mut t, &facts, today) {
             Ok(()) => {
-                conn.reply_headers.append(&mut t.headers);
-                end.ticket = Some(t);
+                c.scope.reply_headers.append(&mut t.headers);
+                c.scope.ending.ticket = Some(t);
             }
-            Err(r) => return refuse_quota(shard, conn, p, end, r).await,
+            Err(r) => return refuse_quota(shard, c, p, r).await,
         }
     }
     debug!(shard = shard.id, model, "serving request");
@@ -306,17 +274,19 @@ async fn serve(
                 if let Some(w) = waited {
                     with_stats(shard, model, |s| s.observe_wait(w.as_secs_f64()));
                 }
-                end.agent = Some(agent.clone());
+                c.scope.ending.agent = Some(agent.clone());
                 // A slot on an agent: it leaves the pending demand.
                 if let Some(h) = held.as_mut() {
                     h.demand.leave();
                 }
                 let (outcome, sample) =
-                    attempt(shard, conn, p, &agent, &request, deadline, reserved).await;
+                    attempt(shard, c, p, &agent, &request, deadline, reserved).await;
                 let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
                 match &outcome {
                     Outcome::Served { status, tokens } => {
+                        let end = &mut c.scope.ending;
                         end.status = *status;
+                        end.error_code = "";
                         end.tokens = *tokens;
                         end.relayed = true;
                         if let Some(t) = tokens {
@@ -327,9 +297,8 @@ async fn serve(
                         }
                     }
                     Outcome::ClientGone => {
-                        end.status = 499;
-                        end.error_code = "client_closed_request";
-                        end.relayed = true;
+                        c.scope.ending.client_gone();
+                        c.scope.ending.relayed = true;
                     }
                     Outcome::Failed(_) => {}
                 }
@@ -346,7 +315,7 @@ async fn serve(
             } => {
                 let w = wait_for_capacity(
                     shard,
-                    conn,
+                    c,
                     model,
                     &mut d,
                     (until, place, queue_depth),
@@ -356,16 +325,12 @@ async fn serve(
                 d.wait_ended(w, clock::now());
             }
             Next::Reject(Rejection::ClientGone) => {
-                end.status = 499;
-                end.error_code = "client_closed_request";
+                c.scope.ending.client_gone();
                 return false;
             }
             Next::Reject(r) => {
                 record_rejection(shard, model, &d, r, p.principal.tenant_arc());
-                let e = r.error();
-                end.status = e.status;
-                end.error_code = e.code.as_str();
-                return respond::send_error(conn, &e, p.head.keep_alive).await;
+                return respond::send_error(c, &r.error(), p.head.keep_alive).await;
             }
         }
     }
@@ -392,25 +357,20 @@ fn learn(shard: &Shard, model: &str, prompt_tokens: u64, text_bytes: u64) {
 /// Write a quota refusal (RPM or daily tokens) and count it.
 async fn refuse_quota(
     shard: &Shard,
-    conn: &mut Conn,
+    c: &mut Client,
     p: &PendingRequest,
-    end: &mut Ending,
     r: tenancy::Refusal,
 ) -> bool {
     record_quota_refusal(shard, &p.meta.model, &p.principal, r.kind);
-    end.status = r.error.status;
-    end.error_code = r.error.code.as_str();
-    let more: Vec<(&'static str, &[u8])> =
-        r.headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
-    respond::send_error_with(conn, &r.error, p.head.keep_alive, &more).await
+    respond::send_refusal(c, r, p.head.keep_alive).await
 }
 
-/// Write an admission refusal (`Retry-After: 1` but for B1) and count it.
+/// Write an admission refusal (its error carries `Retry-After: 1` but
+/// for B1) and count it.
 async fn refuse_admission(
     shard: &Shard,
-    conn: &mut Conn,
+    c: &mut Client,
     p: &PendingRequest,
-    end: &mut Ending,
     reason: Reason,
     e: ApiError,
 ) -> bool {
@@ -423,14 +383,7 @@ async fn refuse_admission(
             }
         }
     });
-    end.status = e.status;
-    end.error_code = e.code.as_str();
-    let retry: &[(&'static str, &[u8])] = if reason == Reason::B1 {
-        &[]
-    } else {
-        &[("Retry-After", b"1")]
-    };
-    respond::send_error_with(conn, &e, p.head.keep_alive, retry).await
+    respond::send_error(c, &e, p.head.keep_alive).await
 }
 
 /// Healthy agents of `model` on this (its owner) shard.
@@ -438,66 +391,6 @@ fn healthy_replicas(shard: &Shard, model: &str) -> u64 {
     shard.models.borrow().get(model).map_or(0, |m| {
         m.agents.iter().filter(|a| a.healthy()).count() as u64
     })
-}
-
-/// Settle the quota, count the tenant's outcome, write the audit line:
-/// once per request, whatever path it took.
-fn finish(shard: &Shard, conn: &Conn, p: &PendingRequest, end: Ending) {
-    let ok = end.status > 0 && end.status < 400;
-    if let Some(t) = end.ticket {
-        t.settle(match (ok, end.tokens) {
-            (true, Some(u)) => Settle::Usage(u),
-            // Served, usage unknown, or the client left mid-response: the
-            // estimate stands.
-            _ if end.relayed && (ok || end.status == 499) => Settle::Unknown,
-            // Nothing generated reached the client.
-            _ => Settle::NothingSent,
-        });
-    }
-    let elapsed = p.received_at.elapsed();
-    let tokens = end.tokens.unwrap_or_default();
-    let now_unix = clock::unix_secs();
-    with_stats(shard, &p.meta.model, |s| {
-        let (tenant, key) = p.principal.names();
-        let Some(t) = s.tenant(tenant, key) else {
-            return;
-        };
-        if ok {
-            t.success += 1;
-            t.input_tokens += tokens.input;
-            t.output_tokens += tokens.output;
-            t.duration.observe(
-                &super::model::stats::DURATION_BUCKETS,
-                elapsed.as_secs_f64(),
-            );
-        } else {
-            t.failed += 1;
-        }
-        t.last_request = now_unix;
-    });
-    if let Some(log) = &shard.router.audit {
-        log.send(AuditRecord {
-            started: audit::started_at(elapsed),
-            request_id: p.request_id,
-            trace_id: audit::trace_id_of(Some(&p.trace)),
-            tenant_id: p.principal.tenant_arc(),
-            key_id: p.principal.key_id_arc(),
-            model: p.meta.model.to_string(),
-            status: end.status,
-            latency_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
-            input_tokens: tokens.input,
-            output_tokens: tokens.output,
-            agent_id: end.agent.map(|a| a.reg.peer_id.clone()).unwrap_or_default(),
-            error_code: end.error_code,
-            source_ip: conn
-                .stream
-                .peer_addr()
-                .map(|a| a.ip().to_string())
-                .unwrap_or_default(),
-            method: p.head.method.to_string(),
-            path: p.head.path_only().to_string(),
-        });
-    }
 }
 
 /// Count a quota refusal.
@@ -522,7 +415,7 @@ fn record_quota_refusal(shard: &Shard, model: &str, principal: &Principal, kind:
 /// its connection leaves the queue at once and never reaches a backend.
 async fn wait_for_capacity(
     shard: &Shard,
-    conn: &mut Conn,
+    c: &mut Client,
     model: &str,
     d: &mut Decision,
     (until, place, depth): (clock::Instant, Option<u64>, usize),
@@ -551,7 +444,7 @@ async fn wait_for_capacity(
     d.queued(seq, now);
     let timer = monoio::time::sleep(until.saturating_duration_since(now));
     futures::pin_mut!(timer);
-    let end = match conn.unless_gone(select(&mut rx, timer)).await {
+    let end = match c.unless_gone(select(&mut rx, timer)).await {
         Some(Either::Left((Ok(()), _))) => WaitEnd::Woken,
         Some(_) => WaitEnd::TimedOut,
         None => WaitEnd::ClientGone,
@@ -582,7 +475,7 @@ enum Outcome {
 /// Returns the outcome and the latency sample (only for a request written).
 async fn attempt(
     shard: &Shard,
-    conn: &mut Conn,
+    c: &mut Client,
     p: &PendingRequest,
     agent: &Rc<Agent>,
     request: &[u8],
@@ -622,7 +515,7 @@ async fn attempt(
         held,
         link: &agent.link,
     };
-    let relayed = exchange::relay(conn, up, &head.head, p.head.keep_alive).await;
+    let relayed = exchange::relay(c, up, &head.head, p.head.keep_alive).await;
     let outcome = match relayed {
         RelayEnd::Done(tokens) => Outcome::Served {
             status: head.head.status,

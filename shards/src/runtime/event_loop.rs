@@ -61,16 +61,17 @@ where
 
 /// Over `--max-client-connections`: answer 503 with `Retry-After` and
 /// close, without reading anything.
-async fn refuse_connection(mut conn: Conn) {
-    conn.request_id = super::respond::new_request_id();
-    conn.trace = Some(super::respond::new_trace());
+async fn refuse_connection(conn: Conn) {
+    let mut c = super::scope::Client::new(conn);
+    c.scope = super::scope::RequestScope::fresh(super::clock::now());
     let err = crate::logic::errors::ApiError::new(
         crate::logic::errors::ErrorCode::NoCapacity,
         "the router has too many client connections; retry shortly",
-    );
+    )
+    .retry_after(1);
     let _ = monoio::time::timeout(
         std::time::Duration::from_secs(1),
-        super::respond::send_error_with(&mut conn, &err, false, &[("Retry-After", b"1")]),
+        super::respond::send_error(&mut c, &err, false),
     )
     .await;
 }

@@ -16,6 +16,7 @@ use super::http_stream::{self, HttpStream};
 use super::link::LinkHandle;
 use super::model::admission::Reservation;
 use super::respond;
+use super::scope::Client;
 use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::failure::{Failure, Side, Stage};
 use crate::logic::http_parse::{BodyFraming, ChunkedDecoder, ResponseHead};
@@ -177,21 +178,21 @@ impl Upstream<'_> {
 
 /// Relay the body after `head` to the client.
 pub async fn relay(
-    client: &mut Conn,
+    client: &mut Client,
     up: Upstream<'_>,
     head: &ResponseHead,
     keep: bool,
 ) -> RelayEnd {
-    if client.committed {
+    if client.scope.committed {
         // Keepalives already sent a 200 head: no head of our own, the body
         // goes out as chunks, keepalives stop.
-        client.keepalive = None;
+        client.scope.keepalive = None;
         return relay_committed(client, up, head).await;
     }
     match head.framing {
         BodyFraming::None => {
             let mut out = Vec::with_capacity(512);
-            respond::relayed_head(&mut out, head, OutFraming::Length(0), keep, client);
+            respond::relayed_head(&mut out, head, OutFraming::Length(0), keep, &client.scope);
             match client.write_all(out).await {
                 Ok(()) => RelayEnd::Done(None),
                 Err(_) => RelayEnd::ClientGone,
@@ -210,7 +211,11 @@ pub async fn relay(
 
 /// The body after a committed head, as chunks (usage parsed when the body
 /// is small enough to buffer).
-async fn relay_committed(client: &mut Conn, mut up: Upstream<'_>, head: &ResponseHead) -> RelayEnd {
+async fn relay_committed(
+    client: &mut Client,
+    mut up: Upstream<'_>,
+    head: &ResponseHead,
+) -> RelayEnd {
     let n = match head.framing {
         BodyFraming::None => 0,
         BodyFraming::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
@@ -261,7 +266,7 @@ async fn relay_committed(client: &mut Conn, mut up: Upstream<'_>, head: &Respons
 
 /// A body up to [`BUFFERED_BODY`]: read whole, usage parsed, one write.
 async fn relay_buffered(
-    client: &mut Conn,
+    client: &mut Client,
     mut up: Upstream<'_>,
     head: &ResponseHead,
     n: usize,
@@ -275,7 +280,7 @@ async fn relay_buffered(
     let body = up.conn.buf.get(..n).unwrap_or(&[]);
     let tokens = usage::from_body(body);
     let mut out = super::bufpool::take(512 + n);
-    respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, client);
+    respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, &client.scope);
     out.extend_from_slice(body);
     // The stream is done with: retired before the client write.
     up.retire();
@@ -288,14 +293,14 @@ async fn relay_buffered(
 /// A large body streamed through in pieces (no usage parsing): an agent
 /// cannot make the router hold gigabytes.
 async fn relay_large(
-    client: &mut Conn,
+    client: &mut Client,
     mut up: Upstream<'_>,
     head: &ResponseHead,
     n: usize,
     keep: bool,
 ) -> RelayEnd {
     let mut out = Vec::with_capacity(512);
-    respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, client);
+    respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, &client.scope);
     let mut left = n;
     loop {
         let mut piece = std::mem::take(&mut up.conn.buf);
@@ -317,7 +322,7 @@ async fn relay_large(
 /// A chunked or until-close body: each piece goes out as it arrives (one
 /// chunk per read); SSE usage is metered on the way.
 async fn relay_chunks(
-    client: &mut Conn,
+    client: &mut Client,
     mut up: Upstream<'_>,
     head: &ResponseHead,
     keep: bool,
@@ -327,7 +332,7 @@ async fn relay_chunks(
     let until_close = head.framing == BodyFraming::UntilClose;
     let mut out = Vec::with_capacity(512);
     if !committed {
-        respond::relayed_head(&mut out, head, OutFraming::Chunked, keep, client);
+        respond::relayed_head(&mut out, head, OutFraming::Chunked, keep, &client.scope);
     }
     let mut dec = ChunkedDecoder::new();
     let mut meter = SseUsage::counting(up.held.is_some_and(|h| h.grows()));

@@ -13,10 +13,10 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use super::clock;
-use super::conn::{Conn, KeepAlive};
 use super::hold_book::{DemandGuard, Release};
 use super::pending::{Held, PendingRequest};
 use super::respond;
+use super::scope::{Client, KeepAlive};
 use super::shard::Shard;
 use super::tenancy::{self, Principal, QuotaFacts};
 use crate::logic::endpoint::Endpoint;
@@ -38,10 +38,8 @@ pub fn holdable(shard: &Shard, ep: Endpoint, model: &str) -> Option<Duration> {
     let local = shard.router.cfg.site_id.as_deref()?;
     let kind = Kind::of(ep)?;
     let map = shard.site_map()?;
-    let p = map
-        .placements(model, kind)
-        .find(|p| p.site.site_id == local && p.placement.scale_from_zero)?;
-    Some(p.hold_budget.unwrap_or(shard.router.cfg.wake_hold_budget))
+    let default = shard.router.cfg.wake_hold_budget;
+    crate::logic::sites::serving::hold_budget(&map, model, kind, local, default)
 }
 
 /// The shard that holds every held request of `model` (a wake releases
@@ -66,7 +64,7 @@ fn identity(p: &Principal) -> String {
 /// Hold `p` for `budget`; see the module doc.
 pub async fn hold(
     shard: &Rc<Shard>,
-    conn: &mut Conn,
+    c: &mut Client,
     mut p: PendingRequest,
     budget: Duration,
 ) -> HoldEnd {
@@ -96,11 +94,7 @@ pub async fn hold(
                 let (tenant, key) = p.principal.names();
                 let requests = r.kind == tenancy::RefusalKind::Requests;
                 book.quota_refused(tenant, key, requests);
-                let more: Vec<(&'static str, &[u8])> =
-                    r.headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
-                return HoldEnd::Answered(
-                    respond::send_error_with(conn, &r.error, keep, &more).await,
-                );
+                return HoldEnd::Answered(respond::send_refusal(c, r, keep).await);
             }
         }
     }
@@ -123,21 +117,18 @@ pub async fn hold(
     };
     if let Err(full) = limited {
         book.outcome(&model, "full", Duration::ZERO);
-        let e = pure::waking(&model, Waking::Full(full), budget);
-        let ra = b"5";
-        return HoldEnd::Answered(
-            respond::send_error_with(conn, &e, keep, &[("Retry-After", ra)]).await,
-        );
+        let e = pure::waking(&model, Waking::Full(full), budget).retry_after(5);
+        return HoldEnd::Answered(respond::send_error(c, &e, keep).await);
     }
     let mut demand = DemandGuard::new(book.clone(), ticket.clone());
-    conn.trim();
+    c.conn.trim();
     p.body.shrink_to_fit();
     if !cfg.wake_keepalive.is_zero() {
         let stream = p.meta.stream;
-        conn.keepalive = Some(KeepAlive {
+        c.scope.keepalive = Some(KeepAlive {
             every: cfg.wake_keepalive,
             next: started + cfg.wake_keepalive,
-            head: respond::committed_head(conn, stream),
+            head: respond::committed_head(&c.scope, stream),
             bytes: pure::keepalive(stream),
             stream,
             anthropic: p.endpoint == Endpoint::Messages,
@@ -158,13 +149,12 @@ pub async fn hold(
         }
         let timer = monoio::time::sleep(until.saturating_duration_since(clock::now()));
         futures::pin_mut!(timer);
-        match conn.unless_gone(select(rx, timer)).await {
+        match c.unless_gone(select(rx, timer)).await {
             None => {
                 book.lock().ledger.unhold(&ticket);
                 demand.leave();
                 book.outcome(&model, "cancelled", started.elapsed());
-                conn.status = 499;
-                conn.error_code = "client_closed_request";
+                c.scope.ending.client_gone();
                 return HoldEnd::Answered(false);
             }
             Some(Either::Left((Ok(Release::Unplaced), _))) => {
@@ -175,16 +165,15 @@ pub async fn hold(
                     crate::logic::errors::ErrorCode::ModelNotFound,
                     "No agents registered for this model",
                 );
-                let k = respond::send_error(conn, &e, keep).await;
-                return HoldEnd::Answered(k && !conn.committed);
+                let k = respond::send_error(c, &e, keep).await;
+                return HoldEnd::Answered(k && !c.scope.committed);
             }
             Some(Either::Left((Ok(Release::ShuttingDown), _))) => {
                 book.lock().ledger.unhold(&ticket);
                 demand.leave();
                 book.outcome(&model, "shutdown", started.elapsed());
-                let e = pure::waking(&model, Waking::ShuttingDown, budget);
-                let ra = retry_after.to_string();
-                respond::send_error_with(conn, &e, false, &[("Retry-After", ra.as_bytes())]).await;
+                let e = pure::waking(&model, Waking::ShuttingDown, budget).retry_after(retry_after);
+                respond::send_error(c, &e, false).await;
                 return HoldEnd::Answered(false);
             }
             Some(Either::Left(_)) => {
@@ -203,22 +192,21 @@ pub async fn hold(
     if owner == usize::MAX {
         demand.leave();
         book.outcome(&model, "expired", started.elapsed());
-        let e = pure::waking(&model, Waking::Expired, budget);
-        let ra = retry_after.to_string();
-        let k = respond::send_error_with(conn, &e, keep, &[("Retry-After", ra.as_bytes())]).await;
-        return HoldEnd::Answered(k && !conn.committed);
+        let e = pure::waking(&model, Waking::Expired, budget).retry_after(retry_after);
+        let k = respond::send_error(c, &e, keep).await;
+        return HoldEnd::Answered(k && !c.scope.committed);
     }
     book.outcome(&model, "woken", started.elapsed());
     p.held = Some(Held {
         until,
         budget,
         retry_after,
-        keepalive: conn.keepalive.take(),
-        committed: conn.committed,
+        keepalive: c.scope.keepalive.take(),
+        committed: c.scope.committed,
         demand,
         quota,
     });
-    p.reply_headers = std::mem::take(&mut conn.reply_headers);
+    p.reply_headers = std::mem::take(&mut c.scope.reply_headers);
     HoldEnd::Released(Box::new(p), owner)
 }
 

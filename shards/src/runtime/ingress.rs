@@ -11,11 +11,13 @@ use super::budget::ConnPermit;
 use super::clock;
 use super::conn::{Conn, HeadRead};
 use super::dispatch;
+use super::ending;
 use super::handoff;
 use super::mesh::ShardMsg;
 use super::models_api;
 use super::pending::{HandOff, PendingRequest};
 use super::respond;
+use super::scope::{Client, RequestScope};
 use super::shard::{inc, Shard};
 use super::tenancy::{Principal, WWW_AUTHENTICATE};
 use crate::logic::auth::Access;
@@ -24,7 +26,8 @@ use crate::logic::errors::{ApiError, ErrorCode};
 use crate::logic::http_parse::{BodyFraming, HeadError, RequestHead};
 use crate::logic::inline_str::InlineStr;
 use crate::logic::probe;
-use crate::logic::sites::{self, Choice, Kind};
+use crate::logic::sites::serving::{self, LocalAgents, Serving};
+use crate::logic::sites::Kind;
 
 /// What the connection does after a request.
 enum Next {
@@ -38,39 +41,6 @@ enum Next {
     Hold(Box<PendingRequest>),
 }
 
-/// What a hold leaves the connection to do.
-enum AfterHold {
-    /// Answered or served here; `keep`.
-    Keep(bool),
-    /// Woken: serve it on its owner.
-    HandOff(Box<PendingRequest>, usize),
-}
-
-/// Hold `p` on this shard (its model's hold shard), at the top of the
-/// connection's task so that a held request keeps only the small hold
-/// state (not the whole request path's), then serve it or pass it on.
-async fn hold_here(shard: &Rc<Shard>, conn: &mut Conn, mut p: Box<PendingRequest>) -> AfterHold {
-    let budget = p
-        .hold_for
-        .take()
-        .unwrap_or(shard.router.cfg.wake_hold_budget);
-    conn.request_id = p.request_id;
-    conn.trace = Some(p.trace);
-    conn.reply_headers = std::mem::take(&mut p.reply_headers);
-    let (method, path) = (p.head.method.clone(), p.head.path_only().to_string());
-    let (started, principal) = (p.received_at, p.principal.clone());
-    match Box::pin(super::hold::hold(shard, conn, *p, budget)).await {
-        super::hold::HoldEnd::Answered(k) => {
-            audit_here(shard, conn, &method, &path, started, Some(&principal));
-            AfterHold::Keep(k)
-        }
-        super::hold::HoldEnd::Released(p, o) if o != shard.id => AfterHold::HandOff(p, o),
-        super::hold::HoldEnd::Released(p, _) => {
-            AfterHold::Keep(Box::pin(dispatch::serve_inference(shard, conn, *p)).await)
-        }
-    }
-}
-
 impl From<bool> for Next {
     /// A response was written; `keep`: the connection stays open.
     fn from(keep: bool) -> Self {
@@ -82,90 +52,114 @@ impl From<bool> for Next {
     }
 }
 
+/// The scope of a request handed over by another shard.
+fn adopt(p: &PendingRequest) -> RequestScope {
+    RequestScope {
+        request_id: p.request_id,
+        trace: Some(p.trace),
+        method: p.head.method.clone(),
+        path: InlineStr::from(p.head.path_only()),
+        principal: Some(p.principal.clone()),
+        model: p.meta.model.clone(),
+        ..RequestScope::fresh(p.received_at)
+    }
+}
+
+/// Hold `p` on this shard (its model's hold shard), at the top of the
+/// connection's task so that a held request keeps only the small hold
+/// state (not the whole request path's), then serve it or pass it on.
+/// Never answers [`Next::Hold`].
+async fn hold_here(shard: &Rc<Shard>, c: &mut Client, mut p: Box<PendingRequest>) -> Next {
+    let budget = p
+        .hold_for
+        .take()
+        .unwrap_or(shard.router.cfg.wake_hold_budget);
+    c.scope.reply_headers = std::mem::take(&mut p.reply_headers);
+    match Box::pin(super::hold::hold(shard, c, *p, budget)).await {
+        super::hold::HoldEnd::Answered(k) => k.into(),
+        super::hold::HoldEnd::Released(p, o) if o != shard.id => Next::HandOff(p, o),
+        super::hold::HoldEnd::Released(p, _) => Box::pin(dispatch::serve_inference(shard, c, *p))
+            .await
+            .into(),
+    }
+}
+
 /// Serve one client connection; `first` is a request handed over by
 /// another shard; `permit` is the connection's place under the cap.
 pub async fn serve(
     shard: Rc<Shard>,
-    mut conn: Conn,
+    conn: Conn,
     first: Option<Box<PendingRequest>>,
     permit: ConnPermit,
 ) {
-    if let Some(p) = first {
-        conn.request_id = p.request_id;
-        conn.trace = Some(p.trace);
-        conn.reply_headers.clear();
-        let keep = if p.hold_for.is_some() {
-            // Sent here to be held with the model's other held requests.
-            match hold_here(&shard, &mut conn, p).await {
-                AfterHold::Keep(k) => k,
-                AfterHold::HandOff(p, o) => {
-                    hand_off(&shard, conn, p, o, permit).await;
-                    return;
-                }
+    let mut c = Client::new(conn);
+    let mut next = match first {
+        Some(p) => {
+            c.scope = adopt(&p);
+            if p.hold_for.is_some() {
+                // Sent here to be held with the model's other held requests.
+                Next::Hold(p)
+            } else {
+                Box::pin(dispatch::serve_inference(&shard, &mut c, *p))
+                    .await
+                    .into()
             }
-        } else {
-            Box::pin(dispatch::serve_inference(&shard, &mut conn, *p)).await
-        };
-        if !keep {
-            linger(&mut conn).await;
-            return;
         }
-    }
-    let header_timeout = shard.router.cfg.header_timeout;
+        None => Next::KeepAlive,
+    };
     loop {
-        let started = clock::now();
-        let head = match monoio::time::timeout(header_timeout, conn.read_request_head()).await {
-            Ok(Ok(h)) => {
-                conn.request_id = respond::request_id(&h);
-                conn.trace = Some(respond::trace(&h));
-                conn.reply_headers.clear();
-                conn.keepalive = None;
-                conn.committed = false;
-                h
+        match next {
+            Next::Hold(p) => {
+                next = hold_here(&shard, &mut c, p).await;
+                continue;
             }
-            Ok(Err(HeadRead::Closed)) => return,
-            Ok(Err(HeadRead::Bad(e))) => {
-                conn.request_id = respond::new_request_id();
-                conn.trace = Some(respond::new_trace());
-                let err = match e {
-                    HeadError::Bad(why) => ApiError::new(ErrorCode::RequestInvalid, why),
-                    HeadError::TooLarge(why) => ApiError::new(ErrorCode::HeadersTooLarge, why),
-                };
-                respond::send_error(&mut conn, &err, false).await;
-                linger(&mut conn).await;
-                return;
-            }
-            Err(_) => {
-                if !conn.buf.is_empty() {
-                    let err = ApiError::new(ErrorCode::ClientTimeout, "request header timeout");
-                    respond::send_error(&mut conn, &err, false).await;
-                }
-                return;
-            }
-        };
-        // Boxed: between requests (idle keep-alive) and while a request is
-        // held, the connection's task keeps only this loop's state.
-        match Box::pin(route(&shard, &mut conn, head, started)).await {
-            Next::KeepAlive => {}
+            // Its owner finishes it.
+            Next::HandOff(p, owner) => return hand_off(&shard, c, p, owner, permit).await,
+            Next::KeepAlive => ending::finish(&shard, &mut c),
             Next::Close => {
-                linger(&mut conn).await;
-                return;
+                ending::finish(&shard, &mut c);
+                return linger(&mut c.conn).await;
             }
-            Next::HandOff(pending, owner) => {
-                hand_off(&shard, conn, pending, owner, permit).await;
-                return;
+        }
+        next = match read_next(&shard, &mut c).await {
+            // Boxed: between requests (idle keep-alive) and while a
+            // request is held, the connection's task keeps only this
+            // loop's state.
+            Some(head) => Box::pin(route(&shard, &mut c, head)).await,
+            None => return,
+        };
+    }
+}
+
+/// Read the next request head and start its scope; `None`: the
+/// connection is done (closed, a bad head answered, the header timeout).
+async fn read_next(shard: &Shard, c: &mut Client) -> Option<RequestHead> {
+    let header_timeout = shard.router.cfg.header_timeout;
+    let started = clock::now();
+    match monoio::time::timeout(header_timeout, c.conn.read_request_head()).await {
+        Ok(Ok(h)) => {
+            c.scope.begin(&h, started);
+            Some(h)
+        }
+        Ok(Err(HeadRead::Closed)) => None,
+        Ok(Err(HeadRead::Bad(e))) => {
+            // Not audited: no request to name.
+            c.scope = RequestScope::fresh(started);
+            let err = match e {
+                HeadError::Bad(why) => ApiError::new(ErrorCode::RequestInvalid, why),
+                HeadError::TooLarge(why) => ApiError::new(ErrorCode::HeadersTooLarge, why),
+            };
+            respond::send_error(c, &err, false).await;
+            linger(&mut c.conn).await;
+            None
+        }
+        Err(_) => {
+            if !c.conn.buf.is_empty() {
+                c.scope = RequestScope::fresh(started);
+                let err = ApiError::new(ErrorCode::ClientTimeout, "request header timeout");
+                respond::send_error(c, &err, false).await;
             }
-            Next::Hold(pending) => match hold_here(&shard, &mut conn, pending).await {
-                AfterHold::Keep(true) => {}
-                AfterHold::Keep(false) => {
-                    linger(&mut conn).await;
-                    return;
-                }
-                AfterHold::HandOff(p, o) => {
-                    hand_off(&shard, conn, p, o, permit).await;
-                    return;
-                }
-            },
+            None
         }
     }
 }
@@ -197,182 +191,105 @@ async fn linger(conn: &mut Conn) {
     let _ = monoio::time::timeout(LINGER_TIME, drain).await;
 }
 
-async fn route(
-    shard: &Rc<Shard>,
-    conn: &mut Conn,
-    head: RequestHead,
-    started: clock::Instant,
-) -> Next {
-    // Inline: the usual paths are copied without an allocation.
-    let path = InlineStr::from(head.path_only());
+/// Route one request by its path.
+async fn route(shard: &Rc<Shard>, c: &mut Client, head: RequestHead) -> Next {
+    let path = c.scope.path.clone();
+    let path = path.as_str();
     // Requests other than inference ones carry no body we want: close
     // rather than drain when one is declared.
     let keep = head.keep_alive && head.framing == BodyFraming::None;
     if head.method == "OPTIONS" {
-        return respond::send_no_content(conn, keep).await.into();
+        c.scope.quiet = true;
+        return respond::send_no_content(c, keep).await.into();
     }
     if path == "/health" {
+        c.scope.quiet = true;
         return if head.method == "GET" {
-            respond::send_json(conn, 200, br#"{"status":"ok"}"#, keep).await
+            respond::send_json(c, 200, br#"{"status":"ok"}"#, keep).await
         } else {
-            respond::send_error(
-                conn,
-                &respond::method_not_allowed(&head.method, &path),
-                keep,
-            )
-            .await
+            let e = respond::method_not_allowed(&head.method, path);
+            respond::send_error(c, &e, keep).await
         }
         .into();
     }
-    let mut principal = None;
-    let method = if shard.router.audit.is_some() {
-        head.method.clone()
-    } else {
-        std::borrow::Cow::Borrowed("")
-    };
-    let next = match route_audited(shard, conn, head, &path, started, keep, &mut principal).await {
-        Routed::Done(n) => n,
-        // Served by the dispatch driver, which audits it.
-        Routed::Dispatched(n) => return n,
-    };
-    if !matches!(next, Next::HandOff(..)) {
-        audit_here(shard, conn, &method, &path, started, principal.as_ref());
+    if let Some(ep) = Endpoint::of(path) {
+        if head.method != "POST" {
+            let e = respond::method_not_allowed(&head.method, path);
+            return respond::send_error(c, &e, keep).await.into();
+        }
+        // Authenticated before the body is read (spec 01 §5.1 step 1).
+        let p = match authenticate(shard, c, &head, keep).await {
+            Ok(p) => p,
+            Err(k) => return k.into(),
+        };
+        return read_inference(shard, c, head, ep, p).await;
     }
-    next
+    if path.starts_with("/admin/") || path == "/admin" {
+        c.scope.principal = Some(Principal::Admin);
+        return super::admin::serve(shard, c, &head, path).await.into();
+    }
+    let models_route = path == "/v1/models" || path.starts_with("/v1/models/");
+    let done = if models_route && head.method == "GET" {
+        match authenticate(shard, c, &head, keep).await {
+            Ok(p) => models(shard, c, &p, path, keep).await,
+            Err(k) => k,
+        }
+    } else if models_route {
+        let e = respond::method_not_allowed(&head.method, path);
+        respond::send_error(c, &e, keep).await
+    } else {
+        respond::send_error(c, &respond::no_route(&head.method, path), keep).await
+    };
+    done.into()
 }
 
-/// How [`route_audited`] ended.
-enum Routed {
-    /// Answered here (audited by the caller).
-    Done(Next),
-    /// Handed to the dispatch driver on this shard (audited there).
-    Dispatched(Next),
-}
-
-/// Authenticate a client route: `Err(keep)` after the 401 is written.
+/// Authenticate a client route (the principal goes into the scope):
+/// `Err(keep)` after the 401 is written.
 async fn authenticate(
     shard: &Shard,
-    conn: &mut Conn,
+    c: &mut Client,
     head: &RequestHead,
     keep: bool,
 ) -> Result<Principal, bool> {
     let now = clock::unix_secs();
     match shard.authenticate(head.header("authorization"), head.header("x-api-key"), now) {
-        Ok(p) => Ok(p),
-        Err(e) => Err(respond::send_error_with(conn, &e.error(), keep, &[WWW_AUTHENTICATE]).await),
+        Ok(p) => {
+            c.scope.principal = Some(p.clone());
+            Ok(p)
+        }
+        Err(e) => Err(respond::send_error_with(c, &e.error(), keep, &[WWW_AUTHENTICATE]).await),
     }
 }
 
-/// One audit line for a request answered on this shard.
-fn audit_here(
-    shard: &Shard,
-    conn: &Conn,
-    method: &str,
-    path: &str,
-    started: clock::Instant,
-    principal: Option<&Principal>,
-) {
-    let Some(log) = &shard.router.audit else {
-        return;
+/// `GET /v1/models` and `/v1/models/{id}`: what `p` sees.
+async fn models(shard: &Rc<Shard>, c: &mut Client, p: &Principal, path: &str, keep: bool) -> bool {
+    let sees = |m: &str| p.access(m) == Access::Allowed;
+    let snaps = shard.gather().await;
+    let agents = || {
+        snaps
+            .iter()
+            .flat_map(|s| s.agents.iter())
+            .filter(|a| sees(&a.reg.model))
     };
-    let elapsed = started.elapsed();
-    log.send(super::audit::AuditRecord {
-        started: super::audit::started_at(elapsed),
-        request_id: conn.request_id,
-        trace_id: super::audit::trace_id_of(conn.trace.as_ref()),
-        tenant_id: principal
-            .map(Principal::tenant_arc)
-            .unwrap_or_else(|| "".into()),
-        key_id: principal
-            .map(Principal::key_id_arc)
-            .unwrap_or_else(|| "".into()),
-        status: conn.status,
-        latency_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
-        error_code: conn.error_code,
-        source_ip: conn
-            .stream
-            .peer_addr()
-            .map(|a| a.ip().to_string())
-            .unwrap_or_default(),
-        method: method.to_string(),
-        path: path.to_string(),
-        ..Default::default()
-    });
-}
-
-async fn route_audited(
-    shard: &Rc<Shard>,
-    conn: &mut Conn,
-    head: RequestHead,
-    path: &str,
-    started: clock::Instant,
-    keep: bool,
-    principal: &mut Option<Principal>,
-) -> Routed {
-    if let Some(ep) = Endpoint::of(path) {
-        if head.method != "POST" {
-            let e = respond::method_not_allowed(&head.method, path);
-            return Routed::Done(respond::send_error(conn, &e, keep).await.into());
-        }
-        // Authenticated before the body is read (spec 01 §5.1 step 1).
-        let p = match authenticate(shard, conn, &head, keep).await {
-            Ok(p) => p,
-            Err(k) => return Routed::Done(k.into()),
-        };
-        *principal = Some(p.clone());
-        return read_inference(shard, conn, head, ep, started, p).await;
+    let aliases: std::collections::BTreeMap<String, String> = shard
+        .aliases()
+        .into_iter()
+        .filter(|(_, t)| sees(t))
+        .collect();
+    if path == "/v1/models" {
+        let body = models_api::list(agents(), &aliases);
+        return respond::send_json(c, 200, &body, keep).await;
     }
-    if path.starts_with("/admin/") || path == "/admin" {
-        *principal = Some(Principal::Admin);
-        return Routed::Done(super::admin::serve(shard, conn, &head, path).await.into());
-    }
-    let client_route = path == "/v1/models" || path.starts_with("/v1/models/");
-    if client_route && head.method == "GET" {
-        let p = match authenticate(shard, conn, &head, keep).await {
-            Ok(p) => p,
-            Err(k) => return Routed::Done(k.into()),
-        };
-        let sees = |m: &str| p.access(m) == Access::Allowed;
-        let snaps = shard.gather().await;
-        let agents = || {
-            snaps
-                .iter()
-                .flat_map(|s| s.agents.iter())
-                .filter(|a| sees(&a.reg.model))
-        };
-        let aliases: std::collections::BTreeMap<String, String> = shard
-            .aliases()
-            .into_iter()
-            .filter(|(_, t)| sees(t))
-            .collect();
-        let done = if path == "/v1/models" {
-            let body = models_api::list(agents(), &aliases);
-            respond::send_json(conn, 200, &body, keep).await
-        } else {
-            let id = path.trim_start_matches("/v1/models/");
-            let found = match aliases.get(id) {
-                Some(target) => models_api::alias_detail(id, target, agents()),
-                None => models_api::detail(id, agents(), true),
-            };
-            match found {
-                Some(body) => respond::send_json(conn, 200, &body, keep).await,
-                // Not visible and unknown look the same (no catalog leak).
-                None => respond::send_error(conn, &models_api::not_found(id), keep).await,
-            }
-        };
-        *principal = Some(p);
-        return Routed::Done(done.into());
-    }
-    let done = match (&*head.method, path) {
-        (_, "/v1/models") => {
-            respond::send_error(conn, &respond::method_not_allowed(&head.method, path), keep).await
-        }
-        (_, p) if p.starts_with("/v1/models/") => {
-            respond::send_error(conn, &respond::method_not_allowed(&head.method, path), keep).await
-        }
-        _ => respond::send_error(conn, &respond::no_route(&head.method, path), keep).await,
+    let id = path.trim_start_matches("/v1/models/");
+    let found = match aliases.get(id) {
+        Some(target) => models_api::alias_detail(id, target, agents()),
+        None => models_api::detail(id, agents(), true),
     };
-    Routed::Done(done.into())
+    match found {
+        Some(body) => respond::send_json(c, 200, &body, keep).await,
+        // Not visible and unknown look the same (no catalog leak).
+        None => respond::send_error(c, &models_api::not_found(id), keep).await,
+    }
 }
 
 /// Read an inference request's body under the limits, probe it, resolve
@@ -380,48 +297,45 @@ async fn route_audited(
 /// the model's shard.
 async fn read_inference(
     shard: &Rc<Shard>,
-    conn: &mut Conn,
+    c: &mut Client,
     head: RequestHead,
     ep: Endpoint,
-    started: clock::Instant,
     principal: Principal,
-) -> Routed {
+) -> Next {
     let cfg = &shard.router.cfg;
     let limit = cfg.max_request_bytes;
     if let BodyFraming::Length(n) = head.framing {
         if limit > 0 && n > limit {
             // Rejected from the declared length, before reading it.
-            respond::send_error(conn, &ApiError::body_too_large(limit), false).await;
-            return Routed::Done(Next::Close);
+            respond::send_error(c, &ApiError::body_too_large(limit), false).await;
+            return Next::Close;
         }
     }
     if head.expect_continue
         && head.framing != BodyFraming::None
-        && conn.buf.is_empty()
-        && conn.write_all(respond::CONTINUE.to_vec()).await.is_err()
+        && c.conn.buf.is_empty()
+        && c.write_all(respond::CONTINUE.to_vec()).await.is_err()
     {
-        return Routed::Done(Next::Close);
+        return Next::Close;
     }
     let mut body_permit = shard.router.budget.body();
-    let read = conn.read_request_body(head.framing, limit, cfg.body_timeout, &mut body_permit);
+    let read = c
+        .conn
+        .read_request_body(head.framing, limit, cfg.body_timeout, &mut body_permit);
     let mut body = match read.await {
         Ok(b) => b,
-        Err(None) => return Routed::Done(Next::Close),
+        Err(None) => return Next::Close,
         Err(Some(e)) => {
             // A full body budget is transient: say when to come back.
-            let retry: &[(&'static str, &[u8])] = if e.status == 503 {
-                &[("Retry-After", b"1")]
-            } else {
-                &[]
-            };
-            respond::send_error_with(conn, &e, false, retry).await;
-            return Routed::Done(Next::Close);
+            let e = if e.status == 503 { e.retry_after(1) } else { e };
+            respond::send_error(c, &e, false).await;
+            return Next::Close;
         }
     };
     let keep = head.keep_alive;
     let mut meta = match probe::probe(&body) {
         Ok(m) => m,
-        Err(e) => return Routed::Done(respond::send_error(conn, &e, keep).await.into()),
+        Err(e) => return respond::send_error(c, &e, keep).await.into(),
     };
     // Aliases resolve right after authentication, before the allow-set
     // and quotas; the agent receives the resolved name.
@@ -431,14 +345,16 @@ async fn read_inference(
             Some(b) => body = b,
             None => {
                 let e = ApiError::new(ErrorCode::RequestInvalid, "model field is required");
-                return Routed::Done(respond::send_error(conn, &e, keep).await.into());
+                return respond::send_error(c, &e, keep).await.into();
             }
         }
         alias =
             Some(std::mem::replace(&mut meta.model, InlineStr::from(target.as_str())).to_string());
-        conn.reply_headers
+        c.scope
+            .reply_headers
             .push(("X-Hivenet-Routed-Model", meta.model.as_bytes().to_vec()));
     }
+    c.scope.model = meta.model.clone();
     match principal.access(&meta.model) {
         Access::Allowed => {}
         Access::Forbidden => {
@@ -446,102 +362,102 @@ async fn read_inference(
                 ErrorCode::ModelForbidden,
                 format!("your API key does not have access to model: {}", meta.model),
             );
-            return Routed::Done(respond::send_error(conn, &e, keep).await.into());
+            return respond::send_error(c, &e, keep).await.into();
         }
         Access::Undeclared => {
             let r = super::tenancy::undeclared(&meta.model);
-            let h: Vec<(&'static str, &[u8])> =
-                r.headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
-            return Routed::Done(
-                respond::send_error_with(conn, &r.error, keep, &h)
-                    .await
-                    .into(),
-            );
+            return respond::send_refusal(c, r, keep).await.into();
         }
     }
     let owner = shard.owner(&meta.model);
-    // Not served on this site: another site of the map may serve it.
-    if owner.is_none() {
-        if let Some((site, location, count)) = redirect(shard, &head, ep, &meta.model, &principal) {
-            let done = respond::send_redirect(conn, &location, count, &site, keep).await;
+    let hold_for = match serving(shard, &head, ep, &meta.model, &principal, owner.is_some()) {
+        Serving::Here => None,
+        Serving::Redirect {
+            site,
+            location,
+            count,
+        } => {
+            let done = respond::send_redirect(c, &location, count, &site, keep).await;
             *shard
                 .redirects
                 .borrow_mut()
                 .entry((meta.model.to_string(), site))
                 .or_default() += 1;
-            return Routed::Done(done.into());
+            return done.into();
         }
-    }
+        Serving::Hold(budget) => Some(budget),
+        // Unknown model, or no agent registered now: answered here; no
+        // directory entry, no metric series.
+        Serving::NotFound => {
+            let e = ApiError::new(
+                ErrorCode::ModelNotFound,
+                "No agents registered for this model",
+            );
+            return respond::send_error(c, &e, keep).await.into();
+        }
+    };
     let mut pending = PendingRequest {
         head,
         body,
         meta,
         endpoint: ep,
-        received_at: started,
-        request_id: conn.request_id,
-        trace: conn.trace.unwrap_or_else(respond::new_trace),
+        received_at: c.scope.started,
+        request_id: c.scope.request_id,
+        trace: c.scope.trace.unwrap_or_else(super::scope::new_trace),
         principal,
         alias,
-        reply_headers: std::mem::take(&mut conn.reply_headers),
+        reply_headers: std::mem::take(&mut c.scope.reply_headers),
         body_permit,
         held: None,
         hold_for: None,
     };
     // At zero here and placed here with scale_from_zero: held until an
-    // agent registers (seed hold-at-zero).
-    if owner.is_none() {
-        if let Some(budget) = super::hold::holdable(shard, ep, &pending.meta.model) {
-            // Held on the model's hold shard, from the top of its
-            // connection's task there (or here).
-            let home = super::hold::hold_shard(&shard.router, &pending.meta.model);
-            pending.hold_for = Some(budget);
-            let pending = Box::new(pending);
-            return Routed::Dispatched(if home != shard.id {
-                Next::HandOff(pending, home)
-            } else {
-                Next::Hold(pending)
-            });
-        }
+    // agent registers (seed hold-at-zero), on the model's hold shard,
+    // from the top of its connection's task there (or here).
+    if let Some(budget) = hold_for {
+        let home = super::hold::hold_shard(&shard.router, &pending.meta.model);
+        pending.hold_for = Some(budget);
+        let pending = Box::new(pending);
+        return if home != shard.id {
+            Next::HandOff(pending, home)
+        } else {
+            Next::Hold(pending)
+        };
     }
-    // Unknown model, or no agent registered now: answered here; no
-    // directory entry, no metric series.
-    let Some(owner) = owner else {
-        let e = ApiError::new(
-            ErrorCode::ModelNotFound,
-            "No agents registered for this model",
-        );
-        conn.reply_headers = std::mem::take(&mut pending.reply_headers);
-        return Routed::Done(respond::send_error(conn, &e, keep).await.into());
-    };
-    if owner != shard.id {
-        return Routed::Dispatched(Next::HandOff(Box::new(pending), owner));
+    match owner {
+        Some(o) if o != shard.id => Next::HandOff(Box::new(pending), o),
+        // Not boxed on its own: it runs inside `route`'s box, which only
+        // exists while a request is served (an idle or held connection's
+        // task keeps neither), so a second box was a second allocation
+        // per request.
+        _ => dispatch::serve_inference(shard, c, pending).await.into(),
     }
-    // Not boxed on its own: it runs inside `route`'s box, which only
-    // exists while a request is served (an idle or held connection's task
-    // keeps neither), so a second box was a second allocation per request.
-    let served = dispatch::serve_inference(shard, conn, pending).await;
-    Routed::Dispatched(served.into())
 }
 
-/// Where to redirect a request for `model`, which no agent serves here
-/// (spec 07 §5): (target site, `Location`, new redirect count). `None`
-/// without `--site-id`, without a map, for `count_tokens`, after two
-/// redirects, or when the map names no sibling to send it to.
-fn redirect(
+/// Where a request for `model` goes ([`serving::decide`], once):
+/// `registered`: the directory has an owner for it. Its agents' health is
+/// the owner shard's to know; ingress counts a registered model as
+/// healthy, and the owner answers 503 when none is.
+fn serving(
     shard: &Shard,
     head: &RequestHead,
     ep: Endpoint,
     model: &str,
     principal: &Principal,
-) -> Option<(String, String, u32)> {
-    let local = shard.router.cfg.site_id.as_deref()?;
-    let kind = Kind::of(ep)?;
-    let map = shard.site_map()?;
-    let query = head.path.split_once('?').map_or("", |(_, q)| q);
-    let (count, from) = sites::redirect_params(query);
-    if count >= sites::MAX_REDIRECTS {
-        return None;
-    }
+    registered: bool,
+) -> Serving {
+    let cfg = &shard.router.cfg;
+    // A registered model is served here before the map is read: no map
+    // lookup on the common path.
+    let map = if registered { None } else { shard.site_map() };
+    let sites = match (cfg.site_id.as_deref(), map.as_deref()) {
+        (Some(local), Some(map)) => Some(serving::Sites {
+            map,
+            local,
+            fresh: map.fresh(clock::unix_secs(), cfg.sibling_hints_max_age.as_secs()),
+        }),
+        _ => None,
+    };
     let (identity, scopes) = match principal {
         Principal::Key(c) => (
             &*c.key.key_id,
@@ -549,32 +465,27 @@ fn redirect(
         ),
         _ => ("anonymous", None),
     };
-    let max_age = shard.router.cfg.sibling_hints_max_age.as_secs();
-    let ask = sites::Ask {
-        identity,
+    serving::decide(&serving::Facts {
         model,
-        kind,
-        local,
+        kind: Kind::of(ep),
+        agents: if registered {
+            LocalAgents::Registered { healthy: true }
+        } else {
+            LocalAgents::None
+        },
+        sites,
+        identity,
         scopes,
-        from,
-        fresh: map.fresh(clock::unix_secs(), max_age),
-    };
-    match sites::choose(&map, ask) {
-        Choice::Redirect(site) => {
-            let base = map.site(&site)?.base_url.clone();
-            let location = sites::location(&base, &head.path, count + 1, local);
-            Some((site, location, count + 1))
-        }
-        // Held here comes with hold-at-zero; until then it fails as before.
-        Choice::HoldHere | Choice::Stay => None,
-    }
+        path: &head.path,
+        default_budget: cfg.wake_hold_budget,
+    })
 }
 
 /// Hand the connection over to `owner`: the socket, the bytes read past
 /// this request, and the parsed request, in one message.
 async fn hand_off(
     shard: &Shard,
-    mut conn: Conn,
+    mut c: Client,
     pending: Box<PendingRequest>,
     owner: usize,
     permit: ConnPermit,
@@ -582,8 +493,8 @@ async fn hand_off(
     let Some(tx) = shard.router.mesh.get(owner) else {
         return;
     };
-    let stream = if conn.watched {
-        match handoff::dup_watched(&conn.stream) {
+    let stream = if c.conn.watched {
+        match handoff::dup_watched(&c.conn.stream) {
             Ok(s) => s,
             Err(e) => {
                 // Out of descriptors: say so rather than drop it.
@@ -594,13 +505,15 @@ async fn hand_off(
                 let err = ApiError::new(
                     ErrorCode::BackendUnavailable,
                     format!("the router could not hand the request to its model's shard: {e}"),
-                );
-                respond::send_error_with(&mut conn, &err, false, &[("Retry-After", b"1")]).await;
+                )
+                .retry_after(1);
+                respond::send_error(&mut c, &err, false).await;
+                ending::finish(shard, &mut c);
                 return;
             }
         }
     } else {
-        let (stream, buf) = conn.into_parts();
+        let (stream, buf) = c.conn.into_parts();
         return send_hand_off(
             shard,
             tx,
@@ -611,7 +524,7 @@ async fn hand_off(
             owner,
         );
     };
-    let (_, buf) = conn.into_parts();
+    let (_, buf) = c.conn.into_parts();
     send_hand_off(shard, tx, stream, buf, pending, permit, owner);
 }
 

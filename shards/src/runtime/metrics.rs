@@ -590,11 +590,12 @@ fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
 }
 
 /// Serve the metrics port.
-pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
+pub async fn serve(shard: Rc<Shard>, conn: Conn) {
+    let mut c = super::scope::Client::new(conn);
     loop {
         let head = match monoio::time::timeout(
             std::time::Duration::from_secs(30),
-            conn.read_request_head(),
+            c.conn.read_request_head(),
         )
         .await
         {
@@ -637,10 +638,10 @@ pub async fn serve(shard: Rc<Shard>, mut conn: Conn) {
             );
             super::process_metrics::render(&mut body);
             let ct = "text/plain; version=0.0.4; charset=utf-8";
-            respond::send_body(&mut conn, 200, ct, body.as_bytes(), keep).await
+            respond::send_body(&mut c, 200, ct, body.as_bytes(), keep).await
         } else {
             let nf = b"404 page not found\n";
-            respond::send_body(&mut conn, 404, "text/plain", nf, keep).await
+            respond::send_body(&mut c, 404, "text/plain", nf, keep).await
         };
         if !kept {
             return;

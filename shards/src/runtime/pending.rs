@@ -53,7 +53,7 @@ pub struct Held {
     /// `Retry-After` seconds of a `model_waking` answer.
     pub retry_after: u64,
     /// Keepalives go on until the response starts.
-    pub keepalive: Option<super::conn::KeepAlive>,
+    pub keepalive: Option<super::scope::KeepAlive>,
     /// A 200 head already went out.
     pub committed: bool,
     /// Its pending demand, left when it gets a slot.

@@ -3,12 +3,10 @@
 //! Continue`, and the head of a relayed response; each carries the CORS
 //! headers, the request's `X-Request-ID` and its `traceparent`.
 
-use super::conn::Conn;
+use super::scope::{Client, RequestScope};
 use crate::logic::errors::{ApiError, ErrorCode};
-use crate::logic::http_parse::{RequestHead, ResponseHead};
+use crate::logic::http_parse::ResponseHead;
 use crate::logic::http_write::{self, OutFraming};
-use crate::logic::request_id::RequestId;
-use crate::logic::trace_context::{self, Trace};
 
 /// CORS headers on every response (spec 01 §1).
 pub const CORS: [(&str, &[u8]); 3] = [
@@ -23,80 +21,51 @@ pub const CORS: [(&str, &[u8]); 3] = [
 /// The interim response to `Expect: 100-continue`.
 pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
-/// The request's ID: the client's `X-Request-ID` when it is a UUID, else a new v4.
-pub fn request_id(head: &RequestHead) -> RequestId {
-    head.header("x-request-id")
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .map(str::trim)
-        .and_then(RequestId::parse)
-        .unwrap_or_else(new_request_id)
-}
-
-/// The request's trace: the client's valid `traceparent` (with its
-/// `tracestate`), else a trace started here.
-pub fn trace(head: &RequestHead) -> Trace {
-    trace_context::resolve(
-        head.header_values("traceparent"),
-        head.header_values("tracestate"),
-        rand::random::<[u8; 24]>(),
-    )
-}
-
-/// A trace started here (a request whose head could not be read).
-pub fn new_trace() -> Trace {
-    trace_context::resolve(
-        std::iter::empty(),
-        std::iter::empty(),
-        rand::random::<[u8; 24]>(),
-    )
-}
-
-/// A fresh v4 request ID.
-pub fn new_request_id() -> RequestId {
-    RequestId::v4(rand::random::<[u8; 16]>())
-}
-
 /// CORS, `X-Request-ID`, `traceparent`, the request's reply headers (quota state, the
 /// routed model) and `more`, in that order, each handed to `put`.
 fn each_extra<'a>(
-    conn: &'a Conn,
+    scope: &'a RequestScope,
     more: &[(&'static str, &'a [u8])],
     mut put: impl FnMut((&'static str, &'a [u8])),
 ) {
     CORS.iter().copied().for_each(&mut put);
-    if !conn.request_id.is_empty() {
-        put(("X-Request-ID", conn.request_id.as_bytes()));
+    if !scope.request_id.is_empty() {
+        put(("X-Request-ID", scope.request_id.as_bytes()));
     }
-    if let Some(t) = &conn.trace {
+    if let Some(t) = &scope.trace {
         put(("traceparent", &t.header[..]));
     }
-    conn.reply_headers
+    scope
+        .reply_headers
         .iter()
         .for_each(|(n, b)| put((*n, b.as_slice())));
     more.iter().copied().for_each(put);
 }
 
 /// The extra headers ([`each_extra`]) collected, borrowed for the writers.
-fn extras<'a>(conn: &'a Conn, more: &[(&'static str, &'a [u8])]) -> Vec<(&'static str, &'a [u8])> {
-    let mut v = Vec::with_capacity(CORS.len() + 2 + conn.reply_headers.len() + more.len());
-    each_extra(conn, more, |h| v.push(h));
+fn extras<'a>(
+    scope: &'a RequestScope,
+    more: &[(&'static str, &'a [u8])],
+) -> Vec<(&'static str, &'a [u8])> {
+    let mut v = Vec::with_capacity(CORS.len() + 2 + scope.reply_headers.len() + more.len());
+    each_extra(scope, more, |h| v.push(h));
     v
 }
 
 /// [`extras`] handed to `f` from the stack when they fit (the relayed
 /// head of every proxied response: no allocation per request).
 fn with_extras<'a, R>(
-    conn: &'a Conn,
+    scope: &'a RequestScope,
     more: &[(&'static str, &'a [u8])],
     f: impl FnOnce(&[(&'static str, &'a [u8])]) -> R,
 ) -> R {
     const INLINE: usize = 16;
-    if CORS.len() + 2 + conn.reply_headers.len() + more.len() > INLINE {
-        return f(&extras(conn, more));
+    if CORS.len() + 2 + scope.reply_headers.len() + more.len() > INLINE {
+        return f(&extras(scope, more));
     }
     let mut a: [(&'static str, &'a [u8]); INLINE] = [("", &[]); INLINE];
     let mut len = 0;
-    each_extra(conn, more, |h| {
+    each_extra(scope, more, |h| {
         if let Some(slot) = a.get_mut(len) {
             *slot = h;
             len += 1;
@@ -106,40 +75,44 @@ fn with_extras<'a, R>(
 }
 
 /// Write a whole response; returns whether the connection stays open.
-async fn send(conn: &mut Conn, out: Vec<u8>, keep: bool) -> bool {
-    conn.write_all(out).await.is_ok() && keep
+async fn send(c: &mut Client, out: Vec<u8>, keep: bool) -> bool {
+    c.conn.write_all(out).await.is_ok() && keep
 }
 
-/// An error in the spec's envelope.
-pub async fn send_error(conn: &mut Conn, err: &ApiError, keep: bool) -> bool {
-    send_error_with(conn, err, keep, &[]).await
+/// An error in the spec's envelope (with its `Retry-After` when it has one).
+pub async fn send_error(c: &mut Client, err: &ApiError, keep: bool) -> bool {
+    send_error_with(c, err, keep, &[]).await
 }
 
-/// An error with extra headers (`WWW-Authenticate`, `Retry-After`).
+/// An error with extra headers (`WWW-Authenticate`).
 pub async fn send_error_with(
-    conn: &mut Conn,
+    c: &mut Client,
     err: &ApiError,
     keep: bool,
     more: &[(&'static str, &[u8])],
 ) -> bool {
-    conn.status = err.status;
-    conn.error_code = err.code.as_str();
+    c.scope.ending.status = err.status;
+    c.scope.ending.error_code = err.code.as_str();
     // model_waking repeats its Retry-After in the body (`retry_after`).
-    let waking_retry = more
-        .iter()
-        .find(|(n, _)| *n == "Retry-After")
-        .and_then(|(_, v)| std::str::from_utf8(v).ok())
-        .and_then(|v| v.parse::<u64>().ok())
+    let waking_retry = err
+        .retry_after
         .filter(|_| err.code == crate::logic::errors::ErrorCode::ModelWaking);
-    if conn.committed {
+    if c.scope.committed {
         // A 200 already went out with keepalives: the error is the body's
         // end (the audit keeps the logical status set above).
-        return send_late_error(conn, err, waking_retry).await;
+        return send_late_error(c, err, waking_retry).await;
     }
     let body = match waking_retry {
         Some(secs) => crate::logic::hold::waking_body(err, secs),
         None => err.body(),
     };
+    let mut digits = itoa::Buffer::new();
+    let retry: Option<(&'static str, &[u8])> = match err.retry_after {
+        Some(secs) => Some(("Retry-After", digits.format(secs).as_bytes())),
+        None => None,
+    };
+    let mut headers = extras(&c.scope, more);
+    headers.extend(retry);
     let mut out = Vec::with_capacity(256 + body.len());
     http_write::write_full_response(
         &mut out,
@@ -147,31 +120,39 @@ pub async fn send_error_with(
         "application/json",
         &body,
         keep,
-        &extras(conn, more),
+        &headers,
     );
-    send(conn, out, keep).await
+    drop(headers);
+    send(c, out, keep).await
+}
+
+/// A quota refusal: its `X-RateLimit-*` headers join the reply headers.
+pub async fn send_refusal(c: &mut Client, r: super::tenancy::Refusal, keep: bool) -> bool {
+    c.scope.reply_headers.extend(r.headers);
+    send_error(c, &r.error, keep).await
 }
 
 /// An error after a committed 200: the in-band error (an SSE event for
 /// streams, the envelope after the spaces otherwise), then the last
 /// chunk; the connection closes.
-pub async fn send_late_error(conn: &mut Conn, err: &ApiError, retry_after: Option<u64>) -> bool {
-    let (stream, anthropic) = conn
+pub async fn send_late_error(c: &mut Client, err: &ApiError, retry_after: Option<u64>) -> bool {
+    let (stream, anthropic) = c
+        .scope
         .keepalive
         .as_ref()
         .map_or((false, false), |k| (k.stream, k.anthropic));
-    conn.keepalive = None;
+    c.scope.keepalive = None;
     let body = crate::logic::hold::late_error(err, stream, anthropic, retry_after);
     let mut out = Vec::with_capacity(body.len() + 16);
     http_write::write_chunk(&mut out, &body);
     out.extend_from_slice(http_write::LAST_CHUNK);
-    let _ = conn.write_all(out).await;
+    let _ = c.conn.write_all(out).await;
     false
 }
 
 /// The committed head of a held request (200, chunked, the request's
 /// headers), written with its first keepalive.
-pub fn committed_head(conn: &Conn, stream: bool) -> Vec<u8> {
+pub fn committed_head(scope: &RequestScope, stream: bool) -> Vec<u8> {
     let ct: &[u8] = if stream {
         b"text/event-stream"
     } else {
@@ -185,26 +166,26 @@ pub fn committed_head(conn: &Conn, stream: bool) -> Vec<u8> {
         headers.into_iter().take(if stream { 2 } else { 1 }),
         OutFraming::Chunked,
         false,
-        &extras(conn, &[("X-Accel-Buffering", b"no")]),
+        &extras(scope, &[("X-Accel-Buffering", b"no")]),
     );
     out
 }
 
 /// A JSON body.
-pub async fn send_json(conn: &mut Conn, status: u16, body: &[u8], keep: bool) -> bool {
-    send_body(conn, status, "application/json", body, keep).await
+pub async fn send_json(c: &mut Client, status: u16, body: &[u8], keep: bool) -> bool {
+    send_body(c, status, "application/json", body, keep).await
 }
 
 /// A body of any content type (`/metrics` text, JSON).
 pub async fn send_body(
-    conn: &mut Conn,
+    c: &mut Client,
     status: u16,
     content_type: &str,
     body: &[u8],
     keep: bool,
 ) -> bool {
-    conn.status = status;
-    conn.error_code = "";
+    c.scope.ending.status = status;
+    c.scope.ending.error_code = "";
     let mut out = Vec::with_capacity(body.len() + 256);
     http_write::write_full_response(
         &mut out,
@@ -212,15 +193,15 @@ pub async fn send_body(
         content_type,
         body,
         keep,
-        &extras(conn, &[]),
+        &extras(&c.scope, &[]),
     );
-    send(conn, out, keep).await
+    send(c, out, keep).await
 }
 
 /// `204 No Content` (CORS preflight).
-pub async fn send_no_content(conn: &mut Conn, keep: bool) -> bool {
-    conn.status = 204;
-    conn.error_code = "";
+pub async fn send_no_content(c: &mut Client, keep: bool) -> bool {
+    c.scope.ending.status = 204;
+    c.scope.ending.error_code = "";
     let mut out = Vec::with_capacity(256);
     http_write::write_response_head(
         &mut out,
@@ -228,21 +209,21 @@ pub async fn send_no_content(conn: &mut Conn, keep: bool) -> bool {
         std::iter::empty(),
         OutFraming::Length(0),
         keep,
-        &extras(conn, &[]),
+        &extras(&c.scope, &[]),
     );
-    send(conn, out, keep).await
+    send(c, out, keep).await
 }
 
 /// `307 Temporary Redirect` to another site (spec 07 §5.3), empty body.
 pub async fn send_redirect(
-    conn: &mut Conn,
+    c: &mut Client,
     location: &str,
     count: u32,
     site: &str,
     keep: bool,
 ) -> bool {
-    conn.status = 307;
-    conn.error_code = "";
+    c.scope.ending.status = 307;
+    c.scope.ending.error_code = "";
     let n = count.to_string();
     let more: [(&'static str, &[u8]); 3] = [
         ("Location", location.as_bytes()),
@@ -256,13 +237,13 @@ pub async fn send_redirect(
         std::iter::empty(),
         OutFraming::Length(0),
         keep,
-        &extras(conn, &more),
+        &extras(&c.scope, &more),
     );
-    send(conn, out, keep).await
+    send(c, out, keep).await
 }
 
 /// The head of an event stream the router produces itself.
-pub fn event_stream_head(out: &mut Vec<u8>, conn: &Conn) {
+pub fn event_stream_head(out: &mut Vec<u8>, scope: &RequestScope) {
     http_write::write_response_head(
         out,
         200,
@@ -270,7 +251,7 @@ pub fn event_stream_head(out: &mut Vec<u8>, conn: &Conn) {
         OutFraming::Chunked,
         false,
         &extras(
-            conn,
+            scope,
             &[("Cache-Control", b"no-cache"), ("X-Accel-Buffering", b"no")],
         ),
     );
@@ -283,14 +264,14 @@ pub fn relayed_head(
     head: &ResponseHead,
     framing: OutFraming,
     keep: bool,
-    conn: &Conn,
+    scope: &RequestScope,
 ) {
     let more: &[(&'static str, &[u8])] = if head.is_event_stream() {
         &[("X-Accel-Buffering", b"no")]
     } else {
         &[]
     };
-    with_extras(conn, more, |extra| {
+    with_extras(scope, more, |extra| {
         http_write::write_response_head(out, head.status, head.headers.iter(), framing, keep, extra)
     });
 }
@@ -312,6 +293,7 @@ pub fn no_route(method: &str, path: &str) -> ApiError {
 mod tests {
     use super::*;
     use crate::runtime::executor::{run_on_runtime, DriverChoice};
+    use crate::runtime::scope::{new_request_id, new_trace};
 
     /// The stack copy of the extra headers is the same list as the
     /// allocated one, in order, below, at and past its inline size.
@@ -323,14 +305,14 @@ mod tests {
             let s = monoio::net::TcpStream::connect(addr)
                 .await
                 .expect("connect");
-            let mut conn = Conn::new(s, Vec::new());
-            conn.request_id = new_request_id();
-            conn.trace = Some(new_trace());
+            let mut c = Client::new(crate::runtime::conn::Conn::new(s, Vec::new()));
+            c.scope.request_id = new_request_id();
+            c.scope.trace = Some(new_trace());
             let more: [(&'static str, &[u8]); 2] = [("A", b"1"), ("B", b"2")];
             for n in 0..14 {
-                conn.reply_headers = (0..n).map(|i| ("X-Reply", vec![b'a' + i])).collect();
-                let stack = with_extras(&conn, &more, |x| x.to_vec());
-                assert_eq!(stack, extras(&conn, &more), "{n} reply headers");
+                c.scope.reply_headers = (0..n).map(|i| ("X-Reply", vec![b'a' + i])).collect();
+                let stack = with_extras(&c.scope, &more, |x| x.to_vec());
+                assert_eq!(stack, extras(&c.scope, &more), "{n} reply headers");
                 let names: Vec<&str> = stack.iter().map(|(h, _)| *h).collect();
                 let mut want: Vec<&str> = CORS.iter().map(|(h, _)| *h).collect();
                 want.extend(["X-Request-ID", "traceparent"]);

@@ -285,7 +285,7 @@ impl AuthState {
 pub struct Refusal {
     /// The 429.
     pub error: ApiError,
-    /// `X-RateLimit-*` and `Retry-After`.
+    /// `X-RateLimit-*` (and `retry-after-ms`; `Retry-After` is the error's).
     pub headers: Vec<(&'static str, Vec<u8>)>,
     /// Which limit: `rpm` or `tokens`.
     pub kind: RefusalKind,
@@ -444,11 +444,11 @@ pub fn take_requests(p: &Principal, f: &QuotaFacts<'_>, now_ns: u64) -> Result<T
             Verdict::Deny { retry_after_ns } => {
                 let secs = quota::retry_after_secs(retry_after_ns);
                 return Err(Refusal {
-                    error: ApiError::new(ErrorCode::RateLimitExceeded, "rate limit exceeded"),
+                    error: ApiError::new(ErrorCode::RateLimitExceeded, "rate limit exceeded")
+                        .retry_after(secs),
                     headers: vec![
                         ("X-RateLimit-Limit-Requests", num(rpm)),
                         ("X-RateLimit-Remaining-Requests", b"0".to_vec()),
-                        ("Retry-After", num(secs)),
                         // Millisecond precision for the SDKs that read it.
                         ("retry-after-ms", num(retry_after_ns.div_ceil(1_000_000))),
                     ],
@@ -597,10 +597,7 @@ mod tests {
         let t2 = admit(&p, facts("m"), 1_000, || 7).expect("second");
         let r = admit(&p, facts("m"), 1_000, || 7).expect_err("third: rpm");
         assert_eq!(r.kind, RefusalKind::Requests);
-        assert!(r
-            .headers
-            .iter()
-            .any(|(n, v)| *n == "Retry-After" && v == b"30"));
+        assert_eq!(r.error.retry_after, Some(30));
         // Failure before output: refund.
         t1.settle(Settle::NothingSent);
         // Exact usage: 3 in + 4 out instead of the estimate 10.

@@ -393,3 +393,145 @@ fn outside_the_home_set_only_warm_and_only_when_the_home_set_is_used_up() {
     }
     panic!("no key with the local site in its home set");
 }
+
+mod serving_here {
+    use super::super::serving::{decide, Facts, LocalAgents, Serving, Sites};
+    use super::*;
+    use std::time::Duration;
+
+    const DEFAULT: Duration = Duration::from_secs(60);
+
+    fn facts<'a>(agents: LocalAgents, sites: Option<Sites<'a>>, path: &'a str) -> Facts<'a> {
+        Facts {
+            model: "m",
+            kind: Some(Kind::Chat),
+            agents,
+            sites,
+            identity: "key-1",
+            scopes: None,
+            path,
+            default_budget: DEFAULT,
+        }
+    }
+
+    const HEALTHY: LocalAgents = LocalAgents::Registered { healthy: true };
+    const UNHEALTHY: LocalAgents = LocalAgents::Registered { healthy: false };
+
+    #[test]
+    fn without_a_map_registered_is_here_and_unknown_is_not_found() {
+        let p = "/v1/chat/completions";
+        assert_eq!(decide(&facts(HEALTHY, None, p)), Serving::Here);
+        assert_eq!(decide(&facts(UNHEALTHY, None, p)), Serving::Here);
+        assert_eq!(
+            decide(&facts(LocalAgents::None, None, p)),
+            Serving::NotFound
+        );
+    }
+
+    #[test]
+    fn a_warm_sibling_takes_it_then_a_local_hold_then_not_found() {
+        let m = validate(
+            map(
+                vec![site("a", &[]), site("b", &[])],
+                vec![
+                    place("a", "m", true, None),
+                    place("b", "m", false, Some(true)),
+                ],
+            ),
+            "a",
+        )
+        .expect("map");
+        let t = m.hints_at.expect("hints");
+        let s = Sites {
+            map: &m,
+            local: "a",
+            fresh: m.fresh(t, 60),
+        };
+        let p = "/v1/chat/completions?x=1";
+        match decide(&facts(LocalAgents::None, Some(s), p)) {
+            Serving::Redirect {
+                site,
+                location,
+                count,
+            } => {
+                assert_eq!((site.as_str(), count), ("b", 1));
+                assert!(location.starts_with("http://b.example:8080/v1/chat/completions?"));
+                assert!(location.contains("hn_redirects=1"), "{location}");
+            }
+            other => panic!("expected a redirect, got {other:?}"),
+        }
+        // Health decides: a healthy agent here keeps it here; an
+        // unhealthy pool is not served here.
+        assert_eq!(decide(&facts(HEALTHY, Some(s), p)), Serving::Here);
+        assert!(matches!(
+            decide(&facts(UNHEALTHY, Some(s), p)),
+            Serving::Redirect { .. }
+        ));
+        // Out of hops: held here (the placement has scale_from_zero).
+        let spent = "/v1/chat/completions?hn_redirects=2";
+        assert_eq!(
+            decide(&facts(LocalAgents::None, Some(s), spent)),
+            Serving::Hold(DEFAULT)
+        );
+        // count_tokens is never redirected nor held.
+        let ct = Facts {
+            kind: None,
+            ..facts(LocalAgents::None, Some(s), p)
+        };
+        assert_eq!(decide(&ct), Serving::NotFound);
+        // Never back to the site that sent it: held here instead.
+        let back = "/v1/chat/completions?hn_redirects=1&hn_from=b";
+        assert_eq!(
+            decide(&facts(LocalAgents::None, Some(s), back)),
+            Serving::Hold(DEFAULT)
+        );
+    }
+
+    #[test]
+    fn cold_siblings_mean_a_hold_with_the_placements_budget() {
+        let mut here = place("a", "m", true, None);
+        here.hold_budget = Some("2m".into());
+        let m = validate(
+            map(
+                vec![site("a", &[]), site("b", &[])],
+                vec![here, place("b", "m", false, Some(false))],
+            ),
+            "a",
+        )
+        .expect("map");
+        let t = m.hints_at.expect("hints");
+        let s = Sites {
+            map: &m,
+            local: "a",
+            fresh: m.fresh(t, 60),
+        };
+        let p = "/v1/chat/completions";
+        assert_eq!(
+            decide(&facts(LocalAgents::None, Some(s), p)),
+            Serving::Hold(Duration::from_secs(120))
+        );
+        // Not placed here with scale_from_zero: a registered pool stays
+        // with its owner (503), an unknown model is not found.
+        let m2 = validate(
+            map(
+                vec![site("a", &[]), site("b", &[])],
+                vec![place("b", "m", false, Some(false))],
+            ),
+            "a",
+        )
+        .expect("map");
+        let s2 = Sites { map: &m2, ..s };
+        // Stale hints: b is still sent to (unknown warmth is sendable).
+        let stale = Sites { fresh: false, ..s2 };
+        assert!(matches!(
+            decide(&facts(LocalAgents::None, Some(stale), p)),
+            Serving::Redirect { .. }
+        ));
+        let spent = "/v1/chat/completions?hn_redirects=2";
+        assert_eq!(decide(&facts(UNHEALTHY, Some(s2), spent)), Serving::Here);
+        assert_eq!(
+            decide(&facts(LocalAgents::None, Some(s2), spent)),
+            Serving::NotFound
+        );
+    }
+}
