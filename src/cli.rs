@@ -143,13 +143,13 @@ pub fn map_golog(v: &str) -> String {
             "" => &[""],
             "router" => &[
                 "router",
-                "shards::runtime::dispatch",
-                "shards::runtime::agent_link",
-                "shards::runtime::shard",
+                "shards::runtime::request::dispatch",
+                "shards::runtime::front::agent_link",
+                "shards::runtime::state::shard",
             ],
             "metrics" => &["metrics", "shards::runtime::metrics"],
-            "api" => &["shards::runtime::ingress"],
-            "p2p" => &["shards::runtime::link"],
+            "api" => &["shards::runtime::front::ingress"],
+            "p2p" => &["shards::runtime::wire::link"],
             "agent" => &["hivenet_agent"],
             other => {
                 parts.push(format!("{other}={level}"));
@@ -200,6 +200,6 @@ mod tests {
     fn golog_mapping() {
         let m = map_golog("router=debug,metrics=debug");
         assert!(m.contains("router=debug"));
-        assert!(m.contains("shards::runtime::dispatch=debug"));
+        assert!(m.contains("shards::runtime::request::dispatch=debug"));
     }
 }

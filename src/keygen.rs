@@ -94,7 +94,7 @@ pub fn run(args: &[String]) -> Result<String, String> {
         return Err("keygen: --tenant must be 1 to 200 characters".into());
     }
     let key = key_from(rand::random());
-    let secs = shards::runtime::clock::unix_secs();
+    let secs = shards::runtime::wire::clock::unix_secs();
     let date = shards::logic::timefmt::rfc3339_nanos(secs, 0);
     // YYYY-MM-DD... -> DD-MM-YYYY
     let today = match (date.get(0..4), date.get(5..7), date.get(8..10)) {

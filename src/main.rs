@@ -11,11 +11,11 @@ use hivenet_router::cli;
 use shards::logic::auth::ApiMode;
 use shards::logic::core_plan;
 use shards::logic::directory::Directory;
-use shards::runtime::event_loop::{self, ShardListeners};
-use shards::runtime::executor::{self, DriverChoice};
-use shards::runtime::router::{Router, RouterConfig};
-use shards::runtime::snapshot::Versioned;
-use shards::runtime::tenancy::AuthState;
+use shards::runtime::front::event_loop::{self, ShardListeners};
+use shards::runtime::state::router::{Router, RouterConfig};
+use shards::runtime::state::snapshot::Versioned;
+use shards::runtime::state::tenancy::AuthState;
+use shards::runtime::wire::executor::{self, DriverChoice};
 use tracing::{error, info, warn};
 
 #[global_allocator]
@@ -215,8 +215,9 @@ fn build() -> Result<Startup, String> {
         "HIVENET_ROUTER_IDENTITY_PATH",
         "./router_identity.key",
     );
-    let keypair = shards::runtime::link::load_or_create_identity(std::path::Path::new(&identity))
-        .map_err(|e| format!("--identity-path: {e}"))?;
+    let keypair =
+        shards::runtime::wire::link::load_or_create_identity(std::path::Path::new(&identity))
+            .map_err(|e| format!("--identity-path: {e}"))?;
     if let Ok(v) = std::env::var("HIVENET_ROUTER_MAX_REQUEST_BYTES") {
         cfg.max_request_bytes = v.trim().parse().map_err(|_| {
             format!("HIVENET_ROUTER_MAX_REQUEST_BYTES: {v:?} is not a non-negative integer")
@@ -231,7 +232,7 @@ fn build() -> Result<Startup, String> {
     let driver = DriverChoice::parse(&driver_s)
         .ok_or_else(|| format!("--driver: {driver_s:?} is not auto or epoll"))?;
     let psk = match f.swarm_key_file {
-        Some(p) => Some(shards::runtime::link::load_swarm_key(
+        Some(p) => Some(shards::runtime::wire::link::load_swarm_key(
             std::path::Path::new(&p),
         )?),
         None => None,
@@ -437,7 +438,7 @@ fn reload_auth(shared: &Router, src: &hivenet_router::auth_files::AuthSources) {
 }
 
 /// Send today's token usage to the store (`wait`: until persisted).
-fn flush_quota(shared: &Router, store: &shards::runtime::store_api::StoreTx, wait: bool) {
+fn flush_quota(shared: &Router, store: &shards::runtime::state::store_api::StoreTx, wait: bool) {
     let states: Vec<((String, String), u64)> = shared
         .auth
         .load()
@@ -449,7 +450,7 @@ fn flush_quota(shared: &Router, store: &shards::runtime::store_api::StoreTx, wai
         return;
     }
     let (t, r) = futures::channel::oneshot::channel();
-    let msg = shards::runtime::store_api::StoreMsg::QuotaFlush {
+    let msg = shards::runtime::state::store_api::StoreMsg::QuotaFlush {
         states,
         done: if wait { Some(t) } else { None },
     };
@@ -476,7 +477,7 @@ impl QuotaFlusher {
 
 fn start_quota_flush(
     shared: Arc<Router>,
-    store: shards::runtime::store_api::StoreTx,
+    store: shards::runtime::state::store_api::StoreTx,
 ) -> QuotaFlusher {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s = stop.clone();
@@ -500,7 +501,7 @@ fn in_flight(shared: &Router) -> u64 {
     for tx in &shared.mesh {
         let (t, r) = futures::channel::oneshot::channel();
         if tx
-            .unbounded_send(shards::runtime::mesh::ShardMsg::Snapshot { reply: t })
+            .unbounded_send(shards::runtime::state::mesh::ShardMsg::Snapshot { reply: t })
             .is_err()
         {
             continue;
@@ -616,12 +617,13 @@ fn run(startup: Startup) -> Result<(), String> {
     let auth_state = AuthState::build(auth.api, auth.keys, None, &restored);
     let audit = match &audit_path {
         Some(p) => {
-            let (log, _writer) = shards::runtime::audit::AuditLog::start(p).map_err(|e| {
-                format!(
-                    "HIVENET_ROUTER_AUDIT_LOG_PATH: cannot open {}: {e}",
-                    p.display()
-                )
-            })?;
+            let (log, _writer) =
+                shards::runtime::state::audit::AuditLog::start(p).map_err(|e| {
+                    format!(
+                        "HIVENET_ROUTER_AUDIT_LOG_PATH: cannot open {}: {e}",
+                        p.display()
+                    )
+                })?;
             info!(path = %p.display(), "audit log on");
             Some(log)
         }
@@ -635,7 +637,7 @@ fn run(startup: Startup) -> Result<(), String> {
         keypair: keypair.clone(),
         psk,
         store: Some(store_tx.clone()),
-        budget: shards::runtime::budget::Budget::new(
+        budget: shards::runtime::wire::budget::Budget::new(
             cfg.max_buffered_body_bytes,
             cfg.max_client_connections,
         ),
@@ -717,7 +719,7 @@ fn run(startup: Startup) -> Result<(), String> {
     }
     // Requests held at zero are answered now (model_waking), not dropped.
     for tx in &shared.mesh {
-        let _ = tx.unbounded_send(shards::runtime::mesh::ShardMsg::ReleaseHolds);
+        let _ = tx.unbounded_send(shards::runtime::state::mesh::ShardMsg::ReleaseHolds);
     }
     // Let in-flight requests (streams included) finish, up to --drain-timeout.
     let started = std::time::Instant::now();
@@ -739,7 +741,7 @@ fn run(startup: Startup) -> Result<(), String> {
     for tx in &shared.mesh {
         let (t, r) = futures::channel::oneshot::channel();
         if tx
-            .unbounded_send(shards::runtime::mesh::ShardMsg::Shutdown { reply: t })
+            .unbounded_send(shards::runtime::state::mesh::ShardMsg::Shutdown { reply: t })
             .is_ok()
         {
             waits.push(r);
@@ -757,7 +759,7 @@ fn run(startup: Startup) -> Result<(), String> {
     flush_quota(&shared, &store_tx, true);
     let (t, r) = futures::channel::oneshot::channel();
     if store_tx
-        .send(shards::runtime::store_api::StoreMsg::Shutdown { done: t })
+        .send(shards::runtime::state::store_api::StoreMsg::Shutdown { done: t })
         .is_ok()
     {
         let _ = futures::executor::block_on(r);

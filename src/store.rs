@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use shards::logic::history::History;
-use shards::runtime::clock;
-use shards::runtime::store_api::StoreMsg;
+use shards::runtime::state::store_api::StoreMsg;
+use shards::runtime::wire::clock;
 use tracing::{error, info, warn};
 
 const KEYSPACE: &str = "agent_history";

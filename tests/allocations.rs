@@ -26,11 +26,11 @@ use common::{start_sim, tmpdir, wait_until};
 use futures::channel::mpsc;
 use hivenet_router::agent::{self, AgentConfig};
 use shards::logic::directory::Directory;
-use shards::runtime::event_loop::{self, ShardListeners};
-use shards::runtime::executor::{self, DriverChoice};
-use shards::runtime::router::{Router, RouterConfig};
-use shards::runtime::snapshot::Versioned;
-use shards::runtime::tenancy::AuthState;
+use shards::runtime::front::event_loop::{self, ShardListeners};
+use shards::runtime::state::router::{Router, RouterConfig};
+use shards::runtime::state::snapshot::Versioned;
+use shards::runtime::state::tenancy::AuthState;
+use shards::runtime::wire::executor::{self, DriverChoice};
 
 /// Per request, at most. Measured 5.00 on both sides, in every run
 /// (perf/2026-12-01-pool-syscalls has the uprobe figures of the
@@ -168,7 +168,7 @@ fn start_router(dir: &std::path::Path) -> (SocketAddr, u16) {
         keypair: libp2p_identity::Keypair::generate_ed25519(),
         psk: None,
         store: Some(store),
-        budget: shards::runtime::budget::Budget::new(
+        budget: shards::runtime::wire::budget::Budget::new(
             cfg.max_buffered_body_bytes,
             cfg.max_client_connections,
         ),
@@ -210,7 +210,7 @@ fn start_agent(p2p: u16, sim: u16, dir: &std::path::Path) {
         capability: shards::logic::control::Capability::Llm,
         model: Some(MODEL.into()),
         capacity: 10,
-        keypair: shards::runtime::link::load_or_create_identity(&dir.join("agent.key"))
+        keypair: shards::runtime::wire::link::load_or_create_identity(&dir.join("agent.key"))
             .expect("agent identity"),
         psk: None,
         region: "test".into(),

@@ -145,3 +145,101 @@ fn a_failing_audit_file_never_stalls_serving_and_is_counted() {
         "write errors counted",
     );
 }
+
+/// Every request answered on a keep-alive connection gets exactly one
+/// audit line, whatever path it took (served, refused at ingress, not
+/// found, the models API, an admin refusal), and `/health` none: the one
+/// ending runs once per request, never for a request that was not there.
+#[test]
+fn one_line_per_request_on_a_keep_alive_connection() {
+    let dir = tmpdir("audit-once");
+    let log = dir.join("audit.jsonl");
+    let log_s = log.to_string_lossy().to_string();
+    let r = start_router(&dir, &[], &[("HIVENET_ROUTER_AUDIT_LOG_PATH", &log_s)]);
+    let (_s, port) = start_sim(&dir, "m", &["--output-tokens", "3"]);
+    let _agent = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_agents(r.http, "m", 1);
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", r.http)).expect("connect");
+    let mut buf = Vec::new();
+    let send = |s: &mut std::net::TcpStream, n: u32, method: &str, path: &str, body: &str| {
+        let rid = format!("423e4567-e89b-42d3-a456-4266141740{n:02}");
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: t\r\nX-Request-ID: {rid}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send");
+        rid
+    };
+    let mut sent = Vec::new();
+    let mut statuses = Vec::new();
+    for (i, (method, path, body)) in [
+        ("POST", "/v1/chat/completions", chat_body("m", false)),
+        ("POST", "/v1/chat/completions", chat_body("nope", false)),
+        ("GET", "/v1/models", String::new()),
+        ("GET", "/health", String::new()),
+        ("POST", "/v1/chat/completions", "{not json".to_string()),
+        ("GET", "/admin/routing-table", String::new()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let rid = send(&mut s, i as u32, method, path, &body);
+        statuses.push(read_response(&mut s, &mut buf).0);
+        if path != "/health" {
+            sent.push(rid);
+        }
+    }
+    assert_eq!(statuses, [200, 404, 200, 200, 400, 401]);
+    drop(s);
+    // This connection's lines (the readiness polls have their own).
+    let ours = || -> Vec<serde_json::Value> {
+        lines(&log)
+            .into_iter()
+            .filter(|l| {
+                l["source_ip"] == "127.0.0.1"
+                    && !l["request_id"]
+                        .as_str()
+                        .is_some_and(|id| !id.is_empty() && !id.starts_with("423e4567"))
+            })
+            .collect()
+    };
+    let mut all = Vec::new();
+    wait_until(
+        Duration::from_secs(15),
+        || {
+            all = ours();
+            all.len() >= sent.len()
+        },
+        "five audit lines",
+    );
+    // A moment for a stray extra line to arrive.
+    std::thread::sleep(Duration::from_millis(300));
+    all = ours();
+    let ids: Vec<&str> = all
+        .iter()
+        .map(|l| l["request_id"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(ids, sent, "one line each, in order: {all:?}");
+    let codes: Vec<(u64, &str)> = all
+        .iter()
+        .map(|l| {
+            (
+                l["status_code"].as_u64().unwrap_or(0),
+                l["error_code"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            (200, ""),
+            (404, "model_not_found"),
+            (200, ""),
+            (400, "request_invalid"),
+            (401, "unauthorized")
+        ]
+    );
+    assert_eq!(all[0]["model"], "m");
+    assert_eq!(all[1]["model"], "nope", "the probed model of a refusal");
+}

@@ -8,7 +8,7 @@ use common::*;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use shards::runtime::executor::{run_on_runtime, DriverChoice};
+use shards::runtime::wire::executor::{run_on_runtime, DriverChoice};
 
 fn shard_requests(metrics: u16) -> Vec<f64> {
     let t = metrics_text(metrics);

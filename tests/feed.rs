@@ -37,8 +37,8 @@ fn hold_link(
     stop: std::sync::mpsc::Receiver<()>,
 ) -> std::thread::JoinHandle<()> {
     use shards::logic::control::ControlMsg;
-    use shards::runtime::executor::{run_on_runtime, DriverChoice};
-    use shards::runtime::link;
+    use shards::runtime::wire::executor::{run_on_runtime, DriverChoice};
+    use shards::runtime::wire::link;
     std::thread::spawn(move || {
         run_on_runtime(DriverChoice::Auto, |_| async move {
             let Some(mut l) = raw_register(p2p, &kp, model).await else {

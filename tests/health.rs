@@ -7,8 +7,8 @@ use common::*;
 use std::time::Duration;
 
 use shards::logic::control::ControlMsg;
-use shards::runtime::executor::{run_on_runtime, DriverChoice};
-use shards::runtime::link;
+use shards::runtime::wire::executor::{run_on_runtime, DriverChoice};
+use shards::runtime::wire::link;
 
 #[test]
 fn missed_heartbeats_make_an_agent_unhealthy() {

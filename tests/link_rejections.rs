@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use futures::AsyncWriteExt;
 use shards::logic::control::{ControlMsg, Registration};
-use shards::runtime::executor::{run_on_runtime, DriverChoice};
-use shards::runtime::link;
+use shards::runtime::wire::executor::{run_on_runtime, DriverChoice};
+use shards::runtime::wire::link;
 
 fn write_key(dir: &std::path::Path, name: &str, hex: &str) -> String {
     let p = dir.join(name);
@@ -117,7 +117,7 @@ fn register_as(
             link::write_frame(&mut ctl, &ControlMsg::Register(reg))
                 .await
                 .map_err(|e| e.to_string())?;
-            let mut ctl = shards::runtime::conn::Conn::over(ctl, Vec::new());
+            let mut ctl = shards::runtime::wire::conn::Conn::over(ctl, Vec::new());
             let reply = ctl.read_frame().await.map_err(|e| e.to_string())?;
             let _ = ctl.stream.close().await;
             match reply {

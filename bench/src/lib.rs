@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use argh::FromArgs;
-use shards::runtime::executor::{spawn_runtime, DriverChoice};
+use shards::runtime::wire::executor::{spawn_runtime, DriverChoice};
 
 use report::{Recorder, Report};
 use schedule::Arrivals;

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use shards::logic::http_parse::BodyFraming;
 use shards::logic::http_write::{self, OutFraming};
-use shards::runtime::conn::Conn;
+use shards::runtime::wire::conn::Conn;
 
 /// Simulator settings.
 #[derive(Debug, Clone)]
@@ -153,7 +153,7 @@ async fn sleep(d: Duration) {
 
 /// Run the simulator on `threads` threads sharing `addr` (SO_REUSEPORT).
 pub fn run(addr: SocketAddr, threads: usize, cfg: SimConfig) -> std::io::Result<()> {
-    let listeners = shards::runtime::executor::bind_reuseport(addr, threads)?;
+    let listeners = shards::runtime::wire::executor::bind_reuseport(addr, threads)?;
     if let Some(l) = listeners.first() {
         tracing::info!(addr = %l.local_addr()?, model = %cfg.model, ttft = ?cfg.ttft, itl = ?cfg.itl, tokens = cfg.output_tokens, "hivenet-sim listening");
     }
@@ -166,10 +166,10 @@ pub fn run(addr: SocketAddr, threads: usize, cfg: SimConfig) -> std::io::Result<
     for (i, l) in listeners.into_iter().enumerate() {
         let cfg = cfg.clone();
         let stats = stats.clone();
-        let h = shards::runtime::executor::spawn_runtime(
+        let h = shards::runtime::wire::executor::spawn_runtime(
             format!("sim-{i}"),
             None,
-            shards::runtime::executor::DriverChoice::Auto,
+            shards::runtime::wire::executor::DriverChoice::Auto,
             move || async move {
                 let sim = Rc::new(Sim {
                     cfg,
@@ -211,8 +211,8 @@ async fn serve(sim: Rc<Sim>, mut conn: Conn) {
         // few headers to the client's (real backends do not count them).
         let head = match conn.read_forwarded_request_head().await {
             Ok(h) => h,
-            Err(shards::runtime::conn::HeadRead::Closed) => return,
-            Err(shards::runtime::conn::HeadRead::Bad(_)) => {
+            Err(shards::runtime::wire::conn::HeadRead::Closed) => return,
+            Err(shards::runtime::wire::conn::HeadRead::Bad(_)) => {
                 let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec()).await;
                 return;
             }

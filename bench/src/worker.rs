@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use shards::logic::http_parse::{BodyFraming, ChunkedDecoder};
 use shards::logic::http_write::{self, OutFraming};
-use shards::runtime::conn::Conn;
+use shards::runtime::wire::conn::Conn;
 
 use crate::report::{Recorder, Sample};
 use crate::schedule::Rng;
@@ -311,7 +311,7 @@ async fn one(ctx: Rc<Ctx>, bytes: Vec<u8>, intended: Instant) {
 fn send_first(ctx: &Ctx, conn: &Conn, bytes: Vec<u8>) -> (Instant, Vec<u8>) {
     let sent_at = Instant::now();
     ctx.progress.sent.fetch_add(1, Ordering::Relaxed);
-    let rest = match shards::runtime::handoff::send_now(&conn.stream, &bytes) {
+    let rest = match shards::runtime::wire::handoff::send_now(&conn.stream, &bytes) {
         Ok(n) if n == bytes.len() => Vec::new(),
         Ok(n) => bytes.get(n..).unwrap_or(&[]).to_vec(),
         // Would block, or failed: the runtime's write reports it.

@@ -15,7 +15,7 @@ use std::time::Instant;
 use shards::logic::auth::{self, ApiMode, KeyRecord, Limits};
 use shards::logic::endpoint::Endpoint;
 use shards::logic::usage::Tokens;
-use shards::runtime::tenancy::{admit, AuthState, QuotaFacts, Settle};
+use shards::runtime::state::tenancy::{admit, AuthState, QuotaFacts, Settle};
 
 fn keys(n: usize) -> Vec<([u8; 32], KeyRecord)> {
     use sha2::Digest;

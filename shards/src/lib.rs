@@ -10,7 +10,7 @@
 //!   the per-shard agent pools.
 //!
 //! Unsafe code: denied everywhere except one audited function
-//! (`runtime::handoff::into_std`), which moves a socket's ownership out of
+//! (`runtime::wire::handoff::into_std`), which moves a socket's ownership out of
 //! one monoio runtime so another core can adopt it. monoio offers no safe
 //! way to do that and the architecture's one-hand-off-per-connection rule
 //! depends on it.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use shards::logic::http_parse::{contains_ci, BodyFraming, Headers, ResponseHead};
 use shards::logic::http_write::{self, OutFraming};
-use shards::runtime::conn::Conn;
+use shards::runtime::wire::conn::Conn;
 
 /// A parsed `http://host:port/prefix` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,7 +115,7 @@ async fn write_request(
     body: &[u8],
 ) -> io::Result<()> {
     // From the thread's pool; the write gives it back.
-    let mut out = shards::runtime::bufpool::take(512 + body.len());
+    let mut out = shards::runtime::wire::bufpool::take(512 + body.len());
     // Borrowed pairs: no copy of the request's headers per request.
     let typed = headers
         .iter()

@@ -16,7 +16,7 @@ use futures::StreamExt;
 use libp2p_identity::Keypair;
 use libp2p_pnet::PreSharedKey;
 use shards::logic::control::{Capability, ControlMsg, Registration};
-use shards::runtime::link;
+use shards::runtime::wire::link;
 use tracing::{info, warn};
 
 use backend::BackendUrl;
@@ -277,7 +277,7 @@ async fn session(
     link::write_frame(&mut ctl, &ControlMsg::Register(reg))
         .await
         .map_err(|e| format!("register: {e}"))?;
-    let mut ctl_in = shards::runtime::conn::Conn::over(ctl, Vec::new());
+    let mut ctl_in = shards::runtime::wire::conn::Conn::over(ctl, Vec::new());
     let reply = monoio::time::timeout(Duration::from_secs(30), ctl_in.read_frame())
         .await
         .map_err(|_| "no registration reply within 30s".to_string())?
@@ -319,8 +319,8 @@ async fn session(
         .min(hb)
         .min(cfg.health_interval)
         .max(Duration::from_millis(10));
-    let mut next_hb = shards::runtime::clock::now() + hb;
-    let mut next_health = shards::runtime::clock::now() + cfg.health_interval;
+    let mut next_hb = shards::runtime::wire::clock::now() + hb;
+    let mut next_health = shards::runtime::wire::clock::now() + cfg.health_interval;
     let mut cpu_prev = std::fs::read_to_string("/proc/stat")
         .ok()
         .and_then(|t| shards::logic::hardware::cpu_ticks(&t));
@@ -363,7 +363,7 @@ async fn session(
             drop(server);
             return Err(format!("routing signals: {e}"));
         }
-        let now = shards::runtime::clock::now();
+        let now = shards::runtime::wire::clock::now();
         let mut changed = false;
         if now >= next_health {
             next_health = now + cfg.health_interval;
@@ -383,10 +383,10 @@ async fn session(
             }
             changed = was != healthy;
         }
-        if !changed && shards::runtime::clock::now() < next_hb {
+        if !changed && shards::runtime::wire::clock::now() < next_hb {
             continue;
         }
-        next_hb = shards::runtime::clock::now() + hb;
+        next_hb = shards::runtime::wire::clock::now() + hb;
         if let Err(e) = link::write_frame(
             &mut ctl,
             &ControlMsg::Heartbeat {

@@ -14,10 +14,10 @@ use shards::logic::errors::{ApiError, ErrorCode, Source};
 use shards::logic::http_parse::{self, BodyFraming, ChunkedDecoder, Headers};
 use shards::logic::http_write::{self, OutFraming};
 use shards::logic::trace_context;
-use shards::runtime::bufpool::{self, Pooled};
-use shards::runtime::conn::{Conn, HeadRead};
-use shards::runtime::http_stream::{self, HttpStream};
-use shards::runtime::mux;
+use shards::runtime::wire::bufpool::{self, Pooled};
+use shards::runtime::wire::conn::{Conn, HeadRead};
+use shards::runtime::wire::http_stream::{self, HttpStream};
+use shards::runtime::wire::mux;
 use tracing::{debug, warn};
 
 use super::backend;

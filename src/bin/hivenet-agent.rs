@@ -10,8 +10,8 @@ use hivenet_router::agent::engine::Engine;
 use hivenet_router::agent::{self, AgentConfig};
 use hivenet_router::cli;
 use shards::logic::control::Capability;
-use shards::runtime::executor::{self, DriverChoice};
-use shards::runtime::link;
+use shards::runtime::wire::executor::{self, DriverChoice};
+use shards::runtime::wire::link;
 use tracing::info;
 
 #[global_allocator]

@@ -357,11 +357,11 @@ pub fn peer_in_log(p: &Proc) -> String {
 /// A hand-driven agent link: dialled, registered, its control stream open.
 pub struct RawLink {
     /// Opens streams; `close()` ends the link.
-    pub handle: shards::runtime::link::LinkHandle,
+    pub handle: shards::runtime::wire::link::LinkHandle,
     /// Completes when the connection ends.
     pub closed: futures::channel::oneshot::Receiver<()>,
     /// The control stream.
-    pub ctl: shards::runtime::conn::Conn<shards::runtime::link::LinkStream>,
+    pub ctl: shards::runtime::wire::conn::Conn<shards::runtime::wire::link::LinkStream>,
     /// The router's answer to the registration.
     pub reply: Option<shards::logic::control::ControlMsg>,
 }
@@ -370,7 +370,7 @@ pub struct RawLink {
 /// read the answer. Runs on a monoio runtime (`run_on_runtime`).
 pub async fn raw_register(p2p: u16, kp: &libp2p_identity::Keypair, model: &str) -> Option<RawLink> {
     use shards::logic::control::{ControlMsg, Registration};
-    use shards::runtime::link;
+    use shards::runtime::wire::link;
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p2p));
     let (_, conn) = link::dial(addr, model, None, kp).await.ok()?;
     let (handle, _inbound, closed) = link::spawn_driver(conn);
@@ -385,7 +385,7 @@ pub async fn raw_register(p2p: u16, kp: &libp2p_identity::Keypair, model: &str) 
     link::write_frame(&mut ctl, &ControlMsg::Register(reg))
         .await
         .ok()?;
-    let mut ctl = shards::runtime::conn::Conn::over(ctl, Vec::new());
+    let mut ctl = shards::runtime::wire::conn::Conn::over(ctl, Vec::new());
     let reply = ctl.read_frame().await.ok()?;
     Some(RawLink {
         handle,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use argh::FromArgs;
-use shards::runtime::executor::{run_on_runtime, DriverChoice};
+use shards::runtime::wire::executor::{run_on_runtime, DriverChoice};
 
 /// Hold many streaming requests for a model at zero and time keepalives.
 #[derive(FromArgs)]

@@ -1,5 +1,5 @@
 //! The yamux wire format (version 0, as spoken by the `yamux` crate and
-//! go-yamux), for the link's own multiplexer ([`crate::runtime::mux`]).
+//! go-yamux), for the link's own multiplexer ([`crate::runtime::wire::mux`]).
 //!
 //! A frame is a 12-byte header (version, type, flags, stream ID, length;
 //! big-endian) and, for data frames only, `length` bytes of body. For a

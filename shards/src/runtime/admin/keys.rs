@@ -1,0 +1,182 @@
+//! `/admin/api-keys`: the dynamic key registry's endpoints (spec 02 §9):
+//! `GET` list and one, `PUT /{id}` (create, replace, rotate), `DELETE
+//! /{id}?version=`, `POST /replace`. Every accepted change is published as
+//! a new key snapshot at once (buckets of surviving tenants carry over).
+//! The registry lives in memory: after a restart it is empty until the
+//! operator's service pushes `replace` again (as in the spec).
+
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::logic::auth::ApiMode;
+use crate::logic::registry::{KeyDto, RegistryError};
+use crate::runtime::admin::policy::{reply, AdminReply};
+use crate::runtime::state::router::Router;
+
+/// Largest `POST /admin/api-keys/replace` body.
+pub const REPLACE_BODY: u64 = 16 * 1024 * 1024;
+
+/// Percent-decode a path segment or query value (`+` stays `+`).
+fn decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while let Some(&c) = b.get(i) {
+        if c == b'%' {
+            let h = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(h, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn query_param(target: &str, name: &str) -> Option<String> {
+    let q = target.split_once('?')?.1;
+    q.split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == name)
+        .and_then(|(_, v)| decode(v))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplaceBody {
+    #[serde(default)]
+    version: String,
+    #[serde(default)]
+    keys: Vec<KeyDto>,
+}
+
+fn stale_or_invalid(e: RegistryError) -> AdminReply {
+    match e {
+        RegistryError::Stale { current } => reply(
+            409,
+            json!({"error": "stale version", "current_version": current}),
+        ),
+        RegistryError::Invalid(m) => reply(400, json!({ "error": m })),
+    }
+}
+
+/// Serve a `/admin/api-keys` call; `None` when the path is another one.
+pub fn keys_api(
+    router: &Router,
+    method: &str,
+    path: &str,
+    target: &str,
+    body: &[u8],
+) -> Option<AdminReply> {
+    let rest = path.strip_prefix("/admin/api-keys")?;
+    if !(rest.is_empty() || rest.starts_with('/')) {
+        return None;
+    }
+    if router.auth.load().mode != ApiMode::Dynamic {
+        return Some(reply(
+            501,
+            json!({"error": "dynamic key registry not active"}),
+        ));
+    }
+    let mut reg = match router.registry.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    let id = rest.trim_start_matches('/');
+    let out = match (method, id) {
+        ("GET", "") => reply(200, json!({"version": reg.version(), "keys": reg.list()})),
+        ("POST", "replace") => {
+            let parsed: Result<ReplaceBody, _> = serde_json::from_slice(body);
+            match parsed {
+                Err(e) => reply(400, json!({"error": format!("invalid JSON: {e}")})),
+                Ok(b) => match reg.replace(&b.version, b.keys) {
+                    Ok(n) => {
+                        router.publish_registry(&reg);
+                        reply(
+                            200,
+                            json!({"status": "replaced", "keys": n, "version": reg.version()}),
+                        )
+                    }
+                    Err(e) => stale_or_invalid(match e {
+                        // replace answers a stale version with 400 (spec).
+                        RegistryError::Stale { current } => {
+                            RegistryError::Invalid(format!("stale version (current {current:?})"))
+                        }
+                        other => other,
+                    }),
+                },
+            }
+        }
+        (_, "") | (_, "replace") => reply(
+            405,
+            json!({"error": format!("method {method} not allowed on {path}")}),
+        ),
+        (m, raw_id) => {
+            let Some(id) = decode(raw_id).filter(|i| !i.is_empty()) else {
+                return Some(reply(400, json!({"error": "id is required"})));
+            };
+            match m {
+                "GET" => match reg.get(&id) {
+                    Some(v) => reply(200, json!(v)),
+                    None => reply(404, json!({"error": format!("api key {id:?} not found")})),
+                },
+                "PUT" => match serde_json::from_slice::<KeyDto>(body) {
+                    Err(e) => reply(400, json!({"error": format!("invalid JSON: {e}")})),
+                    Ok(mut dto) => {
+                        // The URL's ID wins over the body's.
+                        dto.id.clone_from(&id);
+                        match reg.put(&id, dto) {
+                            Ok(()) => {
+                                router.publish_registry(&reg);
+                                reply(
+                                    200,
+                                    json!({"status": "stored", "id": id, "version": reg.version()}),
+                                )
+                            }
+                            Err(e) => stale_or_invalid(e),
+                        }
+                    }
+                },
+                "DELETE" => {
+                    let Some(version) = query_param(target, "version").filter(|v| !v.is_empty())
+                    else {
+                        return Some(reply(400, json!({"error": "version is required"})));
+                    };
+                    match reg.delete(&id, &version) {
+                        Ok(existed) => {
+                            router.publish_registry(&reg);
+                            reply(
+                                200,
+                                json!({"status": if existed { "deleted" } else { "absent" }, "id": id, "version": reg.version()}),
+                            )
+                        }
+                        Err(e) => stale_or_invalid(e),
+                    }
+                }
+                _ => reply(
+                    405,
+                    json!({"error": format!("method {method} not allowed on {path}")}),
+                ),
+            }
+        }
+    };
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decoding() {
+        assert_eq!(decode("a%2Fb").as_deref(), Some("a/b"));
+        assert_eq!(decode("%zz"), None);
+        assert_eq!(decode("%2"), None);
+        assert_eq!(
+            query_param("/x?a=1&version=rev%5F2", "version").as_deref(),
+            Some("rev_2")
+        );
+        assert_eq!(query_param("/x", "version"), None);
+    }
+}

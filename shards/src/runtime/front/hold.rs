@@ -1,0 +1,251 @@
+//! Hold at zero on the accepting shard (seed hold-at-zero): a request for
+//! a model the sibling map places here with `scale_from_zero`, while no
+//! agent serves it, is charged its request quota, counted in the pending
+//! demand, kept alive with keepalive bytes, and released when an agent of
+//! the model registers (every shard hears of it by a `Woken` message);
+//! then it continues as a normal request on the model's shard, carrying
+//! its keepalives and hold budget ([`crate::runtime::state::pending::Held`]). Not woken
+//! within the budget: `503 model_waking`.
+//!
+//! Entry point: [`hold`].
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use crate::logic::endpoint::Endpoint;
+use crate::logic::hold::{self as pure, Ticket, Waking};
+use crate::logic::probe::COLD_TOKENS_PER_BYTE;
+use crate::logic::sites::Kind;
+use crate::runtime::request::respond;
+use crate::runtime::state::hold_book::{DemandGuard, Release};
+use crate::runtime::state::pending::{Held, PendingRequest};
+use crate::runtime::state::scope::{Client, KeepAlive};
+use crate::runtime::state::shard::Shard;
+use crate::runtime::state::tenancy::{self, Principal, QuotaFacts};
+use crate::runtime::wire::clock;
+
+/// How a hold ended.
+pub enum HoldEnd {
+    /// Answered here (refused, expired, the client left); `keep`.
+    Answered(bool),
+    /// Woken: serve it on `owner`.
+    Released(Box<PendingRequest>, usize),
+}
+
+/// The hold budget of `model` when the map places it on this site, for
+/// the endpoint's kind, with `scale_from_zero` (else `None`: not held).
+pub fn holdable(shard: &Shard, ep: Endpoint, model: &str) -> Option<Duration> {
+    let local = shard.router.cfg.site_id.as_deref()?;
+    let kind = Kind::of(ep)?;
+    let map = shard.site_map()?;
+    let default = shard.router.cfg.wake_hold_budget;
+    crate::logic::sites::serving::hold_budget(&map, model, kind, local, default)
+}
+
+/// The shard that holds every held request of `model` (a wake releases
+/// them from one place, in hold order): the model's shard when it has
+/// had one, else a hash of its name (and the model's first agent is then
+/// owned there: [`crate::runtime::state::router::Router::reserve`]).
+pub fn hold_shard(router: &crate::runtime::state::router::Router, model: &str) -> usize {
+    crate::runtime::state::hold_book::hold_shard_of(
+        router.directory.load().assigned(model),
+        model,
+        router.mesh.len(),
+    )
+}
+
+fn identity(p: &Principal) -> String {
+    match p {
+        Principal::Key(c) => c.key.key_id.to_string(),
+        _ => "anonymous".into(),
+    }
+}
+
+/// Hold `p` for `budget`; see the module doc.
+pub async fn hold(
+    shard: &Rc<Shard>,
+    c: &mut Client,
+    mut p: PendingRequest,
+    budget: Duration,
+) -> HoldEnd {
+    let cfg = &shard.router.cfg;
+    let keep = p.head.keep_alive;
+    let model = p.meta.model.to_string();
+    let started = clock::now();
+    let until = started + budget;
+    let book = shard.router.holds.clone();
+    let retry_after = pure::retry_after(budget, book.wake_p90(&model));
+    // Quota before the hold: a key over its limits is refused at once; a
+    // holdable model counts one replica (seed "Quota while held").
+    let mut quota = None;
+    if let Principal::Key(_) = p.principal {
+        let one = || 1;
+        let facts = QuotaFacts {
+            model: &model,
+            endpoint: p.endpoint,
+            estimate: p.meta.estimate(COLD_TOKENS_PER_BYTE),
+            declared_output: p.meta.declared_output,
+            replicas: &one,
+            burst_secs: cfg.rpm_burst_secs,
+        };
+        match tenancy::take_requests(&p.principal, &facts, clock::mono_ns()) {
+            Ok(t) => quota = Some(t),
+            Err(r) => {
+                let (tenant, key) = p.principal.names();
+                let requests = r.kind == tenancy::RefusalKind::Requests;
+                book.quota_refused(tenant, key, requests);
+                return HoldEnd::Answered(respond::send_refusal(c, r, keep).await);
+            }
+        }
+    }
+    let ticket = Ticket {
+        identity: identity(&p.principal),
+        model: model.clone(),
+        bytes: p.body.len() as u64,
+        client_id: pure::client_id(
+            p.head.header("x-client-request-id"),
+            p.head.header("x-request-id"),
+        ),
+    };
+    let limited = {
+        let mut b = book.lock();
+        let r = b.ledger.hold(&ticket, cfg.hold_limits);
+        if r.is_ok() {
+            b.waking_since.entry(model.clone()).or_insert(started);
+        }
+        r
+    };
+    if let Err(full) = limited {
+        book.outcome(&model, "full", Duration::ZERO);
+        let e = pure::waking(&model, Waking::Full(full), budget).retry_after(5);
+        return HoldEnd::Answered(respond::send_error(c, &e, keep).await);
+    }
+    let mut demand = DemandGuard::new(book.clone(), ticket.clone());
+    c.conn.trim();
+    p.body.shrink_to_fit();
+    if !cfg.wake_keepalive.is_zero() {
+        let stream = p.meta.stream;
+        c.scope.keepalive = Some(KeepAlive {
+            every: cfg.wake_keepalive,
+            next: started + cfg.wake_keepalive,
+            head: respond::committed_head(&c.scope, stream),
+            bytes: pure::keepalive(stream),
+            stream,
+            anthropic: p.endpoint == Endpoint::Messages,
+        });
+    }
+    let owner = loop {
+        use futures::future::{select, Either};
+        let (tx, rx) = futures::channel::oneshot::channel();
+        shard
+            .held
+            .borrow_mut()
+            .entry(model.clone())
+            .or_default()
+            .push(tx);
+        // Registered between the owner check and now: no wait.
+        if let Some(o) = shard.owner(&model) {
+            break o;
+        }
+        let timer = monoio::time::sleep(until.saturating_duration_since(clock::now()));
+        futures::pin_mut!(timer);
+        match c.unless_gone(select(rx, timer)).await {
+            None => {
+                book.lock().ledger.unhold(&ticket);
+                demand.leave();
+                book.outcome(&model, "cancelled", started.elapsed());
+                c.scope.ending.client_gone();
+                return HoldEnd::Answered(false);
+            }
+            Some(Either::Left((Ok(Release::Unplaced), _))) => {
+                book.lock().ledger.unhold(&ticket);
+                demand.leave();
+                book.outcome(&model, "unplaced", started.elapsed());
+                let e = crate::logic::errors::ApiError::new(
+                    crate::logic::errors::ErrorCode::ModelNotFound,
+                    "No agents registered for this model",
+                );
+                let k = respond::send_error(c, &e, keep).await;
+                return HoldEnd::Answered(k && !c.scope.committed);
+            }
+            Some(Either::Left((Ok(Release::ShuttingDown), _))) => {
+                book.lock().ledger.unhold(&ticket);
+                demand.leave();
+                book.outcome(&model, "shutdown", started.elapsed());
+                let e = pure::waking(&model, Waking::ShuttingDown, budget).retry_after(retry_after);
+                respond::send_error(c, &e, false).await;
+                return HoldEnd::Answered(false);
+            }
+            Some(Either::Left(_)) => {
+                // Woken (or the room was cleared): served here now?
+                if let Some(o) = shard.owner(&model) {
+                    break o;
+                }
+                if clock::now() >= until {
+                    break usize::MAX;
+                }
+            }
+            Some(Either::Right(_)) => break usize::MAX,
+        }
+    };
+    book.lock().ledger.unhold(&ticket);
+    if owner == usize::MAX {
+        demand.leave();
+        book.outcome(&model, "expired", started.elapsed());
+        let e = pure::waking(&model, Waking::Expired, budget).retry_after(retry_after);
+        let k = respond::send_error(c, &e, keep).await;
+        return HoldEnd::Answered(k && !c.scope.committed);
+    }
+    book.outcome(&model, "woken", started.elapsed());
+    p.held = Some(Held {
+        until,
+        budget,
+        retry_after,
+        keepalive: c.scope.keepalive.take(),
+        committed: c.scope.committed,
+        demand,
+        quota,
+    });
+    p.reply_headers = std::mem::take(&mut c.scope.reply_headers);
+    HoldEnd::Released(Box::new(p), owner)
+}
+
+/// An agent of `model` registered: release every request this shard
+/// holds for it, in arrival order.
+pub fn wake(shard: &Shard, model: &str) {
+    let waiters = shard.held.borrow_mut().remove(model).unwrap_or_default();
+    for tx in waiters {
+        let _ = tx.send(Release::Woken);
+    }
+}
+
+/// The sibling map changed: requests held for a model no longer holdable
+/// here fail as before.
+pub fn map_changed(shard: &Shard) {
+    let models: Vec<String> = shard.held.borrow().keys().cloned().collect();
+    for m in models {
+        let still = [
+            Endpoint::ChatCompletions,
+            Endpoint::Embeddings,
+            Endpoint::Rerank,
+        ]
+        .into_iter()
+        .any(|ep| holdable(shard, ep, &m).is_some());
+        if !still {
+            let waiters = shard.held.borrow_mut().remove(&m).unwrap_or_default();
+            for tx in waiters {
+                let _ = tx.send(Release::Unplaced);
+            }
+        }
+    }
+}
+
+/// The router is shutting down: every held request is answered now.
+pub fn shut_down(shard: &Shard) {
+    let all: Vec<_> = shard.held.borrow_mut().drain().collect();
+    for (_, waiters) in all {
+        for tx in waiters {
+            let _ = tx.send(Release::ShuttingDown);
+        }
+    }
+}

@@ -1,0 +1,563 @@
+//! Client HTTP/1.1 connections: head and body under limits, routing by
+//! path, probing the JSON body, and the one hand-off to the model's shard.
+//! Inference requests continue in [`crate::runtime::request::dispatch`]; admin routes in
+//! [`crate::runtime::admin`].
+//!
+//! Entry point: [`serve`].
+
+use std::rc::Rc;
+
+use crate::logic::auth::Access;
+use crate::logic::endpoint::Endpoint;
+use crate::logic::errors::{ApiError, ErrorCode};
+use crate::logic::http_parse::{BodyFraming, HeadError, RequestHead};
+use crate::logic::inline_str::InlineStr;
+use crate::logic::probe;
+use crate::logic::sites::serving::{self, LocalAgents, Serving};
+use crate::logic::sites::Kind;
+use crate::runtime::request::dispatch;
+use crate::runtime::request::ending;
+use crate::runtime::request::models_api;
+use crate::runtime::request::respond;
+use crate::runtime::state::mesh::ShardMsg;
+use crate::runtime::state::pending::{HandOff, PendingRequest};
+use crate::runtime::state::scope::{Client, RequestScope};
+use crate::runtime::state::shard::{inc, Shard};
+use crate::runtime::state::tenancy::{Principal, WWW_AUTHENTICATE};
+use crate::runtime::wire::budget::ConnPermit;
+use crate::runtime::wire::clock;
+use crate::runtime::wire::conn::{Conn, HeadRead};
+use crate::runtime::wire::handoff;
+
+/// What the connection does after a request.
+enum Next {
+    /// Read the next request.
+    KeepAlive,
+    /// Close it.
+    Close,
+    /// Give it to the model's shard with this request.
+    HandOff(Box<PendingRequest>, usize),
+    /// Hold this request here, its model's hold shard (`hold_for` set).
+    Hold(Box<PendingRequest>),
+}
+
+impl From<bool> for Next {
+    /// A response was written; `keep`: the connection stays open.
+    fn from(keep: bool) -> Self {
+        if keep {
+            Next::KeepAlive
+        } else {
+            Next::Close
+        }
+    }
+}
+
+/// The scope of a request handed over by another shard.
+fn adopt(p: &PendingRequest) -> RequestScope {
+    RequestScope {
+        request_id: p.request_id,
+        trace: Some(p.trace),
+        method: p.head.method.clone(),
+        path: InlineStr::from(p.head.path_only()),
+        principal: Some(p.principal.clone()),
+        model: p.meta.model.clone(),
+        ..RequestScope::fresh(p.received_at)
+    }
+}
+
+/// Hold `p` on this shard (its model's hold shard), at the top of the
+/// connection's task so that a held request keeps only the small hold
+/// state (not the whole request path's), then serve it or pass it on.
+/// Never answers [`Next::Hold`].
+async fn hold_here(shard: &Rc<Shard>, c: &mut Client, mut p: Box<PendingRequest>) -> Next {
+    let budget = p
+        .hold_for
+        .take()
+        .unwrap_or(shard.router.cfg.wake_hold_budget);
+    c.scope.reply_headers = std::mem::take(&mut p.reply_headers);
+    match Box::pin(super::hold::hold(shard, c, *p, budget)).await {
+        super::hold::HoldEnd::Answered(k) => k.into(),
+        super::hold::HoldEnd::Released(p, o) if o != shard.id => Next::HandOff(p, o),
+        super::hold::HoldEnd::Released(p, _) => Box::pin(dispatch::serve_inference(shard, c, *p))
+            .await
+            .into(),
+    }
+}
+
+/// Serve one client connection; `first` is a request handed over by
+/// another shard; `permit` is the connection's place under the cap.
+pub async fn serve(
+    shard: Rc<Shard>,
+    conn: Conn,
+    first: Option<Box<PendingRequest>>,
+    permit: ConnPermit,
+) {
+    let mut c = Client::new(conn);
+    // The request answered last (`None`: none yet on this connection).
+    let mut last = match first {
+        Some(p) => {
+            c.scope = adopt(&p);
+            Some(if p.hold_for.is_some() {
+                // Sent here to be held with the model's other held requests.
+                Next::Hold(p)
+            } else {
+                Box::pin(dispatch::serve_inference(&shard, &mut c, *p))
+                    .await
+                    .into()
+            })
+        }
+        None => None,
+    };
+    loop {
+        match last.take() {
+            None => {}
+            Some(Next::Hold(p)) => {
+                last = Some(hold_here(&shard, &mut c, p).await);
+                continue;
+            }
+            // Its owner finishes it.
+            Some(Next::HandOff(p, owner)) => return hand_off(&shard, c, p, owner, permit).await,
+            Some(Next::KeepAlive) => ending::finish(&shard, &mut c),
+            Some(Next::Close) => {
+                ending::finish(&shard, &mut c);
+                return linger(&mut c.conn).await;
+            }
+        }
+        last = match read_next(&shard, &mut c).await {
+            // Boxed: between requests (idle keep-alive) and while a
+            // request is held, the connection's task keeps only this
+            // loop's state.
+            Some(head) => Some(Box::pin(route(&shard, &mut c, head)).await),
+            None => return,
+        };
+    }
+}
+
+/// Read the next request head and start its scope; `None`: the
+/// connection is done (closed, a bad head answered, the header timeout).
+async fn read_next(shard: &Shard, c: &mut Client) -> Option<RequestHead> {
+    let header_timeout = shard.router.cfg.header_timeout;
+    let started = clock::now();
+    match monoio::time::timeout(header_timeout, c.conn.read_request_head()).await {
+        Ok(Ok(h)) => {
+            c.scope.begin(&h, started);
+            Some(h)
+        }
+        Ok(Err(HeadRead::Closed)) => None,
+        Ok(Err(HeadRead::Bad(e))) => {
+            // Not audited: no request to name.
+            c.scope = RequestScope::fresh(started);
+            let err = match e {
+                HeadError::Bad(why) => ApiError::new(ErrorCode::RequestInvalid, why),
+                HeadError::TooLarge(why) => ApiError::new(ErrorCode::HeadersTooLarge, why),
+            };
+            respond::send_error(c, &err, false).await;
+            linger(&mut c.conn).await;
+            None
+        }
+        Err(_) => {
+            if !c.conn.buf.is_empty() {
+                c.scope = RequestScope::fresh(started);
+                let err = ApiError::new(ErrorCode::ClientTimeout, "request header timeout");
+                respond::send_error(c, &err, false).await;
+            }
+            None
+        }
+    }
+}
+
+/// Longest a connection lingers after its last response.
+pub const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Close after the last response the way nginx does (lingering close):
+/// the rest of a request the router did not read (the body of a refused
+/// request) may still be arriving, and closing with input pending or
+/// arriving makes the kernel answer with a reset, which clients see as
+/// ECONNRESET instead of the response's end. Shut the write side (the
+/// client sees the end of the response), then discard input until the
+/// client closes, at most [`LINGER_TIME`].
+async fn linger(conn: &mut Conn) {
+    use monoio::io::AsyncWriteRent;
+    if conn.stream.shutdown().await.is_err() {
+        return;
+    }
+    let drain = async {
+        loop {
+            conn.buf.clear();
+            match conn.fill().await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    };
+    let _ = monoio::time::timeout(LINGER_TIME, drain).await;
+}
+
+/// Route one request by its path.
+async fn route(shard: &Rc<Shard>, c: &mut Client, head: RequestHead) -> Next {
+    let path = c.scope.path.clone();
+    let path = path.as_str();
+    // Requests other than inference ones carry no body we want: close
+    // rather than drain when one is declared.
+    let keep = head.keep_alive && head.framing == BodyFraming::None;
+    if head.method == "OPTIONS" {
+        c.scope.quiet = true;
+        return respond::send_no_content(c, keep).await.into();
+    }
+    if path == "/health" {
+        c.scope.quiet = true;
+        return if head.method == "GET" {
+            respond::send_json(c, 200, br#"{"status":"ok"}"#, keep).await
+        } else {
+            let e = respond::method_not_allowed(&head.method, path);
+            respond::send_error(c, &e, keep).await
+        }
+        .into();
+    }
+    if let Some(ep) = Endpoint::of(path) {
+        if head.method != "POST" {
+            let e = respond::method_not_allowed(&head.method, path);
+            return respond::send_error(c, &e, keep).await.into();
+        }
+        // Authenticated before the body is read (spec 01 §5.1 step 1).
+        let p = match authenticate(shard, c, &head, keep).await {
+            Ok(p) => p,
+            Err(k) => return k.into(),
+        };
+        return read_inference(shard, c, head, ep, p).await;
+    }
+    if path.starts_with("/admin/") || path == "/admin" {
+        c.scope.principal = Some(Principal::Admin);
+        return crate::runtime::admin::serve(shard, c, &head, path)
+            .await
+            .into();
+    }
+    let models_route = path == "/v1/models" || path.starts_with("/v1/models/");
+    let done = if models_route && head.method == "GET" {
+        match authenticate(shard, c, &head, keep).await {
+            Ok(p) => models(shard, c, &p, path, keep).await,
+            Err(k) => k,
+        }
+    } else if models_route {
+        let e = respond::method_not_allowed(&head.method, path);
+        respond::send_error(c, &e, keep).await
+    } else {
+        respond::send_error(c, &respond::no_route(&head.method, path), keep).await
+    };
+    done.into()
+}
+
+/// Authenticate a client route (the principal goes into the scope):
+/// `Err(keep)` after the 401 is written.
+async fn authenticate(
+    shard: &Shard,
+    c: &mut Client,
+    head: &RequestHead,
+    keep: bool,
+) -> Result<Principal, bool> {
+    let now = clock::unix_secs();
+    match shard.authenticate(head.header("authorization"), head.header("x-api-key"), now) {
+        Ok(p) => {
+            c.scope.principal = Some(p.clone());
+            Ok(p)
+        }
+        Err(e) => Err(respond::send_error_with(c, &e.error(), keep, &[WWW_AUTHENTICATE]).await),
+    }
+}
+
+/// `GET /v1/models` and `/v1/models/{id}`: what `p` sees.
+async fn models(shard: &Rc<Shard>, c: &mut Client, p: &Principal, path: &str, keep: bool) -> bool {
+    let sees = |m: &str| p.access(m) == Access::Allowed;
+    let snaps = shard.gather().await;
+    let agents = || {
+        snaps
+            .iter()
+            .flat_map(|s| s.agents.iter())
+            .filter(|a| sees(&a.reg.model))
+    };
+    let aliases: std::collections::BTreeMap<String, String> = shard
+        .aliases()
+        .into_iter()
+        .filter(|(_, t)| sees(t))
+        .collect();
+    if path == "/v1/models" {
+        let body = models_api::list(agents(), &aliases);
+        return respond::send_json(c, 200, &body, keep).await;
+    }
+    let id = path.trim_start_matches("/v1/models/");
+    let found = match aliases.get(id) {
+        Some(target) => models_api::alias_detail(id, target, agents()),
+        None => models_api::detail(id, agents(), true),
+    };
+    match found {
+        Some(body) => respond::send_json(c, 200, &body, keep).await,
+        // Not visible and unknown look the same (no catalog leak).
+        None => respond::send_error(c, &models_api::not_found(id), keep).await,
+    }
+}
+
+/// Read an inference request's body under the limits, probe it, resolve
+/// its alias, check the key's allow-set, and serve it here or hand it to
+/// the model's shard.
+async fn read_inference(
+    shard: &Rc<Shard>,
+    c: &mut Client,
+    head: RequestHead,
+    ep: Endpoint,
+    principal: Principal,
+) -> Next {
+    let cfg = &shard.router.cfg;
+    let limit = cfg.max_request_bytes;
+    if let BodyFraming::Length(n) = head.framing {
+        if limit > 0 && n > limit {
+            // Rejected from the declared length, before reading it.
+            respond::send_error(c, &ApiError::body_too_large(limit), false).await;
+            return Next::Close;
+        }
+    }
+    if head.expect_continue
+        && head.framing != BodyFraming::None
+        && c.conn.buf.is_empty()
+        && c.write_all(respond::CONTINUE.to_vec()).await.is_err()
+    {
+        return Next::Close;
+    }
+    let mut body_permit = shard.router.budget.body();
+    let read = c
+        .conn
+        .read_request_body(head.framing, limit, cfg.body_timeout, &mut body_permit);
+    let mut body = match read.await {
+        Ok(b) => b,
+        Err(None) => return Next::Close,
+        Err(Some(e)) => {
+            // A full body budget is transient: say when to come back.
+            let e = if e.status == 503 { e.retry_after(1) } else { e };
+            respond::send_error(c, &e, false).await;
+            return Next::Close;
+        }
+    };
+    let keep = head.keep_alive;
+    let mut meta = match probe::probe(&body) {
+        Ok(m) => m,
+        Err(e) => return respond::send_error(c, &e, keep).await.into(),
+    };
+    // Aliases resolve right after authentication, before the allow-set
+    // and quotas; the agent receives the resolved name.
+    let mut alias = None;
+    if let Some(target) = shard.resolve_alias(&meta.model) {
+        match probe::replace_model(&body, &target) {
+            Some(b) => body = b,
+            None => {
+                let e = ApiError::new(ErrorCode::RequestInvalid, "model field is required");
+                return respond::send_error(c, &e, keep).await.into();
+            }
+        }
+        alias =
+            Some(std::mem::replace(&mut meta.model, InlineStr::from(target.as_str())).to_string());
+        c.scope
+            .reply_headers
+            .push(("X-Hivenet-Routed-Model", meta.model.as_bytes().to_vec()));
+    }
+    c.scope.model = meta.model.clone();
+    match principal.access(&meta.model) {
+        Access::Allowed => {}
+        Access::Forbidden => {
+            let e = ApiError::new(
+                ErrorCode::ModelForbidden,
+                format!("your API key does not have access to model: {}", meta.model),
+            );
+            return respond::send_error(c, &e, keep).await.into();
+        }
+        Access::Undeclared => {
+            let r = crate::runtime::state::tenancy::undeclared(&meta.model);
+            return respond::send_refusal(c, r, keep).await.into();
+        }
+    }
+    let owner = shard.owner(&meta.model);
+    let hold_for = match serving(shard, &head, ep, &meta.model, &principal, owner.is_some()) {
+        Serving::Here => None,
+        Serving::Redirect {
+            site,
+            location,
+            count,
+        } => {
+            let done = respond::send_redirect(c, &location, count, &site, keep).await;
+            *shard
+                .redirects
+                .borrow_mut()
+                .entry((meta.model.to_string(), site))
+                .or_default() += 1;
+            return done.into();
+        }
+        Serving::Hold(budget) => Some(budget),
+        // Unknown model, or no agent registered now: answered here; no
+        // directory entry, no metric series.
+        Serving::NotFound => {
+            let e = ApiError::new(
+                ErrorCode::ModelNotFound,
+                "No agents registered for this model",
+            );
+            return respond::send_error(c, &e, keep).await.into();
+        }
+    };
+    let mut pending = PendingRequest {
+        head,
+        body,
+        meta,
+        endpoint: ep,
+        received_at: c.scope.started,
+        request_id: c.scope.request_id,
+        trace: c
+            .scope
+            .trace
+            .unwrap_or_else(crate::runtime::state::scope::new_trace),
+        principal,
+        alias,
+        reply_headers: std::mem::take(&mut c.scope.reply_headers),
+        body_permit,
+        held: None,
+        hold_for: None,
+    };
+    // At zero here and placed here with scale_from_zero: held until an
+    // agent registers (seed hold-at-zero), on the model's hold shard,
+    // from the top of its connection's task there (or here).
+    if let Some(budget) = hold_for {
+        let home = super::hold::hold_shard(&shard.router, &pending.meta.model);
+        pending.hold_for = Some(budget);
+        let pending = Box::new(pending);
+        return if home != shard.id {
+            Next::HandOff(pending, home)
+        } else {
+            Next::Hold(pending)
+        };
+    }
+    match owner {
+        Some(o) if o != shard.id => Next::HandOff(Box::new(pending), o),
+        // Not boxed on its own: it runs inside `route`'s box, which only
+        // exists while a request is served (an idle or held connection's
+        // task keeps neither), so a second box was a second allocation
+        // per request.
+        _ => dispatch::serve_inference(shard, c, pending).await.into(),
+    }
+}
+
+/// Where a request for `model` goes ([`serving::decide`], once):
+/// `registered`: the directory has an owner for it. Its agents' health is
+/// the owner shard's to know; ingress counts a registered model as
+/// healthy, and the owner answers 503 when none is.
+fn serving(
+    shard: &Shard,
+    head: &RequestHead,
+    ep: Endpoint,
+    model: &str,
+    principal: &Principal,
+    registered: bool,
+) -> Serving {
+    let cfg = &shard.router.cfg;
+    // A registered model is served here before the map is read: no map
+    // lookup on the common path.
+    let map = if registered { None } else { shard.site_map() };
+    let sites = match (cfg.site_id.as_deref(), map.as_deref()) {
+        (Some(local), Some(map)) => Some(serving::Sites {
+            map,
+            local,
+            fresh: map.fresh(clock::unix_secs(), cfg.sibling_hints_max_age.as_secs()),
+        }),
+        _ => None,
+    };
+    let (identity, scopes) = match principal {
+        Principal::Key(c) => (
+            &*c.key.key_id,
+            Some(c.key.site_scopes.as_slice()).filter(|s| !s.is_empty()),
+        ),
+        _ => ("anonymous", None),
+    };
+    serving::decide(&serving::Facts {
+        model,
+        kind: Kind::of(ep),
+        agents: if registered {
+            LocalAgents::Registered { healthy: true }
+        } else {
+            LocalAgents::None
+        },
+        sites,
+        identity,
+        scopes,
+        path: &head.path,
+        default_budget: cfg.wake_hold_budget,
+    })
+}
+
+/// Hand the connection over to `owner`: the socket, the bytes read past
+/// this request, and the parsed request, in one message.
+async fn hand_off(
+    shard: &Shard,
+    mut c: Client,
+    pending: Box<PendingRequest>,
+    owner: usize,
+    permit: ConnPermit,
+) {
+    let Some(tx) = shard.router.mesh.get(owner) else {
+        return;
+    };
+    let stream = if c.conn.watched {
+        match handoff::dup_watched(&c.conn.stream) {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of descriptors: say so rather than drop it.
+                tracing::warn!(
+                    shard = shard.id,
+                    "hand-off failed: cannot duplicate the socket: {e}"
+                );
+                let err = ApiError::new(
+                    ErrorCode::BackendUnavailable,
+                    format!("the router could not hand the request to its model's shard: {e}"),
+                )
+                .retry_after(1);
+                respond::send_error(&mut c, &err, false).await;
+                ending::finish(shard, &mut c);
+                return;
+            }
+        }
+    } else {
+        let (stream, buf) = c.conn.into_parts();
+        return send_hand_off(
+            shard,
+            tx,
+            handoff::into_std(stream),
+            buf,
+            pending,
+            permit,
+            owner,
+        );
+    };
+    let (_, buf) = c.conn.into_parts();
+    send_hand_off(shard, tx, stream, buf, pending, permit, owner);
+}
+
+/// Send the hand-off message.
+fn send_hand_off(
+    shard: &Shard,
+    tx: &futures::channel::mpsc::UnboundedSender<ShardMsg>,
+    stream: std::net::TcpStream,
+    buf: Vec<u8>,
+    pending: Box<PendingRequest>,
+    permit: ConnPermit,
+    owner: usize,
+) {
+    let msg = ShardMsg::AdoptHttp(Box::new(HandOff {
+        stream,
+        buf,
+        pending,
+        permit,
+    }));
+    if tx.unbounded_send(msg).is_ok() {
+        inc(&shard.counters.handoffs_out);
+    } else {
+        tracing::warn!(
+            shard = shard.id,
+            owner,
+            "hand-off failed: owner shard is gone; connection dropped"
+        );
+    }
+}

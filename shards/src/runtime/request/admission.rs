@@ -1,0 +1,199 @@
+//! The admission gate on the model's owner shard: the pure gates of
+//! [`crate::logic::admission`] applied to the model's live facts (healthy
+//! replicas, engine signals) and its state
+//! ([`crate::runtime::state::model::admission`]). All of it is state of the owner
+//! shard: no lock and no cross-core message on the request path.
+//!
+//! Entry point: [`admit`], with a [`Wait`] that says how long a request
+//! may wait for room (the park timeout; the hold budget after a wake) and
+//! how often the room is recomputed meanwhile.
+
+use std::time::Duration;
+
+use crate::logic::admission::{self, Ask, Grant, Pressure, Reason, Room};
+use crate::logic::auth::Limits;
+use crate::logic::errors::ApiError;
+use crate::logic::policy::{AdmissionPolicy, Mode};
+use crate::runtime::state::model::admission::{self as state, Admitted, Entry, Shared};
+use crate::runtime::state::scope::Client;
+use crate::runtime::state::shard::Shard;
+use crate::runtime::state::tenancy::Principal;
+use crate::runtime::wire::clock;
+
+/// How long a request may wait for room, and how often the room is
+/// recomputed meanwhile (replicas that join are used).
+#[derive(Debug, Clone, Copy)]
+pub struct Wait {
+    /// Give up at this instant (at or before now: no wait).
+    pub until: clock::Instant,
+    /// Recompute the room this often while waiting (`None`: only when
+    /// something is released or an agent registers).
+    pub recompute: Option<Duration>,
+}
+
+/// What a request brings to admission.
+pub struct Request<'a> {
+    /// The effective policy's admission fields.
+    pub policy: &'a AdmissionPolicy,
+    /// Who sent it (B4 reads the key).
+    pub principal: &'a Principal,
+    /// Input-token estimate.
+    pub estimate: u64,
+    /// Declared output (`max_completion_tokens`, else `max_tokens`).
+    pub declared_output: u64,
+    /// Image parts.
+    pub images: u64,
+    /// `HIVENET_ROUTER_ADMIT_FRACTION`.
+    pub fraction: f64,
+}
+
+/// Why admission let a request go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// A gate refused it (the error to send; all but B1 carry
+    /// `Retry-After: 1`).
+    Gate(Reason, ApiError),
+    /// Its wait for room ended without room (the caller answers: 429 b2
+    /// after a park, 503 `model_waking` after a hold).
+    WaitEnded,
+    /// The client closed its connection while the request waited.
+    ClientGone,
+}
+
+/// Healthy agents of the model and the pressure of its pool.
+fn pool_facts(shard: &Shard, model: &str) -> (u64, Pressure) {
+    let models = shard.models.borrow();
+    let Some(m) = models.get(model) else {
+        return (0, Pressure::default());
+    };
+    let healthy = m.agents.iter().filter(|a| a.healthy()).count() as u64;
+    let pr = admission::pressure(m.agents.iter().map(|a| (a.healthy(), a.signals.get())));
+    (healthy, pr)
+}
+
+fn state_of(shard: &Shard, model: &str) -> Option<Shared> {
+    shard
+        .models
+        .borrow()
+        .get(model)
+        .map(|m| m.admission.clone())
+}
+
+/// Run the gates for `r` on `model` (an LLM request other than
+/// count_tokens): B1, B3, B2 (waiting per `wait`), B4 occupancy share,
+/// B4 OTPM and ITPM.
+pub async fn admit(
+    shard: &Shard,
+    c: &mut Client,
+    model: &str,
+    r: Request<'_>,
+    wait: Wait,
+) -> Result<Admitted, Refused> {
+    let p = r.policy;
+    admission::caps(p, r.estimate, r.images).map_err(|e| Refused::Gate(Reason::B1, e))?;
+    // No agent state here: the decision machine answers 404 next.
+    let Some(state) = state_of(shard, model) else {
+        return Ok(Admitted::default());
+    };
+    let (replicas, pressure) = pool_facts(shard, model);
+    if admission::shed(p, &pressure) {
+        return Err(Refused::Gate(Reason::B3, Reason::B3.error()));
+    }
+    let key = match r.principal {
+        Principal::Key(c) if p.mode == Mode::Serverless => Some(&c.key),
+        _ => None,
+    };
+    let mut out = Admitted::default();
+    if p.occupancy() {
+        let share = key.and_then(|k| {
+            admission::share_budget(p, k.max_occupancy_share, replicas)
+                .map(|b| (k.key_id.clone(), b))
+        });
+        let ask = Ask {
+            footprint: admission::footprint(r.estimate, r.declared_output),
+            share,
+        };
+        let room = admission::room(p, r.fraction, replicas);
+        // What a later recompute needs (no allocation: `shed_if` stays empty).
+        state.borrow_mut().last = Some((
+            AdmissionPolicy {
+                admit_budget_tokens: p.admit_budget_tokens,
+                max_inflight: p.max_inflight,
+                ..AdmissionPolicy::default()
+            },
+            r.fraction,
+        ));
+        let id = occupy(shard, c, model, &state, ask, room, wait).await?;
+        out.reservation = Some(state::reservation(
+            &state,
+            id,
+            r.estimate,
+            r.declared_output,
+        ));
+    }
+    if let Some(k) = key {
+        if let Limits::Flat { itpm, otpm, .. } = k.limits {
+            if itpm > 0 || otpm > 0 {
+                let now = clock::mono_ns();
+                state::take_rates(&state, &k.key_id, (itpm, otpm), r.estimate, now)
+                    .map_err(|reason| Refused::Gate(reason, reason.error()))?;
+            }
+            if otpm > 0 {
+                out.otpm = Some((state.clone(), k.key_id.clone(), otpm));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// B2 (+ B4 share): a reservation id, at once or after a wait.
+async fn occupy(
+    shard: &Shard,
+    c: &mut Client,
+    model: &str,
+    state: &Shared,
+    ask: Ask,
+    room: Room,
+    wait: Wait,
+) -> Result<u64, Refused> {
+    use futures::future::{select, Either};
+    let refused = |reason: Reason| Refused::Gate(reason, reason.error());
+    let may_park = wait.until > clock::now();
+    let mut place = match state::enter(state, ask, room, may_park) {
+        Entry::Granted(id) => return Ok(id),
+        Entry::Refused(reason) => return Err(refused(reason)),
+        Entry::Parked(place) => place,
+    };
+    loop {
+        let now = clock::now();
+        let until = match wait.recompute {
+            Some(every) => wait.until.min(now + every),
+            None => wait.until,
+        };
+        let timer = monoio::time::sleep(until.saturating_duration_since(now));
+        futures::pin_mut!(timer);
+        match c.unless_gone(select(&mut place.rx, timer)).await {
+            None => return Err(Refused::ClientGone),
+            Some(Either::Left((Ok(g), _))) => {
+                place.done = true;
+                return match g {
+                    Grant::Granted(id) => Ok(id),
+                    Grant::TooLarge => Err(refused(Reason::B2)),
+                    Grant::ShareExceeded => Err(refused(Reason::B4Occupancy)),
+                };
+            }
+            // The sender went without a word (cannot happen: grants are
+            // always sent); treated as no room.
+            Some(Either::Left((Err(_), _))) => return Err(Refused::WaitEnded),
+            Some(Either::Right(_)) => {
+                if clock::now() >= wait.until {
+                    // `place` drops: the ticket is cancelled, a grant
+                    // that raced the timer is released.
+                    return Err(Refused::WaitEnded);
+                }
+                let (replicas, _) = pool_facts(shard, model);
+                state.borrow_mut().replicas_changed(replicas);
+            }
+        }
+    }
+}

@@ -1,0 +1,639 @@
+//! The driver of the decision machine on the model's shard: it asks
+//! [`Decision::next`] what to do, carries the action out (forward over
+//! the agent's link, wait in the capacity queue, write the error), tells
+//! the machine how it ended, and records every statistic in one place
+//! ([`record_attempt`], [`record_rejection`]).
+//!
+//! Entry point: [`serve_inference`].
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use tracing::{debug, warn};
+
+use super::admission::{self, Refused, Wait};
+use super::exchange::{self, Progress, RelayEnd};
+use super::respond;
+use crate::logic::admission::Reason;
+use crate::logic::decision::{
+    Action, AttemptEnd, Decision, Limits, ModelFacts, Rejection, RequestFacts, WaitEnd,
+};
+use crate::logic::endpoint::Endpoint;
+use crate::logic::errors::{ApiError, ErrorCode};
+use crate::logic::failure::{Failure, Side, Stage};
+use crate::logic::hold;
+use crate::logic::http_write::{self, OutFraming};
+use crate::logic::probe::COLD_TOKENS_PER_BYTE;
+use crate::logic::quota;
+use crate::logic::usage::Tokens;
+use crate::runtime::state::model::admission::{Admitted, Reservation};
+use crate::runtime::state::model::agent::{Agent, Slot};
+use crate::runtime::state::model::wake_head;
+use crate::runtime::state::pending::PendingRequest;
+use crate::runtime::state::scope::Client;
+use crate::runtime::state::shard::{inc, Shard};
+use crate::runtime::state::tenancy::{self, Principal, QuotaFacts, RefusalKind};
+use crate::runtime::wire::clock;
+
+/// Client headers never forwarded to agents (credentials stay at the router).
+fn forwardable(name: &str) -> bool {
+    !(name.eq_ignore_ascii_case("authorization")
+        || name.eq_ignore_ascii_case("cookie")
+        || name.eq_ignore_ascii_case("x-api-key")
+        || name.eq_ignore_ascii_case("x-request-id"))
+}
+
+/// The request as the agent receives it: the client's headers minus
+/// credentials, our `X-Request-ID` and `traceparent` (the client's
+/// `tracestate` only with the client's valid `traceparent`), the body
+/// unchanged.
+fn build_request(p: &PendingRequest) -> crate::runtime::wire::bufpool::Pooled {
+    let keep_state = p.trace.keep_state;
+    let headers = p
+        .head
+        .headers
+        .iter()
+        .filter(|(n, _)| forwardable(n))
+        .filter(|(n, _)| {
+            !(n.eq_ignore_ascii_case("traceparent")
+                || (!keep_state && n.eq_ignore_ascii_case("tracestate")))
+        })
+        .chain([
+            ("X-Request-ID", p.request_id.as_bytes()),
+            ("traceparent", &p.trace.header[..]),
+        ]);
+    // Back to the pool when the request is done (retries resend it).
+    let mut out = crate::runtime::wire::bufpool::Pooled::with_capacity(512 + p.body.len());
+    // `hn_*` redirect parameters stay at the router.
+    http_write::write_request_head_from(
+        &mut out,
+        &p.head.method,
+        &crate::logic::sites::strip_hn(&p.head.path),
+        "agent",
+        headers,
+        OutFraming::Length(p.body.len()),
+    );
+    out.extend_from_slice(&p.body);
+    out
+}
+
+/// What the driver does, with the agent resolved out of the pool.
+enum Next {
+    Forward {
+        agent: Rc<Agent>,
+        step: usize,
+        waited: Option<Duration>,
+    },
+    Wait {
+        until: clock::Instant,
+        place: Option<u64>,
+        wake_head_first: bool,
+    },
+    Reject(Rejection),
+}
+
+/// Ask the machine with the model's current facts (one short borrow).
+fn decide(shard: &Shard, model: &str, d: &mut Decision) -> Next {
+    let now = clock::now();
+    let mut models = shard.models.borrow_mut();
+    let (pool, rotation, queue_len): (&[Rc<Agent>], usize, usize) = match models.get_mut(model) {
+        Some(m) => {
+            let r = m.rotation;
+            m.rotation = r.wrapping_add(1);
+            (&m.agents, r, m.queue.borrow().len())
+        }
+        // No agent ever registered here: the gates answer 404.
+        None => (&[], 0, 0),
+    };
+    let facts = ModelFacts {
+        pool,
+        rotation,
+        queue_len,
+    };
+    match d.next(&facts, now) {
+        Action::Forward {
+            agent,
+            step,
+            waited,
+            ..
+        } => match pool.get(agent) {
+            Some(a) => Next::Forward {
+                agent: a.clone(),
+                step,
+                waited,
+            },
+            None => Next::Reject(Rejection::Exhausted),
+        },
+        Action::Wait {
+            until,
+            place,
+            wake_head_first,
+        } => Next::Wait {
+            until,
+            place,
+            wake_head_first,
+        },
+        Action::Reject(r) => Next::Reject(r),
+    }
+}
+
+/// Serve one inference request on its model's shard. Returns whether the
+/// client connection stays open; how it ended is left in the client's
+/// scope for [`super::ending::finish`].
+pub async fn serve_inference(shard: &Rc<Shard>, c: &mut Client, mut p: PendingRequest) -> bool {
+    c.scope.reply_headers = std::mem::take(&mut p.reply_headers);
+    if let Some(h) = p.held.as_mut() {
+        // Released by a wake: keepalives go on here without a longer gap.
+        c.scope.keepalive = h.keepalive.take();
+        c.scope.committed = h.committed;
+    }
+    c.scope.ending.dispatched = true;
+    serve(shard, c, &mut p).await
+}
+
+/// Request quota, admission, daily tokens, then the decision machine's
+/// loop. The admission reservation lives until this returns: released on
+/// every exit.
+async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> bool {
+    inc(&shard.counters.requests);
+    let cfg = &shard.router.cfg;
+    let body_bytes = p.body.len();
+    let request = build_request(p);
+    // The request bytes carry the body from here on: one copy is held for
+    // the whole exchange (streams included), not two; the body permit still
+    // counts it until the request is done.
+    crate::runtime::wire::bufpool::give(std::mem::take(&mut p.body));
+    // A request released by a wake: its quota was taken before the hold,
+    // admission may wait until its hold budget ends, the capacity queue
+    // takes it beyond --queue-depth, its deadline starts now.
+    let mut held = p.held.take();
+    let p = &*p;
+    let model = p.meta.model.as_str();
+    let policy = shard.policy(model);
+    // One estimate per request, from the probe's sums and the model's
+    // learned ratio: admission and the daily budget both read it.
+    let estimate = p.meta.estimate(tokens_per_byte(shard, model));
+    let replicas = || healthy_replicas(shard, model);
+    let facts = QuotaFacts {
+        model,
+        endpoint: p.endpoint,
+        estimate,
+        declared_output: p.meta.declared_output,
+        replicas: &replicas,
+        burst_secs: cfg.rpm_burst_secs,
+    };
+    let mut ticket = held.as_mut().and_then(|h| h.quota.take());
+    if held.is_none() && matches!(p.principal, Principal::Key(_)) {
+        match tenancy::take_requests(&p.principal, &facts, clock::mono_ns()) {
+            Ok(t) => ticket = Some(t),
+            Err(r) => return refuse_quota(shard, c, p, r).await,
+        }
+    }
+    let gated = matches!(p.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
+    let mut admitted = Admitted::default();
+    if gated && policy.admission.any() {
+        let asked = admission::Request {
+            policy: &policy.admission,
+            principal: &p.principal,
+            estimate,
+            declared_output: p.meta.declared_output,
+            images: p.meta.images,
+            fraction: cfg.admit_fraction,
+        };
+        let wait = match &held {
+            Some(h) => Wait {
+                until: h.until,
+                recompute: Some(Duration::from_secs(1)),
+            },
+            None => Wait {
+                until: clock::now() + cfg.admit_park_timeout,
+                recompute: None,
+            },
+        };
+        match admission::admit(shard, c, model, asked, wait).await {
+            Ok(a) => admitted = a,
+            Err(Refused::ClientGone) => {
+                c.scope.ending.client_gone();
+                return false;
+            }
+            Err(Refused::WaitEnded) => {
+                if let Some(h) = &held {
+                    // Woken, but no room before the hold budget ended.
+                    let e = hold::waking(model, hold::Waking::NoRoom, h.budget)
+                        .retry_after(h.retry_after);
+                    return respond::send_error(c, &e, p.head.keep_alive).await;
+                }
+                let e = Reason::B2.error();
+                return refuse_admission(shard, c, p, Reason::B2, e).await;
+            }
+            Err(Refused::Gate(reason, e)) => return refuse_admission(shard, c, p, reason, e).await,
+        }
+    }
+    if let Some(mut t) = ticket {
+        let today = || quota::day_of(clock::unix_secs());
+        match tenancy::take_daily(&mut t, &facts, today) {
+            Ok(()) => {
+                c.scope.reply_headers.append(&mut t.headers);
+                c.scope.ending.ticket = Some(t);
+            }
+            Err(r) => return refuse_quota(shard, c, p, r).await,
+        }
+    }
+    debug!(shard = shard.id, model, "serving request");
+    let deadline = match held {
+        Some(_) => clock::now() + cfg.request_timeout,
+        None => p.received_at + cfg.request_timeout,
+    };
+    let queue_depth = if held.is_some() {
+        // The hold limits already bound how many there are.
+        usize::MAX
+    } else {
+        cfg.queue_depth
+    };
+    let mut d = Decision::new(
+        policy,
+        RequestFacts {
+            endpoint: p.endpoint,
+            stream: p.meta.stream,
+            body_bytes,
+            deadline,
+        },
+        Limits {
+            max_tries_per_step: cfg.max_tries_per_step,
+            queue_depth,
+        },
+    );
+    let reserved = admitted.reservation.as_ref();
+    loop {
+        match decide(shard, model, &mut d) {
+            Next::Forward {
+                agent,
+                step,
+                waited,
+            } => {
+                if let Some(w) = waited {
+                    with_stats(shard, model, |s| s.observe_wait(w.as_secs_f64()));
+                }
+                c.scope.ending.agent = Some(agent.clone());
+                // A slot on an agent: it leaves the pending demand.
+                if let Some(h) = held.as_mut() {
+                    h.demand.leave();
+                }
+                let (outcome, sample) =
+                    attempt(shard, c, p, &agent, &request, deadline, reserved).await;
+                let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
+                match &outcome {
+                    Outcome::Served { status, tokens } => {
+                        let end = &mut c.scope.ending;
+                        end.status = *status;
+                        end.error_code = "";
+                        end.tokens = *tokens;
+                        end.relayed = true;
+                        if let Some(t) = tokens {
+                            admitted.charge_output(t.output);
+                            if gated && p.meta.images == 0 && *status < 400 {
+                                learn(shard, model, t.input, p.meta.text_bytes);
+                            }
+                        }
+                    }
+                    Outcome::ClientGone => {
+                        c.scope.ending.client_gone();
+                        c.scope.ending.relayed = true;
+                    }
+                    Outcome::Failed(_) => {}
+                }
+                let tenant = p.principal.tenant_arc();
+                let ended = record_attempt(shard, model, &agent, step, p, tenant, outcome, sample);
+                if !d.attempt_ended(agent.id, &ended) {
+                    return keep;
+                }
+            }
+            Next::Wait {
+                until,
+                place,
+                wake_head_first,
+            } => {
+                let w = wait_for_capacity(
+                    shard,
+                    c,
+                    model,
+                    &mut d,
+                    (until, place, queue_depth),
+                    wake_head_first,
+                )
+                .await;
+                d.wait_ended(w, clock::now());
+            }
+            Next::Reject(Rejection::ClientGone) => {
+                c.scope.ending.client_gone();
+                return false;
+            }
+            Next::Reject(r) => {
+                record_rejection(shard, model, &d, r, p.principal.tenant_arc());
+                return respond::send_error(c, &r.error(), p.head.keep_alive).await;
+            }
+        }
+    }
+}
+
+/// The model's learned input tokens per body text byte.
+fn tokens_per_byte(shard: &Shard, model: &str) -> f64 {
+    shard
+        .models
+        .borrow()
+        .get(model)
+        .map_or(COLD_TOKENS_PER_BYTE, |m| {
+            m.admission.borrow().tokens_per_byte
+        })
+}
+
+/// Teach the model's estimator one exact prompt count.
+fn learn(shard: &Shard, model: &str, prompt_tokens: u64, text_bytes: u64) {
+    if let Some(m) = shard.models.borrow().get(model) {
+        m.admission.borrow_mut().learn(prompt_tokens, text_bytes);
+    }
+}
+
+/// Write a quota refusal (RPM or daily tokens) and count it.
+async fn refuse_quota(
+    shard: &Shard,
+    c: &mut Client,
+    p: &PendingRequest,
+    r: tenancy::Refusal,
+) -> bool {
+    record_quota_refusal(shard, &p.meta.model, &p.principal, r.kind);
+    respond::send_refusal(c, r, p.head.keep_alive).await
+}
+
+/// Write an admission refusal (its error carries `Retry-After: 1` but
+/// for B1) and count it.
+async fn refuse_admission(
+    shard: &Shard,
+    c: &mut Client,
+    p: &PendingRequest,
+    reason: Reason,
+    e: ApiError,
+) -> bool {
+    with_stats(shard, &p.meta.model, |s| {
+        *s.admission_rejections.entry(reason.as_str()).or_default() += 1;
+        let (tenant, key) = p.principal.names();
+        if let Some(t) = s.tenant(tenant, key) {
+            if e.code == ErrorCode::RateLimitExceeded {
+                t.rate_limited += 1;
+            }
+        }
+    });
+    respond::send_error(c, &e, p.head.keep_alive).await
+}
+
+/// Healthy agents of `model` on this (its owner) shard.
+fn healthy_replicas(shard: &Shard, model: &str) -> u64 {
+    shard.models.borrow().get(model).map_or(0, |m| {
+        m.agents.iter().filter(|a| a.healthy()).count() as u64
+    })
+}
+
+/// Count a quota refusal.
+fn record_quota_refusal(shard: &Shard, model: &str, principal: &Principal, kind: RefusalKind) {
+    with_stats(shard, model, |s| {
+        let (tenant, key) = principal.names();
+        let Some(t) = s.tenant(tenant, key) else {
+            return;
+        };
+        match kind {
+            RefusalKind::Requests => {
+                t.rate_limited += 1;
+                *s.admission_rejections.entry("b4_rpm").or_default() += 1;
+            }
+            RefusalKind::Tokens => t.token_limited += 1,
+        }
+    });
+}
+
+/// Queue the request (at its original place when it has one) and wait for
+/// a slot until `until`, watching the client socket: a client that closes
+/// its connection leaves the queue at once and never reaches a backend.
+async fn wait_for_capacity(
+    shard: &Shard,
+    c: &mut Client,
+    model: &str,
+    d: &mut Decision,
+    (until, place, depth): (clock::Instant, Option<u64>, usize),
+    wake_head_first: bool,
+) -> WaitEnd {
+    use futures::future::{select, Either};
+    let queue = shard.models.borrow().get(model).map(|m| m.queue.clone());
+    let Some(queue) = queue else {
+        return WaitEnd::TimedOut;
+    };
+    if wake_head_first {
+        wake_head(&queue);
+    }
+    let (tx, mut rx) = futures::channel::oneshot::channel();
+    let seq = match place {
+        Some(seq) => {
+            queue.borrow_mut().requeue(seq, tx);
+            seq
+        }
+        None => match queue.borrow_mut().push(tx, depth) {
+            Ok(seq) => seq,
+            Err(_) => return WaitEnd::TimedOut,
+        },
+    };
+    let now = clock::now();
+    d.queued(seq, now);
+    let timer = monoio::time::sleep(until.saturating_duration_since(now));
+    futures::pin_mut!(timer);
+    let end = match c.unless_gone(select(&mut rx, timer)).await {
+        Some(Either::Left((Ok(()), _))) => WaitEnd::Woken,
+        Some(_) => WaitEnd::TimedOut,
+        None => WaitEnd::ClientGone,
+    };
+    if end != WaitEnd::Woken {
+        queue.borrow_mut().remove(seq);
+    }
+    if end == WaitEnd::ClientGone {
+        debug!(
+            model,
+            "client closed its connection while queued; left the queue"
+        );
+    }
+    end
+}
+
+/// How one forward ended, before it is counted.
+enum Outcome {
+    /// The response reached the client with this status.
+    Served { status: u16, tokens: Option<Tokens> },
+    /// The client left while the response was relayed.
+    ClientGone,
+    /// The exchange failed.
+    Failed(Failure),
+}
+
+/// Take a slot, exchange with the agent under the request deadline, relay.
+/// Returns the outcome and the latency sample (only for a request written).
+async fn attempt(
+    shard: &Shard,
+    c: &mut Client,
+    p: &PendingRequest,
+    agent: &Rc<Agent>,
+    request: &[u8],
+    deadline: clock::Instant,
+    held: Option<&Reservation>,
+) -> (Outcome, Option<f64>) {
+    let _slot = Slot::take(agent.clone());
+    let progress = Progress::default();
+    let remaining = deadline.saturating_duration_since(clock::now());
+    let exchanged = monoio::time::timeout(
+        remaining,
+        exchange::exchange_head(&agent.link, request, &progress),
+    )
+    .await;
+    let head = match exchanged {
+        Ok(Ok(h)) => h,
+        Ok(Err((f, sample))) => return (Outcome::Failed(f), sample),
+        Err(_) => {
+            let (f, sample) = progress.deadline();
+            return (Outcome::Failed(f), sample);
+        }
+    };
+    let sample = Some(head.sample_ms);
+    debug!(peer_id = %agent.reg.peer_id, status = head.head.status, sample_ms = head.sample_ms, "agent response head");
+    // Backend overloaded or unreachable behind this agent: retryable.
+    if matches!(head.head.status, 502..=504) {
+        let why = format!("backend answered {}", head.head.status);
+        return (
+            Outcome::Failed(Failure::new(Side::Backend, Stage::AwaitingHead, why)),
+            sample,
+        );
+    }
+    let up = exchange::Upstream {
+        conn: head.upstream,
+        idle: shard.router.cfg.stream_idle_timeout,
+        cut: agent.cuts.watch(),
+        held,
+        link: &agent.link,
+    };
+    let relayed = exchange::relay(c, up, &head.head, p.head.keep_alive).await;
+    let outcome = match relayed {
+        RelayEnd::Done(tokens) => Outcome::Served {
+            status: head.head.status,
+            tokens,
+        },
+        RelayEnd::ClientGone => Outcome::ClientGone,
+        RelayEnd::UpstreamFailed(why) => {
+            Outcome::Failed(Failure::new(Side::Agent, Stage::Relaying, why))
+        }
+    };
+    (outcome, sample)
+}
+
+fn with_stats(
+    shard: &Shard,
+    model: &str,
+    f: impl FnOnce(&mut crate::runtime::state::model::stats::ModelStats),
+) {
+    if let Some(m) = shard.models.borrow_mut().get_mut(model) {
+        f(&mut m.stats);
+    }
+}
+
+/// Count one attempt (the one place that does): the latency sample, the
+/// agent's counters, the model's routing counters and duration histogram.
+#[allow(clippy::too_many_arguments)]
+fn record_attempt(
+    shard: &Shard,
+    model: &str,
+    agent: &Agent,
+    step: usize,
+    p: &PendingRequest,
+    tenant: std::sync::Arc<str>,
+    outcome: Outcome,
+    sample: Option<f64>,
+) -> AttemptEnd {
+    // Applied on this (the model's) shard before the next routing decision.
+    if let Some(ms) = sample {
+        agent.observe(ms);
+    }
+    let labels = || {
+        (
+            agent.labels.0.clone(),
+            agent.labels.1.clone(),
+            tenant.clone(),
+        )
+    };
+    match outcome {
+        Outcome::Served { status, tokens } => {
+            // Client-visible duration, at the real end of the response.
+            let secs = p.received_at.elapsed().as_secs_f64();
+            let ok = status < 400;
+            if ok {
+                agent.succeed();
+            } else {
+                agent.fail();
+            }
+            if let Some(t) = tokens {
+                agent.add_tokens(t);
+            }
+            with_stats(shard, model, |s| {
+                s.observe_duration(agent.id, &agent.reg.peer_id, status, tenant.clone(), secs);
+                if !ok {
+                    *s.failed.entry(labels()).or_default() += 1;
+                } else {
+                    *s.routed.entry(labels()).or_default() += 1;
+                    if step == 0 {
+                        s.primary_routed += 1;
+                    } else {
+                        s.fallback_routed += 1;
+                    }
+                }
+            });
+            AttemptEnd::Responded
+        }
+        Outcome::ClientGone => AttemptEnd::Responded,
+        Outcome::Failed(f) => {
+            agent.fail();
+            with_stats(shard, model, |s| {
+                *s.failed.entry(labels()).or_default() += 1
+            });
+            warn!(peer_id = %agent.reg.peer_id, "forward to agent failed: {f}");
+            AttemptEnd::Failed(f)
+        }
+    }
+}
+
+/// Count a rejection and log it (an exhausted policy at most once a
+/// second per model, with the count it stands for).
+fn record_rejection(
+    shard: &Shard,
+    model: &str,
+    d: &Decision,
+    r: Rejection,
+    tenant: std::sync::Arc<str>,
+) {
+    if !r.exhausted_policy() {
+        return;
+    }
+    let mut models = shard.models.borrow_mut();
+    let Some(m) = models.get_mut(model) else {
+        return;
+    };
+    m.stats.exhausted += 1;
+    if r != Rejection::QueueTimeout {
+        *m.stats
+            .failed
+            .entry(("".into(), "".into(), tenant))
+            .or_default() += 1;
+    }
+    if let Some(n) = m.shed_log.hit(clock::now(), Duration::from_secs(1)) {
+        warn!(
+            model,
+            capability = d.request().endpoint.capability().as_str(),
+            rejected = n,
+            code = r.error().code.as_str(),
+            "policy_exhausted: {} (this line stands for {n} rejections since the previous one)",
+            d.trail()
+        );
+    }
+}

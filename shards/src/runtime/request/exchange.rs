@@ -1,0 +1,422 @@
+//! One exchange with an agent: open a `/http/1.1` yamux stream, write the
+//! request, read the response head (the latency clock runs from just
+//! before the write to the head), then relay the body to the client: SSE
+//! chunk by chunk as it arrives, small bodies whole, large ones streamed.
+//!
+//! Key items: [`exchange_head`], [`relay`], [`Progress`].
+
+use std::cell::Cell;
+use std::io;
+
+use futures::AsyncWriteExt;
+
+use super::respond;
+use crate::logic::errors::{ApiError, ErrorCode};
+use crate::logic::failure::{Failure, Side, Stage};
+use crate::logic::http_parse::{BodyFraming, ChunkedDecoder, ResponseHead};
+use crate::logic::http_write::{self, OutFraming};
+use crate::logic::usage::{self, SseUsage, Tokens};
+use crate::runtime::state::model::admission::Reservation;
+use crate::runtime::state::scope::Client;
+use crate::runtime::wire::clock::{self, Instant};
+use crate::runtime::wire::conn::Conn;
+use crate::runtime::wire::http_stream::{self, HttpStream};
+use crate::runtime::wire::link::LinkHandle;
+
+/// How far an exchange got, readable after its future was cancelled by
+/// the request deadline.
+#[derive(Default)]
+pub struct Progress {
+    /// The stage reached.
+    pub stage: Cell<Option<Stage>>,
+    /// When the request write began (the latency clock's start).
+    pub written_at: Cell<Option<Instant>>,
+}
+
+impl Progress {
+    /// The failure of an exchange cut by the deadline, and its latency
+    /// sample when the request had reached the agent.
+    pub fn deadline(&self) -> (Failure, Option<f64>) {
+        let stage = self.stage.get().unwrap_or(Stage::Opening);
+        let f = Failure::new(Side::Router, stage, "request deadline passed");
+        let sample = self
+            .written_at
+            .get()
+            .filter(|_| f.reached_agent())
+            .map(ms_since);
+        (f, sample)
+    }
+}
+
+fn ms_since(t0: Instant) -> f64 {
+    t0.elapsed().as_secs_f64() * 1e3
+}
+
+/// A response head from an agent.
+pub struct Head {
+    /// The stream, with what was read past the head.
+    pub upstream: Conn<HttpStream>,
+    /// The head.
+    pub head: ResponseHead,
+    /// Request write to response head, ms.
+    pub sample_ms: f64,
+}
+
+/// Open a stream, write the request, read the response head. On failure,
+/// the latency sample is there only when the request was written.
+pub async fn exchange_head(
+    link: &LinkHandle,
+    request: &[u8],
+    progress: &Progress,
+) -> Result<Head, (Failure, Option<f64>)> {
+    progress.stage.set(Some(Stage::Opening));
+    // The multistream-select lines go out with the request (V1Lazy).
+    let s = link.open_raw().await.map_err(|e| {
+        (
+            Failure::new(
+                Side::Agent,
+                Stage::Opening,
+                format!("cannot open a stream: {e}"),
+            ),
+            None,
+        )
+    })?;
+    let mut s = HttpStream::new(s);
+    let t0 = clock::now();
+    progress.stage.set(Some(Stage::AwaitingHead));
+    progress.written_at.set(Some(t0));
+    let after_send = |e: io::Error| {
+        (
+            Failure::new(Side::Agent, Stage::AwaitingHead, e.to_string()),
+            Some(ms_since(t0)),
+        )
+    };
+    s.write_all(request).await.map_err(after_send)?;
+    s.flush().await.map_err(after_send)?;
+    let mut upstream = Conn::over(s, crate::runtime::wire::bufpool::take(8192));
+    http_stream::read_lines(&mut upstream)
+        .await
+        .map_err(after_send)?;
+    let head = upstream.read_response_head().await.map_err(after_send)?;
+    Ok(Head {
+        upstream,
+        head,
+        sample_ms: ms_since(t0),
+    })
+}
+
+/// Non-streaming bodies up to this size are buffered (one write to the
+/// client, usage parsed); larger ones stream through.
+const BUFFERED_BODY: usize = 4 * 1024 * 1024;
+
+/// How a relay ended.
+pub enum RelayEnd {
+    /// The whole response reached the client (usage when it had one).
+    Done(Option<Tokens>),
+    /// The agent's stream broke or stalled mid-body.
+    UpstreamFailed(String),
+    /// The client went away.
+    ClientGone,
+}
+
+/// The agent's side of a relay: the stream, the idle bound between its
+/// bytes (`--stream-idle-timeout`) and the signal that cuts it when the
+/// agent is declared dead.
+pub struct Upstream<'a> {
+    /// The stream, with what was read past the head.
+    pub conn: Conn<HttpStream>,
+    /// Longest silence allowed between bytes.
+    pub idle: std::time::Duration,
+    /// Fires when the agent's responses must be cut.
+    pub cut: crate::runtime::state::model::agent::CutWatch<'a>,
+    /// The request's admission reservation: an SSE stream trues it up to
+    /// the exact input tokens and grows it with content as it streams.
+    pub held: Option<&'a Reservation>,
+    /// The link the stream is on (a finished stream is retired to it).
+    pub link: &'a LinkHandle,
+}
+
+impl Upstream<'_> {
+    /// One read, bounded by the idle timeout and the cut signal, so a hung
+    /// or frozen agent cannot hold a client (and a slot) for long.
+    async fn fill(&mut self) -> Result<usize, String> {
+        use futures::future::{select, Either};
+        let idle = self.idle;
+        let read = monoio::time::timeout(idle, self.conn.fill());
+        futures::pin_mut!(read);
+        match select(read, &mut self.cut).await {
+            Either::Left((Ok(Ok(n)), _)) => Ok(n),
+            Either::Left((Ok(Err(e)), _)) => Err(e.to_string()),
+            Either::Left((Err(_), _)) => Err(format!(
+                "no byte from the agent for {idle:?} (--stream-idle-timeout)"
+            )),
+            Either::Right(_) => Err("the agent stopped heartbeating and was declared dead".into()),
+        }
+    }
+
+    /// Hand the finished stream to its link: its closing frame leaves with
+    /// the next request on the link instead of in a send (and an agent
+    /// wake-up) of its own. Only for a stream read to its end: a failed
+    /// or abandoned one is dropped at once, its reset is what stops the
+    /// agent.
+    fn retire(self) {
+        let Upstream { conn, link, .. } = self;
+        let (stream, buf) = conn.into_parts();
+        crate::runtime::wire::bufpool::give(buf);
+        link.retire(stream.into_inner());
+    }
+
+    /// More of a body whose end is known: EOF, a stall or a cut fails it.
+    async fn more_body(&mut self) -> Result<(), RelayEnd> {
+        match self.fill().await {
+            Ok(0) => Err(RelayEnd::UpstreamFailed("agent closed mid-body".into())),
+            Ok(_) => Ok(()),
+            Err(e) => Err(RelayEnd::UpstreamFailed(e)),
+        }
+    }
+}
+
+/// Relay the body after `head` to the client.
+pub async fn relay(
+    client: &mut Client,
+    up: Upstream<'_>,
+    head: &ResponseHead,
+    keep: bool,
+) -> RelayEnd {
+    if client.scope.committed {
+        // Keepalives already sent a 200 head: no head of our own, the body
+        // goes out as chunks, keepalives stop.
+        client.scope.keepalive = None;
+        return relay_committed(client, up, head).await;
+    }
+    match head.framing {
+        BodyFraming::None => {
+            let mut out = Vec::with_capacity(512);
+            respond::relayed_head(&mut out, head, OutFraming::Length(0), keep, &client.scope);
+            match client.write_all(out).await {
+                Ok(()) => RelayEnd::Done(None),
+                Err(_) => RelayEnd::ClientGone,
+            }
+        }
+        BodyFraming::Length(n) => match usize::try_from(n) {
+            Ok(n) if n > BUFFERED_BODY => relay_large(client, up, head, n, keep).await,
+            Ok(n) => relay_buffered(client, up, head, n, keep).await,
+            Err(_) => RelayEnd::UpstreamFailed("response too large".into()),
+        },
+        BodyFraming::Chunked | BodyFraming::UntilClose => {
+            relay_chunks(client, up, head, keep, false).await
+        }
+    }
+}
+
+/// The body after a committed head, as chunks (usage parsed when the body
+/// is small enough to buffer).
+async fn relay_committed(
+    client: &mut Client,
+    mut up: Upstream<'_>,
+    head: &ResponseHead,
+) -> RelayEnd {
+    let n = match head.framing {
+        BodyFraming::None => 0,
+        BodyFraming::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        BodyFraming::Chunked | BodyFraming::UntilClose => {
+            return relay_chunks(client, up, head, false, true).await
+        }
+    };
+    let mut out = Vec::new();
+    let mut tokens = None;
+    if n <= BUFFERED_BODY {
+        while up.conn.buf.len() < n {
+            if let Err(end) = up.more_body().await {
+                return end;
+            }
+        }
+        let body = up.conn.buf.get(..n).unwrap_or(&[]);
+        tokens = usage::from_body(body);
+        if !body.is_empty() {
+            http_write::write_chunk(&mut out, body);
+        }
+    } else {
+        let mut left = n;
+        loop {
+            let mut piece = std::mem::take(&mut up.conn.buf);
+            piece.truncate(left);
+            left -= piece.len();
+            if !piece.is_empty() {
+                let mut c = Vec::with_capacity(piece.len() + 16);
+                http_write::write_chunk(&mut c, &piece);
+                if client.write_all(c).await.is_err() {
+                    return RelayEnd::ClientGone;
+                }
+            }
+            if left == 0 {
+                break;
+            }
+            if let Err(end) = up.more_body().await {
+                return end;
+            }
+        }
+    }
+    out.extend_from_slice(http_write::LAST_CHUNK);
+    match client.write_all(out).await {
+        Ok(()) => RelayEnd::Done(tokens),
+        Err(_) => RelayEnd::ClientGone,
+    }
+}
+
+/// A body up to [`BUFFERED_BODY`]: read whole, usage parsed, one write.
+async fn relay_buffered(
+    client: &mut Client,
+    mut up: Upstream<'_>,
+    head: &ResponseHead,
+    n: usize,
+    keep: bool,
+) -> RelayEnd {
+    while up.conn.buf.len() < n {
+        if let Err(end) = up.more_body().await {
+            return end;
+        }
+    }
+    let body = up.conn.buf.get(..n).unwrap_or(&[]);
+    let tokens = usage::from_body(body);
+    let mut out = crate::runtime::wire::bufpool::take(512 + n);
+    respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, &client.scope);
+    out.extend_from_slice(body);
+    // The stream is done with: retired before the client write.
+    up.retire();
+    match client.write_all(out).await {
+        Ok(()) => RelayEnd::Done(tokens),
+        Err(_) => RelayEnd::ClientGone,
+    }
+}
+
+/// A large body streamed through in pieces (no usage parsing): an agent
+/// cannot make the router hold gigabytes.
+async fn relay_large(
+    client: &mut Client,
+    mut up: Upstream<'_>,
+    head: &ResponseHead,
+    n: usize,
+    keep: bool,
+) -> RelayEnd {
+    let mut out = Vec::with_capacity(512);
+    respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, &client.scope);
+    let mut left = n;
+    loop {
+        let mut piece = std::mem::take(&mut up.conn.buf);
+        piece.truncate(left);
+        left -= piece.len();
+        out.extend_from_slice(&piece);
+        if !out.is_empty() && client.write_all(std::mem::take(&mut out)).await.is_err() {
+            return RelayEnd::ClientGone;
+        }
+        if left == 0 {
+            return RelayEnd::Done(None);
+        }
+        if let Err(end) = up.more_body().await {
+            return end;
+        }
+    }
+}
+
+/// A chunked or until-close body: each piece goes out as it arrives (one
+/// chunk per read); SSE usage is metered on the way.
+async fn relay_chunks(
+    client: &mut Client,
+    mut up: Upstream<'_>,
+    head: &ResponseHead,
+    keep: bool,
+    committed: bool,
+) -> RelayEnd {
+    let sse = head.is_event_stream();
+    let until_close = head.framing == BodyFraming::UntilClose;
+    let mut out = Vec::with_capacity(512);
+    if !committed {
+        respond::relayed_head(&mut out, head, OutFraming::Chunked, keep, &client.scope);
+    }
+    let mut dec = ChunkedDecoder::new();
+    let mut meter = SseUsage::counting(up.held.is_some_and(|h| h.grows()));
+    let mut payload = Vec::with_capacity(16 * 1024);
+    loop {
+        if until_close {
+            payload.append(&mut up.conn.buf);
+        } else {
+            match dec.decode(&up.conn.buf, &mut payload, 0) {
+                Ok(used) => up.conn.consume(used),
+                Err(e) => {
+                    return RelayEnd::UpstreamFailed(format!("bad chunked body from agent: {e}"))
+                }
+            }
+        }
+        if sse {
+            meter.feed(&payload);
+            if let Some(h) = up.held {
+                h.streamed(meter.content_bytes);
+                if meter.seen {
+                    h.exact_input(meter.tokens.input);
+                }
+            }
+        }
+        http_write::write_chunk(&mut out, &payload);
+        payload.clear();
+        if !until_close && dec.is_done() {
+            // Whole: the stream is retired before the last write, as in
+            // relay_buffered (its closing frame rides with the next
+            // request instead of waking the agent once more).
+            out.extend_from_slice(http_write::LAST_CHUNK);
+            up.retire();
+            return match client.write_all(out).await {
+                Ok(()) => RelayEnd::Done(meter.seen.then_some(meter.tokens)),
+                Err(_) => RelayEnd::ClientGone,
+            };
+        }
+        if !out.is_empty() {
+            if client.write_all(std::mem::take(&mut out)).await.is_err() {
+                return RelayEnd::ClientGone;
+            }
+            out = Vec::with_capacity(16 * 1024);
+        }
+        let fail = match up.fill().await {
+            Ok(0) if until_close => {
+                up.retire();
+                let _ = client.write_all(http_write::LAST_CHUNK.to_vec()).await;
+                return RelayEnd::Done(meter.seen.then_some(meter.tokens));
+            }
+            Ok(0) => "agent stream ended before the last chunk".to_string(),
+            Ok(_) => continue,
+            Err(e) => e,
+        };
+        if sse {
+            // Tell the client why before cutting (never a clean end).
+            let err = ApiError::new(ErrorCode::BackendError, format!("stream cut: {fail}"));
+            let mut event = b"event: error\ndata: ".to_vec();
+            event.extend_from_slice(&err.body());
+            event.extend_from_slice(b"\n\n");
+            let mut chunk = Vec::with_capacity(event.len() + 16);
+            http_write::write_chunk(&mut chunk, &event);
+            let _ = client.write_all(chunk).await;
+        }
+        return RelayEnd::UpstreamFailed(fail);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_before_the_write_is_no_sample() {
+        let p = Progress::default();
+        let (f, sample) = p.deadline();
+        assert_eq!((f.side, f.stage), (Side::Router, Stage::Opening));
+        assert_eq!(sample, None, "nothing reached the agent");
+        p.stage.set(Some(Stage::Opening));
+        assert_eq!(p.deadline().1, None, "still opening the stream");
+        p.stage.set(Some(Stage::AwaitingHead));
+        p.written_at.set(Some(clock::now()));
+        let (f, sample) = p.deadline();
+        assert_eq!(f.stage, Stage::AwaitingHead);
+        assert!(!f.retryable(), "the router's deadline is not retried");
+        assert!(sample.is_some_and(|ms| ms >= 0.0), "written: a sample");
+    }
+}

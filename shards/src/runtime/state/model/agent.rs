@@ -1,0 +1,382 @@
+//! One registered agent on its model's shard, and the capacity slot a
+//! request holds on it.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use super::Waiters;
+use crate::logic::control::Registration;
+use crate::logic::engine_metrics::EngineSignals;
+use crate::logic::hardware::HardwareSignals;
+use crate::logic::history::History;
+use crate::logic::policy::AgentFacts;
+use crate::logic::srtt::Estimator;
+use crate::logic::usage::Tokens;
+use crate::runtime::wire::link::LinkHandle;
+
+/// One registered agent, owned by its model's shard.
+pub struct Agent {
+    /// Shard-local id (stable while registered).
+    pub id: u64,
+    /// What it declared.
+    pub reg: Registration,
+    /// Its region and engine as counter labels (shared, not copied per
+    /// request).
+    pub labels: (Arc<str>, Arc<str>),
+    /// Opens request streams.
+    pub link: LinkHandle,
+    /// Heartbeats arrive in time.
+    pub live: Cell<bool>,
+    /// The agent's own check of its backend.
+    pub backend_healthy: Cell<bool>,
+    /// Requests in flight (slot held until the response ends).
+    pub active: Cell<u32>,
+    /// Lifetime successful requests.
+    pub success: Cell<u64>,
+    /// Lifetime failed requests.
+    pub failed: Cell<u64>,
+    /// Unix seconds of registration or last heartbeat.
+    pub last_seen: Cell<u64>,
+    /// Latency estimator (live: updated before the next routing decision).
+    pub est: Cell<Estimator>,
+    /// Lifetime input tokens (from response usage).
+    pub input_tokens: Cell<u64>,
+    /// Lifetime output tokens.
+    pub output_tokens: Cell<u64>,
+    /// Times the agent left routing (restored from history).
+    pub disconnections: Cell<u64>,
+    /// Healthy -> unhealthy transitions from missed heartbeats.
+    pub agent_failures: Cell<u64>,
+    /// Healthy -> unhealthy transitions of reported backend health.
+    pub backend_failures: Cell<u64>,
+    /// Failures since the last success (this registration only).
+    pub consecutive_failures: Cell<u64>,
+    /// The model's capacity queue (a freed slot wakes its head).
+    pub queue: Rc<RefCell<Waiters>>,
+    /// Latest engine signals from the agent.
+    pub signals: Cell<EngineSignals>,
+    /// Latest host signals from the agent.
+    pub hardware: Cell<HardwareSignals>,
+    /// Whether this agent's record may be written to the store: false when
+    /// the warm-start lookup failed, so a stored history we could not read
+    /// is never overwritten with a fresh one.
+    pub persist: bool,
+    /// Cuts every relayed response at once when the agent is declared dead.
+    pub cuts: Cuts,
+}
+
+/// The signal that cuts an agent's relayed responses, without a channel
+/// per response (a oneshot was one heap allocation per request): each
+/// relay watches an epoch and parks its waker in a slot it gives back
+/// when it ends, so the slots are reused from request to request.
+#[derive(Default)]
+pub struct Cuts {
+    /// Bumped by each cut; a watch made before it fires.
+    epoch: Cell<u64>,
+    /// Parked wakers, by slot; `None` is a free or already woken slot.
+    slots: RefCell<Vec<Option<Waker>>>,
+    /// Slots no watch holds.
+    free: RefCell<Vec<usize>>,
+    /// Watches alive.
+    watching: Cell<usize>,
+}
+
+impl Cuts {
+    /// A future that completes at the next cut.
+    pub fn watch(&self) -> CutWatch<'_> {
+        self.watching.set(self.watching.get() + 1);
+        CutWatch {
+            cuts: self,
+            epoch: self.epoch.get(),
+            slot: None,
+        }
+    }
+
+    /// Fire every watch alive; returns how many there were.
+    pub fn cut_all(&self) -> usize {
+        self.epoch.set(self.epoch.get().wrapping_add(1));
+        let woken: Vec<Waker> = self
+            .slots
+            .borrow_mut()
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        // Woken outside the borrow: a waker may poll at once.
+        for w in woken {
+            w.wake();
+        }
+        self.watching.get()
+    }
+}
+
+/// Completes when its agent's responses are cut.
+pub struct CutWatch<'a> {
+    cuts: &'a Cuts,
+    epoch: u64,
+    slot: Option<usize>,
+}
+
+impl std::future::Future for CutWatch<'_> {
+    type Output = ();
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if this.cuts.epoch.get() != this.epoch {
+            return Poll::Ready(());
+        }
+        let mut slots = this.cuts.slots.borrow_mut();
+        let i = match this.slot {
+            Some(i) => i,
+            None => {
+                let i = this.cuts.free.borrow_mut().pop().unwrap_or_else(|| {
+                    slots.push(None);
+                    slots.len() - 1
+                });
+                this.slot = Some(i);
+                i
+            }
+        };
+        if let Some(s) = slots.get_mut(i) {
+            match s {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => *s = Some(cx.waker().clone()),
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for CutWatch<'_> {
+    fn drop(&mut self) {
+        let c = self.cuts;
+        c.watching.set(c.watching.get().saturating_sub(1));
+        if let Some(i) = self.slot {
+            if let Some(s) = c.slots.borrow_mut().get_mut(i) {
+                *s = None;
+            }
+            c.free.borrow_mut().push(i);
+        }
+    }
+}
+
+// === impl Agent ===
+
+impl Agent {
+    /// A freshly registered agent, seeded from its history.
+    pub fn new(
+        id: u64,
+        reg: Registration,
+        link: LinkHandle,
+        queue: Rc<RefCell<Waiters>>,
+        history: Option<History>,
+        now_unix: u64,
+        persist: bool,
+    ) -> Self {
+        let h = history.unwrap_or_default();
+        let est = match (h.srtt, h.rttvar) {
+            (Some(s), Some(v)) => Estimator::restored(s, v),
+            _ => Estimator::new(),
+        };
+        Agent {
+            id,
+            labels: (reg.region.as_str().into(), reg.engine.as_str().into()),
+            reg,
+            link,
+            live: Cell::new(true),
+            backend_healthy: Cell::new(true),
+            active: Cell::new(0),
+            success: Cell::new(h.success),
+            failed: Cell::new(h.failed),
+            last_seen: Cell::new(now_unix),
+            est: Cell::new(est),
+            input_tokens: Cell::new(h.input_tokens),
+            output_tokens: Cell::new(h.output_tokens),
+            disconnections: Cell::new(h.disconnections),
+            agent_failures: Cell::new(h.agent_failures),
+            backend_failures: Cell::new(h.backend_failures),
+            consecutive_failures: Cell::new(0),
+            queue,
+            signals: Cell::new(EngineSignals::default()),
+            hardware: Cell::new(HardwareSignals::default()),
+            persist,
+            cuts: Cuts::default(),
+        }
+    }
+
+    /// Cut every in-flight response (the agent stopped heartbeating: a
+    /// frozen agent must not hold its clients until the request timeout).
+    /// Returns how many were cut.
+    pub fn cut_streams(&self) -> usize {
+        self.cuts.cut_all()
+    }
+
+    /// Record one latency sample (ms) and log the update.
+    pub fn observe(&self, sample_ms: f64) {
+        let mut e = self.est.get();
+        if let Some(u) = e.observe(sample_ms) {
+            self.est.set(e);
+            tracing::debug!(
+                target: "router",
+                peer_id = %self.reg.peer_id, model = %self.reg.model, sample_ms = u.sample,
+                old_srtt_ms = ?u.old_srtt, old_rttvar_ms = ?u.old_rttvar, srtt_ms = u.srtt, rttvar_ms = u.rttvar,
+                "SRTT update"
+            );
+        }
+    }
+
+    /// Count one success.
+    pub fn succeed(&self) {
+        self.success.set(self.success.get() + 1);
+        self.consecutive_failures.set(0);
+    }
+
+    /// Count one failure.
+    pub fn fail(&self) {
+        self.failed.set(self.failed.get() + 1);
+        self.consecutive_failures
+            .set(self.consecutive_failures.get() + 1);
+    }
+
+    /// Add usage tokens.
+    pub fn add_tokens(&self, t: Tokens) {
+        self.input_tokens.set(self.input_tokens.get() + t.input);
+        self.output_tokens.set(self.output_tokens.get() + t.output);
+    }
+
+    /// The record to persist.
+    pub fn history(&self) -> History {
+        let e = self.est.get();
+        History {
+            srtt: e.srtt(),
+            rttvar: e.rttvar(),
+            success: self.success.get(),
+            failed: self.failed.get(),
+            input_tokens: self.input_tokens.get(),
+            output_tokens: self.output_tokens.get(),
+            disconnections: self.disconnections.get(),
+            agent_failures: self.agent_failures.get(),
+            backend_failures: self.backend_failures.get(),
+            written_at: 0,
+        }
+    }
+
+    /// Clear the lifetime metrics and the failure streak (admin reset, spec 02).
+    pub fn reset_metrics(&self) {
+        self.est.set(Estimator::new());
+        for c in [
+            &self.success,
+            &self.failed,
+            &self.input_tokens,
+            &self.output_tokens,
+            &self.disconnections,
+            &self.agent_failures,
+            &self.backend_failures,
+            &self.consecutive_failures,
+        ] {
+            c.set(0);
+        }
+    }
+
+    /// Routable: live and backend healthy.
+    pub fn healthy(&self) -> bool {
+        self.live.get() && self.backend_healthy.get()
+    }
+
+    /// What the policy gates read of it.
+    pub fn facts(&self) -> AgentFacts<'_> {
+        let total = self.success.get() + self.failed.get();
+        AgentFacts {
+            id: self.id,
+            healthy: self.healthy(),
+            capability: self.reg.capability,
+            engine: &self.reg.engine,
+            region: &self.reg.region,
+            organization: &self.reg.organization,
+            machine: &self.reg.machine,
+            tags: &self.reg.tags,
+            active: self.active.get(),
+            capacity: self.reg.capacity,
+            srtt: self.est.get().srtt(),
+            success_rate: (total > 0).then(|| self.success.get() as f64 / total as f64),
+            consecutive_failures: (total > 0).then(|| self.consecutive_failures.get()),
+            signals: self.signals.get(),
+            hardware: self.hardware.get(),
+        }
+    }
+}
+
+/// A capacity slot on an agent, released on drop (stream end, error or
+/// client disconnect alike: no slot leaks).
+pub struct Slot(Rc<Agent>);
+
+impl Slot {
+    /// Take a slot.
+    pub fn take(agent: Rc<Agent>) -> Self {
+        agent.active.set(agent.active.get() + 1);
+        Slot(agent)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.active.set(self.0.active.get().saturating_sub(1));
+        // A freed slot wakes the head of the model's queue.
+        super::wake_head(&self.0.queue);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct Count(AtomicUsize);
+    impl futures::task::ArcWake for Count {
+        fn wake_by_ref(me: &Arc<Self>) {
+            me.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn poll(w: &mut CutWatch<'_>, waker: &Waker) -> Poll<()> {
+        std::pin::Pin::new(w).poll(&mut Context::from_waker(waker))
+    }
+
+    #[test]
+    fn a_cut_wakes_and_fires_every_live_watch() {
+        let cuts = Cuts::default();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = futures::task::waker(count.clone());
+        let mut a = cuts.watch();
+        let mut b = cuts.watch();
+        assert!(poll(&mut a, &waker).is_pending());
+        assert!(poll(&mut b, &waker).is_pending());
+        // A dropped watch is neither counted nor woken.
+        drop(cuts.watch());
+        assert_eq!(cuts.cut_all(), 2);
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        assert!(poll(&mut a, &waker).is_ready());
+        assert!(poll(&mut b, &waker).is_ready());
+        drop((a, b));
+        // A watch made after the cut waits for the next one.
+        let mut c = cuts.watch();
+        assert!(poll(&mut c, &waker).is_pending());
+        assert_eq!(cuts.cut_all(), 1);
+        assert!(poll(&mut c, &waker).is_ready());
+    }
+
+    #[test]
+    fn slots_are_reused_from_watch_to_watch() {
+        let cuts = Cuts::default();
+        let waker = futures::task::noop_waker();
+        for _ in 0..100 {
+            let mut w = cuts.watch();
+            assert!(poll(&mut w, &waker).is_pending());
+            assert!(poll(&mut w, &waker).is_pending());
+        }
+        assert_eq!(cuts.slots.borrow().len(), 1);
+        assert_eq!(cuts.cut_all(), 0);
+    }
+}

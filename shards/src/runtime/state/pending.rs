@@ -1,0 +1,77 @@
+//! A request read and probed on the shard that accepted it, and the
+//! hand-off payload that carries it to its model's shard.
+
+use crate::logic::endpoint::Endpoint;
+use crate::logic::http_parse::RequestHead;
+use crate::logic::probe::RequestMeta;
+use crate::runtime::wire::budget::{BodyPermit, ConnPermit};
+use crate::runtime::wire::clock::Instant;
+
+pub use super::tenancy::Principal;
+
+/// A request ready for its model's shard.
+#[derive(Debug)]
+pub struct PendingRequest {
+    /// Parsed head.
+    pub head: RequestHead,
+    /// Whole body as received (de-chunked).
+    pub body: Vec<u8>,
+    /// Probed fields.
+    pub meta: RequestMeta,
+    /// Which endpoint.
+    pub endpoint: Endpoint,
+    /// When the head started arriving.
+    pub received_at: Instant,
+    /// `X-Request-ID` (the client's when it is a UUID, else generated).
+    pub request_id: crate::logic::request_id::RequestId,
+    /// Its trace context (sent on to the agent, echoed to the client).
+    pub trace: crate::logic::trace_context::Trace,
+    /// Who sent it.
+    pub principal: Principal,
+    /// The name the client asked for when it was an alias.
+    pub alias: Option<String>,
+    /// Headers every response to it carries (`X-Hivenet-Routed-Model`).
+    pub reply_headers: Vec<(&'static str, Vec<u8>)>,
+    /// The body's share of the router-wide body budget (given back when
+    /// the request is done).
+    pub body_permit: BodyPermit,
+    /// Set when the request was held at zero and released by a wake.
+    pub held: Option<Held>,
+    /// Hold it for this budget on arrival (it was sent to its model's
+    /// hold shard, where every held request of the model waits, so a wake
+    /// releases them in one order).
+    pub hold_for: Option<std::time::Duration>,
+}
+
+/// What a request released by a wake carries on (seed "After the wake").
+#[derive(Debug)]
+pub struct Held {
+    /// End of its hold budget: admission may wait for room until then.
+    pub until: Instant,
+    /// The budget (for the `model_waking` message and `Retry-After`).
+    pub budget: std::time::Duration,
+    /// `Retry-After` seconds of a `model_waking` answer.
+    pub retry_after: u64,
+    /// Keepalives go on until the response starts.
+    pub keepalive: Option<super::scope::KeepAlive>,
+    /// A 200 head already went out.
+    pub committed: bool,
+    /// Its pending demand, left when it gets a slot.
+    pub demand: super::hold_book::DemandGuard,
+    /// The request quota taken before the hold (not taken twice).
+    pub quota: Option<super::tenancy::Ticket>,
+}
+
+/// A client connection moving to its model's shard: the socket out of
+/// its former runtime, the bytes read past the request, and the request.
+#[derive(Debug)]
+pub struct HandOff {
+    /// The socket.
+    pub stream: std::net::TcpStream,
+    /// Bytes read past the pending request (pipelined input).
+    pub buf: Vec<u8>,
+    /// The request to serve first.
+    pub pending: Box<PendingRequest>,
+    /// The connection's place under the router-wide cap.
+    pub permit: ConnPermit,
+}

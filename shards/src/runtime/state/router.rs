@@ -1,0 +1,252 @@
+//! What every shard reads: configuration, the model directory and the
+//! policies (versioned snapshots), the mesh senders, the router's identity,
+//! the store sender and the admin keys.
+//!
+//! Key types: [`Router`] (held by every shard as `Arc<Router>`),
+//! [`RouterConfig`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::channel::mpsc::UnboundedSender;
+use libp2p_identity::Keypair;
+use libp2p_pnet::PreSharedKey;
+
+use super::mesh::ShardMsg;
+use super::snapshot::Versioned;
+use crate::logic::directory::Directory;
+use crate::logic::policy_set::PolicySet;
+
+/// Router settings the shards need.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    /// Client HTTP listen address.
+    pub http_addr: SocketAddr,
+    /// Prometheus listen address.
+    pub metrics_addr: SocketAddr,
+    /// libp2p listen address.
+    pub p2p_addr: SocketAddr,
+    /// Request body limit in bytes; 0 disables.
+    pub max_request_bytes: u64,
+    /// Time allowed to receive a request head.
+    pub header_timeout: Duration,
+    /// Time allowed to receive a whole request body.
+    pub body_timeout: Duration,
+    /// Time allowed from forward to the agent's response head.
+    pub request_timeout: Duration,
+    /// Heartbeat period agents are told to use.
+    pub heartbeat_interval: Duration,
+    /// Time allowed for the preamble.
+    pub preamble_timeout: Duration,
+    /// Time allowed for the pnet + noise handshake and registration.
+    pub handshake_timeout: Duration,
+    /// Period of the history flush to the store.
+    pub flush_interval: Duration,
+    /// Longest silence between bytes of a response being relayed
+    /// (`--stream-idle-timeout`): then it is cut with an error event.
+    pub stream_idle_timeout: Duration,
+    /// An agent whose control stream stays silent this long is removed
+    /// and its link closed (`--remove-after`).
+    pub remove_after: Duration,
+    /// Tries per policy step (`--max-tries-per-step`).
+    pub max_tries_per_step: u32,
+    /// Capacity-queue bound per model (`--queue-depth`; 0: no queue).
+    pub queue_depth: usize,
+    /// Request-body bytes buffered at once, router-wide
+    /// (`--max-buffered-body-bytes`; 0: unlimited).
+    pub max_buffered_body_bytes: u64,
+    /// Client connections open at once (`--max-client-connections`; 0: unlimited).
+    pub max_client_connections: usize,
+    /// `HIVENET_ROUTER_RPM_BURST_SECONDS` (0: a bucket's burst is the
+    /// whole minute).
+    pub rpm_burst_secs: u64,
+    /// `HIVENET_ROUTER_ADMIT_FRACTION`: share of `admit_budget_tokens`
+    /// admission fills, (0, 1].
+    pub admit_fraction: f64,
+    /// `HIVENET_ROUTER_ADMIT_PARK_TIMEOUT`: how long a request waits for
+    /// occupancy room (0: refused at once).
+    pub admit_park_timeout: Duration,
+    /// `--site-id` (None: no sites, no redirect; behaviour as before).
+    pub site_id: Option<String>,
+    /// `--sibling-hints-max-age`: warm/cold hints older than this are
+    /// ignored.
+    pub sibling_hints_max_age: Duration,
+    /// `--wake-hold-budget`: how long a request is held at zero unless its
+    /// placement sets `hold_budget`.
+    pub wake_hold_budget: Duration,
+    /// The three hold limits.
+    pub hold_limits: crate::logic::hold::Limits,
+    /// `--wake-keepalive` (zero: no keepalives, plain status codes).
+    pub wake_keepalive: Duration,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            http_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            metrics_addr: SocketAddr::from(([0, 0, 0, 0], 2112)),
+            p2p_addr: SocketAddr::from(([127, 0, 0, 1], 9000)),
+            max_request_bytes: 10 * 1024 * 1024,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(60),
+            heartbeat_interval: Duration::from_secs(5),
+            preamble_timeout: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(10),
+            flush_interval: Duration::from_secs(30),
+            stream_idle_timeout: Duration::from_secs(30),
+            remove_after: Duration::from_secs(30),
+            max_tries_per_step: 3,
+            queue_depth: 30,
+            max_buffered_body_bytes: 256 * 1024 * 1024,
+            max_client_connections: 4096,
+            rpm_burst_secs: 0,
+            admit_fraction: 0.9,
+            admit_park_timeout: Duration::from_millis(250),
+            site_id: None,
+            sibling_hints_max_age: Duration::from_secs(60),
+            wake_hold_budget: Duration::from_secs(300),
+            hold_limits: crate::logic::hold::Limits::default(),
+            wake_keepalive: Duration::from_secs(15),
+        }
+    }
+}
+
+/// The router-wide state every shard reads.
+pub struct Router {
+    /// Settings.
+    pub cfg: RouterConfig,
+    /// Model -> owning shard (shards read it through their cache).
+    pub directory: Versioned<Directory>,
+    /// One sender per shard, indexed by shard id.
+    pub mesh: Vec<UnboundedSender<ShardMsg>>,
+    /// The router's libp2p identity.
+    pub keypair: Keypair,
+    /// Fleet secret for the private network; `None`: noise only.
+    pub psk: Option<PreSharedKey>,
+    /// The store thread (None: no persistence).
+    pub store: Option<super::store_api::StoreTx>,
+    /// Router-wide memory bounds (body bytes, client connections).
+    pub budget: std::sync::Arc<crate::runtime::wire::budget::Budget>,
+    /// Failed store operations.
+    pub storage_errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// SHA-256 of each admin key; empty with `insecure_admin`.
+    pub admin_keys: Vec<[u8; 32]>,
+    /// Admin routes open without a key (explicit opt-in).
+    pub insecure_admin: bool,
+    /// Routing policies; a request takes one snapshot at its start.
+    pub policies: Versioned<PolicySet>,
+    /// `hivenet_policy_reload_total{trigger,result}`.
+    pub policy_reloads: std::sync::Mutex<std::collections::BTreeMap<(String, String), u64>>,
+    /// Client keys and their buckets; a request takes one snapshot.
+    pub auth: Versioned<super::tenancy::AuthState>,
+    /// The dynamic key registry (mutated by `/admin/api-keys` only; its
+    /// keys are published into `auth`).
+    pub registry: std::sync::Mutex<crate::logic::registry::Registry>,
+    /// The audit log (None: off).
+    pub audit: Option<std::sync::Arc<super::audit::AuditLog>>,
+    /// Subscribers of `/admin/registration-stream` (16 events buffered each;
+    /// a slow subscriber loses events rather than slowing registrations).
+    pub feed: std::sync::Mutex<Vec<futures::channel::mpsc::Sender<String>>>,
+    /// The sibling map (pushed by the map writer; memory only).
+    pub sites: Versioned<Sites>,
+    /// Hold at zero's books (limits, demand, outcomes, wake times).
+    pub holds: Arc<super::hold_book::HoldBook>,
+}
+
+/// The sibling map as this router holds it.
+#[derive(Debug, Clone, Default)]
+pub struct Sites {
+    /// The last accepted push (None: no map).
+    pub map: Option<Arc<crate::logic::sites::SiteMap>>,
+    /// Unix seconds it was received.
+    pub received_at: u64,
+    /// Version of the last accepted push or delete (the version rule
+    /// survives a delete: an older push stays refused).
+    pub version: Option<String>,
+}
+
+// === impl Router ===
+
+impl Router {
+    /// Reserve the owner for a link whose preamble names `model` (matched
+    /// by [`Router::register`] or [`Router::release`]).
+    pub fn reserve(&self, model: &str) -> usize {
+        // Held requests of a model at zero wait on its hold shard: own it
+        // there, so the wake needs no hand-off.
+        let held = self.holds.lock().ledger.demand(model) > 0;
+        let assigned = self.directory.load().assigned(model);
+        let prefer =
+            held.then(|| super::hold_book::hold_shard_of(assigned, model, self.mesh.len()));
+        self.directory
+            .update(|d| d.reserve_preferring(model, prefer))
+    }
+
+    /// A link reserved at its preamble failed before registering.
+    pub fn release(&self, model: &str) {
+        self.directory.update(|d| d.release(model));
+    }
+
+    /// A link of `model` registered on shard `preferred`; returns the owner.
+    pub fn register(&self, model: &str, preferred: usize) -> usize {
+        self.directory.update(|d| d.register(model, preferred))
+    }
+
+    /// A registered link of `model` ended.
+    pub fn unregister(&self, model: &str) {
+        self.directory.update(|d| d.unregister(model));
+    }
+
+    /// Publish a `registered` or `unregistered` event to every subscriber.
+    pub fn publish(&self, event: &str, reg: &crate::logic::control::Registration) {
+        let (secs, nanos) = crate::runtime::wire::clock::unix_nanos();
+        let line = serde_json::json!({
+            "event_type": event,
+            "deployment_id": reg.deployment_id,
+            "replica_id": reg.replica_id,
+            "agent_id": reg.peer_id,
+            "timestamp": crate::logic::timefmt::rfc3339_nanos(secs, nanos),
+        })
+        .to_string();
+        if let Ok(mut subs) = self.feed.lock() {
+            subs.retain_mut(|tx| match tx.try_send(line.clone()) {
+                Ok(()) => true,
+                Err(e) => e.is_full(),
+            });
+        }
+    }
+
+    /// Publish the registry's keys as the lookup snapshot (buckets with
+    /// the same name carry over).
+    pub fn publish_registry(&self, reg: &crate::logic::registry::Registry) {
+        let prev = self.auth.load();
+        let next = super::tenancy::AuthState::build(
+            prev.mode,
+            reg.keys(),
+            Some(&prev),
+            &Default::default(),
+        );
+        self.auth.store(next);
+    }
+
+    /// Replace the policy set (validated) and count the reload.
+    pub fn swap_policies(&self, set: PolicySet, trigger: &str) -> Result<(), String> {
+        let r = set.validate();
+        self.count_reload(trigger, r.is_ok());
+        r?;
+        self.policies.store(set);
+        Ok(())
+    }
+
+    /// Count a reload attempt.
+    pub fn count_reload(&self, trigger: &str, ok: bool) {
+        if let Ok(mut m) = self.policy_reloads.lock() {
+            *m.entry((
+                trigger.to_string(),
+                if ok { "success" } else { "error" }.to_string(),
+            ))
+            .or_default() += 1;
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! Bytes and time: [`conn`] (one buffered read-and-parse loop over TCP and
+//! yamux), [`link`] + [`mux`] + [`io`] + [`link_socket`] +
+//! [`http_stream`] (the libp2p stack), [`handoff`] (a socket between
+//! cores), [`bufpool`] and [`budget`] (buffers and memory budgets),
+//! [`executor`] (pinned runtimes), [`clock`] (the one place that reads
+//! time).
+
+pub mod budget;
+pub mod bufpool;
+pub mod clock;
+pub mod conn;
+pub mod executor;
+pub mod handoff;
+pub mod http_stream;
+pub mod io;
+pub mod link;
+pub mod link_socket;
+pub mod mux;
