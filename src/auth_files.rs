@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use shards::logic::auth::{self, AdminMode, ApiMode, AuthConfig};
+use shards::logic::tenancy::auth::{self, AdminMode, ApiMode, AuthConfig};
 
 /// Where client authentication comes from.
 #[derive(Debug, Clone, Default)]

@@ -41,7 +41,7 @@ pub fn key_from(random: [u8; 32]) -> String {
 
 /// The `auth.yaml` entry for `key`, created on `today` (`DD-MM-YYYY`).
 pub fn snippet(key: &str, tenant: &str, today: &str) -> String {
-    let hash = shards::logic::auth::hex(&Sha256::digest(key.as_bytes()));
+    let hash = shards::logic::tenancy::auth::hex(&Sha256::digest(key.as_bytes()));
     let tail: String = key
         .chars()
         .rev()
@@ -95,7 +95,7 @@ pub fn run(args: &[String]) -> Result<String, String> {
     }
     let key = key_from(rand::random());
     let secs = shards::runtime::wire::clock::unix_secs();
-    let date = shards::logic::timefmt::rfc3339_nanos(secs, 0);
+    let date = shards::logic::system::timefmt::rfc3339_nanos(secs, 0);
     // YYYY-MM-DD... -> DD-MM-YYYY
     let today = match (date.get(0..4), date.get(5..7), date.get(8..10)) {
         (Some(y), Some(m), Some(d)) => format!("{d}-{m}-{y}"),
@@ -128,7 +128,7 @@ mod tests {
             "api:\n  mode: api-key\n  keys:\n{}",
             snippet(&key, "acme", "30-11-2026")
         );
-        let cfg = shards::logic::auth::parse_config("auth.yaml", &yaml).expect("valid");
+        let cfg = shards::logic::tenancy::auth::parse_config("auth.yaml", &yaml).expect("valid");
         let (hash, rec) = &cfg.keys[0];
         assert_eq!(hash, &<[u8; 32]>::from(Sha256::digest(key.as_bytes())));
         assert_eq!(&*rec.tenant, "acme");

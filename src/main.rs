@@ -8,9 +8,9 @@ use std::sync::Arc;
 use argh::FromArgs;
 use futures::channel::mpsc;
 use hivenet_router::cli;
-use shards::logic::auth::ApiMode;
-use shards::logic::core_plan;
-use shards::logic::directory::Directory;
+use shards::logic::routing::directory::Directory;
+use shards::logic::system::core_plan;
+use shards::logic::tenancy::auth::ApiMode;
 use shards::runtime::front::event_loop::{self, ShardListeners};
 use shards::runtime::state::router::{Router, RouterConfig};
 use shards::runtime::state::snapshot::Versioned;
@@ -138,12 +138,12 @@ struct Flags {
 struct Startup {
     drain: std::time::Duration,
     policy_sources: hivenet_router::policy_files::PolicySources,
-    policies: shards::logic::policy_set::PolicySet,
+    policies: shards::logic::routing::policy_set::PolicySet,
     store: hivenet_router::store::StoreConfig,
     admin_keys: Vec<[u8; 32]>,
     insecure_admin: bool,
     auth_sources: hivenet_router::auth_files::AuthSources,
-    auth: shards::logic::auth::AuthConfig,
+    auth: shards::logic::tenancy::auth::AuthConfig,
     audit_path: Option<std::path::PathBuf>,
     cfg: RouterConfig,
     plan: Vec<Option<usize>>,
@@ -324,7 +324,7 @@ fn build() -> Result<Startup, String> {
     let policies = hivenet_router::policy_files::load(&policy_sources)?;
     hivenet_router::policy_files::serverless_check(
         auth.keys.iter().filter_map(|(_, k)| match k.limits {
-            shards::logic::auth::Limits::Flat { itpm, .. } if itpm > 0 => {
+            shards::logic::tenancy::auth::Limits::Flat { itpm, .. } if itpm > 0 => {
                 Some((k.name.as_str(), itpm))
             }
             _ => None,
@@ -360,7 +360,7 @@ fn build() -> Result<Startup, String> {
             _ => Err(format!("{name}: {v:?} must be an integer > 0")),
         }
     };
-    cfg.hold_limits = shards::logic::hold::Limits {
+    cfg.hold_limits = shards::logic::sites::hold::Limits {
         per_key: limit(
             f.wake_hold_max_per_key,
             "--wake-hold-max-per-key",

@@ -120,7 +120,7 @@ pub fn build(
 ) -> MapDto {
     MapDto {
         version: version.to_string(),
-        hints_generated_at: Some(shards::logic::timefmt::rfc3339_nanos(now_unix, 0)),
+        hints_generated_at: Some(shards::logic::system::timefmt::rfc3339_nanos(now_unix, 0)),
         sites: cfg
             .sites
             .iter()
@@ -299,7 +299,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        let mut version = shards::logic::timefmt::rfc3339_nanos(now.as_secs(), now.subsec_nanos());
+        let mut version =
+            shards::logic::system::timefmt::rfc3339_nanos(now.as_secs(), now.subsec_nanos());
         if version <= last_version {
             // The clock did not move (or went back): stay ahead of the last.
             version = format!("{last_version}+");

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use shards::logic::policy::{self, Policy};
-use shards::logic::policy_set::PolicySet;
+use shards::logic::routing::policy::{self, Policy};
+use shards::logic::routing::policy_set::PolicySet;
 
 /// Where policies come from.
 #[derive(Debug, Clone, Default)]
@@ -84,5 +84,5 @@ pub fn serverless_check<'a>(
             .iter()
             .map(|(name, p)| (name.as_str(), &p.admission)),
     );
-    shards::logic::admission::cross_check(keys, docs).map_err(|e| format!("policy: {e}"))
+    shards::logic::routing::admission::cross_check(keys, docs).map_err(|e| format!("policy: {e}"))
 }

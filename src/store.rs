@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
-use shards::logic::history::History;
+use shards::logic::routing::history::History;
 use shards::runtime::state::store_api::StoreMsg;
 use shards::runtime::wire::clock;
 use tracing::{error, info, warn};
@@ -72,7 +72,7 @@ fn load_quota(o: &Open, today: u64) -> Vec<QuotaState> {
             continue;
         };
         let state = u64::from_be_bytes(bytes);
-        if shards::logic::quota::used_on(state, today) == 0 {
+        if shards::logic::tenancy::quota::used_on(state, today) == 0 {
             continue;
         }
         let mut parts = k.splitn(2, |b| *b == 0);
@@ -319,7 +319,7 @@ pub type Started = (
 /// thread; returns its sender, join handle and today's daily token usage.
 pub fn start(cfg: StoreConfig, errors: Arc<AtomicU64>) -> Result<Started, String> {
     let store = open(&cfg, &errors)?;
-    let today = shards::logic::quota::day_of(clock::unix_secs());
+    let today = shards::logic::tenancy::quota::day_of(clock::unix_secs());
     let restored = store
         .as_ref()
         .map(|o| load_quota(o, today))

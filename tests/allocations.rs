@@ -25,7 +25,7 @@ use std::time::Duration;
 use common::{start_sim, tmpdir, wait_until};
 use futures::channel::mpsc;
 use hivenet_router::agent::{self, AgentConfig};
-use shards::logic::directory::Directory;
+use shards::logic::routing::directory::Directory;
 use shards::runtime::front::event_loop::{self, ShardListeners};
 use shards::runtime::state::router::{Router, RouterConfig};
 use shards::runtime::state::snapshot::Versioned;
@@ -207,7 +207,7 @@ fn start_agent(p2p: u16, sim: u16, dir: &std::path::Path) {
             .expect("backend url"),
         engine: agent::engine::Engine::Vllm,
         health_url: None,
-        capability: shards::logic::control::Capability::Llm,
+        capability: shards::logic::link::control::Capability::Llm,
         model: Some(MODEL.into()),
         capacity: 10,
         keypair: shards::runtime::wire::link::load_or_create_identity(&dir.join("agent.key"))

@@ -52,7 +52,7 @@ fn unregistered_preambles_leave_no_reservation() {
             continue;
         };
         let model = format!("junk-{i}-{:x}", rand_word(i));
-        let _ = std::io::Write::write_all(&mut s, &shards::logic::preamble::encode(&model));
+        let _ = std::io::Write::write_all(&mut s, &shards::logic::link::preamble::encode(&model));
     }
     wait_until(
         Duration::from_secs(20),

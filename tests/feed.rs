@@ -36,7 +36,7 @@ fn hold_link(
     model: &'static str,
     stop: std::sync::mpsc::Receiver<()>,
 ) -> std::thread::JoinHandle<()> {
-    use shards::logic::control::ControlMsg;
+    use shards::logic::link::control::ControlMsg;
     use shards::runtime::wire::executor::{run_on_runtime, DriverChoice};
     use shards::runtime::wire::link;
     std::thread::spawn(move || {

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use std::time::Duration;
 
-use shards::logic::control::ControlMsg;
+use shards::logic::link::control::ControlMsg;
 use shards::runtime::wire::executor::{run_on_runtime, DriverChoice};
 use shards::runtime::wire::link;
 

@@ -561,7 +561,7 @@ fn failed_store_writes_keep_serving_and_are_counted() {
 /// (the router is stopped; the test opens the fjall store itself).
 fn age_record(db: &Path, peer: &str, days: u64) {
     use fjall::{Database, KeyspaceCreateOptions, PersistMode};
-    use shards::logic::history::History;
+    use shards::logic::routing::history::History;
     let d = Database::builder(db).open().expect("open store");
     let ks = d
         .keyspace("agent_history", KeyspaceCreateOptions::default)

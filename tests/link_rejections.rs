@@ -7,7 +7,7 @@ use common::*;
 use std::time::Duration;
 
 use futures::AsyncWriteExt;
-use shards::logic::control::{ControlMsg, Registration};
+use shards::logic::link::control::{ControlMsg, Registration};
 use shards::runtime::wire::executor::{run_on_runtime, DriverChoice};
 use shards::runtime::wire::link;
 
@@ -176,7 +176,7 @@ fn slow_preamble_and_stalled_handshake_are_cut() {
     let t = std::time::Instant::now();
     let resp = raw(
         r.p2p,
-        &shards::logic::preamble::encode("t-model"),
+        &shards::logic::link::preamble::encode("t-model"),
         Duration::from_secs(5),
     );
     assert!(
@@ -199,7 +199,7 @@ fn garbage_after_a_valid_preamble_is_cut_at_once_and_refusals_are_rate_logged() 
     let dir = tmpdir("preamble-garbage");
     let r = start_router(&dir, &["--shards", "1", "--handshake-timeout", "10s"], &[]);
     // A valid preamble, then an HTTP request instead of a noise handshake.
-    let mut bytes = shards::logic::preamble::encode("some-model");
+    let mut bytes = shards::logic::link::preamble::encode("some-model");
     bytes.extend_from_slice(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
     let t = std::time::Instant::now();
     let resp = raw(r.p2p, &bytes, Duration::from_secs(12));

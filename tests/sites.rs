@@ -58,7 +58,7 @@ fn now_rfc3339() -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock");
-    shards::logic::timefmt::rfc3339_nanos(t.as_secs(), 0)
+    shards::logic::system::timefmt::rfc3339_nanos(t.as_secs(), 0)
 }
 
 fn chat_at(http: u16, query: &str, extra: &str) -> (u16, String, Vec<u8>) {

@@ -141,9 +141,8 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
     };
     let threads = opts.threads.max(1);
     let cpus: Vec<usize> = match &opts.cpus {
-        Some(s) => {
-            shards::logic::core_plan::parse_cpu_list(s).map_err(|e| format!("--cpus: {e}"))?
-        }
+        Some(s) => shards::logic::system::core_plan::parse_cpu_list(s)
+            .map_err(|e| format!("--cpus: {e}"))?,
         None => Vec::new(),
     };
     let (mode, rate, connections) = match (opts.rate, opts.connections) {

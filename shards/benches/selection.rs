@@ -8,8 +8,8 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use shards::logic::control::Capability;
-use shards::logic::policy::{select, AgentFacts, Field, Match, Op, Rule, Step, StepPick};
+use shards::logic::link::control::Capability;
+use shards::logic::routing::policy::{select, AgentFacts, Field, Match, Op, Rule, Step, StepPick};
 
 struct Agent {
     id: u64,

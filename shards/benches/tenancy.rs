@@ -12,9 +12,9 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
-use shards::logic::auth::{self, ApiMode, KeyRecord, Limits};
-use shards::logic::endpoint::Endpoint;
-use shards::logic::usage::Tokens;
+use shards::logic::http::endpoint::Endpoint;
+use shards::logic::http::usage::Tokens;
+use shards::logic::tenancy::auth::{self, ApiMode, KeyRecord, Limits};
 use shards::runtime::state::tenancy::{admit, AuthState, QuotaFacts, Settle};
 
 fn keys(n: usize) -> Vec<([u8; 32], KeyRecord)> {

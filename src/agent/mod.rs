@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use libp2p_identity::Keypair;
 use libp2p_pnet::PreSharedKey;
-use shards::logic::control::{Capability, ControlMsg, Registration};
+use shards::logic::link::control::{Capability, ControlMsg, Registration};
 use shards::runtime::wire::link;
 use tracing::{info, warn};
 
@@ -308,7 +308,7 @@ async fn session(
     let mut healthy = true;
     // Engine signals (vllm, sglang, llamacpp): scraped every
     // --engine-sample-interval and pushed when they change (or every 5 s).
-    let scrape = shards::logic::engine_metrics::scraped(cfg.engine.as_str());
+    let scrape = shards::logic::link::engine_metrics::scraped(cfg.engine.as_str());
     // Routing signals every --engine-sample-interval: engine metrics (vllm,
     // sglang, llamacpp) and host CPU and memory (every engine).
     // Backend health every --hardware-sample-interval (3 failures: report
@@ -323,7 +323,7 @@ async fn session(
     let mut next_health = shards::runtime::wire::clock::now() + cfg.health_interval;
     let mut cpu_prev = std::fs::read_to_string("/proc/stat")
         .ok()
-        .and_then(|t| shards::logic::hardware::cpu_ticks(&t));
+        .and_then(|t| shards::logic::link::hardware::cpu_ticks(&t));
     loop {
         let tick = monoio::time::sleep(tick_every);
         futures::pin_mut!(tick);
@@ -331,13 +331,13 @@ async fn session(
             futures::future::Either::Left(_) => {}
             futures::future::Either::Right(_) => break,
         }
-        let mut engine = shards::logic::engine_metrics::EngineSignals::default();
+        let mut engine = shards::logic::link::engine_metrics::EngineSignals::default();
         if scrape {
             if let Ok((h, body)) =
                 backend::fetch(&cfg.backend, "GET", "/metrics", b"", Duration::from_secs(2)).await
             {
                 if h.status == 200 {
-                    engine = shards::logic::engine_metrics::parse(
+                    engine = shards::logic::link::engine_metrics::parse(
                         cfg.engine.as_str(),
                         &String::from_utf8_lossy(&body),
                     );
@@ -346,15 +346,15 @@ async fn session(
         }
         let cpu_now = std::fs::read_to_string("/proc/stat")
             .ok()
-            .and_then(|t| shards::logic::hardware::cpu_ticks(&t));
-        let hardware = shards::logic::hardware::HardwareSignals {
+            .and_then(|t| shards::logic::link::hardware::cpu_ticks(&t));
+        let hardware = shards::logic::link::hardware::HardwareSignals {
             cpu_usage_percent: match (cpu_prev, cpu_now) {
-                (Some(p), Some(n)) => shards::logic::hardware::cpu_usage(p, n),
+                (Some(p), Some(n)) => shards::logic::link::hardware::cpu_usage(p, n),
                 _ => None,
             },
             memory_used_percent: std::fs::read_to_string("/proc/meminfo")
                 .ok()
-                .and_then(|t| shards::logic::hardware::memory_used(&t)),
+                .and_then(|t| shards::logic::link::hardware::memory_used(&t)),
         };
         cpu_prev = cpu_now;
         if let Err(e) =

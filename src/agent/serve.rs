@@ -10,10 +10,10 @@ use std::io;
 use std::rc::Rc;
 
 use futures::AsyncWriteExt;
-use shards::logic::errors::{ApiError, ErrorCode, Source};
-use shards::logic::http_parse::{self, BodyFraming, ChunkedDecoder, Headers};
-use shards::logic::http_write::{self, OutFraming};
-use shards::logic::trace_context;
+use shards::logic::http::errors::{ApiError, ErrorCode, Source};
+use shards::logic::http::http_parse::{self, BodyFraming, ChunkedDecoder, Headers};
+use shards::logic::http::http_write::{self, OutFraming};
+use shards::logic::http::trace_context;
 use shards::runtime::wire::bufpool::{self, Pooled};
 use shards::runtime::wire::conn::{Conn, HeadRead};
 use shards::runtime::wire::http_stream::{self, HttpStream};

@@ -9,7 +9,7 @@ use hivenet_router::agent::backend::BackendUrl;
 use hivenet_router::agent::engine::Engine;
 use hivenet_router::agent::{self, AgentConfig};
 use hivenet_router::cli;
-use shards::logic::control::Capability;
+use shards::logic::link::control::Capability;
 use shards::runtime::wire::executor::{self, DriverChoice};
 use shards::runtime::wire::link;
 use tracing::info;
@@ -117,7 +117,7 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
         return Err("--engine custom requires --model (it has no model discovery)".into());
     }
     if let Some(m) = &f.model {
-        if m.is_empty() || m.len() > shards::logic::probe::MAX_MODEL_BYTES {
+        if m.is_empty() || m.len() > shards::logic::http::probe::MAX_MODEL_BYTES {
             return Err("--model must be 1 to 256 bytes".into());
         }
     }

@@ -363,13 +363,13 @@ pub struct RawLink {
     /// The control stream.
     pub ctl: shards::runtime::wire::conn::Conn<shards::runtime::wire::link::LinkStream>,
     /// The router's answer to the registration.
-    pub reply: Option<shards::logic::control::ControlMsg>,
+    pub reply: Option<shards::logic::link::control::ControlMsg>,
 }
 
 /// Dial the router's p2p port as `kp`, register `model` (capacity 1) and
 /// read the answer. Runs on a monoio runtime (`run_on_runtime`).
 pub async fn raw_register(p2p: u16, kp: &libp2p_identity::Keypair, model: &str) -> Option<RawLink> {
-    use shards::logic::control::{ControlMsg, Registration};
+    use shards::logic::link::control::{ControlMsg, Registration};
     use shards::runtime::wire::link;
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p2p));
     let (_, conn) = link::dial(addr, model, None, kp).await.ok()?;

@@ -2,7 +2,7 @@
 //! step and an error names its file.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shards::logic::policy;
+use shards::logic::routing::policy;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

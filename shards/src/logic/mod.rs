@@ -2,38 +2,27 @@
 //!
 //! Every function here takes the time (`now`) and any randomness as
 //! arguments so it can be unit- and property-tested.
+//!
+//! Folders by concern, top down (imports only run down):
+//! - [`routing`]: the request's decision machine and the order of its
+//!   gates, policies and their evaluation, admission, the SRTT
+//!   estimator, failures, the capacity queue, the model directory, agent
+//!   history;
+//! - [`sites`]: the sibling map, the redirect choice, "not served here",
+//!   hold at zero;
+//! - [`http`]: HTTP/1.1 framing, the JSON probe, error envelopes, request
+//!   IDs, trace context, usage, endpoints;
+//! - [`link`]: the agent link's codecs (control stream, preamble,
+//!   multistream-select, yamux frames) and what agents report (engine
+//!   metrics, hardware);
+//! - [`tenancy`]: `auth.yaml` and key records, quotas, the dynamic key
+//!   registry;
+//! - [`system`]: the core plan, `/proc` parsers, log gating, time formats.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
 
-pub mod admission;
-pub mod auth;
-pub mod control;
-pub mod core_plan;
-pub mod decision;
-pub mod directory;
-pub mod endpoint;
-pub mod engine_metrics;
-pub mod errors;
-pub mod failure;
-pub mod hardware;
-pub mod history;
-pub mod hold;
-pub mod http_parse;
-pub mod http_write;
-pub mod inline_str;
-pub mod log_gate;
-pub mod multistream;
-pub mod mux_frame;
-pub mod policy;
-pub mod policy_set;
-pub mod preamble;
-pub mod probe;
-pub mod procfs;
-pub mod quota;
-pub mod registry;
-pub mod request_id;
+pub mod http;
+pub mod link;
+pub mod routing;
 pub mod sites;
-pub mod srtt;
-pub mod timefmt;
-pub mod trace_context;
-pub mod usage;
-pub mod wait_queue;
+pub mod system;
+pub mod tenancy;

@@ -8,8 +8,8 @@
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::logic::auth::ApiMode;
-use crate::logic::registry::{KeyDto, RegistryError};
+use crate::logic::tenancy::auth::ApiMode;
+use crate::logic::tenancy::registry::{KeyDto, RegistryError};
 use crate::runtime::admin::policy::{reply, AdminReply};
 use crate::runtime::state::router::Router;
 

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::logic::policy;
+use crate::logic::routing::policy;
 use crate::runtime::state::router::Router;
 
 /// `{field: {op: value}}` of a rule list.
-fn rules_json(rules: &[crate::logic::policy::Rule]) -> Value {
+fn rules_json(rules: &[crate::logic::routing::policy::Rule]) -> Value {
     let mut ex = serde_json::Map::new();
     for r in rules {
         ex.insert(r.field.name().to_string(), json!({ serde_json::to_value(r.op).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(): r.value }));
@@ -18,7 +18,7 @@ fn rules_json(rules: &[crate::logic::policy::Rule]) -> Value {
     Value::Object(ex)
 }
 
-fn step_json(s: &crate::logic::policy::Step) -> Value {
+fn step_json(s: &crate::logic::routing::policy::Step) -> Value {
     let mut v = json!({"match": s.matcher, "strategy": "least-loaded"});
     if !s.exclude_if.is_empty() {
         v["exclude_if"] = rules_json(&s.exclude_if);
@@ -30,7 +30,7 @@ fn step_json(s: &crate::logic::policy::Step) -> Value {
 }
 
 /// A policy in the spec's JSON shape.
-pub fn policy_json(p: &crate::logic::policy::Policy) -> Value {
+pub fn policy_json(p: &crate::logic::routing::policy::Policy) -> Value {
     let mut v = json!({});
     if !p.models.is_empty() {
         v["models"] = json!(p.models);

@@ -56,8 +56,10 @@ pub fn sites_api(
             match &s.map {
                 Some(m) => {
                     let mut v = serde_json::to_value(&m.dto).unwrap_or_default();
-                    v["received_at"] =
-                        json!(crate::logic::timefmt::rfc3339_nanos(s.received_at, 0));
+                    v["received_at"] = json!(crate::logic::system::timefmt::rfc3339_nanos(
+                        s.received_at,
+                        0
+                    ));
                     reply(200, v)
                 }
                 None => reply(404, json!({"error": "no sibling map"})),

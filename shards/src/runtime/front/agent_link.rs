@@ -9,8 +9,8 @@ use std::rc::Rc;
 
 use tracing::{info, warn};
 
-use crate::logic::control::{ControlMsg, Registration};
-use crate::logic::preamble;
+use crate::logic::link::control::{ControlMsg, Registration};
+use crate::logic::link::preamble;
 use crate::runtime::state::mesh::ShardMsg;
 use crate::runtime::state::model::agent::Agent;
 use crate::runtime::state::model::wake_all;

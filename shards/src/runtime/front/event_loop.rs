@@ -64,8 +64,8 @@ where
 async fn refuse_connection(conn: Conn) {
     let mut c = crate::runtime::state::scope::Client::new(conn);
     c.scope = crate::runtime::state::scope::RequestScope::fresh(crate::runtime::wire::clock::now());
-    let err = crate::logic::errors::ApiError::new(
-        crate::logic::errors::ErrorCode::NoCapacity,
+    let err = crate::logic::http::errors::ApiError::new(
+        crate::logic::http::errors::ErrorCode::NoCapacity,
         "the router has too many client connections; retry shortly",
     )
     .retry_after(1);

@@ -12,9 +12,9 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::logic::endpoint::Endpoint;
-use crate::logic::hold::{self as pure, Ticket, Waking};
-use crate::logic::probe::COLD_TOKENS_PER_BYTE;
+use crate::logic::http::endpoint::Endpoint;
+use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
+use crate::logic::sites::hold::{self as pure, Ticket, Waking};
 use crate::logic::sites::Kind;
 use crate::runtime::request::respond;
 use crate::runtime::state::hold_book::{DemandGuard, Release};
@@ -161,8 +161,8 @@ pub async fn hold(
                 book.lock().ledger.unhold(&ticket);
                 demand.leave();
                 book.outcome(&model, "unplaced", started.elapsed());
-                let e = crate::logic::errors::ApiError::new(
-                    crate::logic::errors::ErrorCode::ModelNotFound,
+                let e = crate::logic::http::errors::ApiError::new(
+                    crate::logic::http::errors::ErrorCode::ModelNotFound,
                     "No agents registered for this model",
                 );
                 let k = respond::send_error(c, &e, keep).await;

@@ -7,14 +7,14 @@
 
 use std::rc::Rc;
 
-use crate::logic::auth::Access;
-use crate::logic::endpoint::Endpoint;
-use crate::logic::errors::{ApiError, ErrorCode};
-use crate::logic::http_parse::{BodyFraming, HeadError, RequestHead};
-use crate::logic::inline_str::InlineStr;
-use crate::logic::probe;
+use crate::logic::http::endpoint::Endpoint;
+use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::logic::http::http_parse::{BodyFraming, HeadError, RequestHead};
+use crate::logic::http::inline_str::InlineStr;
+use crate::logic::http::probe;
 use crate::logic::sites::serving::{self, LocalAgents, Serving};
 use crate::logic::sites::Kind;
+use crate::logic::tenancy::auth::Access;
 use crate::runtime::request::dispatch;
 use crate::runtime::request::ending;
 use crate::runtime::request::models_api;

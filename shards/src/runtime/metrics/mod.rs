@@ -8,8 +8,8 @@ pub mod tenants;
 use std::fmt::Write as _;
 use std::rc::Rc;
 
-use crate::logic::directory::DirectoryStats;
-use crate::logic::http_parse;
+use crate::logic::http::http_parse;
+use crate::logic::routing::directory::DirectoryStats;
 use crate::runtime::metrics::exposition::{esc, write_histogram};
 use crate::runtime::request::respond;
 use crate::runtime::state::model::stats::{ModelStats, DURATION_BUCKETS, QUEUE_BUCKETS};
@@ -636,7 +636,7 @@ pub async fn serve(shard: Rc<Shard>, conn: Conn) {
                 &mut body,
                 &snaps,
                 &shard.router.auth.load(),
-                crate::logic::quota::day_of(crate::runtime::wire::clock::unix_secs()),
+                crate::logic::tenancy::quota::day_of(crate::runtime::wire::clock::unix_secs()),
                 shard.router.audit.as_deref(),
                 &shard.router.holds.lock().quota_refused.clone(),
             );

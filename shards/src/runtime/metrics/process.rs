@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::logic::procfs;
+use crate::logic::system::procfs;
 
 /// Append the process series to `o`.
 pub fn render(o: &mut String) {

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::exposition::{esc, write_histogram};
-use crate::logic::quota;
+use crate::logic::tenancy::quota;
 use crate::runtime::state::audit::AuditLog;
 use crate::runtime::state::model::stats::{TenantStats, DURATION_BUCKETS};
 use crate::runtime::state::tenancy::AuthState;

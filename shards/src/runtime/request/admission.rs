@@ -1,5 +1,5 @@
 //! The admission gate on the model's owner shard: the pure gates of
-//! [`crate::logic::admission`] applied to the model's live facts (healthy
+//! [`crate::logic::routing::admission`] applied to the model's live facts (healthy
 //! replicas, engine signals) and its state
 //! ([`crate::runtime::state::model::admission`]). All of it is state of the owner
 //! shard: no lock and no cross-core message on the request path.
@@ -10,10 +10,10 @@
 
 use std::time::Duration;
 
-use crate::logic::admission::{self, Ask, Grant, Pressure, Reason, Room};
-use crate::logic::auth::Limits;
-use crate::logic::errors::ApiError;
-use crate::logic::policy::{AdmissionPolicy, Mode};
+use crate::logic::http::errors::ApiError;
+use crate::logic::routing::admission::{self, Ask, Grant, Pressure, Reason, Room};
+use crate::logic::routing::policy::{AdmissionPolicy, Mode};
+use crate::logic::tenancy::auth::Limits;
 use crate::runtime::state::model::admission::{self as state, Admitted, Entry, Shared};
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;

@@ -14,18 +14,18 @@ use tracing::{debug, warn};
 use super::admission::{self, Refused, Wait};
 use super::exchange::{self, Progress, RelayEnd};
 use super::respond;
-use crate::logic::admission::Reason;
-use crate::logic::decision::{
+use crate::logic::http::endpoint::Endpoint;
+use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::logic::http::http_write::{self, OutFraming};
+use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
+use crate::logic::http::usage::Tokens;
+use crate::logic::routing::admission::Reason;
+use crate::logic::routing::decision::{
     Action, AttemptEnd, Decision, Limits, ModelFacts, Rejection, RequestFacts, WaitEnd,
 };
-use crate::logic::endpoint::Endpoint;
-use crate::logic::errors::{ApiError, ErrorCode};
-use crate::logic::failure::{Failure, Side, Stage};
-use crate::logic::hold;
-use crate::logic::http_write::{self, OutFraming};
-use crate::logic::probe::COLD_TOKENS_PER_BYTE;
-use crate::logic::quota;
-use crate::logic::usage::Tokens;
+use crate::logic::routing::failure::{Failure, Side, Stage};
+use crate::logic::sites::hold;
+use crate::logic::tenancy::quota;
 use crate::runtime::state::model::admission::{Admitted, Reservation};
 use crate::runtime::state::model::agent::{Agent, Slot};
 use crate::runtime::state::model::wake_head;

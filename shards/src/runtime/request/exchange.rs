@@ -11,11 +11,11 @@ use std::io;
 use futures::AsyncWriteExt;
 
 use super::respond;
-use crate::logic::errors::{ApiError, ErrorCode};
-use crate::logic::failure::{Failure, Side, Stage};
-use crate::logic::http_parse::{BodyFraming, ChunkedDecoder, ResponseHead};
-use crate::logic::http_write::{self, OutFraming};
-use crate::logic::usage::{self, SseUsage, Tokens};
+use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::logic::http::http_parse::{BodyFraming, ChunkedDecoder, ResponseHead};
+use crate::logic::http::http_write::{self, OutFraming};
+use crate::logic::http::usage::{self, SseUsage, Tokens};
+use crate::logic::routing::failure::{Failure, Side, Stage};
 use crate::runtime::state::model::admission::Reservation;
 use crate::runtime::state::scope::Client;
 use crate::runtime::wire::clock::{self, Instant};

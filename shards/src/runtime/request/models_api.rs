@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use crate::logic::errors::{ApiError, ErrorCode};
+use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::runtime::state::views::AgentView;
 
 /// Every model with a registered agent, and every alias whose target is

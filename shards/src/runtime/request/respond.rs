@@ -3,9 +3,9 @@
 //! Continue`, and the head of a relayed response; each carries the CORS
 //! headers, the request's `X-Request-ID` and its `traceparent`.
 
-use crate::logic::errors::{ApiError, ErrorCode};
-use crate::logic::http_parse::ResponseHead;
-use crate::logic::http_write::{self, OutFraming};
+use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::logic::http::http_parse::ResponseHead;
+use crate::logic::http::http_write::{self, OutFraming};
 use crate::runtime::state::scope::{Client, RequestScope};
 
 /// CORS headers on every response (spec 01 §1).
@@ -96,14 +96,14 @@ pub async fn send_error_with(
     // model_waking repeats its Retry-After in the body (`retry_after`).
     let waking_retry = err
         .retry_after
-        .filter(|_| err.code == crate::logic::errors::ErrorCode::ModelWaking);
+        .filter(|_| err.code == crate::logic::http::errors::ErrorCode::ModelWaking);
     if c.scope.committed {
         // A 200 already went out with keepalives: the error is the body's
         // end (the audit keeps the logical status set above).
         return send_late_error(c, err, waking_retry).await;
     }
     let body = match waking_retry {
-        Some(secs) => crate::logic::hold::waking_body(err, secs),
+        Some(secs) => crate::logic::sites::hold::waking_body(err, secs),
         None => err.body(),
     };
     let mut digits = itoa::Buffer::new();
@@ -146,7 +146,7 @@ pub async fn send_late_error(c: &mut Client, err: &ApiError, retry_after: Option
         .as_ref()
         .map_or((false, false), |k| (k.stream, k.anthropic));
     c.scope.keepalive = None;
-    let body = crate::logic::hold::late_error(err, stream, anthropic, retry_after);
+    let body = crate::logic::sites::hold::late_error(err, stream, anthropic, retry_after);
     let mut out = Vec::with_capacity(body.len() + 16);
     http_write::write_chunk(&mut out, &body);
     out.extend_from_slice(http_write::LAST_CHUNK);

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::logic::timefmt;
+use crate::logic::system::timefmt;
 
 /// Records buffered between the shards and the writer.
 pub const AUDIT_QUEUE: usize = 65_536;
@@ -26,7 +26,7 @@ pub struct AuditRecord {
     /// Request start, Unix seconds and nanoseconds (UTC).
     pub started: (u64, u32),
     /// `X-Request-ID`.
-    pub request_id: crate::logic::request_id::RequestId,
+    pub request_id: crate::logic::http::request_id::RequestId,
     /// Tenant (`default` without auth, empty before authentication).
     pub tenant_id: Arc<str>,
     /// Key ID (`anonymous` without auth).
@@ -86,7 +86,7 @@ pub fn started_at(elapsed: std::time::Duration) -> (u64, u32) {
 }
 
 /// The trace ID of a request for its record (all zero: none).
-pub fn trace_id_of(t: Option<&crate::logic::trace_context::Trace>) -> [u8; 32] {
+pub fn trace_id_of(t: Option<&crate::logic::http::trace_context::Trace>) -> [u8; 32] {
     let mut out = [0u8; 32];
     if let Some(id) = t.map(|t| t.trace_id()).filter(|id| id.len() == 32) {
         out.copy_from_slice(id);
@@ -234,7 +234,7 @@ mod tests {
     fn a_line_has_the_spec_fields_and_utc_time() {
         let r = AuditRecord {
             started: (1_795_978_801, 5),
-            request_id: crate::logic::request_id::RequestId::parse(ID).unwrap_or_default(),
+            request_id: crate::logic::http::request_id::RequestId::parse(ID).unwrap_or_default(),
             tenant_id: "acme".into(),
             key_id: "sk_00".into(),
             model: "m".into(),

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::model::stats::Histogram;
-use crate::logic::hold::{Ledger, Ticket};
+use crate::logic::sites::hold::{Ledger, Ticket};
 use crate::runtime::wire::clock::Instant;
 
 /// Buckets of `hivenet_wake_hold_seconds` (spec 07 §9).

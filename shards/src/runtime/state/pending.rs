@@ -1,9 +1,9 @@
 //! A request read and probed on the shard that accepted it, and the
 //! hand-off payload that carries it to its model's shard.
 
-use crate::logic::endpoint::Endpoint;
-use crate::logic::http_parse::RequestHead;
-use crate::logic::probe::RequestMeta;
+use crate::logic::http::endpoint::Endpoint;
+use crate::logic::http::http_parse::RequestHead;
+use crate::logic::http::probe::RequestMeta;
 use crate::runtime::wire::budget::{BodyPermit, ConnPermit};
 use crate::runtime::wire::clock::Instant;
 
@@ -23,9 +23,9 @@ pub struct PendingRequest {
     /// When the head started arriving.
     pub received_at: Instant,
     /// `X-Request-ID` (the client's when it is a UUID, else generated).
-    pub request_id: crate::logic::request_id::RequestId,
+    pub request_id: crate::logic::http::request_id::RequestId,
     /// Its trace context (sent on to the agent, echoed to the client).
-    pub trace: crate::logic::trace_context::Trace,
+    pub trace: crate::logic::http::trace_context::Trace,
     /// Who sent it.
     pub principal: Principal,
     /// The name the client asked for when it was an alias.

@@ -15,8 +15,8 @@ use libp2p_pnet::PreSharedKey;
 
 use super::mesh::ShardMsg;
 use super::snapshot::Versioned;
-use crate::logic::directory::Directory;
-use crate::logic::policy_set::PolicySet;
+use crate::logic::routing::directory::Directory;
+use crate::logic::routing::policy_set::PolicySet;
 
 /// Router settings the shards need.
 #[derive(Debug, Clone)]
@@ -76,7 +76,7 @@ pub struct RouterConfig {
     /// placement sets `hold_budget`.
     pub wake_hold_budget: Duration,
     /// The three hold limits.
-    pub hold_limits: crate::logic::hold::Limits,
+    pub hold_limits: crate::logic::sites::hold::Limits,
     /// `--wake-keepalive` (zero: no keepalives, plain status codes).
     pub wake_keepalive: Duration,
 }
@@ -107,7 +107,7 @@ impl Default for RouterConfig {
             site_id: None,
             sibling_hints_max_age: Duration::from_secs(60),
             wake_hold_budget: Duration::from_secs(300),
-            hold_limits: crate::logic::hold::Limits::default(),
+            hold_limits: crate::logic::sites::hold::Limits::default(),
             wake_keepalive: Duration::from_secs(15),
         }
     }
@@ -143,7 +143,7 @@ pub struct Router {
     pub auth: Versioned<super::tenancy::AuthState>,
     /// The dynamic key registry (mutated by `/admin/api-keys` only; its
     /// keys are published into `auth`).
-    pub registry: std::sync::Mutex<crate::logic::registry::Registry>,
+    pub registry: std::sync::Mutex<crate::logic::tenancy::registry::Registry>,
     /// The audit log (None: off).
     pub audit: Option<std::sync::Arc<super::audit::AuditLog>>,
     /// Subscribers of `/admin/registration-stream` (16 events buffered each;
@@ -199,14 +199,14 @@ impl Router {
     }
 
     /// Publish a `registered` or `unregistered` event to every subscriber.
-    pub fn publish(&self, event: &str, reg: &crate::logic::control::Registration) {
+    pub fn publish(&self, event: &str, reg: &crate::logic::link::control::Registration) {
         let (secs, nanos) = crate::runtime::wire::clock::unix_nanos();
         let line = serde_json::json!({
             "event_type": event,
             "deployment_id": reg.deployment_id,
             "replica_id": reg.replica_id,
             "agent_id": reg.peer_id,
-            "timestamp": crate::logic::timefmt::rfc3339_nanos(secs, nanos),
+            "timestamp": crate::logic::system::timefmt::rfc3339_nanos(secs, nanos),
         })
         .to_string();
         if let Ok(mut subs) = self.feed.lock() {
@@ -219,7 +219,7 @@ impl Router {
 
     /// Publish the registry's keys as the lookup snapshot (buckets with
     /// the same name carry over).
-    pub fn publish_registry(&self, reg: &crate::logic::registry::Registry) {
+    pub fn publish_registry(&self, reg: &crate::logic::tenancy::registry::Registry) {
         let prev = self.auth.load();
         let next = super::tenancy::AuthState::build(
             prev.mode,

@@ -22,12 +22,12 @@ use super::snapshot::Cached;
 use super::store_api::StoreMsg;
 use super::tenancy::{AuthFailure, AuthState, Principal};
 use super::views::{AgentView, ShardSnapshot};
-use crate::logic::control::Registration;
-use crate::logic::directory::Directory;
-use crate::logic::history::History;
-use crate::logic::log_gate::LogGate;
-use crate::logic::policy::Policy;
-use crate::logic::policy_set::PolicySet;
+use crate::logic::link::control::Registration;
+use crate::logic::routing::directory::Directory;
+use crate::logic::routing::history::History;
+use crate::logic::routing::policy::Policy;
+use crate::logic::routing::policy_set::PolicySet;
+use crate::logic::system::log_gate::LogGate;
 use crate::runtime::wire::clock;
 use crate::runtime::wire::link::LinkHandle;
 

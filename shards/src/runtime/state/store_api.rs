@@ -4,7 +4,7 @@
 
 use futures::channel::oneshot;
 
-use crate::logic::history::History;
+use crate::logic::routing::history::History;
 
 /// A request to the store thread.
 pub enum StoreMsg {

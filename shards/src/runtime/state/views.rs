@@ -7,9 +7,9 @@ use serde::Serialize;
 
 use super::model::agent::Agent;
 use super::model::stats::ModelStats;
-use crate::logic::control::Registration;
-use crate::logic::engine_metrics::EngineSignals;
-use crate::logic::hardware::HardwareSignals;
+use crate::logic::link::control::Registration;
+use crate::logic::link::engine_metrics::EngineSignals;
+use crate::logic::link::hardware::HardwareSignals;
 
 /// Plain-data view of one agent.
 #[derive(Debug, Clone, Serialize)]

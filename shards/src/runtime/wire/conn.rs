@@ -15,11 +15,11 @@ use monoio::net::TcpStream;
 
 use super::budget::BodyPermit;
 use super::link::LinkStream;
-use crate::logic::control::{self, ControlMsg};
-use crate::logic::errors::{ApiError, ErrorCode};
-use crate::logic::http_parse::{
+use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::logic::http::http_parse::{
     self, BodyFraming, ChunkError, ChunkedDecoder, HeadError, RequestHead, ResponseHead,
 };
+use crate::logic::link::control::{self, ControlMsg};
 
 /// A byte stream a [`Conn`] can drive. Reads land in a buffer the stream
 /// owns for the duration of the call (completion-based I/O needs that).

@@ -1,5 +1,5 @@
 //! A `/http/1.1` request stream on a link, on either side: the
-//! multistream-select lines ([`crate::logic::multistream`]) are read and
+//! multistream-select lines ([`crate::logic::link::multistream`]) are read and
 //! checked here, and the lines this side owes go out in the same yamux
 //! frame as its first bytes instead of a frame of their own. The dialer
 //! (the router) owes the header and protocol lines before its request;
@@ -21,7 +21,7 @@ use futures::{AsyncRead, AsyncWrite};
 use super::conn::{futures_io_transport, Conn};
 use super::link::HTTP_PROTOCOL;
 use super::mux;
-use crate::logic::multistream::{self, Prelude};
+use crate::logic::link::multistream::{self, Prelude};
 
 /// The multistream-select lines for [`HTTP_PROTOCOL`]: what the dialer
 /// sends first, and what the listener confirms with. They are the same

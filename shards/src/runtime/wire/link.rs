@@ -31,8 +31,8 @@ use monoio::io::AsyncWriteRentExt;
 use super::io::{BoxIo, Prefixed, ThreadBound};
 use super::link_socket::{Flusher, LinkSocket};
 use super::mux;
-use crate::logic::control::{self, ControlMsg};
-use crate::logic::preamble;
+use crate::logic::link::control::{self, ControlMsg};
+use crate::logic::link::preamble;
 
 /// Protocol of request streams (one HTTP/1.1 exchange per stream).
 pub const HTTP_PROTOCOL: &str = "/http/1.1";

@@ -15,9 +15,11 @@ use std::sync::Arc;
 
 use futures::channel::oneshot;
 
-use crate::logic::admission::{self, Admit, Ask, Grant, Occupancy, Reason, Room, TokenBucket};
-use crate::logic::policy::AdmissionPolicy;
-use crate::logic::probe::COLD_TOKENS_PER_BYTE;
+use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
+use crate::logic::routing::admission::{
+    self, Admit, Ask, Grant, Occupancy, Reason, Room, TokenBucket,
+};
+use crate::logic::routing::policy::AdmissionPolicy;
 use crate::runtime::wire::clock;
 
 /// One key's B4 rate buckets on one model.

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use super::Waiters;
-use crate::logic::control::Registration;
-use crate::logic::engine_metrics::EngineSignals;
-use crate::logic::hardware::HardwareSignals;
-use crate::logic::history::History;
-use crate::logic::policy::AgentFacts;
-use crate::logic::srtt::Estimator;
-use crate::logic::usage::Tokens;
+use crate::logic::http::usage::Tokens;
+use crate::logic::link::control::Registration;
+use crate::logic::link::engine_metrics::EngineSignals;
+use crate::logic::link::hardware::HardwareSignals;
+use crate::logic::routing::history::History;
+use crate::logic::routing::policy::AgentFacts;
+use crate::logic::routing::srtt::Estimator;
 use crate::runtime::wire::link::LinkHandle;
 
 /// One registered agent, owned by its model's shard.

@@ -14,10 +14,10 @@ use std::rc::Rc;
 
 use self::agent::Agent;
 use self::stats::ModelStats;
-use crate::logic::decision::Pool;
-use crate::logic::log_gate::LogGate;
-use crate::logic::policy::AgentFacts;
-use crate::logic::wait_queue::WaitQueue;
+use crate::logic::routing::decision::Pool;
+use crate::logic::routing::policy::AgentFacts;
+use crate::logic::routing::wait_queue::WaitQueue;
+use crate::logic::system::log_gate::LogGate;
 
 /// The capacity queue's waiters: each is woken through its channel.
 pub type Waiters = WaitQueue<futures::channel::oneshot::Sender<()>>;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::logic::policy::{Op, Rule};
+use crate::logic::routing::policy::{Op, Rule};
 use proptest::prelude::*;
 
 fn policy(budget: u64, inflight: u64) -> AdmissionPolicy {

@@ -1,3 +1,4 @@
+use super::parse::*;
 use super::*;
 use proptest::prelude::*;
 

@@ -1,6 +1,6 @@
 //! The inference endpoints a client can call, and what each needs.
 
-use super::control::Capability;
+use crate::logic::link::control::Capability;
 
 /// An inference endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

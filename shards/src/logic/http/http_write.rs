@@ -190,7 +190,7 @@ pub fn write_request_head_from<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::logic::http_parse::{parse_response_head, BodyFraming};
+    use crate::logic::http::http_parse::{parse_response_head, BodyFraming};
 
     #[test]
     fn the_routers_headers_replace_the_backends() {

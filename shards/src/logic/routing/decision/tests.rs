@@ -1,7 +1,7 @@
 use super::*;
-use crate::logic::control::Capability;
-use crate::logic::failure::Stage;
-use crate::logic::policy::{Field, Match, Op, Rule, Step};
+use crate::logic::link::control::Capability;
+use crate::logic::routing::failure::Stage;
+use crate::logic::routing::policy::{Field, Match, Op, Rule, Step};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]

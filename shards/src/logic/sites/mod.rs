@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::endpoint::Endpoint;
+use crate::logic::http::endpoint::Endpoint;
 
 /// Placement kinds (spec 07 §1.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -177,7 +177,7 @@ pub fn validate(dto: MapDto, local: &str) -> Result<SiteMap, String> {
     }
     let hints_at = match &dto.hints_generated_at {
         Some(t) => Some(
-            super::auth::parse_rfc3339(t)
+            crate::logic::tenancy::auth::parse_rfc3339(t)
                 .ok_or_else(|| format!("hints_generated_at {t:?} is not RFC 3339"))?,
         ),
         None => None,
@@ -478,6 +478,7 @@ pub fn location(base_url: &str, target: &str, count: u32, local: &str) -> String
     )
 }
 
+pub mod hold;
 pub mod serving;
 
 #[cfg(test)]

@@ -13,9 +13,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::engine_metrics::EngineSignals;
-use super::errors::{ApiError, ErrorCode};
 use super::policy::{AdmissionPolicy, Field, Mode};
+use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::logic::link::engine_metrics::EngineSignals;
 
 /// Why admission refused a request: the metric's `reason` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

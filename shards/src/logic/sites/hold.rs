@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::errors::{ApiError, ErrorCode};
+use crate::logic::http::errors::{ApiError, ErrorCode};
 
 /// The three hold limits (`--wake-hold-max-per-key`, `-per-model`,
 /// `-total` bytes of held bodies).

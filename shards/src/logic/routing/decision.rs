@@ -19,10 +19,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::endpoint::Endpoint;
-use super::errors::{ApiError, ErrorCode};
 use super::failure::{Failure, Side};
 use super::policy::{self, AgentFacts, GateCounts, Policy, Session, StepPick};
+use crate::logic::http::endpoint::Endpoint;
+use crate::logic::http::errors::{ApiError, ErrorCode};
 
 /// What the machine reads of a model's agents (index order is the pool's).
 pub trait Pool {

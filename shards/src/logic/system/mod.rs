@@ -1,0 +1,8 @@
+//! The machine and the process: [`core_plan`] (shards to CPUs),
+//! [`procfs`] (`/proc/self` parsers), [`log_gate`] (at most one line per
+//! interval), [`timefmt`].
+
+pub mod core_plan;
+pub mod log_gate;
+pub mod procfs;
+pub mod timefmt;
