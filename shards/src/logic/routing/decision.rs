@@ -1,18 +1,27 @@
-//! The decision machine for one request on its model's shard (pure).
+//! The decision machine for one request on its model's shard (pure): the
+//! whole owner-side order of a request.
 //!
 //! Given the model's facts ([`ModelFacts`]: its agents and their signals,
-//! the capacity queue), the request's facts ([`RequestFacts`]) and `now`,
-//! [`Decision::next`] answers one [`Action`]: forward to this agent, wait
-//! for capacity until a deadline, or reject with an error. The runtime's
-//! driver carries the action out and tells the machine how it ended
-//! ([`Decision::attempt_ended`], [`Decision::queued`],
-//! [`Decision::wait_ended`]); every retry and error choice is made here.
+//! the capacity queue), the request's facts ([`RequestFacts`], with its
+//! [`Entry`]: which quotas and gates apply, whether it was released from a
+//! hold) and `now`, [`Decision::next`] answers one [`Action`], in this
+//! order:
 //!
-//! Before the machine starts, the driver has run authentication (on the
-//! accepting shard), quotas and admission ([`super::admission`]: it may
-//! park the request, so it lives in the driver, not in [`GATES`]).
-//! [`GATES`] runs before the first policy step; [`Action`] and
-//! [`Rejection`] grow with holding and redirecting.
+//! 1. [`Action::TakeQuota`]: the request quota (a key's request not
+//!    released from a hold, whose quota was taken before the hold);
+//! 2. [`Action::Admit`]: the admission gates, which may park the request
+//!    until a time;
+//! 3. [`Action::ChargeDaily`]: the key's daily token budget;
+//! 4. [`GATES`], then the policy steps: [`Action::Forward`] to an agent,
+//!    [`Action::Wait`] in the capacity queue, retries;
+//! 5. or [`Action::Reject`] with the one [`Refusal`], at any step.
+//!
+//! The runtime's driver carries each action out and reports how it ended
+//! ([`Decision::quota_taken`], [`Decision::admitted`],
+//! [`Decision::daily_charged`], [`Decision::attempt_ended`],
+//! [`Decision::queued`], [`Decision::wait_ended`]); every order, retry and
+//! error choice is made here. Authentication and "not served here" come
+//! before, on the accepting shard.
 //!
 //! Time comes only from the `now` arguments; the machine reads no clock.
 
@@ -21,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use super::failure::{Failure, Side};
 use super::policy::{self, AgentFacts, GateCounts, Policy, Session, StepPick};
+use super::refusal::{QuotaRefusal, Refusal};
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
 
@@ -51,8 +61,59 @@ pub struct RequestFacts {
     pub stream: bool,
     /// Body size in bytes.
     pub body_bytes: usize,
-    /// When the router gives up on it (`--request-timeout` after arrival).
+    /// When the router gives up on it (`--request-timeout` after arrival;
+    /// for a request released from a hold, after its admission).
     pub deadline: Instant,
+    /// Which steps before routing apply.
+    pub entry: Entry,
+}
+
+/// What applies to a request before its routing steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Entry {
+    /// Take the request quota (a key's request, not released from a hold).
+    pub quota: bool,
+    /// Admission applies (chat and messages under a policy with admission
+    /// fields): park at most this long.
+    pub admission: Option<Park>,
+    /// Charge the daily token budget (a key's request).
+    pub daily: bool,
+    /// Released from a hold at zero.
+    pub released: Option<Released>,
+}
+
+/// How long admission may park a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Park {
+    /// Give up at this instant (at or before now: no wait).
+    pub until: Instant,
+    /// Recompute the room this often while parked (`None`: only when
+    /// something is released).
+    pub recompute: Option<Duration>,
+}
+
+/// A request released from a hold (seed "After the wake").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// Its hold budget (the `model_waking` message).
+    pub budget: Duration,
+    /// `Retry-After` seconds of a `model_waking` answer.
+    pub retry_after: u64,
+    /// `--request-timeout`: its deadline starts when routing starts.
+    pub timeout: Duration,
+}
+
+/// How admission ended, as the driver reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdmitEnd {
+    /// Admitted.
+    Admitted,
+    /// A gate refused it (the error names the numbers of B1).
+    Refused(super::admission::Reason, ApiError),
+    /// Its park ended without room.
+    WaitEnded,
+    /// The client closed its connection while it was parked.
+    ClientGone,
 }
 
 /// Router-wide limits the machine applies.
@@ -77,9 +138,17 @@ pub enum Gate {
 pub const GATES: &[Gate] = &[Gate::ModelRegistered];
 
 /// What the driver does next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Action {
+    /// Take the request quota; report with [`Decision::quota_taken`].
+    TakeQuota,
+    /// Run the admission gates, parking at most as `Park` says; report
+    /// with [`Decision::admitted`].
+    Admit(Park),
+    /// Charge the daily token budget; report with
+    /// [`Decision::daily_charged`].
+    ChargeDaily,
     /// Take a slot on the agent at `agent` (index in the pool this
     /// decision read) and forward the request.
     Forward {
@@ -101,8 +170,9 @@ pub enum Action {
         /// A slot is free but others wait: wake the head first (FIFO).
         wake_head_first: bool,
     },
-    /// Answer with this error.
-    Reject(Rejection),
+    /// Answer with this refusal (nothing is written when the client is
+    /// gone).
+    Reject(Refusal),
 }
 
 /// Why a request is refused.
@@ -161,6 +231,19 @@ impl Rejection {
         }
     }
 
+    /// The reason label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Rejection::ModelNotFound => "model_not_found",
+            Rejection::NoAgentsAvailable => "no_agents_available",
+            Rejection::NoCapacity => "no_capacity",
+            Rejection::Exhausted => "policy_exhausted",
+            Rejection::QueueTimeout => "queue_timeout",
+            Rejection::AgentTimeout => "agent_timeout",
+            Rejection::ClientGone => "client_gone",
+        }
+    }
+
     /// Whether the policy ran out of steps (counted as `exhausted`).
     pub fn exhausted_policy(self) -> bool {
         matches!(
@@ -194,6 +277,15 @@ pub enum WaitEnd {
     ClientGone,
 }
 
+/// Where a request is in its order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    Quota,
+    Admission,
+    Daily,
+    Routing,
+}
+
 /// One request's decision state.
 #[derive(Debug, Clone)]
 pub struct Decision {
@@ -201,6 +293,7 @@ pub struct Decision {
     session: Session,
     request: RequestFacts,
     limits: Limits,
+    phase: Phase,
     gates_passed: bool,
     /// The last step ended with every candidate full.
     last_full: bool,
@@ -210,8 +303,8 @@ pub struct Decision {
     place: Option<u64>,
     /// When it first queued (one wait observation per request).
     queued_at: Option<Instant>,
-    /// A rejection already decided (sticky).
-    verdict: Option<Rejection>,
+    /// A refusal already decided (sticky).
+    verdict: Option<Refusal>,
 }
 
 // === impl Decision ===
@@ -225,6 +318,7 @@ impl Decision {
             session,
             request,
             limits,
+            phase: Phase::Quota,
             gates_passed: false,
             last_full: false,
             waiting_counts: GateCounts::default(),
@@ -271,15 +365,97 @@ impl Decision {
         }
     }
 
-    fn reject(&mut self, r: Rejection) -> Action {
-        self.verdict = Some(r);
+    fn reject(&mut self, r: impl Into<Refusal>) -> Action {
+        let r = r.into();
+        self.verdict = Some(r.clone());
         Action::Reject(r)
+    }
+
+    /// The step before routing due now, if any (skipping those that do
+    /// not apply); entering routing starts a released request's deadline.
+    fn before_routing(&mut self, now: Instant) -> Option<Action> {
+        let e = self.request.entry;
+        loop {
+            match self.phase {
+                Phase::Quota if e.quota => return Some(Action::TakeQuota),
+                Phase::Quota => self.phase = Phase::Admission,
+                Phase::Admission => match e.admission {
+                    Some(park) => return Some(Action::Admit(park)),
+                    None => self.phase = Phase::Daily,
+                },
+                Phase::Daily if e.daily => return Some(Action::ChargeDaily),
+                Phase::Daily => self.enter_routing(now),
+                Phase::Routing => return None,
+            }
+        }
+    }
+
+    fn enter_routing(&mut self, now: Instant) {
+        self.phase = Phase::Routing;
+        if let Some(r) = self.request.entry.released {
+            self.request.deadline = now + r.timeout;
+        }
+    }
+
+    /// The request quota was taken (`Ok`) or refused.
+    pub fn quota_taken(&mut self, r: Result<(), QuotaRefusal>) {
+        if self.phase != Phase::Quota {
+            return;
+        }
+        match r {
+            Ok(()) => self.phase = Phase::Admission,
+            Err(q) => self.verdict = Some(Refusal::Quota(q)),
+        }
+    }
+
+    /// Admission ended.
+    pub fn admitted(&mut self, end: AdmitEnd) {
+        if self.phase != Phase::Admission {
+            return;
+        }
+        self.verdict = match end {
+            AdmitEnd::Admitted => {
+                self.phase = Phase::Daily;
+                return;
+            }
+            AdmitEnd::Refused(reason, error) => Some(Refusal::Admission { reason, error }),
+            AdmitEnd::WaitEnded => Some(match self.request.entry.released {
+                // Woken, but no room before the hold budget ended.
+                Some(r) => Refusal::HoldNoRoom {
+                    budget: r.budget,
+                    retry_after: r.retry_after,
+                },
+                None => {
+                    let reason = super::admission::Reason::B2;
+                    Refusal::Admission {
+                        reason,
+                        error: reason.error(),
+                    }
+                }
+            }),
+            AdmitEnd::ClientGone => Some(Rejection::ClientGone.into()),
+        };
+    }
+
+    /// The daily token budget was charged (`Ok`) or refused; `now`
+    /// starts a released request's deadline.
+    pub fn daily_charged(&mut self, r: Result<(), QuotaRefusal>, now: Instant) {
+        if self.phase != Phase::Daily {
+            return;
+        }
+        match r {
+            Ok(()) => self.enter_routing(now),
+            Err(q) => self.verdict = Some(Refusal::Quota(q)),
+        }
     }
 
     /// The next action for this request.
     pub fn next<P: Pool + ?Sized>(&mut self, model: &ModelFacts<'_, P>, now: Instant) -> Action {
-        if let Some(r) = self.verdict {
-            return Action::Reject(r);
+        if let Some(r) = &self.verdict {
+            return Action::Reject(r.clone());
+        }
+        if let Some(a) = self.before_routing(now) {
+            return a;
         }
         if !self.gates_passed {
             for g in GATES {
@@ -380,12 +556,12 @@ impl Decision {
                     .push((self.session.step, self.waiting_counts));
                 self.session.advance();
                 if self.session.exhausted() || now >= self.request.deadline {
-                    self.verdict = Some(Rejection::QueueTimeout);
+                    self.verdict = Some(Rejection::QueueTimeout.into());
                 }
             }
             WaitEnd::ClientGone => {
                 self.place = None;
-                self.verdict = Some(Rejection::ClientGone);
+                self.verdict = Some(Rejection::ClientGone.into());
             }
         }
     }
@@ -400,7 +576,7 @@ impl Decision {
                 true
             }
             AttemptEnd::Failed(f) if f.side == Side::Router => {
-                self.verdict = Some(Rejection::AgentTimeout);
+                self.verdict = Some(Rejection::AgentTimeout.into());
                 true
             }
             // Part of the response already reached the client.

@@ -4,7 +4,7 @@
 //! [`admission`] (B1-B4), [`srtt`] (the latency estimator), [`failure`]
 //! (who failed, retry or not), [`wait_queue`] (the capacity queue),
 //! [`directory`] (model to shard), [`history`] (an agent's persisted
-//! record).
+//! record), [`refusal`] (the one refusal type).
 
 pub mod admission;
 pub mod decision;
@@ -13,5 +13,6 @@ pub mod failure;
 pub mod history;
 pub mod policy;
 pub mod policy_set;
+pub mod refusal;
 pub mod srtt;
 pub mod wait_queue;

@@ -92,9 +92,9 @@ pub async fn hold(
             Ok(t) => quota = Some(t),
             Err(r) => {
                 let (tenant, key) = p.principal.names();
-                let requests = r.kind == tenancy::RefusalKind::Requests;
+                let requests = r.limit == tenancy::QuotaLimit::Requests;
                 book.quota_refused(tenant, key, requests);
-                return HoldEnd::Answered(respond::send_refusal(c, r, keep).await);
+                return HoldEnd::Answered(respond::send_quota_refusal(c, r, keep).await);
             }
         }
     }

@@ -370,7 +370,7 @@ async fn read_inference(
         }
         Access::Undeclared => {
             let r = crate::runtime::state::tenancy::undeclared(&meta.model);
-            return respond::send_refusal(c, r, keep).await.into();
+            return respond::send_quota_refusal(c, r, keep).await.into();
         }
     }
     let owner = shard.owner(&meta.model);

@@ -4,14 +4,13 @@
 //! ([`crate::runtime::state::model::admission`]). All of it is state of the owner
 //! shard: no lock and no cross-core message on the request path.
 //!
-//! Entry point: [`admit`], with a [`Wait`] that says how long a request
+//! Entry point: [`admit`], with a [`Park`] that says how long a request
 //! may wait for room (the park timeout; the hold budget after a wake) and
-//! how often the room is recomputed meanwhile.
+//! how often the room is recomputed meanwhile; it ends as the decision
+//! machine's [`AdmitEnd`].
 
-use std::time::Duration;
-
-use crate::logic::http::errors::ApiError;
 use crate::logic::routing::admission::{self, Ask, Grant, Pressure, Reason, Room};
+use crate::logic::routing::decision::{AdmitEnd, Park};
 use crate::logic::routing::policy::{AdmissionPolicy, Mode};
 use crate::logic::tenancy::auth::Limits;
 use crate::runtime::state::model::admission::{self as state, Admitted, Entry, Shared};
@@ -19,17 +18,6 @@ use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;
 use crate::runtime::state::tenancy::Principal;
 use crate::runtime::wire::clock;
-
-/// How long a request may wait for room, and how often the room is
-/// recomputed meanwhile (replicas that join are used).
-#[derive(Debug, Clone, Copy)]
-pub struct Wait {
-    /// Give up at this instant (at or before now: no wait).
-    pub until: clock::Instant,
-    /// Recompute the room this often while waiting (`None`: only when
-    /// something is released or an agent registers).
-    pub recompute: Option<Duration>,
-}
 
 /// What a request brings to admission.
 pub struct Request<'a> {
@@ -45,19 +33,6 @@ pub struct Request<'a> {
     pub images: u64,
     /// `HIVENET_ROUTER_ADMIT_FRACTION`.
     pub fraction: f64,
-}
-
-/// Why admission let a request go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refused {
-    /// A gate refused it (the error to send; all but B1 carry
-    /// `Retry-After: 1`).
-    Gate(Reason, ApiError),
-    /// Its wait for room ended without room (the caller answers: 429 b2
-    /// after a park, 503 `model_waking` after a hold).
-    WaitEnded,
-    /// The client closed its connection while the request waited.
-    ClientGone,
 }
 
 /// Healthy agents of the model and the pressure of its pool.
@@ -87,17 +62,17 @@ pub async fn admit(
     c: &mut Client,
     model: &str,
     r: Request<'_>,
-    wait: Wait,
-) -> Result<Admitted, Refused> {
+    wait: Park,
+) -> Result<Admitted, AdmitEnd> {
     let p = r.policy;
-    admission::caps(p, r.estimate, r.images).map_err(|e| Refused::Gate(Reason::B1, e))?;
+    admission::caps(p, r.estimate, r.images).map_err(|e| AdmitEnd::Refused(Reason::B1, e))?;
     // No agent state here: the decision machine answers 404 next.
     let Some(state) = state_of(shard, model) else {
         return Ok(Admitted::default());
     };
     let (replicas, pressure) = pool_facts(shard, model);
     if admission::shed(p, &pressure) {
-        return Err(Refused::Gate(Reason::B3, Reason::B3.error()));
+        return Err(AdmitEnd::Refused(Reason::B3, Reason::B3.error()));
     }
     let key = match r.principal {
         Principal::Key(c) if p.mode == Mode::Serverless => Some(&c.key),
@@ -136,7 +111,7 @@ pub async fn admit(
             if itpm > 0 || otpm > 0 {
                 let now = clock::mono_ns();
                 state::take_rates(&state, &k.key_id, (itpm, otpm), r.estimate, now)
-                    .map_err(|reason| Refused::Gate(reason, reason.error()))?;
+                    .map_err(|reason| AdmitEnd::Refused(reason, reason.error()))?;
             }
             if otpm > 0 {
                 out.otpm = Some((state.clone(), k.key_id.clone(), otpm));
@@ -154,10 +129,10 @@ async fn occupy(
     state: &Shared,
     ask: Ask,
     room: Room,
-    wait: Wait,
-) -> Result<u64, Refused> {
+    wait: Park,
+) -> Result<u64, AdmitEnd> {
     use futures::future::{select, Either};
-    let refused = |reason: Reason| Refused::Gate(reason, reason.error());
+    let refused = |reason: Reason| AdmitEnd::Refused(reason, reason.error());
     let may_park = wait.until > clock::now();
     let mut place = match state::enter(state, ask, room, may_park) {
         Entry::Granted(id) => return Ok(id),
@@ -173,7 +148,7 @@ async fn occupy(
         let timer = monoio::time::sleep(until.saturating_duration_since(now));
         futures::pin_mut!(timer);
         match c.unless_gone(select(&mut place.rx, timer)).await {
-            None => return Err(Refused::ClientGone),
+            None => return Err(AdmitEnd::ClientGone),
             Some(Either::Left((Ok(g), _))) => {
                 place.done = true;
                 return match g {
@@ -184,12 +159,12 @@ async fn occupy(
             }
             // The sender went without a word (cannot happen: grants are
             // always sent); treated as no room.
-            Some(Either::Left((Err(_), _))) => return Err(Refused::WaitEnded),
+            Some(Either::Left((Err(_), _))) => return Err(AdmitEnd::WaitEnded),
             Some(Either::Right(_)) => {
                 if clock::now() >= wait.until {
                     // `place` drops: the ticket is cancelled, a grant
                     // that raced the timer is released.
-                    return Err(Refused::WaitEnded);
+                    return Err(AdmitEnd::WaitEnded);
                 }
                 let (replicas, _) = pool_facts(shard, model);
                 state.borrow_mut().replicas_changed(replicas);

@@ -2,7 +2,7 @@
 //! [`Decision::next`] what to do, carries the action out (forward over
 //! the agent's link, wait in the capacity queue, write the error), tells
 //! the machine how it ended, and records every statistic in one place
-//! ([`record_attempt`], [`record_rejection`]).
+//! ([`record_attempt`], [`record_refusal`]).
 //!
 //! Entry point: [`serve_inference`].
 
@@ -11,28 +11,28 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use super::admission::{self, Refused, Wait};
+use super::admission;
 use super::exchange::{self, Progress, RelayEnd};
 use super::respond;
 use crate::logic::http::endpoint::Endpoint;
-use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::logic::http::errors::ErrorCode;
 use crate::logic::http::http_write::{self, OutFraming};
 use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::http::usage::Tokens;
-use crate::logic::routing::admission::Reason;
 use crate::logic::routing::decision::{
-    Action, AttemptEnd, Decision, Limits, ModelFacts, Rejection, RequestFacts, WaitEnd,
+    Action, AdmitEnd, AttemptEnd, Decision, Entry, Limits, ModelFacts, Park, Rejection, Released,
+    RequestFacts, WaitEnd,
 };
 use crate::logic::routing::failure::{Failure, Side, Stage};
-use crate::logic::sites::hold;
+use crate::logic::routing::refusal::{QuotaLimit, Refusal};
 use crate::logic::tenancy::quota;
 use crate::runtime::state::model::admission::{Admitted, Reservation};
 use crate::runtime::state::model::agent::{Agent, Slot};
 use crate::runtime::state::model::wake_head;
-use crate::runtime::state::pending::PendingRequest;
+use crate::runtime::state::pending::{Held, PendingRequest};
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::{inc, Shard};
-use crate::runtime::state::tenancy::{self, Principal, QuotaFacts, RefusalKind};
+use crate::runtime::state::tenancy::{self, Principal, QuotaFacts};
 use crate::runtime::wire::clock;
 
 /// Client headers never forwarded to agents (credentials stay at the router).
@@ -79,6 +79,9 @@ fn build_request(p: &PendingRequest) -> crate::runtime::wire::bufpool::Pooled {
 
 /// What the driver does, with the agent resolved out of the pool.
 enum Next {
+    TakeQuota,
+    Admit(Park),
+    ChargeDaily,
     Forward {
         agent: Rc<Agent>,
         step: usize,
@@ -89,40 +92,52 @@ enum Next {
         place: Option<u64>,
         wake_head_first: bool,
     },
-    Reject(Rejection),
+    Reject(Refusal),
 }
 
-/// Ask the machine with the model's current facts (one short borrow).
+/// Ask the machine with the model's current facts (one short borrow);
+/// a routing decision moves the model's tie-break rotation on.
 fn decide(shard: &Shard, model: &str, d: &mut Decision) -> Next {
     let now = clock::now();
-    let mut models = shard.models.borrow_mut();
-    let (pool, rotation, queue_len): (&[Rc<Agent>], usize, usize) = match models.get_mut(model) {
-        Some(m) => {
-            let r = m.rotation;
-            m.rotation = r.wrapping_add(1);
-            (&m.agents, r, m.queue.borrow().len())
+    let (action, agent) = {
+        let models = shard.models.borrow();
+        let (pool, rotation, queue_len): (&[Rc<Agent>], usize, usize) = match models.get(model) {
+            Some(m) => (&m.agents, m.rotation, m.queue.borrow().len()),
+            // No agent ever registered here: the gates answer 404.
+            None => (&[], 0, 0),
+        };
+        let facts = ModelFacts {
+            pool,
+            rotation,
+            queue_len,
+        };
+        let action = d.next(&facts, now);
+        let agent = match &action {
+            Action::Forward { agent, .. } => pool.get(*agent).cloned(),
+            _ => None,
+        };
+        (action, agent)
+    };
+    let routing = !matches!(
+        action,
+        Action::TakeQuota | Action::Admit(_) | Action::ChargeDaily
+    );
+    if routing {
+        if let Some(m) = shard.models.borrow_mut().get_mut(model) {
+            m.rotation = m.rotation.wrapping_add(1);
         }
-        // No agent ever registered here: the gates answer 404.
-        None => (&[], 0, 0),
-    };
-    let facts = ModelFacts {
-        pool,
-        rotation,
-        queue_len,
-    };
-    match d.next(&facts, now) {
-        Action::Forward {
-            agent,
-            step,
-            waited,
-            ..
-        } => match pool.get(agent) {
-            Some(a) => Next::Forward {
-                agent: a.clone(),
+    }
+    match action {
+        Action::TakeQuota => Next::TakeQuota,
+        Action::Admit(park) => Next::Admit(park),
+        Action::ChargeDaily => Next::ChargeDaily,
+        Action::Forward { step, waited, .. } => match agent {
+            Some(agent) => Next::Forward {
+                agent,
                 step,
                 waited,
             },
-            None => Next::Reject(Rejection::Exhausted),
+            None => Next::Reject(Rejection::Exhausted.into()),
         },
         Action::Wait {
             until,
@@ -151,30 +166,71 @@ pub async fn serve_inference(shard: &Rc<Shard>, c: &mut Client, mut p: PendingRe
     serve(shard, c, &mut p).await
 }
 
-/// Request quota, admission, daily tokens, then the decision machine's
-/// loop. The admission reservation lives until this returns: released on
-/// every exit.
+/// What applies to `p` before routing, and its deadline.
+fn request_facts(
+    shard: &Shard,
+    p: &PendingRequest,
+    held: Option<&Held>,
+    gated: bool,
+) -> RequestFacts {
+    let cfg = &shard.router.cfg;
+    let keyed = matches!(p.principal, Principal::Key(_));
+    let admission = gated.then(|| match held {
+        // Room may come until the hold budget ends (new replicas used).
+        Some(h) => Park {
+            until: h.until,
+            recompute: Some(Duration::from_secs(1)),
+        },
+        None => Park {
+            until: clock::now() + cfg.admit_park_timeout,
+            recompute: None,
+        },
+    });
+    RequestFacts {
+        endpoint: p.endpoint,
+        stream: p.meta.stream,
+        body_bytes: p.body.len(),
+        // A released request's deadline starts when its routing does.
+        deadline: p.received_at + cfg.request_timeout,
+        entry: Entry {
+            // A released request's quota was taken before its hold.
+            quota: keyed && held.is_none(),
+            admission,
+            daily: keyed,
+            released: held.map(|h| Released {
+                budget: h.budget,
+                retry_after: h.retry_after,
+                timeout: cfg.request_timeout,
+            }),
+        },
+    }
+}
+
+/// The decision machine's loop: it says what comes next (quota,
+/// admission, daily tokens, a forward, a wait, a refusal), this carries it
+/// out and reports back. The admission reservation lives until this
+/// returns: released on every exit.
 async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> bool {
     inc(&shard.counters.requests);
     let cfg = &shard.router.cfg;
-    let body_bytes = p.body.len();
+    let model = p.meta.model.as_str();
+    let policy = shard.policy(model);
+    // Chat and messages: the estimator learns from their usage, and the
+    // admission gates apply to them when the policy has any.
+    let llm = matches!(p.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
+    let mut held = p.held.take();
+    let facts = request_facts(shard, p, held.as_ref(), llm && policy.admission.any());
     let request = build_request(p);
     // The request bytes carry the body from here on: one copy is held for
     // the whole exchange (streams included), not two; the body permit still
     // counts it until the request is done.
     crate::runtime::wire::bufpool::give(std::mem::take(&mut p.body));
-    // A request released by a wake: its quota was taken before the hold,
-    // admission may wait until its hold budget ends, the capacity queue
-    // takes it beyond --queue-depth, its deadline starts now.
-    let mut held = p.held.take();
     let p = &*p;
-    let model = p.meta.model.as_str();
-    let policy = shard.policy(model);
     // One estimate per request, from the probe's sums and the model's
     // learned ratio: admission and the daily budget both read it.
     let estimate = p.meta.estimate(tokens_per_byte(shard, model));
     let replicas = || healthy_replicas(shard, model);
-    let facts = QuotaFacts {
+    let quota = QuotaFacts {
         model,
         endpoint: p.endpoint,
         estimate,
@@ -183,89 +239,55 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
         burst_secs: cfg.rpm_burst_secs,
     };
     let mut ticket = held.as_mut().and_then(|h| h.quota.take());
-    if held.is_none() && matches!(p.principal, Principal::Key(_)) {
-        match tenancy::take_requests(&p.principal, &facts, clock::mono_ns()) {
-            Ok(t) => ticket = Some(t),
-            Err(r) => return refuse_quota(shard, c, p, r).await,
-        }
-    }
-    let gated = matches!(p.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
     let mut admitted = Admitted::default();
-    if gated && policy.admission.any() {
-        let asked = admission::Request {
-            policy: &policy.admission,
-            principal: &p.principal,
-            estimate,
-            declared_output: p.meta.declared_output,
-            images: p.meta.images,
-            fraction: cfg.admit_fraction,
-        };
-        let wait = match &held {
-            Some(h) => Wait {
-                until: h.until,
-                recompute: Some(Duration::from_secs(1)),
-            },
-            None => Wait {
-                until: clock::now() + cfg.admit_park_timeout,
-                recompute: None,
-            },
-        };
-        match admission::admit(shard, c, model, asked, wait).await {
-            Ok(a) => admitted = a,
-            Err(Refused::ClientGone) => {
-                c.scope.ending.client_gone();
-                return false;
-            }
-            Err(Refused::WaitEnded) => {
-                if let Some(h) = &held {
-                    // Woken, but no room before the hold budget ended.
-                    let e = hold::waking(model, hold::Waking::NoRoom, h.budget)
-                        .retry_after(h.retry_after);
-                    return respond::send_error(c, &e, p.head.keep_alive).await;
-                }
-                let e = Reason::B2.error();
-                return refuse_admission(shard, c, p, Reason::B2, e).await;
-            }
-            Err(Refused::Gate(reason, e)) => return refuse_admission(shard, c, p, reason, e).await,
-        }
-    }
-    if let Some(mut t) = ticket {
-        let today = || quota::day_of(clock::unix_secs());
-        match tenancy::take_daily(&mut t, &facts, today) {
-            Ok(()) => {
-                c.scope.reply_headers.append(&mut t.headers);
-                c.scope.ending.ticket = Some(t);
-            }
-            Err(r) => return refuse_quota(shard, c, p, r).await,
-        }
-    }
+    let limits = Limits {
+        max_tries_per_step: cfg.max_tries_per_step,
+        // A released request: the hold limits already bound how many.
+        queue_depth: if held.is_some() {
+            usize::MAX
+        } else {
+            cfg.queue_depth
+        },
+    };
+    let queue_depth = limits.queue_depth;
+    let mut d = Decision::new(policy.clone(), facts, limits);
     debug!(shard = shard.id, model, "serving request");
-    let deadline = match held {
-        Some(_) => clock::now() + cfg.request_timeout,
-        None => p.received_at + cfg.request_timeout,
-    };
-    let queue_depth = if held.is_some() {
-        // The hold limits already bound how many there are.
-        usize::MAX
-    } else {
-        cfg.queue_depth
-    };
-    let mut d = Decision::new(
-        policy,
-        RequestFacts {
-            endpoint: p.endpoint,
-            stream: p.meta.stream,
-            body_bytes,
-            deadline,
-        },
-        Limits {
-            max_tries_per_step: cfg.max_tries_per_step,
-            queue_depth,
-        },
-    );
-    let reserved = admitted.reservation.as_ref();
     loop {
         match decide(shard, model, &mut d) {
+            Next::TakeQuota => {
+                let taken = tenancy::take_requests(&p.principal, &quota, clock::mono_ns());
+                d.quota_taken(taken.map(|t| ticket = Some(t)));
+            }
+            Next::Admit(park) => {
+                let asked = admission::Request {
+                    policy: &policy.admission,
+                    principal: &p.principal,
+                    estimate,
+                    declared_output: p.meta.declared_output,
+                    images: p.meta.images,
+                    fraction: cfg.admit_fraction,
+                };
+                let end = match admission::admit(shard, c, model, asked, park).await {
+                    Ok(a) => {
+                        admitted = a;
+                        AdmitEnd::Admitted
+                    }
+                    Err(end) => end,
+                };
+                d.admitted(end);
+            }
+            Next::ChargeDaily => {
+                let today = || quota::day_of(clock::unix_secs());
+                let charged = match ticket.as_mut() {
+                    Some(t) => tenancy::take_daily(t, &quota, today),
+                    None => Ok(()),
+                };
+                if let (Ok(()), Some(mut t)) = (&charged, ticket.take()) {
+                    c.scope.reply_headers.append(&mut t.headers);
+                    c.scope.ending.ticket = Some(t);
+                }
+                d.daily_charged(charged, clock::now());
+            }
             Next::Forward {
                 agent,
                 step,
@@ -274,34 +296,17 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                 if let Some(w) = waited {
                     with_stats(shard, model, |s| s.observe_wait(w.as_secs_f64()));
                 }
-                c.scope.ending.agent = Some(agent.clone());
-                // A slot on an agent: it leaves the pending demand.
+                // A slot on an agent: a released request leaves the
+                // pending demand.
                 if let Some(h) = held.as_mut() {
                     h.demand.leave();
                 }
+                let deadline = d.request().deadline;
+                let reserved = admitted.reservation.as_ref();
                 let (outcome, sample) =
                     attempt(shard, c, p, &agent, &request, deadline, reserved).await;
                 let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
-                match &outcome {
-                    Outcome::Served { status, tokens } => {
-                        let end = &mut c.scope.ending;
-                        end.status = *status;
-                        end.error_code = "";
-                        end.tokens = *tokens;
-                        end.relayed = true;
-                        if let Some(t) = tokens {
-                            admitted.charge_output(t.output);
-                            if gated && p.meta.images == 0 && *status < 400 {
-                                learn(shard, model, t.input, p.meta.text_bytes);
-                            }
-                        }
-                    }
-                    Outcome::ClientGone => {
-                        c.scope.ending.client_gone();
-                        c.scope.ending.relayed = true;
-                    }
-                    Outcome::Failed(_) => {}
-                }
+                served(shard, c, p, &agent, &outcome, &mut admitted, llm);
                 let tenant = p.principal.tenant_arc();
                 let ended = record_attempt(shard, model, &agent, step, p, tenant, outcome, sample);
                 if !d.attempt_ended(agent.id, &ended) {
@@ -324,15 +329,45 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                 .await;
                 d.wait_ended(w, clock::now());
             }
-            Next::Reject(Rejection::ClientGone) => {
-                c.scope.ending.client_gone();
-                return false;
-            }
             Next::Reject(r) => {
-                record_rejection(shard, model, &d, r, p.principal.tenant_arc());
-                return respond::send_error(c, &r.error(), p.head.keep_alive).await;
+                record_refusal(shard, model, &d, &r, &p.principal);
+                return respond::send_refusal(c, r, model, p.head.keep_alive).await;
             }
         }
+    }
+}
+
+/// What an attempt leaves in the request's ending (the agent, status,
+/// tokens), and what the model learns from its usage.
+fn served(
+    shard: &Shard,
+    c: &mut Client,
+    p: &PendingRequest,
+    agent: &Rc<Agent>,
+    outcome: &Outcome,
+    admitted: &mut Admitted,
+    llm: bool,
+) {
+    let end = &mut c.scope.ending;
+    end.agent = Some(agent.clone());
+    match outcome {
+        Outcome::Served { status, tokens } => {
+            end.status = *status;
+            end.error_code = "";
+            end.tokens = *tokens;
+            end.relayed = true;
+            if let Some(t) = tokens {
+                admitted.charge_output(t.output);
+                if llm && p.meta.images == 0 && *status < 400 {
+                    learn(shard, &p.meta.model, t.input, p.meta.text_bytes);
+                }
+            }
+        }
+        Outcome::ClientGone => {
+            end.client_gone();
+            end.relayed = true;
+        }
+        Outcome::Failed(_) => {}
     }
 }
 
@@ -354,38 +389,6 @@ fn learn(shard: &Shard, model: &str, prompt_tokens: u64, text_bytes: u64) {
     }
 }
 
-/// Write a quota refusal (RPM or daily tokens) and count it.
-async fn refuse_quota(
-    shard: &Shard,
-    c: &mut Client,
-    p: &PendingRequest,
-    r: tenancy::Refusal,
-) -> bool {
-    record_quota_refusal(shard, &p.meta.model, &p.principal, r.kind);
-    respond::send_refusal(c, r, p.head.keep_alive).await
-}
-
-/// Write an admission refusal (its error carries `Retry-After: 1` but
-/// for B1) and count it.
-async fn refuse_admission(
-    shard: &Shard,
-    c: &mut Client,
-    p: &PendingRequest,
-    reason: Reason,
-    e: ApiError,
-) -> bool {
-    with_stats(shard, &p.meta.model, |s| {
-        *s.admission_rejections.entry(reason.as_str()).or_default() += 1;
-        let (tenant, key) = p.principal.names();
-        if let Some(t) = s.tenant(tenant, key) {
-            if e.code == ErrorCode::RateLimitExceeded {
-                t.rate_limited += 1;
-            }
-        }
-    });
-    respond::send_error(c, &e, p.head.keep_alive).await
-}
-
 /// Healthy agents of `model` on this (its owner) shard.
 fn healthy_replicas(shard: &Shard, model: &str) -> u64 {
     shard.models.borrow().get(model).map_or(0, |m| {
@@ -393,19 +396,29 @@ fn healthy_replicas(shard: &Shard, model: &str) -> u64 {
     })
 }
 
-/// Count a quota refusal.
-fn record_quota_refusal(shard: &Shard, model: &str, principal: &Principal, kind: RefusalKind) {
+/// Count a refusal (the one place that does): quota refusals and
+/// admission gates per reason and on the tenant, an exhausted policy on
+/// the model (and logged).
+fn record_refusal(shard: &Shard, model: &str, d: &Decision, r: &Refusal, principal: &Principal) {
+    let (limited, tokens) = match r {
+        Refusal::Routing(rejection) => {
+            return record_rejection(shard, model, d, *rejection, principal.tenant_arc())
+        }
+        Refusal::HoldNoRoom { .. } => return,
+        Refusal::Quota(q) => (
+            q.limit == QuotaLimit::Requests,
+            q.limit == QuotaLimit::Tokens,
+        ),
+        Refusal::Admission { error, .. } => (error.code == ErrorCode::RateLimitExceeded, false),
+    };
     with_stats(shard, model, |s| {
+        if !tokens {
+            *s.admission_rejections.entry(r.reason()).or_default() += 1;
+        }
         let (tenant, key) = principal.names();
-        let Some(t) = s.tenant(tenant, key) else {
-            return;
-        };
-        match kind {
-            RefusalKind::Requests => {
-                t.rate_limited += 1;
-                *s.admission_rejections.entry("b4_rpm").or_default() += 1;
-            }
-            RefusalKind::Tokens => t.token_limited += 1,
+        if let Some(t) = s.tenant(tenant, key) {
+            t.rate_limited += u64::from(limited);
+            t.token_limited += u64::from(tokens);
         }
     });
 }

@@ -6,6 +6,7 @@
 use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::http_parse::ResponseHead;
 use crate::logic::http::http_write::{self, OutFraming};
+use crate::logic::routing::refusal::{QuotaRefusal, Refusal};
 use crate::runtime::state::scope::{Client, RequestScope};
 
 /// CORS headers on every response (spec 01 §1).
@@ -127,13 +128,23 @@ pub async fn send_error_with(
 }
 
 /// A quota refusal: its `X-RateLimit-*` headers join the reply headers.
-pub async fn send_refusal(
-    c: &mut Client,
-    r: crate::runtime::state::tenancy::Refusal,
-    keep: bool,
-) -> bool {
+pub async fn send_quota_refusal(c: &mut Client, r: QuotaRefusal, keep: bool) -> bool {
     c.scope.reply_headers.extend(r.headers);
     send_error(c, &r.error, keep).await
+}
+
+/// Any refusal of a request for `model` (nothing is written when the
+/// client is gone: `false`, the connection closes).
+pub async fn send_refusal(c: &mut Client, r: Refusal, model: &str, keep: bool) -> bool {
+    if r.client_gone() {
+        c.scope.ending.client_gone();
+        return false;
+    }
+    let e = r.error(model);
+    if let Refusal::Quota(q) = r {
+        return send_quota_refusal(c, q, keep).await;
+    }
+    send_error(c, &e, keep).await
 }
 
 /// An error after a committed 200: the in-band error (an SSE event for

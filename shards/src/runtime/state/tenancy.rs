@@ -280,25 +280,7 @@ impl AuthState {
     }
 }
 
-/// A request's quota refusal: the error and its headers.
-#[derive(Debug, Clone)]
-pub struct Refusal {
-    /// The 429.
-    pub error: ApiError,
-    /// `X-RateLimit-*` (and `retry-after-ms`; `Retry-After` is the error's).
-    pub headers: Vec<(&'static str, Vec<u8>)>,
-    /// Which limit: `rpm` or `tokens`.
-    pub kind: RefusalKind,
-}
-
-/// Which limit refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RefusalKind {
-    /// Requests per minute (or no quota declared for the model).
-    Requests,
-    /// Daily tokens.
-    Tokens,
-}
+pub use crate::logic::routing::refusal::{QuotaLimit, QuotaRefusal};
 
 /// Quota taken by an admitted request; [`Ticket::settle`] trues it up once.
 #[derive(Debug, Default)]
@@ -336,14 +318,14 @@ fn num(v: u64) -> Vec<u8> {
 
 /// The refusal of a per-model key asking for a model it declares no
 /// quota for (also answered on the accepting shard, before any hand-off).
-pub fn undeclared(model: &str) -> Refusal {
-    Refusal {
+pub fn undeclared(model: &str) -> QuotaRefusal {
+    QuotaRefusal {
         error: ApiError::new(
             ErrorCode::RateLimitExceeded,
             format!("no quota declared for model {model} on this API key"),
         ),
         headers: vec![("X-RateLimit-Remaining-Requests", b"0".to_vec())],
-        kind: RefusalKind::Requests,
+        limit: QuotaLimit::Requests,
     }
 }
 
@@ -400,7 +382,7 @@ pub fn admit(
     f: QuotaFacts<'_>,
     now_ns: u64,
     day: impl FnOnce() -> u64,
-) -> Result<Ticket, Refusal> {
+) -> Result<Ticket, QuotaRefusal> {
     let mut t = take_requests(p, &f, now_ns)?;
     take_daily(&mut t, &f, day)?;
     Ok(t)
@@ -408,7 +390,11 @@ pub fn admit(
 
 /// The request quota (RPM) of a keyed request; the ticket remembers the
 /// bucket its daily charge will use.
-pub fn take_requests(p: &Principal, f: &QuotaFacts<'_>, now_ns: u64) -> Result<Ticket, Refusal> {
+pub fn take_requests(
+    p: &Principal,
+    f: &QuotaFacts<'_>,
+    now_ns: u64,
+) -> Result<Ticket, QuotaRefusal> {
     let Principal::Key(c) = p else {
         return Ok(Ticket::default());
     };
@@ -443,7 +429,7 @@ pub fn take_requests(p: &Principal, f: &QuotaFacts<'_>, now_ns: u64) -> Result<T
             }
             Verdict::Deny { retry_after_ns } => {
                 let secs = quota::retry_after_secs(retry_after_ns);
-                return Err(Refusal {
+                return Err(QuotaRefusal {
                     error: ApiError::new(ErrorCode::RateLimitExceeded, "rate limit exceeded")
                         .retry_after(secs),
                     headers: vec![
@@ -452,7 +438,7 @@ pub fn take_requests(p: &Principal, f: &QuotaFacts<'_>, now_ns: u64) -> Result<T
                         // Millisecond precision for the SDKs that read it.
                         ("retry-after-ms", num(retry_after_ns.div_ceil(1_000_000))),
                     ],
-                    kind: RefusalKind::Requests,
+                    limit: QuotaLimit::Requests,
                 });
             }
         }
@@ -468,7 +454,7 @@ pub fn take_daily(
     ticket: &mut Ticket,
     f: &QuotaFacts<'_>,
     day: impl FnOnce() -> u64,
-) -> Result<(), Refusal> {
+) -> Result<(), QuotaRefusal> {
     let Some((bucket, tpd)) = ticket.pending.take() else {
         return Ok(());
     };
@@ -489,10 +475,10 @@ pub fn take_daily(
                 } else {
                     "daily token budget exceeded"
                 };
-                return Err(Refusal {
+                return Err(QuotaRefusal {
                     error: ApiError::new(ErrorCode::TokenLimitExceeded, msg),
                     headers: vec![("X-RateLimit-Remaining-Tokens", num(remaining))],
-                    kind: RefusalKind::Tokens,
+                    limit: QuotaLimit::Tokens,
                 });
             }
         }

@@ -1,7 +1,10 @@
 use super::*;
+use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::link::control::Capability;
+use crate::logic::routing::admission::Reason;
 use crate::logic::routing::failure::Stage;
 use crate::logic::routing::policy::{Field, Match, Op, Rule, Step};
+use crate::logic::routing::refusal::{QuotaLimit, QuotaRefusal, Refusal};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -82,6 +85,7 @@ fn request(t0: Instant) -> RequestFacts {
         stream: false,
         body_bytes: 10,
         deadline: t0 + Duration::from_secs(60),
+        entry: Entry::default(),
     }
 }
 
@@ -108,7 +112,7 @@ fn no_agents_is_model_not_found() {
     let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
     assert_eq!(
         d.next(&facts(&Vec::new(), 0), t0),
-        Action::Reject(Rejection::ModelNotFound)
+        Action::Reject(Rejection::ModelNotFound.into())
     );
     assert_eq!(Rejection::ModelNotFound.error().status, 404);
 }
@@ -121,7 +125,7 @@ fn unhealthy_pool_is_no_agents_available_and_full_is_no_capacity() {
     let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
     assert_eq!(
         d.next(&facts(&vec![sick], 0), t0),
-        Action::Reject(Rejection::NoAgentsAvailable)
+        Action::Reject(Rejection::NoAgentsAvailable.into())
     );
     let full = vec![agent(1, 2, 2, None)];
     let mut d = Decision::new(
@@ -134,7 +138,7 @@ fn unhealthy_pool_is_no_agents_available_and_full_is_no_capacity() {
     );
     assert_eq!(
         d.next(&facts(&full, 0), t0),
-        Action::Reject(Rejection::NoCapacity)
+        Action::Reject(Rejection::NoCapacity.into())
     );
 }
 
@@ -205,7 +209,7 @@ fn queue_timeout_at_the_deadline_only() {
     d.wait_ended(WaitEnd::TimedOut, t0 + Duration::from_secs(60));
     assert_eq!(
         d.next(&facts(&pool, 0), t0 + Duration::from_secs(60)),
-        Action::Reject(Rejection::QueueTimeout)
+        Action::Reject(Rejection::QueueTimeout.into())
     );
 }
 
@@ -220,7 +224,7 @@ fn a_client_gone_while_waiting_is_never_forwarded() {
     pool[0].active = 0;
     assert_eq!(
         d.next(&facts(&pool, 0), t0),
-        Action::Reject(Rejection::ClientGone),
+        Action::Reject(Rejection::ClientGone.into()),
         "a free slot later does not revive it"
     );
     assert!(!Rejection::ClientGone.exhausted_policy());
@@ -238,7 +242,7 @@ fn deadline_while_contacting_is_agent_timeout_and_relay_failure_ends() {
     assert!(d.attempt_ended(agent_id, &late));
     assert_eq!(
         d.next(&facts(&pool, 0), t0),
-        Action::Reject(Rejection::AgentTimeout)
+        Action::Reject(Rejection::AgentTimeout.into())
     );
     let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
     let Action::Forward { agent_id, .. } = d.next(&facts(&pool, 0), t0) else {
@@ -292,8 +296,11 @@ fn run_all_failing(
             },
             now,
         );
-        out.push(a);
+        out.push(a.clone());
         match a {
+            Action::TakeQuota | Action::Admit(_) | Action::ChargeDaily => {
+                panic!("no entry step applies: {a:?}")
+            }
             Action::Forward { agent_id, .. } => {
                 assert!(d.attempt_ended(agent_id, &retryable()));
             }
@@ -368,10 +375,307 @@ proptest! {
         d.wait_ended(WaitEnd::TimedOut, now);
         let a = d.next(&facts(&pool, 0), now);
         if offset_ms >= 60_000 {
-            prop_assert_eq!(a, Action::Reject(Rejection::QueueTimeout));
+            prop_assert_eq!(a, Action::Reject(Rejection::QueueTimeout.into()));
         } else {
             let is_wait = matches!(a, Action::Wait { .. });
             prop_assert!(is_wait);
+        }
+    }
+}
+
+// === the owner-side order ===
+
+fn quota_refusal(limit: QuotaLimit) -> QuotaRefusal {
+    QuotaRefusal {
+        limit,
+        error: ApiError::new(ErrorCode::RateLimitExceeded, "rate limit exceeded").retry_after(7),
+        headers: vec![("X-RateLimit-Remaining-Requests", b"0".to_vec())],
+    }
+}
+
+fn entry(quota: bool, admission: bool, daily: bool, released: bool, t0: Instant) -> Entry {
+    Entry {
+        quota,
+        admission: admission.then_some(Park {
+            until: t0 + Duration::from_secs(5),
+            recompute: None,
+        }),
+        daily,
+        released: released.then_some(Released {
+            budget: Duration::from_secs(120),
+            retry_after: 9,
+            timeout: Duration::from_secs(60),
+        }),
+    }
+}
+
+fn entered(e: Entry, t0: Instant) -> Decision {
+    let r = RequestFacts {
+        entry: e,
+        ..request(t0)
+    };
+    Decision::new(policy(vec![step("p", None, 0)]), r, LIMITS)
+}
+
+#[test]
+fn quota_then_admission_then_daily_then_routing() {
+    let t0 = Instant::now();
+    let pool = vec![agent(1, 0, 2, None)];
+    let mut d = entered(entry(true, true, true, false, t0), t0);
+    assert_eq!(d.next(&facts(&pool, 0), t0), Action::TakeQuota);
+    // Asked again before the report: the same step.
+    assert_eq!(d.next(&facts(&pool, 0), t0), Action::TakeQuota);
+    d.quota_taken(Ok(()));
+    let Action::Admit(park) = d.next(&facts(&pool, 0), t0) else {
+        panic!("admission next")
+    };
+    assert_eq!(park.until, t0 + Duration::from_secs(5));
+    d.admitted(AdmitEnd::Admitted);
+    assert_eq!(d.next(&facts(&pool, 0), t0), Action::ChargeDaily);
+    d.daily_charged(Ok(()), t0);
+    assert!(matches!(
+        d.next(&facts(&pool, 0), t0),
+        Action::Forward { agent_id: 1, .. }
+    ));
+    // A report out of order changes nothing.
+    d.quota_taken(Err(quota_refusal(QuotaLimit::Requests)));
+    assert!(matches!(
+        d.next(&facts(&pool, 0), t0),
+        Action::Forward { .. }
+    ));
+}
+
+#[test]
+fn each_refusal_before_routing_ends_the_request_with_its_reason() {
+    let t0 = Instant::now();
+    let pool = vec![agent(1, 0, 2, None)];
+    let mut d = entered(entry(true, true, true, false, t0), t0);
+    let _ = d.next(&facts(&pool, 0), t0);
+    d.quota_taken(Err(quota_refusal(QuotaLimit::Requests)));
+    let Action::Reject(r) = d.next(&facts(&pool, 0), t0) else {
+        panic!("refused")
+    };
+    assert_eq!(r.reason(), "b4_rpm");
+    assert_eq!(r.error("m").retry_after, Some(7));
+    // Sticky: the same refusal, whatever is reported after it.
+    d.admitted(AdmitEnd::Admitted);
+    assert_eq!(d.next(&facts(&pool, 0), t0), Action::Reject(r));
+
+    let mut d = entered(entry(false, true, false, false, t0), t0);
+    let _ = d.next(&facts(&pool, 0), t0);
+    d.admitted(AdmitEnd::WaitEnded);
+    let Action::Reject(r) = d.next(&facts(&pool, 0), t0) else {
+        panic!("refused")
+    };
+    assert_eq!(r.reason(), "b2", "a park that ends without room is B2");
+    assert_eq!(r.error("m").retry_after, Some(1));
+
+    let mut d = entered(entry(false, true, false, true, t0), t0);
+    let _ = d.next(&facts(&pool, 0), t0);
+    d.admitted(AdmitEnd::WaitEnded);
+    let Action::Reject(r) = d.next(&facts(&pool, 0), t0) else {
+        panic!("refused")
+    };
+    assert_eq!(
+        r,
+        Refusal::HoldNoRoom {
+            budget: Duration::from_secs(120),
+            retry_after: 9
+        }
+    );
+    let e = r.error("m");
+    assert_eq!(
+        (e.status, e.code, e.retry_after),
+        (503, ErrorCode::ModelWaking, Some(9))
+    );
+
+    let mut d = entered(entry(false, true, false, false, t0), t0);
+    let _ = d.next(&facts(&pool, 0), t0);
+    d.admitted(AdmitEnd::ClientGone);
+    let Action::Reject(r) = d.next(&facts(&pool, 0), t0) else {
+        panic!("refused")
+    };
+    assert!(r.client_gone());
+
+    let mut d = entered(entry(false, false, true, false, t0), t0);
+    assert_eq!(d.next(&facts(&pool, 0), t0), Action::ChargeDaily);
+    d.daily_charged(Err(quota_refusal(QuotaLimit::Tokens)), t0);
+    let Action::Reject(r) = d.next(&facts(&pool, 0), t0) else {
+        panic!("refused")
+    };
+    assert_eq!(r.reason(), "tokens_per_day");
+}
+
+#[test]
+fn a_released_requests_deadline_starts_with_its_routing() {
+    let t0 = Instant::now();
+    let pool = vec![agent(1, 1, 1, None)];
+    let mut d = entered(entry(false, true, true, true, t0), t0);
+    let _ = d.next(&facts(&pool, 0), t0);
+    // Admission waited 30 s of the hold budget.
+    let t1 = t0 + Duration::from_secs(30);
+    d.admitted(AdmitEnd::Admitted);
+    let _ = d.next(&facts(&pool, 0), t1);
+    d.daily_charged(Ok(()), t1);
+    assert_eq!(d.request().deadline, t1 + Duration::from_secs(60));
+    let Action::Wait { until, .. } = d.next(&facts(&pool, 0), t1) else {
+        panic!("full: wait")
+    };
+    assert_eq!(until, t1 + Duration::from_secs(60));
+}
+
+/// How the driver's side of each step ends, in a generated run.
+#[derive(Debug, Clone)]
+struct Outcomes {
+    quota_ok: bool,
+    admit: u8,
+    daily_ok: bool,
+    attempts: Vec<u8>,
+    waits: Vec<bool>,
+}
+
+fn arb_outcomes() -> impl Strategy<Value = Outcomes> {
+    (
+        any::<bool>(),
+        0u8..4,
+        any::<bool>(),
+        proptest::collection::vec(0u8..4, 0..8),
+        proptest::collection::vec(any::<bool>(), 0..8),
+    )
+        .prop_map(|(quota_ok, admit, daily_ok, attempts, waits)| Outcomes {
+            quota_ok,
+            admit,
+            daily_ok,
+            attempts,
+            waits,
+        })
+}
+
+/// The rank of an action in the documented order (routing actions share
+/// one rank; a refusal may come at any point).
+fn rank(a: &Action) -> Option<u8> {
+    match a {
+        Action::TakeQuota => Some(0),
+        Action::Admit(_) => Some(1),
+        Action::ChargeDaily => Some(2),
+        Action::Forward { .. } | Action::Wait { .. } => Some(3),
+        Action::Reject(_) => None,
+    }
+}
+
+proptest! {
+    /// For any combination of quota, admission, daily-budget, capacity and
+    /// policy outcomes: the steps come in the documented order, each step
+    /// before routing at most once and only when it applies, nothing comes
+    /// after a refused step but its refusal, and every request ends exactly
+    /// once (a response, or one refusal that stays).
+    #[test]
+    fn the_order_of_a_request(
+        quota in any::<bool>(),
+        admission in any::<bool>(),
+        daily in any::<bool>(),
+        released in any::<bool>(),
+        pool in proptest::collection::vec(arb_agent(), 0..6),
+        depth in 0usize..3,
+        o in arb_outcomes(),
+    ) {
+        let t0 = Instant::now();
+        let e = entry(quota, admission, daily, released, t0);
+        let limits = Limits { max_tries_per_step: 2, queue_depth: depth };
+        let steps = vec![step("p", None, 0), step("f", None, 0)];
+        let r = RequestFacts { entry: e, ..request(t0) };
+        let mut d = Decision::new(policy(steps), r, limits);
+        let mut actions: Vec<Action> = Vec::new();
+        let mut ended: Option<&'static str> = None;
+        let (mut attempts, mut waits) = (o.attempts.iter(), o.waits.iter());
+        for k in 0..100u64 {
+            let now = t0 + Duration::from_millis(k);
+            let a = d.next(&ModelFacts { pool: &pool, rotation: k as usize, queue_len: 0 }, now);
+            actions.push(a.clone());
+            match a {
+                Action::TakeQuota => d.quota_taken(if o.quota_ok {
+                    Ok(())
+                } else {
+                    Err(quota_refusal(QuotaLimit::Requests))
+                }),
+                Action::Admit(_) => d.admitted(match o.admit {
+                    0 => AdmitEnd::Admitted,
+                    1 => AdmitEnd::Refused(Reason::B3, Reason::B3.error()),
+                    2 => AdmitEnd::WaitEnded,
+                    _ => AdmitEnd::ClientGone,
+                }),
+                Action::ChargeDaily => d.daily_charged(
+                    if o.daily_ok { Ok(()) } else { Err(quota_refusal(QuotaLimit::Tokens)) },
+                    now,
+                ),
+                Action::Forward { agent_id, .. } => {
+                    let end = match attempts.next().copied().unwrap_or(1) {
+                        0 => AttemptEnd::Responded,
+                        1 => retryable(),
+                        2 => AttemptEnd::Failed(Failure::new(Side::Router, Stage::AwaitingHead, "deadline")),
+                        _ => AttemptEnd::Failed(Failure::new(Side::Agent, Stage::Relaying, "cut")),
+                    };
+                    if !d.attempt_ended(agent_id, &end) {
+                        ended = Some("responded");
+                        break;
+                    }
+                }
+                Action::Wait { .. } => {
+                    d.queued(k, now);
+                    let woken = waits.next().copied().unwrap_or(false);
+                    d.wait_ended(if woken { WaitEnd::Woken } else { WaitEnd::TimedOut }, now);
+                }
+                Action::Reject(ref r) => {
+                    // Sticky: asked again, the same refusal.
+                    let again = d.next(&ModelFacts { pool: &pool, rotation: 0, queue_len: 0 }, now);
+                    prop_assert_eq!(&again, &Action::Reject(r.clone()));
+                    ended = Some("refused");
+                    break;
+                }
+            }
+        }
+        prop_assert!(ended.is_some(), "the request ended: {:?}", actions);
+        // Order: ranks never go back; steps before routing at most once.
+        let ranks: Vec<u8> = actions.iter().filter_map(rank).collect();
+        prop_assert!(ranks.windows(2).all(|w| w[0] <= w[1]), "{:?}", actions);
+        for r in 0..3u8 {
+            prop_assert!(ranks.iter().filter(|x| **x == r).count() <= 1, "{:?}", actions);
+        }
+        // Each applies exactly when it should.
+        let has = |r: u8| ranks.contains(&r);
+        prop_assert_eq!(has(0), quota);
+        let past_quota = !quota || o.quota_ok;
+        prop_assert_eq!(has(1), admission && past_quota);
+        let past_admission = past_quota && (!admission || o.admit == 0);
+        prop_assert_eq!(has(2), daily && past_admission);
+        let past_daily = past_admission && (!daily || o.daily_ok);
+        if has(3) {
+            prop_assert!(past_daily && !pool.is_empty(), "routed only past every earlier step");
+        }
+        // Exactly one ending: a refusal only as the last action, and only
+        // one of them.
+        let rejects = actions.iter().filter(|a| matches!(a, Action::Reject(_))).count();
+        match ended {
+            Some("refused") => {
+                prop_assert_eq!(rejects, 1);
+                prop_assert!(matches!(actions.last(), Some(Action::Reject(_))));
+            }
+            _ => prop_assert_eq!(rejects, 0),
+        }
+        // A refused step before routing: its refusal next, nothing else.
+        if !past_daily {
+            prop_assert!(!has(3));
+            let Some(Action::Reject(r)) = actions.last() else {
+                return Err(TestCaseError::fail("a refusal ends it"));
+            };
+            let want = if !past_quota {
+                "b4_rpm"
+            } else if admission && o.admit != 0 {
+                match o.admit { 1 => "b3", 2 if released => "hold_no_room", 2 => "b2", _ => "client_gone" }
+            } else {
+                "tokens_per_day"
+            };
+            prop_assert_eq!(r.reason(), want);
         }
     }
 }

@@ -56,7 +56,7 @@ fn rpm_then_daily_then_settle() {
         .any(|(n, v)| *n == "X-RateLimit-Remaining-Tokens" && v == b"30"));
     let t2 = admit(&p, facts("m"), 1_000, || 7).expect("second");
     let r = admit(&p, facts("m"), 1_000, || 7).expect_err("third: rpm");
-    assert_eq!(r.kind, RefusalKind::Requests);
+    assert_eq!(r.limit, QuotaLimit::Requests);
     assert_eq!(r.error.retry_after, Some(30));
     // Failure before output: refund.
     t1.settle(Settle::NothingSent);
@@ -73,7 +73,7 @@ fn rpm_then_daily_then_settle() {
     big.estimate = 30;
     big.declared_output = 4;
     let r = admit(&p, big, later, || 7).expect_err("tokens");
-    assert_eq!(r.kind, RefusalKind::Tokens);
+    assert_eq!(r.limit, QuotaLimit::Tokens);
     assert_eq!(r.error.code, ErrorCode::TokenLimitExceeded);
     assert!(r
         .headers

@@ -1,0 +1,99 @@
+//! Why a request is refused, whichever step of its order refused it: one
+//! type ([`Refusal`]) with its reason label and its client-visible error.
+//! The decision machine ([`super::decision`]) ends a request with one,
+//! the runtime's driver counts it in one place and writes it once.
+
+use std::time::Duration;
+
+use super::admission::Reason;
+use super::decision::Rejection;
+use crate::logic::http::errors::ApiError;
+
+/// Which quota refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaLimit {
+    /// Requests per minute (or no quota declared for the model).
+    Requests,
+    /// Tokens per day.
+    Tokens,
+}
+
+/// A quota's refusal: the 429 and its `X-RateLimit-*` headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaRefusal {
+    /// Which limit.
+    pub limit: QuotaLimit,
+    /// The 429 (with its `Retry-After` when the limit says when).
+    pub error: ApiError,
+    /// `X-RateLimit-*` (and `retry-after-ms`).
+    pub headers: Vec<(&'static str, Vec<u8>)>,
+}
+
+/// Why a request is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Over a quota (requests per minute, tokens per day).
+    Quota(QuotaRefusal),
+    /// An admission gate (B1-B4); the error names B1's numbers.
+    Admission {
+        /// Which gate.
+        reason: Reason,
+        /// The client-visible error.
+        error: ApiError,
+    },
+    /// Released from a hold, but admission found no room before the hold
+    /// budget ended: `503 model_waking`.
+    HoldNoRoom {
+        /// The hold budget.
+        budget: Duration,
+        /// `Retry-After` seconds.
+        retry_after: u64,
+    },
+    /// The routing steps: not found, no agent, no capacity, a deadline,
+    /// or the client gone.
+    Routing(Rejection),
+}
+
+impl From<Rejection> for Refusal {
+    fn from(r: Rejection) -> Self {
+        Refusal::Routing(r)
+    }
+}
+
+impl Refusal {
+    /// The reason label (logs and the per-reason counters).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::Quota(q) => match q.limit {
+                QuotaLimit::Requests => "b4_rpm",
+                QuotaLimit::Tokens => "tokens_per_day",
+            },
+            Refusal::Admission { reason, .. } => reason.as_str(),
+            Refusal::HoldNoRoom { .. } => "hold_no_room",
+            Refusal::Routing(r) => r.label(),
+        }
+    }
+
+    /// The client-visible error for a request for `model`.
+    pub fn error(&self, model: &str) -> ApiError {
+        match self {
+            Refusal::Quota(q) => q.error.clone(),
+            Refusal::Admission { error, .. } => error.clone(),
+            Refusal::HoldNoRoom {
+                budget,
+                retry_after,
+            } => crate::logic::sites::hold::waking(
+                model,
+                crate::logic::sites::hold::Waking::NoRoom,
+                *budget,
+            )
+            .retry_after(*retry_after),
+            Refusal::Routing(r) => r.error(),
+        }
+    }
+
+    /// The client left: nothing is written.
+    pub fn client_gone(&self) -> bool {
+        *self == Refusal::Routing(Rejection::ClientGone)
+    }
+}
