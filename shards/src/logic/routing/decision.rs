@@ -527,15 +527,21 @@ impl Decision {
                 }
             }
         }
-        let all_unhealthy = (0..n).all(|i| model.pool.facts(i).is_none_or(|f| !f.healthy));
-        let r = if all_unhealthy {
+        let r = self.out_of_steps(model);
+        self.reject(r)
+    }
+
+    /// Why every step ran out: no healthy agent, every candidate full, or
+    /// no eligible agent.
+    fn out_of_steps<P: Pool + ?Sized>(&self, model: &ModelFacts<'_, P>) -> Rejection {
+        let n = model.pool.agent_count();
+        if (0..n).all(|i| model.pool.facts(i).is_none_or(|f| !f.healthy)) {
             Rejection::NoAgentsAvailable
         } else if self.last_full {
             Rejection::NoCapacity
         } else {
             Rejection::Exhausted
-        };
-        self.reject(r)
+        }
     }
 
     /// The driver queued the request at `seq`.

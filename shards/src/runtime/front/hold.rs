@@ -13,6 +13,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::logic::http::endpoint::Endpoint;
+use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::sites::hold::{self as pure, Ticket, Waking};
 use crate::logic::sites::Kind;
@@ -68,39 +69,120 @@ pub async fn hold(
     mut p: PendingRequest,
     budget: Duration,
 ) -> HoldEnd {
-    let cfg = &shard.router.cfg;
     let keep = p.head.keep_alive;
     let model = p.meta.model.to_string();
     let started = clock::now();
     let until = started + budget;
     let book = shard.router.holds.clone();
     let retry_after = pure::retry_after(budget, book.wake_p90(&model));
-    // Quota before the hold: a key over its limits is refused at once; a
-    // holdable model counts one replica (seed "Quota while held").
-    let mut quota = None;
-    if let Principal::Key(_) = p.principal {
-        let one = || 1;
-        let facts = QuotaFacts {
-            model: &model,
-            endpoint: p.endpoint,
-            estimate: p.meta.estimate(COLD_TOKENS_PER_BYTE),
-            declared_output: p.meta.declared_output,
-            replicas: &one,
-            burst_secs: cfg.rpm_burst_secs,
-        };
-        match tenancy::take_requests(&p.principal, &facts, clock::mono_ns()) {
-            Ok(t) => quota = Some(t),
-            Err(r) => {
-                let (tenant, key) = p.principal.names();
-                let requests = r.limit == tenancy::QuotaLimit::Requests;
-                book.quota_refused(tenant, key, requests);
-                return HoldEnd::Answered(respond::send_quota_refusal(c, r, keep).await);
-            }
+    let quota = match quota_before_hold(shard, c, &p, &model).await {
+        Ok(q) => q,
+        Err(end) => return end,
+    };
+    // The quota taken is settled by the request's one ending, whichever
+    // way the hold ends (it travels with a released request).
+    let (ticket, mut demand) = match enter_ledger(shard, c, &p, &model, budget, started).await {
+        Ok(t) => t,
+        Err(end) => return end,
+    };
+    c.conn.trim();
+    p.body.shrink_to_fit();
+    start_keepalives(shard, c, &p, started);
+    let waited = wait_for_wake(shard, c, &model, until).await;
+    book.lock().ledger.unhold(&ticket);
+    let (outcome, answer) = match waited {
+        Waited::Owner(owner) => {
+            book.outcome(&model, "woken", started.elapsed());
+            p.held = Some(Held {
+                until,
+                budget,
+                retry_after,
+                keepalive: c.scope.keepalive.take(),
+                committed: c.scope.committed,
+                demand,
+                quota,
+            });
+            p.reply_headers = std::mem::take(&mut c.scope.reply_headers);
+            return HoldEnd::Released(Box::new(p), owner);
+        }
+        Waited::ClientGone => ("cancelled", None),
+        Waited::Unplaced => (
+            "unplaced",
+            Some(ApiError::new(
+                ErrorCode::ModelNotFound,
+                "No agents registered for this model",
+            )),
+        ),
+        Waited::ShuttingDown => (
+            "shutdown",
+            Some(pure::waking(&model, Waking::ShuttingDown, budget).retry_after(retry_after)),
+        ),
+        Waited::Expired => (
+            "expired",
+            Some(pure::waking(&model, Waking::Expired, budget).retry_after(retry_after)),
+        ),
+    };
+    demand.leave();
+    book.outcome(&model, outcome, started.elapsed());
+    c.scope.ending.ticket = quota;
+    let Some(e) = answer else {
+        c.scope.ending.client_gone();
+        return HoldEnd::Answered(false);
+    };
+    // Shutting down: the connection closes after the answer.
+    let keep = keep && !matches!(waited, Waited::ShuttingDown);
+    let k = respond::send_error(c, &e, keep).await;
+    HoldEnd::Answered(k && !c.scope.committed)
+}
+
+/// Quota before the hold: a key over its limits is refused at once; a
+/// holdable model counts one replica (seed "Quota while held").
+async fn quota_before_hold(
+    shard: &Shard,
+    c: &mut Client,
+    p: &PendingRequest,
+    model: &str,
+) -> Result<Option<tenancy::Ticket>, HoldEnd> {
+    if !matches!(p.principal, Principal::Key(_)) {
+        return Ok(None);
+    }
+    let one = || 1;
+    let facts = QuotaFacts {
+        model,
+        endpoint: p.endpoint,
+        estimate: p.meta.estimate(COLD_TOKENS_PER_BYTE),
+        declared_output: p.meta.declared_output,
+        replicas: &one,
+        burst_secs: shard.router.cfg.rpm_burst_secs,
+    };
+    match tenancy::take_requests(&p.principal, &facts, clock::mono_ns()) {
+        Ok(t) => Ok(Some(t)),
+        Err(r) => {
+            let (tenant, key) = p.principal.names();
+            let requests = r.limit == tenancy::QuotaLimit::Requests;
+            shard.router.holds.quota_refused(tenant, key, requests);
+            let keep = p.head.keep_alive;
+            Err(HoldEnd::Answered(
+                respond::send_quota_refusal(c, r, keep).await,
+            ))
         }
     }
+}
+
+/// A place under the hold limits and in the pending demand, or `503
+/// model_waking` (`Retry-After: 5`) when the limits are full.
+async fn enter_ledger(
+    shard: &Shard,
+    c: &mut Client,
+    p: &PendingRequest,
+    model: &str,
+    budget: Duration,
+    started: clock::Instant,
+) -> Result<(Ticket, DemandGuard), HoldEnd> {
+    let book = &shard.router.holds;
     let ticket = Ticket {
         identity: identity(&p.principal),
-        model: model.clone(),
+        model: model.to_string(),
         bytes: p.body.len() as u64,
         client_id: pure::client_id(
             p.head.header("x-client-request-id"),
@@ -109,105 +191,92 @@ pub async fn hold(
     };
     let limited = {
         let mut b = book.lock();
-        let r = b.ledger.hold(&ticket, cfg.hold_limits);
+        let r = b.ledger.hold(&ticket, shard.router.cfg.hold_limits);
         if r.is_ok() {
-            b.waking_since.entry(model.clone()).or_insert(started);
+            b.waking_since.entry(model.to_string()).or_insert(started);
         }
         r
     };
     if let Err(full) = limited {
-        book.outcome(&model, "full", Duration::ZERO);
-        let e = pure::waking(&model, Waking::Full(full), budget).retry_after(5);
-        return HoldEnd::Answered(respond::send_error(c, &e, keep).await);
+        book.outcome(model, "full", Duration::ZERO);
+        let e = pure::waking(model, Waking::Full(full), budget).retry_after(5);
+        return Err(HoldEnd::Answered(
+            respond::send_error(c, &e, p.head.keep_alive).await,
+        ));
     }
-    let mut demand = DemandGuard::new(book.clone(), ticket.clone());
-    c.conn.trim();
-    p.body.shrink_to_fit();
-    if !cfg.wake_keepalive.is_zero() {
-        let stream = p.meta.stream;
-        c.scope.keepalive = Some(KeepAlive {
-            every: cfg.wake_keepalive,
-            next: started + cfg.wake_keepalive,
-            head: respond::committed_head(&c.scope, stream),
-            bytes: pure::keepalive(stream),
-            stream,
-            anthropic: p.endpoint == Endpoint::Messages,
-        });
+    let demand = DemandGuard::new(book.clone(), ticket.clone());
+    Ok((ticket, demand))
+}
+
+/// Keepalives every `--wake-keepalive` while held (none when it is 0).
+fn start_keepalives(shard: &Shard, c: &mut Client, p: &PendingRequest, started: clock::Instant) {
+    let every = shard.router.cfg.wake_keepalive;
+    if every.is_zero() {
+        return;
     }
-    let owner = loop {
-        use futures::future::{select, Either};
+    let stream = p.meta.stream;
+    c.scope.keepalive = Some(KeepAlive {
+        every,
+        next: started + every,
+        head: respond::committed_head(&c.scope, stream),
+        bytes: pure::keepalive(stream),
+        stream,
+        anthropic: p.endpoint == Endpoint::Messages,
+    });
+}
+
+/// How a held request's wait ended.
+enum Waited {
+    /// An agent registered: serve it on this shard.
+    Owner(usize),
+    /// The hold budget ended.
+    Expired,
+    /// The client closed its connection.
+    ClientGone,
+    /// The sibling map no longer places the model here.
+    Unplaced,
+    /// The router is shutting down.
+    ShuttingDown,
+}
+
+/// Wait for an agent of `model` until `until`, watching the client.
+async fn wait_for_wake(
+    shard: &Shard,
+    c: &mut Client,
+    model: &str,
+    until: clock::Instant,
+) -> Waited {
+    use futures::future::{select, Either};
+    loop {
         let (tx, rx) = futures::channel::oneshot::channel();
         shard
             .held
             .borrow_mut()
-            .entry(model.clone())
+            .entry(model.to_string())
             .or_default()
             .push(tx);
         // Registered between the owner check and now: no wait.
-        if let Some(o) = shard.owner(&model) {
-            break o;
+        if let Some(o) = shard.owner(model) {
+            return Waited::Owner(o);
         }
         let timer = monoio::time::sleep(until.saturating_duration_since(clock::now()));
         futures::pin_mut!(timer);
         match c.unless_gone(select(rx, timer)).await {
-            None => {
-                book.lock().ledger.unhold(&ticket);
-                demand.leave();
-                book.outcome(&model, "cancelled", started.elapsed());
-                c.scope.ending.client_gone();
-                return HoldEnd::Answered(false);
-            }
-            Some(Either::Left((Ok(Release::Unplaced), _))) => {
-                book.lock().ledger.unhold(&ticket);
-                demand.leave();
-                book.outcome(&model, "unplaced", started.elapsed());
-                let e = crate::logic::http::errors::ApiError::new(
-                    crate::logic::http::errors::ErrorCode::ModelNotFound,
-                    "No agents registered for this model",
-                );
-                let k = respond::send_error(c, &e, keep).await;
-                return HoldEnd::Answered(k && !c.scope.committed);
-            }
-            Some(Either::Left((Ok(Release::ShuttingDown), _))) => {
-                book.lock().ledger.unhold(&ticket);
-                demand.leave();
-                book.outcome(&model, "shutdown", started.elapsed());
-                let e = pure::waking(&model, Waking::ShuttingDown, budget).retry_after(retry_after);
-                respond::send_error(c, &e, false).await;
-                return HoldEnd::Answered(false);
-            }
+            None => return Waited::ClientGone,
+            Some(Either::Left((Ok(Release::Unplaced), _))) => return Waited::Unplaced,
+            Some(Either::Left((Ok(Release::ShuttingDown), _))) => return Waited::ShuttingDown,
             Some(Either::Left(_)) => {
                 // Woken (or the room was cleared): served here now?
-                if let Some(o) = shard.owner(&model) {
-                    break o;
+                if let Some(o) = shard.owner(model) {
+                    return Waited::Owner(o);
                 }
                 if clock::now() >= until {
-                    break usize::MAX;
+                    return Waited::Expired;
                 }
             }
-            Some(Either::Right(_)) => break usize::MAX,
+            Some(Either::Right(_)) => return Waited::Expired,
         }
-    };
-    book.lock().ledger.unhold(&ticket);
-    if owner == usize::MAX {
-        demand.leave();
-        book.outcome(&model, "expired", started.elapsed());
-        let e = pure::waking(&model, Waking::Expired, budget).retry_after(retry_after);
-        let k = respond::send_error(c, &e, keep).await;
-        return HoldEnd::Answered(k && !c.scope.committed);
     }
-    book.outcome(&model, "woken", started.elapsed());
-    p.held = Some(Held {
-        until,
-        budget,
-        retry_after,
-        keepalive: c.scope.keepalive.take(),
-        committed: c.scope.committed,
-        demand,
-        quota,
-    });
-    p.reply_headers = std::mem::take(&mut c.scope.reply_headers);
-    HoldEnd::Released(Box::new(p), owner)
 }
 
 /// An agent of `model` registered: release every request this shard

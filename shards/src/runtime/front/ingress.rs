@@ -11,7 +11,7 @@ use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::http_parse::{BodyFraming, HeadError, RequestHead};
 use crate::logic::http::inline_str::InlineStr;
-use crate::logic::http::probe;
+use crate::logic::http::probe::{self, RequestMeta};
 use crate::logic::sites::serving::{self, LocalAgents, Serving};
 use crate::logic::sites::Kind;
 use crate::logic::tenancy::auth::Access;
@@ -24,7 +24,7 @@ use crate::runtime::state::pending::{HandOff, PendingRequest};
 use crate::runtime::state::scope::{Client, RequestScope};
 use crate::runtime::state::shard::{inc, Shard};
 use crate::runtime::state::tenancy::{Principal, WWW_AUTHENTICATE};
-use crate::runtime::wire::budget::ConnPermit;
+use crate::runtime::wire::budget::{BodyPermit, ConnPermit};
 use crate::runtime::wire::clock;
 use crate::runtime::wire::conn::{Conn, HeadRead};
 use crate::runtime::wire::handoff;
@@ -306,99 +306,20 @@ async fn read_inference(
     ep: Endpoint,
     principal: Principal,
 ) -> Next {
-    let cfg = &shard.router.cfg;
-    let limit = cfg.max_request_bytes;
-    if let BodyFraming::Length(n) = head.framing {
-        if limit > 0 && n > limit {
-            // Rejected from the declared length, before reading it.
-            respond::send_error(c, &ApiError::body_too_large(limit), false).await;
-            return Next::Close;
-        }
-    }
-    if head.expect_continue
-        && head.framing != BodyFraming::None
-        && c.conn.buf.is_empty()
-        && c.write_all(respond::CONTINUE.to_vec()).await.is_err()
-    {
-        return Next::Close;
-    }
-    let mut body_permit = shard.router.budget.body();
-    let read = c
-        .conn
-        .read_request_body(head.framing, limit, cfg.body_timeout, &mut body_permit);
-    let mut body = match read.await {
-        Ok(b) => b,
-        Err(None) => return Next::Close,
-        Err(Some(e)) => {
-            // A full body budget is transient: say when to come back.
-            let e = if e.status == 503 { e.retry_after(1) } else { e };
-            respond::send_error(c, &e, false).await;
-            return Next::Close;
-        }
-    };
     let keep = head.keep_alive;
-    let mut meta = match probe::probe(&body) {
-        Ok(m) => m,
-        Err(e) => return respond::send_error(c, &e, keep).await.into(),
+    let (body, body_permit) = match read_body(shard, c, &head).await {
+        Ok(b) => b,
+        Err(next) => return next,
     };
-    // Aliases resolve right after authentication, before the allow-set
-    // and quotas; the agent receives the resolved name.
-    let mut alias = None;
-    if let Some(target) = shard.resolve_alias(&meta.model) {
-        match probe::replace_model(&body, &target) {
-            Some(b) => body = b,
-            None => {
-                let e = ApiError::new(ErrorCode::RequestInvalid, "model field is required");
-                return respond::send_error(c, &e, keep).await.into();
-            }
-        }
-        alias =
-            Some(std::mem::replace(&mut meta.model, InlineStr::from(target.as_str())).to_string());
-        c.scope
-            .reply_headers
-            .push(("X-Hivenet-Routed-Model", meta.model.as_bytes().to_vec()));
-    }
-    c.scope.model = meta.model.clone();
-    match principal.access(&meta.model) {
-        Access::Allowed => {}
-        Access::Forbidden => {
-            let e = ApiError::new(
-                ErrorCode::ModelForbidden,
-                format!("your API key does not have access to model: {}", meta.model),
-            );
-            return respond::send_error(c, &e, keep).await.into();
-        }
-        Access::Undeclared => {
-            let r = crate::runtime::state::tenancy::undeclared(&meta.model);
-            return respond::send_quota_refusal(c, r, keep).await.into();
-        }
-    }
+    let (body, meta, alias) = match resolve(shard, c, body, &principal, keep).await {
+        Ok(r) => r,
+        Err(next) => return next,
+    };
     let owner = shard.owner(&meta.model);
-    let hold_for = match serving(shard, &head, ep, &meta.model, &principal, owner.is_some()) {
-        Serving::Here => None,
-        Serving::Redirect {
-            site,
-            location,
-            count,
-        } => {
-            let done = respond::send_redirect(c, &location, count, &site, keep).await;
-            *shard
-                .redirects
-                .borrow_mut()
-                .entry((meta.model.to_string(), site))
-                .or_default() += 1;
-            return done.into();
-        }
-        Serving::Hold(budget) => Some(budget),
-        // Unknown model, or no agent registered now: answered here; no
-        // directory entry, no metric series.
-        Serving::NotFound => {
-            let e = ApiError::new(
-                ErrorCode::ModelNotFound,
-                "No agents registered for this model",
-            );
-            return respond::send_error(c, &e, keep).await.into();
-        }
+    let serving = serving(shard, &head, ep, &meta.model, &principal, owner.is_some());
+    let hold_for = match place(shard, c, serving, &meta.model, keep).await {
+        Ok(h) => h,
+        Err(next) => return next,
     };
     let mut pending = PendingRequest {
         head,
@@ -438,6 +359,130 @@ async fn read_inference(
         // task keeps neither), so a second box was a second allocation
         // per request.
         _ => dispatch::serve_inference(shard, c, pending).await.into(),
+    }
+}
+
+/// The body under `--max-request-bytes`, the body timeout and the
+/// router-wide body budget (`100 Continue` first when asked); `Err`: the
+/// connection's next step after the refusal.
+async fn read_body(
+    shard: &Shard,
+    c: &mut Client,
+    head: &RequestHead,
+) -> Result<(Vec<u8>, BodyPermit), Next> {
+    let cfg = &shard.router.cfg;
+    let limit = cfg.max_request_bytes;
+    if let BodyFraming::Length(n) = head.framing {
+        if limit > 0 && n > limit {
+            // Rejected from the declared length, before reading it.
+            respond::send_error(c, &ApiError::body_too_large(limit), false).await;
+            return Err(Next::Close);
+        }
+    }
+    if head.expect_continue
+        && head.framing != BodyFraming::None
+        && c.conn.buf.is_empty()
+        && c.write_all(respond::CONTINUE.to_vec()).await.is_err()
+    {
+        return Err(Next::Close);
+    }
+    let mut body_permit = shard.router.budget.body();
+    let read = c
+        .conn
+        .read_request_body(head.framing, limit, cfg.body_timeout, &mut body_permit);
+    match read.await {
+        Ok(b) => Ok((b, body_permit)),
+        Err(None) => Err(Next::Close),
+        Err(Some(e)) => {
+            // A full body budget is transient: say when to come back.
+            let e = if e.status == 503 { e.retry_after(1) } else { e };
+            respond::send_error(c, &e, false).await;
+            Err(Next::Close)
+        }
+    }
+}
+
+/// Probe the body, resolve its alias (right after authentication, before
+/// the allow-set and quotas; the agent receives the resolved name) and
+/// check the key's allow-set: the body, its probed fields and the alias
+/// the client asked for.
+async fn resolve(
+    shard: &Shard,
+    c: &mut Client,
+    mut body: Vec<u8>,
+    principal: &Principal,
+    keep: bool,
+) -> Result<(Vec<u8>, RequestMeta, Option<String>), Next> {
+    let mut meta = match probe::probe(&body) {
+        Ok(m) => m,
+        Err(e) => return Err(respond::send_error(c, &e, keep).await.into()),
+    };
+    let mut alias = None;
+    if let Some(target) = shard.resolve_alias(&meta.model) {
+        match probe::replace_model(&body, &target) {
+            Some(b) => body = b,
+            None => {
+                let e = ApiError::new(ErrorCode::RequestInvalid, "model field is required");
+                return Err(respond::send_error(c, &e, keep).await.into());
+            }
+        }
+        alias =
+            Some(std::mem::replace(&mut meta.model, InlineStr::from(target.as_str())).to_string());
+        c.scope
+            .reply_headers
+            .push(("X-Hivenet-Routed-Model", meta.model.as_bytes().to_vec()));
+    }
+    c.scope.model = meta.model.clone();
+    match principal.access(&meta.model) {
+        Access::Allowed => Ok((body, meta, alias)),
+        Access::Forbidden => {
+            let e = ApiError::new(
+                ErrorCode::ModelForbidden,
+                format!("your API key does not have access to model: {}", meta.model),
+            );
+            Err(respond::send_error(c, &e, keep).await.into())
+        }
+        Access::Undeclared => {
+            let r = crate::runtime::state::tenancy::undeclared(&meta.model);
+            Err(respond::send_quota_refusal(c, r, keep).await.into())
+        }
+    }
+}
+
+/// Carry out where [`serving`] sent the request: `Ok(None)` served here,
+/// `Ok(Some(budget))` held, `Err` after a redirect or a 404.
+async fn place(
+    shard: &Shard,
+    c: &mut Client,
+    serving: Serving,
+    model: &str,
+    keep: bool,
+) -> Result<Option<std::time::Duration>, Next> {
+    match serving {
+        Serving::Here => Ok(None),
+        Serving::Hold(budget) => Ok(Some(budget)),
+        Serving::Redirect {
+            site,
+            location,
+            count,
+        } => {
+            let done = respond::send_redirect(c, &location, count, &site, keep).await;
+            *shard
+                .redirects
+                .borrow_mut()
+                .entry((model.to_string(), site))
+                .or_default() += 1;
+            Err(done.into())
+        }
+        // Unknown model, or no agent registered now: answered here; no
+        // directory entry, no metric series.
+        Serving::NotFound => {
+            let e = ApiError::new(
+                ErrorCode::ModelNotFound,
+                "No agents registered for this model",
+            );
+            Err(respond::send_error(c, &e, keep).await.into())
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 //! Entry point: [`serve_inference`].
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{debug, warn};
@@ -24,7 +25,8 @@ use crate::logic::routing::decision::{
     RequestFacts, WaitEnd,
 };
 use crate::logic::routing::failure::{Failure, Side, Stage};
-use crate::logic::routing::refusal::{QuotaLimit, Refusal};
+use crate::logic::routing::policy::Policy;
+use crate::logic::routing::refusal::{QuotaLimit, QuotaRefusal, Refusal};
 use crate::logic::tenancy::quota;
 use crate::runtime::state::model::admission::{Admitted, Reservation};
 use crate::runtime::state::model::agent::{Agent, Slot};
@@ -32,7 +34,8 @@ use crate::runtime::state::model::wake_head;
 use crate::runtime::state::pending::{Held, PendingRequest};
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::{inc, Shard};
-use crate::runtime::state::tenancy::{self, Principal, QuotaFacts};
+use crate::runtime::state::tenancy::{self, Principal, QuotaFacts, Ticket};
+use crate::runtime::wire::bufpool::Pooled;
 use crate::runtime::wire::clock;
 
 /// Client headers never forwarded to agents (credentials stay at the router).
@@ -206,15 +209,37 @@ fn request_facts(
     }
 }
 
+/// One request's driver state on its model's shard: what the steps of
+/// the decision machine read and leave (the quota ticket, the admission
+/// reservation, the hold's pending demand).
+struct Run<'a> {
+    shard: &'a Rc<Shard>,
+    p: &'a PendingRequest,
+    model: &'a str,
+    policy: Arc<Policy>,
+    /// Chat or messages: the estimator learns from their usage.
+    llm: bool,
+    /// The request's input-token estimate (admission and the daily
+    /// budget both read it).
+    estimate: u64,
+    /// The request bytes as the agent receives them.
+    request: Pooled,
+    /// Released from a hold: its pending demand and keepalive state.
+    held: Option<Held>,
+    /// The request quota taken, until it moves into the scope's ending.
+    ticket: Option<Ticket>,
+    /// The admission reservation: released when the run ends.
+    admitted: Admitted,
+    queue_depth: usize,
+}
+
 /// The decision machine's loop: it says what comes next (quota,
-/// admission, daily tokens, a forward, a wait, a refusal), this carries it
-/// out and reports back. The admission reservation lives until this
-/// returns: released on every exit.
+/// admission, daily tokens, a forward, a wait, a refusal), the [`Run`]
+/// carries it out and reports back.
 async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> bool {
     inc(&shard.counters.requests);
     let cfg = &shard.router.cfg;
-    let model = p.meta.model.as_str();
-    let policy = shard.policy(model);
+    let policy = shard.policy(&p.meta.model);
     // Chat and messages: the estimator learns from their usage, and the
     // admission gates apply to them when the policy has any.
     let llm = matches!(p.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
@@ -226,20 +251,7 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
     // counts it until the request is done.
     crate::runtime::wire::bufpool::give(std::mem::take(&mut p.body));
     let p = &*p;
-    // One estimate per request, from the probe's sums and the model's
-    // learned ratio: admission and the daily budget both read it.
-    let estimate = p.meta.estimate(tokens_per_byte(shard, model));
-    let replicas = || healthy_replicas(shard, model);
-    let quota = QuotaFacts {
-        model,
-        endpoint: p.endpoint,
-        estimate,
-        declared_output: p.meta.declared_output,
-        replicas: &replicas,
-        burst_secs: cfg.rpm_burst_secs,
-    };
-    let mut ticket = held.as_mut().and_then(|h| h.quota.take());
-    let mut admitted = Admitted::default();
+    let model = p.meta.model.as_str();
     let limits = Limits {
         max_tries_per_step: cfg.max_tries_per_step,
         // A released request: the hold limits already bound how many.
@@ -249,67 +261,33 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
             cfg.queue_depth
         },
     };
-    let queue_depth = limits.queue_depth;
     let mut d = Decision::new(policy.clone(), facts, limits);
+    let mut run = Run {
+        shard,
+        p,
+        model,
+        policy,
+        llm,
+        // From the probe's sums and the model's learned ratio.
+        estimate: p.meta.estimate(tokens_per_byte(shard, model)),
+        request,
+        ticket: held.as_mut().and_then(|h| h.quota.take()),
+        held,
+        admitted: Admitted::default(),
+        queue_depth: limits.queue_depth,
+    };
     debug!(shard = shard.id, model, "serving request");
     loop {
         match decide(shard, model, &mut d) {
-            Next::TakeQuota => {
-                let taken = tenancy::take_requests(&p.principal, &quota, clock::mono_ns());
-                d.quota_taken(taken.map(|t| ticket = Some(t)));
-            }
-            Next::Admit(park) => {
-                let asked = admission::Request {
-                    policy: &policy.admission,
-                    principal: &p.principal,
-                    estimate,
-                    declared_output: p.meta.declared_output,
-                    images: p.meta.images,
-                    fraction: cfg.admit_fraction,
-                };
-                let end = match admission::admit(shard, c, model, asked, park).await {
-                    Ok(a) => {
-                        admitted = a;
-                        AdmitEnd::Admitted
-                    }
-                    Err(end) => end,
-                };
-                d.admitted(end);
-            }
-            Next::ChargeDaily => {
-                let today = || quota::day_of(clock::unix_secs());
-                let charged = match ticket.as_mut() {
-                    Some(t) => tenancy::take_daily(t, &quota, today),
-                    None => Ok(()),
-                };
-                if let (Ok(()), Some(mut t)) = (&charged, ticket.take()) {
-                    c.scope.reply_headers.append(&mut t.headers);
-                    c.scope.ending.ticket = Some(t);
-                }
-                d.daily_charged(charged, clock::now());
-            }
+            Next::TakeQuota => d.quota_taken(run.take_quota()),
+            Next::Admit(park) => d.admitted(run.admit(c, park).await),
+            Next::ChargeDaily => d.daily_charged(run.charge_daily(c), clock::now()),
             Next::Forward {
                 agent,
                 step,
                 waited,
             } => {
-                if let Some(w) = waited {
-                    with_stats(shard, model, |s| s.observe_wait(w.as_secs_f64()));
-                }
-                // A slot on an agent: a released request leaves the
-                // pending demand.
-                if let Some(h) = held.as_mut() {
-                    h.demand.leave();
-                }
-                let deadline = d.request().deadline;
-                let reserved = admitted.reservation.as_ref();
-                let (outcome, sample) =
-                    attempt(shard, c, p, &agent, &request, deadline, reserved).await;
-                let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
-                served(shard, c, p, &agent, &outcome, &mut admitted, llm);
-                let tenant = p.principal.tenant_arc();
-                let ended = record_attempt(shard, model, &agent, step, p, tenant, outcome, sample);
-                if !d.attempt_ended(agent.id, &ended) {
+                if let Some(keep) = run.forward(c, &mut d, agent, step, waited).await {
                     return keep;
                 }
             }
@@ -318,15 +296,8 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                 place,
                 wake_head_first,
             } => {
-                let w = wait_for_capacity(
-                    shard,
-                    c,
-                    model,
-                    &mut d,
-                    (until, place, queue_depth),
-                    wake_head_first,
-                )
-                .await;
+                let at = (until, place, run.queue_depth);
+                let w = wait_for_capacity(shard, c, model, &mut d, at, wake_head_first).await;
                 d.wait_ended(w, clock::now());
             }
             Next::Reject(r) => {
@@ -334,6 +305,96 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                 return respond::send_refusal(c, r, model, p.head.keep_alive).await;
             }
         }
+    }
+}
+
+// === impl Run ===
+
+impl Run<'_> {
+    /// What the quotas read of this request.
+    fn quota_facts<'f>(&'f self, replicas: &'f dyn Fn() -> u64) -> QuotaFacts<'f> {
+        QuotaFacts {
+            model: self.model,
+            endpoint: self.p.endpoint,
+            estimate: self.estimate,
+            declared_output: self.p.meta.declared_output,
+            replicas,
+            burst_secs: self.shard.router.cfg.rpm_burst_secs,
+        }
+    }
+
+    /// The request quota (RPM).
+    fn take_quota(&mut self) -> Result<(), QuotaRefusal> {
+        let replicas = || healthy_replicas(self.shard, self.model);
+        let facts = self.quota_facts(&replicas);
+        let t = tenancy::take_requests(&self.p.principal, &facts, clock::mono_ns())?;
+        self.ticket = Some(t);
+        Ok(())
+    }
+
+    /// The admission gates (B1-B4), parking as `park` says.
+    async fn admit(&mut self, c: &mut Client, park: Park) -> AdmitEnd {
+        let asked = admission::Request {
+            policy: &self.policy.admission,
+            principal: &self.p.principal,
+            estimate: self.estimate,
+            declared_output: self.p.meta.declared_output,
+            images: self.p.meta.images,
+            fraction: self.shard.router.cfg.admit_fraction,
+        };
+        match admission::admit(self.shard, c, self.model, asked, park).await {
+            Ok(a) => {
+                self.admitted = a;
+                AdmitEnd::Admitted
+            }
+            Err(end) => end,
+        }
+    }
+
+    /// The daily token budget; the ticket and its `X-RateLimit-*`
+    /// headers move into the request's scope when it passes.
+    fn charge_daily(&mut self, c: &mut Client) -> Result<(), QuotaRefusal> {
+        let mut ticket = self.ticket.take();
+        let replicas = || healthy_replicas(self.shard, self.model);
+        let facts = self.quota_facts(&replicas);
+        let today = || quota::day_of(clock::unix_secs());
+        if let Some(t) = ticket.as_mut() {
+            tenancy::take_daily(t, &facts, today)?;
+        }
+        if let Some(mut t) = ticket {
+            c.scope.reply_headers.append(&mut t.headers);
+            c.scope.ending.ticket = Some(t);
+        }
+        Ok(())
+    }
+
+    /// One forward to `agent`, counted and reported to the machine;
+    /// `Some(keep)` when the request is finished.
+    async fn forward(
+        &mut self,
+        c: &mut Client,
+        d: &mut Decision,
+        agent: Rc<Agent>,
+        step: usize,
+        waited: Option<Duration>,
+    ) -> Option<bool> {
+        let (shard, p) = (self.shard, self.p);
+        if let Some(w) = waited {
+            with_stats(shard, self.model, |s| s.observe_wait(w.as_secs_f64()));
+        }
+        // A slot on an agent: a released request leaves the pending demand.
+        if let Some(h) = self.held.as_mut() {
+            h.demand.leave();
+        }
+        let deadline = d.request().deadline;
+        let reserved = self.admitted.reservation.as_ref();
+        let (outcome, sample) =
+            attempt(shard, c, p, &agent, &self.request, deadline, reserved).await;
+        let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
+        served(shard, c, p, &agent, &outcome, &mut self.admitted, self.llm);
+        let tenant = p.principal.tenant_arc();
+        let ended = record_attempt(shard, self.model, &agent, step, p, tenant, outcome, sample);
+        (!d.attempt_ended(agent.id, &ended)).then_some(keep)
     }
 }
 

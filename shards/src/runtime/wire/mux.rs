@@ -492,57 +492,62 @@ impl Connection {
     }
 }
 
+/// A ping (answered) or a go-away (the session ends).
+fn on_session_frame(sh: &mut Shared, h: &Header) {
+    if h.kind == Kind::GoAway {
+        return sh.end();
+    }
+    if h.has(SYN) {
+        let pong = Header {
+            kind: Kind::Ping,
+            flags: ACK,
+            stream: 0,
+            len: h.len,
+        };
+        sh.push(pong, &[]);
+        sh.wake_driver();
+    }
+}
+
+/// A stream the peer opens: queued for [`Inbound`], or refused alone
+/// (reset; the session stays up) when the peer may not open it or too
+/// many are open. Returns whether it was accepted.
+fn accept_syn(sh: &mut Shared, h: &Header, body: &mut Option<Body>) -> bool {
+    let id = h.stream;
+    if !mux_frame::opened_by_peer(id, sh.client)
+        || sh.inbound >= sh.max_inbound
+        || sh.closed
+        || sh.refusing
+    {
+        sh.push(Header::window_update(id, RST, 0), &[]);
+        sh.wake_driver();
+        if h.kind == Kind::Data && h.len > 0 {
+            *body = Some(Body::dropped(id, h.len));
+        }
+        return false;
+    }
+    sh.inbound += 1;
+    sh.streams.insert(id, Slot::new(First::Ack));
+    sh.accepted.push_back(Stream {
+        id,
+        inbound: true,
+        shared: None,
+    });
+    if let Some(w) = sh.acceptor.take() {
+        w.wake();
+    }
+    true
+}
+
 /// Apply one frame header. A data frame's body follows through `body`.
 fn on_header(sh: &mut Shared, h: &Header, body: &mut Option<Body>) {
     match h.kind {
-        Kind::Ping => {
-            if h.has(SYN) {
-                sh.push(
-                    Header {
-                        kind: Kind::Ping,
-                        flags: ACK,
-                        stream: 0,
-                        len: h.len,
-                    },
-                    &[],
-                );
-                sh.wake_driver();
-            }
-            return;
-        }
-        Kind::GoAway => {
-            sh.end();
-            return;
-        }
+        Kind::Ping | Kind::GoAway => return on_session_frame(sh, h),
         Kind::Data | Kind::WindowUpdate => {}
     }
     let id = h.stream;
-    if h.has(SYN) && !sh.streams.contains_key(&id) {
-        if !mux_frame::opened_by_peer(id, sh.client)
-            || sh.inbound >= sh.max_inbound
-            || sh.closed
-            || sh.refusing
-        {
-            // Not a stream the peer may open, or too many: refuse it
-            // alone, the session stays up.
-            sh.push(Header::window_update(id, RST, 0), &[]);
-            sh.wake_driver();
-            if h.kind == Kind::Data && h.len > 0 {
-                *body = Some(Body::dropped(id, h.len));
-            }
-            return;
-        }
-        sh.inbound += 1;
-        sh.streams.insert(id, Slot::new(First::Ack));
-        let s = Stream {
-            id,
-            inbound: true,
-            shared: None,
-        };
-        sh.accepted.push_back(s);
-        if let Some(w) = sh.acceptor.take() {
-            w.wake();
-        }
+    if h.has(SYN) && !sh.streams.contains_key(&id) && !accept_syn(sh, h, body) {
+        return;
     }
     let Some(slot) = sh.streams.get_mut(&id) else {
         // A stream this side has let go of: its bytes are dropped.
