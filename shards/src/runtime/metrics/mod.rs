@@ -5,12 +5,14 @@ pub mod exposition;
 pub mod process;
 pub mod tenants;
 
-use std::fmt::Write as _;
+use std::collections::BTreeMap;
+use std::fmt::Display;
 use std::rc::Rc;
 
 use crate::logic::http::http_parse;
 use crate::logic::routing::directory::DirectoryStats;
-use crate::runtime::metrics::exposition::{esc, write_histogram};
+use crate::runtime::metrics::exposition::Family;
+use crate::runtime::metrics::exposition::Kind::{self, Counter, Gauge, Histogram};
 use crate::runtime::request::respond;
 use crate::runtime::state::model::stats::{ModelStats, DURATION_BUCKETS, QUEUE_BUCKETS};
 use crate::runtime::state::shard::Shard;
@@ -22,19 +24,30 @@ use crate::runtime::wire::conn::Conn;
 pub fn render(
     snaps: &[ShardSnapshot],
     storage_errors: u64,
-    reloads: &std::collections::BTreeMap<(String, String), u64>,
+    reloads: &BTreeMap<(String, String), u64>,
     directory: DirectoryStats,
     budget: &Budget,
 ) -> String {
     let mut o = String::with_capacity(4096);
     render_router(&mut o, reloads, directory, storage_errors);
-    let _ = writeln!(o, "# HELP hivenet_client_connections Client connections open now (bounded by --max-client-connections).");
-    let _ = writeln!(o, "# TYPE hivenet_client_connections gauge");
-    let _ = writeln!(o, "hivenet_client_connections {}", budget.connections());
-    let _ = writeln!(o, "# HELP hivenet_buffered_body_bytes Request-body bytes buffered now (bounded by --max-buffered-body-bytes).");
-    let _ = writeln!(o, "# TYPE hivenet_buffered_body_bytes gauge");
-    let _ = writeln!(o, "hivenet_buffered_body_bytes {}", budget.body_bytes());
-    render_models(&mut o, snaps);
+    Family::new(
+        &mut o,
+        "hivenet_client_connections",
+        Gauge,
+        "Client connections open now (bounded by --max-client-connections).",
+        [],
+    )
+    .series([], budget.connections());
+    Family::new(
+        &mut o,
+        "hivenet_buffered_body_bytes",
+        Gauge,
+        "Request-body bytes buffered now (bounded by --max-buffered-body-bytes).",
+        [],
+    )
+    .series([], budget.body_bytes());
+    let per_model = ModelTotals::of(snaps);
+    render_models(&mut o, snaps, &per_model);
     render_shards(&mut o, snaps);
     render_agents(&mut o, snaps);
     o
@@ -49,24 +62,21 @@ fn render_sites(
     holds: (Option<&str>, &crate::runtime::state::hold_book::HoldBook),
     now: u64,
 ) {
-    let mut redirects: std::collections::BTreeMap<&(String, String), u64> = Default::default();
+    let mut redirects: BTreeMap<&(String, String), u64> = Default::default();
     for s in snaps {
         for (k, n) in &s.redirects {
             *redirects.entry(k).or_default() += n;
         }
     }
-    let _ = writeln!(
+    let mut f = Family::new(
         o,
-        "# HELP hivenet_redirects_total Requests redirected (307) to another site."
+        "hivenet_redirects_total",
+        Counter,
+        "Requests redirected (307) to another site.",
+        ["model", "target_site"],
     );
-    let _ = writeln!(o, "# TYPE hivenet_redirects_total counter");
     for ((m, site), n) in redirects {
-        let _ = writeln!(
-            o,
-            "hivenet_redirects_total{{model=\"{}\",target_site=\"{}\"}} {n}",
-            esc(m),
-            esc(site)
-        );
+        f.series([m, site], n);
     }
     if let Some(local) = holds.0 {
         render_holds(o, sites, local, &holds.1.lock());
@@ -74,23 +84,23 @@ fn render_sites(
     let Some(map) = &sites.map else {
         return;
     };
-    let _ = writeln!(
+    Family::new(
         o,
-        "# HELP hivenet_sibling_map_info The sibling map in use (its version)."
-    );
-    let _ = writeln!(o, "# TYPE hivenet_sibling_map_info gauge");
-    let _ = writeln!(
-        o,
-        "hivenet_sibling_map_info{{version=\"{}\"}} 1",
-        esc(&map.dto.version)
-    );
+        "hivenet_sibling_map_info",
+        Gauge,
+        "The sibling map in use (its version).",
+        ["version"],
+    )
+    .series([&map.dto.version], 1);
     if let Some(age) = map.hints_age(now) {
-        let _ = writeln!(
+        Family::new(
             o,
-            "# HELP hivenet_sibling_map_age_seconds Age of the map's warm/cold hints."
-        );
-        let _ = writeln!(o, "# TYPE hivenet_sibling_map_age_seconds gauge");
-        let _ = writeln!(o, "hivenet_sibling_map_age_seconds {age}");
+            "hivenet_sibling_map_age_seconds",
+            Gauge,
+            "Age of the map's warm/cold hints.",
+            [],
+        )
+        .series([], age);
     }
 }
 
@@ -103,9 +113,9 @@ fn render_holds(
     local: &str,
     books: &crate::runtime::state::hold_book::Books,
 ) {
+    use crate::runtime::state::hold_book::{p90, HOLD_BUCKETS};
     if let Some(map) = &sites.map {
-        let _ = writeln!(o, "# HELP hivenet_pending_demand Requests waiting for a model at zero here: held now plus released without a slot yet (one per key and client ID).");
-        let _ = writeln!(o, "# TYPE hivenet_pending_demand gauge");
+        let mut f = Family::new(o, "hivenet_pending_demand", Gauge, "Requests waiting for a model at zero here: held now plus released without a slot yet (one per key and client ID).", ["model"]);
         let mut models: Vec<String> = map
             .holdable_here(local)
             .into_iter()
@@ -113,52 +123,35 @@ fn render_holds(
             .collect();
         models.dedup();
         for m in &models {
-            let _ = writeln!(
-                o,
-                "hivenet_pending_demand{{model=\"{}\"}} {}",
-                esc(m),
-                books.ledger.demand(m)
-            );
+            f.series([m], books.ledger.demand(m));
         }
     }
-    let _ = writeln!(o, "# HELP hivenet_wake_holds_total Holds ended, by outcome (woken, expired, full, cancelled, unplaced, shutdown).");
-    let _ = writeln!(o, "# TYPE hivenet_wake_holds_total counter");
-    for ((m, outcome), n) in &books.outcomes {
-        let _ = writeln!(
-            o,
-            "hivenet_wake_holds_total{{model=\"{}\",outcome=\"{outcome}\"}} {n}",
-            esc(m)
-        );
-    }
-    let _ = writeln!(
+    let mut f = Family::new(
         o,
-        "# HELP hivenet_wake_hold_seconds How long requests were held, by outcome."
+        "hivenet_wake_holds_total",
+        Counter,
+        "Holds ended, by outcome (woken, expired, full, cancelled, unplaced, shutdown).",
+        ["model", "outcome"],
     );
-    let _ = writeln!(o, "# TYPE hivenet_wake_hold_seconds histogram");
-    for ((m, outcome), h) in &books.hold_seconds {
-        let labels = format!("model=\"{}\",outcome=\"{outcome}\"", esc(m));
-        write_histogram(
-            o,
-            "hivenet_wake_hold_seconds",
-            &labels,
-            &crate::runtime::state::hold_book::HOLD_BUCKETS,
-            h,
-        );
+    for ((m, outcome), n) in &books.outcomes {
+        f.series([m, outcome], n);
     }
-    let _ = writeln!(o, "# HELP hivenet_wake_seconds Observed wake time of a model (first hold to first registration), 90th percentile of the last 32.");
-    let _ = writeln!(o, "# TYPE hivenet_wake_seconds gauge");
+    let mut f = Family::new(
+        o,
+        "hivenet_wake_hold_seconds",
+        Histogram,
+        "How long requests were held, by outcome.",
+        ["model", "outcome"],
+    );
+    for ((m, outcome), h) in &books.hold_seconds {
+        f.histogram([m, outcome], &HOLD_BUCKETS, h);
+    }
+    let mut f = Family::new(o, "hivenet_wake_seconds", Gauge, "Observed wake time of a model (first hold to first registration), 90th percentile of the last 32.", ["model"]);
     let mut models: Vec<&String> = books.wake_times.keys().collect();
     models.sort();
     for m in models {
-        if let Some(d) = crate::runtime::state::hold_book::p90(
-            books.wake_times.get(m).map(Vec::as_slice).unwrap_or(&[]),
-        ) {
-            let _ = writeln!(
-                o,
-                "hivenet_wake_seconds{{model=\"{}\"}} {}",
-                esc(m),
-                d.as_secs_f64()
-            );
+        if let Some(d) = p90(books.wake_times.get(m).map(Vec::as_slice).unwrap_or(&[])) {
+            f.series([m], d.as_secs_f64());
         }
     }
 }
@@ -166,142 +159,135 @@ fn render_holds(
 /// Router-wide series: policy reloads, directory names, store errors.
 fn render_router(
     o: &mut String,
-    reloads: &std::collections::BTreeMap<(String, String), u64>,
+    reloads: &BTreeMap<(String, String), u64>,
     directory: DirectoryStats,
     storage_errors: u64,
 ) {
-    let _ = writeln!(
-        o,
-        "# HELP hivenet_directory_models Model names the directory holds: live (registered agents), idle (agents all left; shard kept), reserved (links not registered yet)."
-    );
-    let _ = writeln!(o, "# TYPE hivenet_directory_models gauge");
+    let mut f = Family::new(o, "hivenet_directory_models", Gauge, "Model names the directory holds: live (registered agents), idle (agents all left; shard kept), reserved (links not registered yet).", ["state"]);
     for (state, n) in [
         ("live", directory.live),
         ("idle", directory.idle),
         ("reserved", directory.reserved),
     ] {
-        let _ = writeln!(o, "hivenet_directory_models{{state=\"{state}\"}} {n}");
+        f.series([&state], n);
     }
-    let _ = writeln!(
+    let mut f = Family::new(
         o,
-        "# HELP hivenet_policy_reload_total Policy reloads by trigger and result."
+        "hivenet_policy_reload_total",
+        Counter,
+        "Policy reloads by trigger and result.",
+        ["trigger", "result"],
     );
-    let _ = writeln!(o, "# TYPE hivenet_policy_reload_total counter");
     for ((t, r), n) in reloads {
-        let _ = writeln!(
-            o,
-            "hivenet_policy_reload_total{{trigger=\"{}\",result=\"{}\"}} {n}",
-            esc(t),
-            esc(r)
-        );
+        f.series([t, r], n);
     }
-    let _ = writeln!(o, "# HELP hivenet_storage_errors_total Failed history-store operations (open, flush, lookup, reset).");
-    let _ = writeln!(o, "# TYPE hivenet_storage_errors_total counter");
-    let _ = writeln!(o, "hivenet_storage_errors_total {storage_errors}");
+    Family::new(
+        o,
+        "hivenet_storage_errors_total",
+        Counter,
+        "Failed history-store operations (open, flush, lookup, reset).",
+        [],
+    )
+    .series([], storage_errors);
+}
+
+/// (region, engine, model, tenant) of a routing counter.
+type RouteKey = (String, String, String, std::sync::Arc<str>);
+
+/// Per-model statistics summed over shards.
+struct ModelTotals {
+    routed: BTreeMap<RouteKey, u64>,
+    failed: BTreeMap<RouteKey, u64>,
+    models: BTreeMap<String, ModelStats>,
+}
+
+impl ModelTotals {
+    fn of(snaps: &[ShardSnapshot]) -> Self {
+        let mut t = ModelTotals {
+            routed: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            models: BTreeMap::new(),
+        };
+        for s in snaps {
+            for (m, st) in &s.models {
+                for (into, from) in [(&mut t.routed, &st.routed), (&mut t.failed, &st.failed)] {
+                    for ((region, engine, tenant), n) in from {
+                        let key = (
+                            region.to_string(),
+                            engine.to_string(),
+                            m.clone(),
+                            tenant.clone(),
+                        );
+                        *into.entry(key).or_default() += n;
+                    }
+                }
+                t.models.entry(m.clone()).or_default().add_shard(st);
+            }
+        }
+        t
+    }
 }
 
 /// Per-model routing counters and histograms, summed over shards.
-fn render_models(o: &mut String, snaps: &[ShardSnapshot]) {
-    // Per-model routing counters, summed over shards.
-    type RouteKey = (String, String, String, std::sync::Arc<str>);
-    let mut routed: std::collections::BTreeMap<RouteKey, u64> = Default::default();
-    let mut failed: std::collections::BTreeMap<RouteKey, u64> = Default::default();
-    let mut per_model: std::collections::BTreeMap<String, ModelStats> = Default::default();
-    for s in snaps {
-        for (m, st) in &s.models {
-            for ((region, engine, tenant), n) in &st.routed {
-                *routed
-                    .entry((
-                        region.to_string(),
-                        engine.to_string(),
-                        m.clone(),
-                        tenant.clone(),
-                    ))
-                    .or_default() += n;
-            }
-            for ((region, engine, tenant), n) in &st.failed {
-                *failed
-                    .entry((
-                        region.to_string(),
-                        engine.to_string(),
-                        m.clone(),
-                        tenant.clone(),
-                    ))
-                    .or_default() += n;
-            }
-            let e = per_model.entry(m.clone()).or_default();
-            e.primary_routed += st.primary_routed;
-            e.fallback_routed += st.fallback_routed;
-            e.exhausted += st.exhausted;
-            e.queue_depth += st.queue_depth;
-            e.wait.merge(&st.wait);
-            // A model lives on one shard: its gauges are taken as they are.
-            if st.admission.active {
-                e.admission = st.admission;
-            }
-        }
-    }
+fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
     for (name, help, map) in [
         (
             "hivenet_routing_requests_routed_total",
             "Successful forwards.",
-            &routed,
+            &t.routed,
         ),
         (
             "hivenet_routing_requests_failed_total",
             "Failed forward attempts and exhaustions (empty region/engine).",
-            &failed,
+            &t.failed,
         ),
     ] {
-        let _ = writeln!(o, "# HELP {name} {help}");
-        let _ = writeln!(o, "# TYPE {name} counter");
+        let mut f = Family::new(
+            o,
+            name,
+            Counter,
+            help,
+            ["region", "engine", "model", "tenant_id"],
+        );
         for ((region, engine, model, tenant), n) in map {
-            let _ = writeln!(
-                o,
-                "{name}{{region=\"{}\",engine=\"{}\",model=\"{}\",tenant_id=\"{}\"}} {n}",
-                esc(region),
-                esc(engine),
-                esc(model),
-                esc(tenant)
-            );
+            f.series([region, engine, model, tenant], n);
         }
     }
     type PGet = fn(&ModelStats) -> f64;
-    let pm: [(&str, &str, &str, PGet); 4] = [
+    let pm: [(&'static str, Kind, &str, PGet); 4] = [
         (
             "hivenet_policy_primary_routed_total",
-            "counter",
+            Counter,
             "Requests served by the primary step.",
             |s| s.primary_routed as f64,
         ),
         (
             "hivenet_policy_fallback_routed_total",
-            "counter",
+            Counter,
             "Requests served by a fallback step.",
             |s| s.fallback_routed as f64,
         ),
         (
             "hivenet_policy_exhausted_total",
-            "counter",
+            Counter,
             "Requests for which every policy step was exhausted.",
             |s| s.exhausted as f64,
         ),
         (
             "hivenet_queue_depth",
-            "gauge",
+            Gauge,
             "Requests waiting in the model's capacity queue.",
             |s| s.queue_depth as f64,
         ),
     ];
     for (name, kind, help, get) in pm {
-        let _ = writeln!(o, "# HELP {name} {help}");
-        let _ = writeln!(o, "# TYPE {name} {kind}");
-        for (m, st) in &per_model {
-            let _ = writeln!(o, "{name}{{model=\"{}\"}} {}", esc(m), get(st));
+        let mut f = Family::new(o, name, kind, help, ["model"]);
+        for (m, st) in &t.models {
+            f.series([m], get(st));
         }
     }
     type AGet = fn(&crate::runtime::state::model::admission::Gauges) -> u64;
-    let adm: [(&str, &str, AGet); 5] = [
+    let adm: [(&'static str, &str, AGet); 5] = [
         (
             "hivenet_admission_occupancy_tokens",
             "Tokens reserved by requests in flight (estimate + declared output, trued up).",
@@ -329,227 +315,177 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot]) {
         ),
     ];
     for (name, help, get) in adm {
-        let _ = writeln!(o, "# HELP {name} {help}");
-        let _ = writeln!(o, "# TYPE {name} gauge");
-        for (m, st) in &per_model {
+        let mut f = Family::new(o, name, Gauge, help, ["model"]);
+        for (m, st) in &t.models {
             if st.admission.active {
-                let _ = writeln!(o, "{name}{{model=\"{}\"}} {}", esc(m), get(&st.admission));
+                f.series([m], get(&st.admission));
             }
         }
     }
-    let _ = writeln!(o, "# HELP hivenet_request_duration_seconds Client-visible duration of completed responses (first request byte to last response byte, streams included).");
-    let _ = writeln!(o, "# TYPE hivenet_request_duration_seconds histogram");
+    let mut f = Family::new(o, "hivenet_request_duration_seconds", Histogram, "Client-visible duration of completed responses (first request byte to last response byte, streams included).", ["tenant_id", "peer_id", "model", "status_code"]);
     for s in snaps {
         for (m, st) in &s.models {
             for ((_, status, tenant), series) in &st.durations {
-                let labels = format!(
-                    "tenant_id=\"{}\",peer_id=\"{}\",model=\"{}\",status_code=\"{status}\"",
-                    esc(tenant),
-                    esc(&series.peer_id),
-                    esc(m)
-                );
-                write_histogram(
-                    o,
-                    "hivenet_request_duration_seconds",
-                    &labels,
-                    &DURATION_BUCKETS,
-                    &series.hist,
-                );
+                let labels: [&dyn Display; 4] = [tenant, &series.peer_id, m, status];
+                f.histogram(labels, &DURATION_BUCKETS, &series.hist);
             }
         }
     }
-    let _ = writeln!(
+    let mut f = Family::new(
         o,
-        "# HELP hivenet_queue_wait_seconds Waits in the capacity queue that ended with a slot."
+        "hivenet_queue_wait_seconds",
+        Histogram,
+        "Waits in the capacity queue that ended with a slot.",
+        ["model"],
     );
-    let _ = writeln!(o, "# TYPE hivenet_queue_wait_seconds histogram");
-    for (m, st) in &per_model {
-        let mut cum = 0u64;
-        for (i, b) in QUEUE_BUCKETS.iter().enumerate() {
-            cum += st.wait.buckets.get(i).copied().unwrap_or(0);
-            let _ = writeln!(
-                o,
-                "hivenet_queue_wait_seconds_bucket{{model=\"{}\",le=\"{b}\"}} {cum}",
-                esc(m)
-            );
-        }
-        let _ = writeln!(
-            o,
-            "hivenet_queue_wait_seconds_bucket{{model=\"{}\",le=\"+Inf\"}} {}",
-            esc(m),
-            st.wait.count
-        );
-        let _ = writeln!(
-            o,
-            "hivenet_queue_wait_seconds_sum{{model=\"{}\"}} {}",
-            esc(m),
-            st.wait.sum
-        );
-        let _ = writeln!(
-            o,
-            "hivenet_queue_wait_seconds_count{{model=\"{}\"}} {}",
-            esc(m),
-            st.wait.count
-        );
+    for (m, st) in &t.models {
+        f.histogram([m], &QUEUE_BUCKETS, &st.wait);
     }
 }
 
 /// Per-shard counters.
 fn render_shards(o: &mut String, snaps: &[ShardSnapshot]) {
-    let _ = writeln!(
+    let mut f = Family::new(
         o,
-        "# HELP hivenet_shard_requests_total Inference requests served by each shard."
+        "hivenet_shard_requests_total",
+        Counter,
+        "Inference requests served by each shard.",
+        ["shard"],
     );
-    let _ = writeln!(o, "# TYPE hivenet_shard_requests_total counter");
     for s in snaps {
-        let _ = writeln!(
-            o,
-            "hivenet_shard_requests_total{{shard=\"{}\"}} {}",
-            s.shard, s.requests
-        );
+        f.series([&s.shard], s.requests);
     }
-    let _ = writeln!(
+    let mut f = Family::new(
         o,
-        "# HELP hivenet_shard_handoffs_total Client connections handed between shards."
+        "hivenet_shard_handoffs_total",
+        Counter,
+        "Client connections handed between shards.",
+        ["shard", "direction"],
     );
-    let _ = writeln!(o, "# TYPE hivenet_shard_handoffs_total counter");
     for s in snaps {
-        let _ = writeln!(
-            o,
-            "hivenet_shard_handoffs_total{{shard=\"{}\",direction=\"out\"}} {}",
-            s.shard, s.handoffs_out
-        );
-        let _ = writeln!(
-            o,
-            "hivenet_shard_handoffs_total{{shard=\"{}\",direction=\"in\"}} {}",
-            s.shard, s.handoffs_in
-        );
+        f.series([&s.shard, &"out"], s.handoffs_out);
+        f.series([&s.shard, &"in"], s.handoffs_in);
     }
-    let _ = writeln!(o, "# HELP hivenet_agent_links_rejected_total Agent links refused (preamble, handshake or registration).");
-    let _ = writeln!(o, "# TYPE hivenet_agent_links_rejected_total counter");
+    let mut f = Family::new(
+        o,
+        "hivenet_agent_links_rejected_total",
+        Counter,
+        "Agent links refused (preamble, handshake or registration).",
+        ["shard"],
+    );
     for s in snaps {
-        let _ = writeln!(
-            o,
-            "hivenet_agent_links_rejected_total{{shard=\"{}\"}} {}",
-            s.shard, s.links_rejected
-        );
+        f.series([&s.shard], s.links_rejected);
     }
+}
+
+/// The labels of the routing table's agent series.
+const ROUTING_LABELS: [&str; 7] = [
+    "peer_id",
+    "region",
+    "engine",
+    "model",
+    "capacity",
+    "organization",
+    "machine",
+];
+
+fn routing_labels(a: &AgentView) -> [&dyn Display; 7] {
+    let r = &a.reg;
+    [
+        &a.peer_id,
+        &r.region,
+        &r.engine,
+        &r.model,
+        &r.capacity,
+        &r.organization,
+        &r.machine,
+    ]
+}
+
+/// The labels of the per-agent series.
+const AGENT_LABELS: [&str; 5] = ["peer_id", "model", "engine", "organization", "machine"];
+
+fn agent_labels(a: &AgentView) -> [&dyn Display; 5] {
+    let r = &a.reg;
+    [&a.peer_id, &r.model, &r.engine, &r.organization, &r.machine]
 }
 
 /// Per-agent series (latency only while KNOWN).
 fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
     let agents: Vec<_> = snaps.iter().flat_map(|s| s.agents.iter()).collect();
-    let label_a = |a: &AgentView| {
-        format!(
-            "peer_id=\"{}\",region=\"{}\",engine=\"{}\",model=\"{}\",capacity=\"{}\",organization=\"{}\",machine=\"{}\"",
-            esc(&a.peer_id), esc(&a.reg.region), esc(&a.reg.engine), esc(&a.reg.model), a.reg.capacity, esc(&a.reg.organization), esc(&a.reg.machine)
-        )
-    };
-    let label_u = |a: &AgentView| {
-        format!(
-            "peer_id=\"{}\",model=\"{}\",engine=\"{}\",organization=\"{}\",machine=\"{}\"",
-            esc(&a.peer_id),
-            esc(&a.reg.model),
-            esc(&a.reg.engine),
-            esc(&a.reg.organization),
-            esc(&a.reg.machine)
-        )
-    };
-    let _ = writeln!(
+    let mut f = Family::new(
         o,
-        "# HELP hivenet_routing_agent_info 1 while the agent is registered."
+        "hivenet_routing_agent_info",
+        Gauge,
+        "1 while the agent is registered.",
+        ROUTING_LABELS,
     );
-    let _ = writeln!(o, "# TYPE hivenet_routing_agent_info gauge");
     for a in &agents {
-        let _ = writeln!(o, "hivenet_routing_agent_info{{{}}} 1", label_a(a));
+        f.series(routing_labels(a), 1);
     }
-    let _ = writeln!(
+    let mut f = Family::new(
         o,
-        "# HELP hivenet_routing_agent_healthy 1 when the agent is routable."
+        "hivenet_routing_agent_healthy",
+        Gauge,
+        "1 when the agent is routable.",
+        ROUTING_LABELS,
     );
-    let _ = writeln!(o, "# TYPE hivenet_routing_agent_healthy gauge");
     for a in &agents {
-        let _ = writeln!(
-            o,
-            "hivenet_routing_agent_healthy{{{}}} {}",
-            label_a(a),
-            u8::from(a.healthy)
-        );
-    }
-    let _ = writeln!(
-        o,
-        "# HELP hivenet_agent_active_requests Requests in flight on the agent."
-    );
-    let _ = writeln!(o, "# TYPE hivenet_agent_active_requests gauge");
-    for a in &agents {
-        let _ = writeln!(
-            o,
-            "hivenet_agent_active_requests{{{}}} {}",
-            label_u(a),
-            a.active
-        );
-    }
-    let _ = writeln!(
-        o,
-        "# HELP hivenet_agent_requests_success_total Successful requests per agent."
-    );
-    let _ = writeln!(o, "# TYPE hivenet_agent_requests_success_total counter");
-    for a in &agents {
-        let _ = writeln!(
-            o,
-            "hivenet_agent_requests_success_total{{{}}} {}",
-            label_u(a),
-            a.success
-        );
-    }
-    let _ = writeln!(
-        o,
-        "# HELP hivenet_agent_requests_failed_total Failed requests per agent."
-    );
-    let _ = writeln!(o, "# TYPE hivenet_agent_requests_failed_total counter");
-    for a in &agents {
-        let _ = writeln!(
-            o,
-            "hivenet_agent_requests_failed_total{{{}}} {}",
-            label_u(a),
-            a.failed
-        );
+        f.series(routing_labels(a), u8::from(a.healthy));
     }
     type Get = fn(&AgentView) -> Option<f64>;
-    let per_agent: [(&str, &str, &str, Get); 10] = [
+    let per_agent: [(&'static str, Kind, &str, Get); 13] = [
+        (
+            "hivenet_agent_active_requests",
+            Gauge,
+            "Requests in flight on the agent.",
+            |a| Some(f64::from(a.active)),
+        ),
+        (
+            "hivenet_agent_requests_success_total",
+            Counter,
+            "Successful requests per agent.",
+            |a| Some(a.success as f64),
+        ),
+        (
+            "hivenet_agent_requests_failed_total",
+            Counter,
+            "Failed requests per agent.",
+            |a| Some(a.failed as f64),
+        ),
         (
             "hivenet_agent_input_tokens_total",
-            "counter",
+            Counter,
             "Input tokens per agent (from response usage).",
             |a| Some(a.input_tokens as f64),
         ),
         (
             "hivenet_agent_output_tokens_total",
-            "counter",
+            Counter,
             "Output tokens per agent (from response usage).",
             |a| Some(a.output_tokens as f64),
         ),
         (
             "hivenet_agent_disconnections_total",
-            "counter",
+            Counter,
             "Times the agent's link closed.",
             |a| Some(a.disconnections as f64),
         ),
         (
             "hivenet_agent_failure_total",
-            "counter",
+            Counter,
             "Missed-heartbeat healthy to unhealthy transitions.",
             |a| Some(a.agent_failures as f64),
         ),
         (
             "hivenet_model_backend_failure_total",
-            "counter",
+            Counter,
             "Backend-unhealthy transitions reported by the agent.",
             |a| Some(a.backend_failures as f64),
         ),
         (
             "hivenet_agent_success_rate",
-            "gauge",
+            Gauge,
             "Lifetime successful / all requests.",
             |a| {
                 let t = a.success + a.failed;
@@ -559,35 +495,34 @@ fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
         // Latency: emitted only while the estimator is KNOWN (no misleading 0).
         (
             "hivenet_agent_srtt_ms",
-            "gauge",
+            Gauge,
             "Smoothed request latency to response headers, ms (only once known).",
             |a| a.srtt,
         ),
         (
             "hivenet_agent_rttvar_ms",
-            "gauge",
+            Gauge,
             "Latency variation, ms (only once known).",
             |a| a.rttvar,
         ),
         (
             "hivenet_router_agent_srtt_ms",
-            "gauge",
+            Gauge,
             "Older name of hivenet_agent_srtt_ms.",
             |a| a.srtt,
         ),
         (
             "hivenet_router_agent_rttvar_ms",
-            "gauge",
+            Gauge,
             "Older name of hivenet_agent_rttvar_ms.",
             |a| a.rttvar,
         ),
     ];
     for (name, kind, help, get) in per_agent {
-        let _ = writeln!(o, "# HELP {name} {help}");
-        let _ = writeln!(o, "# TYPE {name} {kind}");
+        let mut f = Family::new(o, name, kind, help, AGENT_LABELS);
         for a in &agents {
             if let Some(v) = get(a) {
-                let _ = writeln!(o, "{name}{{{}}} {v}", label_u(a));
+                f.series(agent_labels(a), v);
             }
         }
     }
@@ -652,3 +587,6 @@ pub async fn serve(shard: Rc<Shard>, conn: Conn) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,23 +3,21 @@
 //! them, read from `/proc/self` at scrape time (Linux only; a file that
 //! cannot be read leaves its series out).
 
-use std::fmt::Write as _;
-
+use super::exposition::Family;
+use super::exposition::Kind::{self, Counter, Gauge};
 use crate::logic::system::procfs;
 
 /// Append the process series to `o`.
 pub fn render(o: &mut String) {
     let read = |p: &str| std::fs::read_to_string(p).ok();
-    let mut series = |name: &str, kind: &str, help: &str, v: f64| {
-        let _ = writeln!(o, "# HELP {name} {help}");
-        let _ = writeln!(o, "# TYPE {name} {kind}");
-        let _ = writeln!(o, "{name} {v}");
+    let mut series = |name: &'static str, kind: Kind, help: &str, v: f64| {
+        Family::new(o, name, kind, help, []).series([], v);
     };
     let stat = read("/proc/self/stat").and_then(|s| procfs::stat(&s));
     if let Some((cpu, _)) = stat {
         series(
             "process_cpu_seconds_total",
-            "counter",
+            Counter,
             "Total user and system CPU time spent in seconds.",
             cpu,
         );
@@ -28,7 +26,7 @@ pub fn render(o: &mut String) {
         if let Some(b) = procfs::status_kb(&status, "VmRSS") {
             series(
                 "process_resident_memory_bytes",
-                "gauge",
+                Gauge,
                 "Resident memory size in bytes.",
                 b as f64,
             );
@@ -36,7 +34,7 @@ pub fn render(o: &mut String) {
         if let Some(b) = procfs::status_kb(&status, "VmSize") {
             series(
                 "process_virtual_memory_bytes",
-                "gauge",
+                Gauge,
                 "Virtual memory size in bytes.",
                 b as f64,
             );
@@ -45,7 +43,7 @@ pub fn render(o: &mut String) {
     if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
         series(
             "process_open_fds",
-            "gauge",
+            Gauge,
             "Number of open file descriptors.",
             fds.count() as f64,
         );
@@ -53,7 +51,7 @@ pub fn render(o: &mut String) {
     if let Some(max) = read("/proc/self/limits").and_then(|s| procfs::max_open_files(&s)) {
         series(
             "process_max_fds",
-            "gauge",
+            Gauge,
             "Maximum number of open file descriptors.",
             max as f64,
         );
@@ -62,7 +60,7 @@ pub fn render(o: &mut String) {
     if let (Some((_, ticks)), Some(boot)) = (stat, boot) {
         series(
             "process_start_time_seconds",
-            "gauge",
+            Gauge,
             "Start time of the process since unix epoch in seconds.",
             boot as f64 + ticks as f64 / procfs::USER_HZ,
         );

@@ -6,23 +6,57 @@
 //! counter is touched), so cardinality is bounded by the configuration.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::exposition::{esc, write_histogram};
+use super::exposition::Family;
+use super::exposition::Kind::{Counter, Gauge, Histogram};
 use crate::logic::tenancy::quota;
 use crate::runtime::state::audit::AuditLog;
 use crate::runtime::state::model::stats::{TenantStats, DURATION_BUCKETS};
 use crate::runtime::state::tenancy::AuthState;
 use crate::runtime::state::views::ShardSnapshot;
 
-fn head(o: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(o, "# HELP {name} {help}");
-    let _ = writeln!(o, "# TYPE {name} {kind}");
+type TenantKey = (Arc<str>, Arc<str>, String);
+
+/// Rejection counts by (reason, model).
+type Rejections = BTreeMap<(&'static str, String), u64>;
+
+/// What the tenant series sum over shards.
+struct Totals<'s> {
+    /// Per (tenant, key, model).
+    by: BTreeMap<TenantKey, TenantStats>,
+    rejections: Rejections,
+    /// Healthy agents per model.
+    healthy: BTreeMap<&'s str, u64>,
 }
 
-type TenantKey = (Arc<str>, Arc<str>, String);
+impl<'s> Totals<'s> {
+    fn of(snaps: &'s [ShardSnapshot]) -> Self {
+        let mut t = Totals {
+            by: BTreeMap::new(),
+            rejections: BTreeMap::new(),
+            healthy: BTreeMap::new(),
+        };
+        for s in snaps {
+            for a in &s.agents {
+                *t.healthy.entry(a.reg.model.as_str()).or_default() += u64::from(a.healthy);
+            }
+            for (m, st) in &s.models {
+                for (tenant, keys) in &st.tenants {
+                    for (k, ts) in keys {
+                        let key = (tenant.clone(), k.clone(), m.clone());
+                        t.by.entry(key).or_default().add_shard(ts);
+                    }
+                }
+                for (reason, n) in &st.admission_rejections {
+                    *t.rejections.entry((reason, m.clone())).or_default() += n;
+                }
+            }
+        }
+        t
+    }
+}
 
 /// Render the tenant series.
 pub fn render(
@@ -33,36 +67,33 @@ pub fn render(
     audit: Option<&AuditLog>,
     refused_before_hold: &crate::runtime::state::hold_book::QuotaRefusals,
 ) {
-    let mut by: BTreeMap<TenantKey, TenantStats> = BTreeMap::new();
-    let mut rejections: BTreeMap<(&'static str, String), u64> = BTreeMap::new();
-    let mut healthy: BTreeMap<&str, u64> = BTreeMap::new();
-    for s in snaps {
-        for a in &s.agents {
-            *healthy.entry(a.reg.model.as_str()).or_default() += u64::from(a.healthy);
-        }
-        for (m, st) in &s.models {
-            for (t, k, ts) in st
-                .tenants
-                .iter()
-                .flat_map(|(t, ks)| ks.iter().map(move |(k, ts)| (t, k, ts)))
-            {
-                let e = by.entry((t.clone(), k.clone(), m.clone())).or_default();
-                e.success += ts.success;
-                e.failed += ts.failed;
-                e.input_tokens += ts.input_tokens;
-                e.output_tokens += ts.output_tokens;
-                e.rate_limited += ts.rate_limited;
-                e.token_limited += ts.token_limited;
-                e.duration.merge(&ts.duration);
-                e.last_request = e.last_request.max(ts.last_request);
-            }
-            for (reason, n) in &st.admission_rejections {
-                *rejections.entry((reason, m.clone())).or_default() += n;
-            }
-        }
+    let t = Totals::of(snaps);
+    render_usage(o, &t.by);
+    render_per_key(o, &t.by, refused_before_hold);
+    render_durations(o, &t.by);
+    let mut f = Family::new(
+        o,
+        "hivenet_admission_rejections_total",
+        Counter,
+        "Requests refused by admission, by reason (b4_rpm: requests per minute).",
+        ["reason", "model"],
+    );
+    for ((reason, m), n) in &t.rejections {
+        f.series([reason, m], n);
     }
+    render_quotas(o, auth, &t.healthy, today);
+    if let Some(a) = audit {
+        render_audit(o, a);
+    }
+}
+
+/// The labels of the per (tenant, key, model) series.
+const USAGE_LABELS: [&str; 4] = ["tenant_id", "key_id", "deployment_id", "model"];
+
+/// Per (tenant, key, model): outcomes and tokens.
+fn render_usage(o: &mut String, by: &BTreeMap<TenantKey, TenantStats>) {
     type Get = fn(&TenantStats) -> u64;
-    let per_model: [(&str, &str, Get); 4] = [
+    let per_model: [(&'static str, &str, Get); 4] = [
         (
             "hivenet_tenant_requests_success_total",
             "Client-visible successes.",
@@ -85,23 +116,40 @@ pub fn render(
         ),
     ];
     for (name, help, get) in per_model {
-        head(o, name, "counter", help);
-        for ((t, k, m), ts) in &by {
-            let _ = writeln!(
-                o,
-                "{name}{{tenant_id=\"{}\",key_id=\"{}\",deployment_id=\"unset\",model=\"{}\"}} {}",
-                esc(t),
-                esc(k),
-                esc(m),
-                get(ts)
-            );
+        let mut f = Family::new(o, name, Counter, help, USAGE_LABELS);
+        for ((t, k, m), ts) in by {
+            f.series([t, k, &"unset", m], get(ts));
         }
     }
-    // Per key, summed over models.
+}
+
+/// The per (tenant, key, model) duration histogram.
+fn render_durations(o: &mut String, by: &BTreeMap<TenantKey, TenantStats>) {
+    let mut f = Family::new(
+        o,
+        "hivenet_tenant_request_duration_seconds",
+        Histogram,
+        "Client-visible duration of successful responses, at their end (streams included).",
+        USAGE_LABELS,
+    );
+    for ((t, k, m), ts) in by {
+        if ts.duration.count > 0 {
+            f.histogram([t, k, &"unset", m], &DURATION_BUCKETS, &ts.duration);
+        }
+    }
+}
+
+/// Per key, summed over models: refusals (before a hold too) and the
+/// last request's time.
+fn render_per_key(
+    o: &mut String,
+    by: &BTreeMap<TenantKey, TenantStats>,
+    refused_before_hold: &crate::runtime::state::hold_book::QuotaRefusals,
+) {
     // (rate limited, token limited, last request) per key.
     type PerKey = BTreeMap<(Arc<str>, Arc<str>), (u64, u64, u64)>;
     let mut per_key: PerKey = BTreeMap::new();
-    for ((t, k, _), ts) in &by {
+    for ((t, k, _), ts) in by {
         let e = per_key.entry((t.clone(), k.clone())).or_default();
         e.0 += ts.rate_limited;
         e.1 += ts.token_limited;
@@ -112,192 +160,117 @@ pub fn render(
         e.0 += r;
         e.1 += t;
     }
-    head(
+    let mut f = Family::new(
         o,
         "hivenet_tenant_rate_limited_total",
-        "counter",
+        Counter,
         "Requests refused by requests per minute.",
+        ["tenant_id", "key_id"],
     );
     for ((t, k), (n, _, _)) in &per_key {
-        let _ = writeln!(
-            o,
-            "hivenet_tenant_rate_limited_total{{tenant_id=\"{}\",key_id=\"{}\"}} {n}",
-            esc(t),
-            esc(k)
-        );
+        f.series([t, k], n);
     }
-    head(
+    let mut f = Family::new(
         o,
         "hivenet_tenant_token_limited_total",
-        "counter",
+        Counter,
         "Requests refused by the daily token budget.",
+        ["tenant_id", "key_id", "deployment_id", "phase"],
     );
     for ((t, k), (_, n, _)) in &per_key {
-        let _ = writeln!(
-            o,
-            "hivenet_tenant_token_limited_total{{tenant_id=\"{}\",key_id=\"{}\",deployment_id=\"unset\",phase=\"input\"}} {n}",
-            esc(t),
-            esc(k)
-        );
+        f.series([t, k, &"unset", &"input"], n);
     }
-    head(
+    let mut f = Family::new(
         o,
         "hivenet_tenant_last_request_timestamp",
-        "gauge",
+        Gauge,
         "Unix seconds of the key's last request.",
+        ["tenant_id", "key_id", "deployment_id"],
     );
     for ((t, k), (_, _, ts)) in &per_key {
-        let _ = writeln!(
-            o,
-            "hivenet_tenant_last_request_timestamp{{tenant_id=\"{}\",key_id=\"{}\",deployment_id=\"unset\"}} {ts}",
-            esc(t),
-            esc(k)
-        );
+        f.series([t, k, &"unset"], ts);
     }
-    head(
-        o,
-        "hivenet_tenant_request_duration_seconds",
-        "histogram",
-        "Client-visible duration of successful responses, at their end (streams included).",
-    );
-    for ((t, k, m), ts) in &by {
-        if ts.duration.count == 0 {
-            continue;
-        }
-        let labels = format!(
-            "tenant_id=\"{}\",key_id=\"{}\",deployment_id=\"unset\",model=\"{}\"",
-            esc(t),
-            esc(k),
-            esc(m)
-        );
-        write_histogram(
-            o,
-            "hivenet_tenant_request_duration_seconds",
-            &labels,
-            &DURATION_BUCKETS,
-            &ts.duration,
-        );
-    }
-    head(
-        o,
-        "hivenet_admission_rejections_total",
-        "counter",
-        "Requests refused by admission, by reason (b4_rpm: requests per minute).",
-    );
-    for ((reason, m), n) in &rejections {
-        let _ = writeln!(
-            o,
-            "hivenet_admission_rejections_total{{reason=\"{reason}\",model=\"{}\"}} {n}",
-            esc(m)
-        );
-    }
-    head(
+}
+
+/// The quota gauges from the key snapshot and today's usage per bucket.
+fn render_quotas(o: &mut String, auth: &AuthState, healthy: &BTreeMap<&str, u64>, today: u64) {
+    let mut f = Family::new(
         o,
         "hivenet_tenant_quota_rpm_limit",
-        "gauge",
+        Gauge,
         "Flat requests-per-minute limit (0: unlimited).",
+        ["tenant_id"],
     );
     for (t, l) in &auth.tenant_limits {
         if let Some((rpm, _)) = l.flat {
-            let _ = writeln!(
-                o,
-                "hivenet_tenant_quota_rpm_limit{{tenant_id=\"{}\"}} {rpm}",
-                esc(t)
-            );
+            f.series([t], rpm);
         }
     }
-    head(
+    let mut f = Family::new(
         o,
         "hivenet_tenant_quota_tpd_limit",
-        "gauge",
+        Gauge,
         "Flat tokens-per-day limit (0: unlimited).",
+        ["tenant_id"],
     );
     for (t, l) in &auth.tenant_limits {
         if let Some((_, tpd)) = l.flat {
-            let _ = writeln!(
-                o,
-                "hivenet_tenant_quota_tpd_limit{{tenant_id=\"{}\"}} {tpd}",
-                esc(t)
-            );
+            f.series([t], tpd);
         }
     }
-    head(o, "hivenet_tenant_per_model_quota_rpm_limit", "gauge", "Effective per-model requests-per-minute limit (per replica x healthy replicas, at least one).");
+    let mut f = Family::new(o, "hivenet_tenant_per_model_quota_rpm_limit", Gauge, "Effective per-model requests-per-minute limit (per replica x healthy replicas, at least one).", ["tenant_id", "model"]);
     for (t, l) in &auth.tenant_limits {
         for (m, (rpm, _)) in &l.per_model {
             let replicas = healthy.get(m.as_str()).copied().unwrap_or(0).max(1);
-            let _ = writeln!(
-                o,
-                "hivenet_tenant_per_model_quota_rpm_limit{{tenant_id=\"{}\",model=\"{}\"}} {}",
-                esc(t),
-                esc(m),
-                rpm.saturating_mul(replicas)
-            );
+            f.series([t, m], rpm.saturating_mul(replicas));
         }
     }
-    head(
+    let mut f = Family::new(
         o,
         "hivenet_tenant_per_model_quota_tpd_limit",
-        "gauge",
+        Gauge,
         "Per-model tokens-per-day limit (0: unlimited).",
+        ["tenant_id", "model"],
     );
     for (t, l) in &auth.tenant_limits {
         for (m, (_, tpd)) in &l.per_model {
-            let _ = writeln!(
-                o,
-                "hivenet_tenant_per_model_quota_tpd_limit{{tenant_id=\"{}\",model=\"{}\"}} {tpd}",
-                esc(t),
-                esc(m)
-            );
+            f.series([t, m], tpd);
         }
     }
-    head(
+    let mut f = Family::new(
         o,
         "hivenet_tenant_tokens_used_today",
-        "gauge",
+        Gauge,
         "Tokens charged today (UTC) per bucket (model empty: the tenant's flat bucket).",
+        ["tenant_id", "model"],
     );
     for ((t, m), b) in &auth.buckets {
-        let used = quota::used_on(b.daily.load(Ordering::Relaxed), today);
-        let _ = writeln!(
-            o,
-            "hivenet_tenant_tokens_used_today{{tenant_id=\"{}\",model=\"{}\"}} {used}",
-            esc(t),
-            esc(m)
+        f.series(
+            [t, m],
+            quota::used_on(b.daily.load(Ordering::Relaxed), today),
         );
     }
-    if let Some(a) = audit {
-        head(
-            o,
+}
+
+/// The audit writer's health.
+fn render_audit(o: &mut String, a: &AuditLog) {
+    for (name, help, n) in [
+        (
             "hivenet_audit_records_written_total",
-            "counter",
             "Audit lines written.",
-        );
-        let _ = writeln!(
-            o,
-            "hivenet_audit_records_written_total {}",
-            a.written.load(Ordering::Relaxed)
-        );
-        head(
-            o,
+            &*a.written,
+        ),
+        (
             "hivenet_audit_records_dropped_total",
-            "counter",
             "Audit records dropped because the writer was behind (serving never waits for it).",
-        );
-        let _ = writeln!(
-            o,
-            "hivenet_audit_records_dropped_total {}",
-            a.dropped.load(Ordering::Relaxed)
-        );
-        head(
-            o,
+            &a.dropped,
+        ),
+        (
             "hivenet_audit_write_errors_total",
-            "counter",
             "Failed audit writes or flushes.",
-        );
-        let _ = writeln!(
-            o,
-            "hivenet_audit_write_errors_total {}",
-            a.write_errors.load(Ordering::Relaxed)
-        );
+            &*a.write_errors,
+        ),
+    ] {
+        Family::new(o, name, Counter, help, []).series([], n.load(Ordering::Relaxed));
     }
 }

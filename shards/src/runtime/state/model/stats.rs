@@ -85,6 +85,20 @@ pub struct TenantStats {
     pub last_request: u64,
 }
 
+impl TenantStats {
+    /// Add one shard's statistics of the same (tenant, key, model).
+    pub fn add_shard(&mut self, ts: &TenantStats) {
+        self.success += ts.success;
+        self.failed += ts.failed;
+        self.input_tokens += ts.input_tokens;
+        self.output_tokens += ts.output_tokens;
+        self.rate_limited += ts.rate_limited;
+        self.token_limited += ts.token_limited;
+        self.duration.merge(&ts.duration);
+        self.last_request = self.last_request.max(ts.last_request);
+    }
+}
+
 /// Per-model routing counters.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ModelStats {
@@ -114,6 +128,20 @@ pub struct ModelStats {
 }
 
 impl ModelStats {
+    /// Add one shard's statistics of the model (the per-model totals of
+    /// `/metrics`): counters summed, the wait histogram merged; a model
+    /// lives on one shard, so its admission gauges are taken as they are.
+    pub fn add_shard(&mut self, st: &ModelStats) {
+        self.primary_routed += st.primary_routed;
+        self.fallback_routed += st.fallback_routed;
+        self.exhausted += st.exhausted;
+        self.queue_depth += st.queue_depth;
+        self.wait.merge(&st.wait);
+        if st.admission.active {
+            self.admission = st.admission;
+        }
+    }
+
     /// Record one completed response of agent `id`.
     pub fn observe_duration(
         &mut self,
