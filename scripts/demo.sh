@@ -8,29 +8,24 @@ export HIVENET_ROUTER_ADMIN_API_KEYS="$HIVENET_ROUTER_ADMIN_API_KEY_DEMO"
 cd "$(dirname "$0")/.."
 PROFILE="${PROFILE:-debug}"
 if [ "$PROFILE" = release ]; then cargo build -q --release --workspace --bins; else cargo build -q --workspace --bins; fi
-BIN="target/$PROFILE"
-WORK="$(mktemp -d -t hivenet-demo-XXXX)"
-PIDS=()
+. scripts/lib.sh
+HN_BIN="target/$PROFILE"
+HN_WORK="$(mktemp -d -t hivenet-demo-XXXX)"
 cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  echo "== stopped ${#PIDS[@]} processes; logs in $WORK"
+  hn_stop_all
+  echo "== stopped ${#HN_PIDS[@]} processes; logs in $HN_WORK"
 }
 trap cleanup EXIT
 
 HTTP=18080; METRICS=12112; P2P=19000; S1=18881; S2=18882
 echo "== starting two hivenet-sim backends (ttft 20ms and 60ms), router, two agents"
-"$BIN/hivenet-sim" --port $S1 --model demo-model --ttft 20ms --itl 5ms >"$WORK/sim1.log" 2>&1 & PIDS+=($!)
-"$BIN/hivenet-sim" --port $S2 --model demo-model --ttft 60ms --itl 5ms >"$WORK/sim2.log" 2>&1 & PIDS+=($!)
-"$BIN/hivenet-router" --http-port 127.0.0.1:$HTTP --metrics-port 127.0.0.1:$METRICS --p2p-port $P2P --disk-db-path "$WORK/hivenet-data" >"$WORK/router.log" 2>&1 & PIDS+=($!)
-"$BIN/hivenet-agent" --router-p2p /ip4/127.0.0.1/tcp/$P2P --backend-url http://127.0.0.1:$S1 --identity-path "$WORK/agent1.key" --machine sim-1 >"$WORK/agent1.log" 2>&1 & PIDS+=($!)
-"$BIN/hivenet-agent" --router-p2p /ip4/127.0.0.1/tcp/$P2P --backend-url http://127.0.0.1:$S2 --identity-path "$WORK/agent2.key" --machine sim-2 >"$WORK/agent2.log" 2>&1 & PIDS+=($!)
-
-for _ in $(seq 1 100); do
-  if curl -sf "http://127.0.0.1:$HTTP/v1/models" | grep -q '"healthy":2'; then break; fi
-  sleep 0.1
-done
-grep -h "shard-\|agent registered" "$WORK/router.log" | sed 's/^/   router | /'
+hn_sim $S1 demo-model sim1 --ttft 20ms --itl 5ms
+hn_sim $S2 demo-model sim2 --ttft 60ms --itl 5ms
+hn_router $HTTP $METRICS $P2P --disk-db-path "$HN_WORK/hivenet-data"
+hn_agent $P2P $S1 agent1.key agent1 --machine sim-1
+hn_agent $P2P $S2 agent2.key agent2 --machine sim-2
+hn_wait_http "http://127.0.0.1:$HTTP/v1/models" 10 '"healthy":2'
+grep -h "shard-\|agent registered" "$HN_WORK/router.log" | sed 's/^/   router | /'
 echo "== GET /v1/models"
 curl -s "http://127.0.0.1:$HTTP/v1/models"; echo
 for i in 1 2 3; do

@@ -15,13 +15,13 @@ restarted. Checks at the end (exit 1 on any failure):
 """
 import json, os, random, signal, socket, subprocess, sys, tempfile, threading, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lib import free_port, http_get as get, wait_until as wait  # noqa: E402
+
 BIN, SECONDS = sys.argv[1], float(sys.argv[2])
 OUT = sys.argv[3] if len(sys.argv) > 3 else None
 WORK = tempfile.mkdtemp(prefix="hivenet-soak-")
 ENV = dict(os.environ, HIVENET_ROUTER_ADMIN_API_KEYS="soak-key", RUST_LOG="info")
-
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
 
 HTTP, METRICS, P2P = free_port(), free_port(), free_port()
 procs = []
@@ -33,28 +33,6 @@ def spawn(args, name):
 router = spawn([f"{BIN}/hivenet-router", "--http-port", f"127.0.0.1:{HTTP}", "--metrics-port", f"127.0.0.1:{METRICS}",
                 "--p2p-port", str(P2P), "--shards", "2", "--queue-depth", "20", "--request-timeout", "20s",
                 "--body-timeout", "10s", "--heartbeat-interval", "500ms", "--stream-idle-timeout", "5s"], "router")
-
-def get(port, path):
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    s.sendall(f"GET {path} HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n".encode())
-    data = b""
-    while True:
-        d = s.recv(65536)
-        if not d: break
-        data += d
-    s.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body
-
-def wait(pred, what, limit=30):
-    t = time.time()
-    while time.time() - t < limit:
-        try:
-            if pred(): return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"soak: timed out waiting for {what}")
 
 wait(lambda: get(HTTP, "/health")[0] == 200, "router")
 sims = {}

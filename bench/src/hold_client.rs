@@ -3,7 +3,7 @@
 //! targets). A Python asyncio client saturated at ~18,000 held requests
 //! and its own lateness could not be told from the router's.
 //!
-//! Protocol with the driver (`scripts/bench-hold.py`): the client prints
+//! Protocol with the driver (`scripts/bench/hold.py`): the client prints
 //! `SENT` once every request is written, `HOLD_DONE <json>` after
 //! `--hold-seconds` more (the driver then reads the router's RSS and
 //! registers an agent), and `RESULT <json>` when every request ended or

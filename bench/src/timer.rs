@@ -234,7 +234,7 @@ mod tests {
 
     /// Never early, with and without the timerfd, with and without the
     /// busy wait (an upper bound on lateness would be a timing test: the
-    /// figures are in perf/, from scripts/bench-send-lag.py).
+    /// figures are in perf/, from scripts/bench/send-lag.py).
     #[test]
     fn arrive_at_is_never_early() {
         let mut rt = match monoio::RuntimeBuilder::<monoio::FusionDriver>::new()

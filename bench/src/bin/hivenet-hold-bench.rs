@@ -1,5 +1,5 @@
 //! `hivenet-hold-bench`: held requests at scale, timed from Rust (see
-//! `bench::hold_client`); driven by `scripts/bench-hold.py --client rust`.
+//! `bench::hold_client`); driven by `scripts/bench/hold.py --client rust`.
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
