@@ -2,6 +2,8 @@
 //! Every process is killed when its guard drops.
 #![allow(dead_code)]
 
+pub mod latency;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

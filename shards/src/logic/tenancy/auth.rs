@@ -177,9 +177,12 @@ impl KeyRecord {
     }
 }
 
-/// The token of a request: `Authorization` trimmed, minus an exact
-/// `Bearer ` prefix (a bare key is accepted), else `x-api-key` (what the
-/// Anthropic SDK sends). `None` when both are absent or empty.
+/// The token of a request, the one parser of credentials (client and
+/// admin routes, spec 05 §2 and 05 §4 "same bearer extraction"):
+/// `Authorization` trimmed, minus an exact-case `Bearer ` prefix (a bare
+/// key is accepted: another case is then part of the token), else
+/// `x-api-key` (what the Anthropic SDK sends; the admin routes pass none).
+/// `None` when both are absent or empty.
 pub fn bearer_token<'a>(
     authorization: Option<&'a [u8]>,
     x_api_key: Option<&'a [u8]>,

@@ -38,19 +38,11 @@ pub fn authorized(router: &Router, head: &RequestHead) -> bool {
     if router.insecure_admin {
         return true;
     }
-    let Some(v) = head.header("authorization") else {
+    let Some(token) = crate::logic::tenancy::auth::bearer_token(head.header("authorization"), None)
+    else {
         return false;
     };
-    let v = std::str::from_utf8(v).unwrap_or("").trim();
-    let token = v
-        .strip_prefix("Bearer ")
-        .or_else(|| v.strip_prefix("bearer "))
-        .unwrap_or(v)
-        .trim();
-    if token.is_empty() {
-        return false;
-    }
-    let h: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    let h: [u8; 32] = Sha256::digest(token).into();
     // Compare against every key without early exit.
     let mut ok = 0u8;
     for k in &router.admin_keys {

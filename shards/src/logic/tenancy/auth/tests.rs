@@ -166,3 +166,28 @@ proptest! {
         prop_assert_eq!(e, start + 86_400);
     }
 }
+
+#[test]
+fn one_bearer_parser_for_every_route() {
+    let t = |a: Option<&str>, x: Option<&str>| {
+        bearer_token(a.map(str::as_bytes), x.map(str::as_bytes))
+            .map(|t| String::from_utf8_lossy(t).into_owned())
+    };
+    let some = |s: &str| Some(s.to_string());
+    assert_eq!(t(Some("Bearer sk-1"), None), some("sk-1"));
+    // Spaces around are trimmed; the prefix is exact-case (spec 05): in
+    // another case it is part of the token, for admin keys too.
+    assert_eq!(t(Some("  Bearer   sk-1  "), None), some("sk-1"));
+    assert_eq!(t(Some("bearer sk-1"), None), some("bearer sk-1"));
+    // A bare key is accepted as it is.
+    assert_eq!(t(Some("sk-1"), None), some("sk-1"));
+    assert_eq!(t(Some("Bearersk-1"), None), some("Bearersk-1"));
+    // No token: x-api-key, else none.
+    assert_eq!(t(Some("Bearer"), Some("sk-2")), some("sk-2"));
+    assert_eq!(t(Some("Bearer   "), None), None);
+    assert_eq!(t(None, Some(" sk-2 ")), some("sk-2"));
+    assert_eq!(t(None, Some("  ")), None);
+    assert_eq!(t(Some(""), None), None);
+    // Authorization wins over x-api-key.
+    assert_eq!(t(Some("Bearer a"), Some("b")), some("a"));
+}
