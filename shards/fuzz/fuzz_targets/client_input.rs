@@ -5,7 +5,8 @@
 //! registry's JSON.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shards::logic::{auth, probe, registry};
+use shards::logic::http::probe;
+use shards::logic::tenancy::{auth, registry};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else {

@@ -3,7 +3,7 @@
 //! and what decodes encodes back to the same value.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shards::logic::{control, multistream, preamble};
+use shards::logic::link::{control, multistream, preamble};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(Some((model, used))) = preamble::decode(data) {

@@ -4,6 +4,7 @@
 //! [`request_id`], [`trace_context`] (W3C), [`usage`] (token counts from
 //! responses and SSE), [`endpoint`], [`inline_str`].
 
+pub mod chunked;
 pub mod endpoint;
 pub mod errors;
 pub mod http_parse;

@@ -1,6 +1,7 @@
 //! One inference request on its model's shard: [`dispatch`] drives the
 //! pure decision machine, [`admission`] is the admission gate,
-//! [`exchange`] one exchange with an agent, [`respond`] every response the
+//! [`forward`] one forward to an agent and its counting, [`exchange`] one
+//! exchange with an agent, [`respond`] every response the
 //! router writes itself, [`ending`] the one ending (quota, tenant
 //! counters, audit), [`models_api`] the `/v1/models` bodies.
 
@@ -8,5 +9,6 @@ pub mod admission;
 pub mod dispatch;
 pub mod ending;
 pub mod exchange;
+pub mod forward;
 pub mod models_api;
 pub mod respond;

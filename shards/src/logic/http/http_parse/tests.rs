@@ -1,4 +1,5 @@
 use super::*;
+use crate::logic::http::chunked::has_bare_line_end;
 use proptest::prelude::*;
 
 #[test]

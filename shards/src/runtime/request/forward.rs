@@ -1,0 +1,201 @@
+//! One forward of a request to an agent: the bytes the agent receives
+//! ([`build_request`]), the attempt under the request deadline with its
+//! relay ([`attempt`]), and its counting ([`record_attempt`]: the latency
+//! sample, the agent's counters, the model's routing counters).
+
+use std::rc::Rc;
+
+use tracing::{debug, warn};
+
+use super::exchange::{self, Progress, RelayEnd};
+use crate::logic::http::http_write::{self, OutFraming};
+use crate::logic::http::usage::Tokens;
+use crate::logic::routing::decision::AttemptEnd;
+use crate::logic::routing::failure::{Failure, Side, Stage};
+use crate::runtime::state::model::admission::Reservation;
+use crate::runtime::state::model::agent::{Agent, Slot};
+use crate::runtime::state::model::stats::ModelStats;
+use crate::runtime::state::pending::PendingRequest;
+use crate::runtime::state::scope::Client;
+use crate::runtime::state::shard::Shard;
+use crate::runtime::wire::clock;
+
+/// Client headers never forwarded to agents (credentials stay at the router).
+fn forwardable(name: &str) -> bool {
+    !(name.eq_ignore_ascii_case("authorization")
+        || name.eq_ignore_ascii_case("cookie")
+        || name.eq_ignore_ascii_case("x-api-key")
+        || name.eq_ignore_ascii_case("x-request-id"))
+}
+
+/// The request as the agent receives it: the client's headers minus
+/// credentials, our `X-Request-ID` and `traceparent` (the client's
+/// `tracestate` only with the client's valid `traceparent`), the body
+/// unchanged.
+pub fn build_request(p: &PendingRequest) -> crate::runtime::wire::bufpool::Pooled {
+    let keep_state = p.trace.keep_state;
+    let headers = p
+        .head
+        .headers
+        .iter()
+        .filter(|(n, _)| forwardable(n))
+        .filter(|(n, _)| {
+            !(n.eq_ignore_ascii_case("traceparent")
+                || (!keep_state && n.eq_ignore_ascii_case("tracestate")))
+        })
+        .chain([
+            ("X-Request-ID", p.request_id.as_bytes()),
+            ("traceparent", &p.trace.header[..]),
+        ]);
+    // Back to the pool when the request is done (retries resend it).
+    let mut out = crate::runtime::wire::bufpool::Pooled::with_capacity(512 + p.body.len());
+    // `hn_*` redirect parameters stay at the router.
+    http_write::write_request_head_from(
+        &mut out,
+        &p.head.method,
+        &crate::logic::sites::strip_hn(&p.head.path),
+        "agent",
+        headers,
+        OutFraming::Length(p.body.len()),
+    );
+    out.extend_from_slice(&p.body);
+    out
+}
+
+/// How one forward ended, before it is counted.
+pub enum Outcome {
+    /// The response reached the client with this status.
+    Served { status: u16, tokens: Option<Tokens> },
+    /// The client left while the response was relayed.
+    ClientGone,
+    /// The exchange failed.
+    Failed(Failure),
+}
+
+/// Take a slot, exchange with the agent under the request deadline, relay.
+/// Returns the outcome and the latency sample (only for a request written).
+pub async fn attempt(
+    shard: &Shard,
+    c: &mut Client,
+    p: &PendingRequest,
+    agent: &Rc<Agent>,
+    request: &[u8],
+    deadline: clock::Instant,
+    held: Option<&Reservation>,
+) -> (Outcome, Option<f64>) {
+    let _slot = Slot::take(agent.clone());
+    let progress = Progress::default();
+    let remaining = deadline.saturating_duration_since(clock::now());
+    let exchanged = monoio::time::timeout(
+        remaining,
+        exchange::exchange_head(&agent.link, request, &progress),
+    )
+    .await;
+    let head = match exchanged {
+        Ok(Ok(h)) => h,
+        Ok(Err((f, sample))) => return (Outcome::Failed(f), sample),
+        Err(_) => {
+            let (f, sample) = progress.deadline();
+            return (Outcome::Failed(f), sample);
+        }
+    };
+    let sample = Some(head.sample_ms);
+    debug!(peer_id = %agent.reg.peer_id, status = head.head.status, sample_ms = head.sample_ms, "agent response head");
+    // Backend overloaded or unreachable behind this agent: retryable.
+    if matches!(head.head.status, 502..=504) {
+        let why = format!("backend answered {}", head.head.status);
+        return (
+            Outcome::Failed(Failure::new(Side::Backend, Stage::AwaitingHead, why)),
+            sample,
+        );
+    }
+    let up = exchange::Upstream {
+        conn: head.upstream,
+        idle: shard.router.cfg.stream_idle_timeout,
+        cut: agent.cuts.watch(),
+        held,
+        link: &agent.link,
+    };
+    let relayed = exchange::relay(c, up, &head.head, p.head.keep_alive).await;
+    let outcome = match relayed {
+        RelayEnd::Done(tokens) => Outcome::Served {
+            status: head.head.status,
+            tokens,
+        },
+        RelayEnd::ClientGone => Outcome::ClientGone,
+        RelayEnd::UpstreamFailed(why) => {
+            Outcome::Failed(Failure::new(Side::Agent, Stage::Relaying, why))
+        }
+    };
+    (outcome, sample)
+}
+
+/// Count one attempt (the one place that does): the latency sample, the
+/// agent's counters, the model's routing counters and duration histogram.
+#[allow(clippy::too_many_arguments)]
+pub fn record_attempt(
+    shard: &Shard,
+    model: &str,
+    agent: &Agent,
+    step: usize,
+    p: &PendingRequest,
+    tenant: std::sync::Arc<str>,
+    outcome: Outcome,
+    sample: Option<f64>,
+) -> AttemptEnd {
+    // Applied on this (the model's) shard before the next routing decision.
+    if let Some(ms) = sample {
+        agent.observe(ms);
+    }
+    let labels = || {
+        (
+            agent.labels.0.clone(),
+            agent.labels.1.clone(),
+            tenant.clone(),
+        )
+    };
+    match outcome {
+        Outcome::Served { status, tokens } => {
+            // Client-visible duration, at the real end of the response.
+            let secs = p.received_at.elapsed().as_secs_f64();
+            let ok = status < 400;
+            if ok {
+                agent.succeed();
+            } else {
+                agent.fail();
+            }
+            if let Some(t) = tokens {
+                agent.add_tokens(t);
+            }
+            with_stats(shard, model, |s| {
+                s.observe_duration(agent.id, &agent.reg.peer_id, status, tenant.clone(), secs);
+                if !ok {
+                    *s.failed.entry(labels()).or_default() += 1;
+                } else {
+                    *s.routed.entry(labels()).or_default() += 1;
+                    if step == 0 {
+                        s.primary_routed += 1;
+                    } else {
+                        s.fallback_routed += 1;
+                    }
+                }
+            });
+            AttemptEnd::Responded
+        }
+        Outcome::ClientGone => AttemptEnd::Responded,
+        Outcome::Failed(f) => {
+            agent.fail();
+            with_stats(shard, model, |s| {
+                *s.failed.entry(labels()).or_default() += 1
+            });
+            warn!(peer_id = %agent.reg.peer_id, "forward to agent failed: {f}");
+            AttemptEnd::Failed(f)
+        }
+    }
+}
+
+fn with_stats(shard: &Shard, model: &str, f: impl FnOnce(&mut ModelStats)) {
+    if let Some(m) = shard.models.borrow_mut().get_mut(model) {
+        f(&mut m.stats);
+    }
+}
