@@ -13,26 +13,132 @@ use std::time::{Duration, Instant};
 /// The admin key every test router is started with.
 pub const ADMIN_KEY: &str = "test-admin-key";
 
+/// The one test client: a request built step by step, sent on its own
+/// connection (`Connection: close`), read to the end. Every shortcut below
+/// (`get`, `post`, `get_auth`, `post_auth`, `request*`, `chat_*`) is one
+/// line over it.
+///
+/// ```ignore
+/// let r = Req::post("/v1/chat/completions", chat_body("m", false)).bearer(key).send(http)?;
+/// assert_eq!(r.status, 200);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Req {
+    method: String,
+    path: String,
+    body: Vec<u8>,
+    /// Extra header lines, each ending in CRLF.
+    headers: String,
+}
+
+/// A response: status, head (lower case) and body (de-chunked).
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: u16,
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl Req {
+    pub fn new(method: &str, path: &str) -> Self {
+        Req {
+            method: method.into(),
+            path: path.into(),
+            body: Vec::new(),
+            headers: String::new(),
+        }
+    }
+
+    pub fn get(path: &str) -> Self {
+        Req::new("GET", path)
+    }
+
+    pub fn post(path: &str, body: impl Into<Vec<u8>>) -> Self {
+        Req::new("POST", path).body(body)
+    }
+
+    pub fn body(mut self, body: impl Into<Vec<u8>>) -> Self {
+        self.body = body.into();
+        self
+    }
+
+    /// `Authorization: Bearer <key>`.
+    pub fn bearer(self, key: &str) -> Self {
+        self.header("Authorization", &format!("Bearer {key}"))
+    }
+
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push_str(&format!("{name}: {value}\r\n"));
+        self
+    }
+
+    /// Header lines as they are (each ending in CRLF).
+    pub fn raw_headers(mut self, lines: &str) -> Self {
+        self.headers.push_str(lines);
+        self
+    }
+
+    pub fn send(&self, port: u16) -> std::io::Result<Resp> {
+        let mut s = TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let head = format!(
+            "{} {} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{}Content-Length: {}\r\nConnection: close\r\n\r\n",
+            self.method,
+            self.path,
+            self.headers,
+            self.body.len()
+        );
+        s.write_all(head.as_bytes())?;
+        s.write_all(&self.body)?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out)?;
+        let split = out
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map(|p| p + 4)
+            .unwrap_or(out.len());
+        let head = String::from_utf8_lossy(&out[..split]).to_ascii_lowercase();
+        let mut body = out[split..].to_vec();
+        if head.contains("transfer-encoding: chunked") {
+            body = dechunk(&body);
+        }
+        Ok(Resp {
+            status: status_of(head.as_bytes()),
+            head,
+            body,
+        })
+    }
+}
+
+impl Resp {
+    /// A header's value (name in lower case).
+    pub fn header(&self, name: &str) -> Option<String> {
+        header_of(&self.head, name)
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
 /// GET with a bearer key.
 pub fn get_auth(port: u16, path: &str, key: &str) -> std::io::Result<(u16, Vec<u8>)> {
-    request_h(
-        port,
-        "GET",
-        path,
-        b"",
-        &format!("Authorization: Bearer {key}\r\n"),
-    )
+    Req::get(path)
+        .bearer(key)
+        .send(port)
+        .map(|r| (r.status, r.body))
 }
 
 /// POST with a bearer key.
 pub fn post_auth(port: u16, path: &str, body: &str, key: &str) -> std::io::Result<(u16, Vec<u8>)> {
-    request_h(
-        port,
-        "POST",
-        path,
-        body.as_bytes(),
-        &format!("Authorization: Bearer {key}\r\n"),
-    )
+    Req::post(path, body)
+        .bearer(key)
+        .send(port)
+        .map(|r| (r.status, r.body))
 }
 
 /// The routing table as JSON.
@@ -277,7 +383,7 @@ pub fn status_of(resp: &[u8]) -> u16 {
         .unwrap_or(0)
 }
 
-/// Minimal HTTP client: one request, `Connection: close`.
+/// One request, `Connection: close`: status and body.
 pub fn request(
     port: u16,
     method: &str,
@@ -474,27 +580,11 @@ pub fn request_full(
     body: &[u8],
     extra: &str,
 ) -> std::io::Result<(u16, String, Vec<u8>)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes())?;
-    s.write_all(body)?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out)?;
-    let split = out
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|p| p + 4)
-        .unwrap_or(out.len());
-    let head = String::from_utf8_lossy(&out[..split]).to_ascii_lowercase();
-    let mut body = out[split..].to_vec();
-    if head.contains("transfer-encoding: chunked") {
-        body = dechunk(&body);
-    }
-    Ok((status_of(head.as_bytes()), head, body))
+    let r = Req::new(method, path)
+        .body(body)
+        .raw_headers(extra)
+        .send(port)?;
+    Ok((r.status, r.head, r.body))
 }
 
 /// The value of header `name` (lower case) in a lower-cased head.
@@ -523,14 +613,11 @@ pub fn chat_body(model: &str, stream: bool) -> String {
 
 /// POST a chat with a bearer key; returns status, head, body.
 pub fn chat_as(http: u16, key: &str, model: &str) -> (u16, String, Vec<u8>) {
-    request_full(
-        http,
-        "POST",
-        "/v1/chat/completions",
-        chat_body(model, false).as_bytes(),
-        &format!("Authorization: Bearer {key}\r\n"),
-    )
-    .expect("chat")
+    let r = Req::post("/v1/chat/completions", chat_body(model, false))
+        .bearer(key)
+        .send(http)
+        .expect("chat");
+    (r.status, r.head, r.body)
 }
 
 /// Send `sig` (`TERM`, `HUP`) to a process.
@@ -559,13 +646,8 @@ pub fn sigterm(p: &mut Proc) {
 
 /// POST a plain chat for model `m` with no key; status, head, body.
 pub fn chat_m(http: u16) -> std::io::Result<(u16, String, Vec<u8>)> {
-    request_full(
-        http,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("m", false).as_bytes(),
-        "",
-    )
+    let r = Req::post("/v1/chat/completions", chat_body("m", false)).send(http)?;
+    Ok((r.status, r.head, r.body))
 }
 
 /// One response with a Content-Length from a keep-alive connection:

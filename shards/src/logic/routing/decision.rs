@@ -30,9 +30,10 @@ use std::time::{Duration, Instant};
 
 use super::failure::{Failure, Side};
 use super::policy::{self, AgentFacts, GateCounts, Policy, Session, StepPick};
+pub use super::refusal::Rejection;
 use super::refusal::{QuotaRefusal, Refusal};
 use crate::logic::http::endpoint::Endpoint;
-use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::logic::http::errors::ApiError;
 
 /// What the machine reads of a model's agents (index order is the pool's).
 pub trait Pool {
@@ -173,87 +174,6 @@ pub enum Action {
     /// Answer with this refusal (nothing is written when the client is
     /// gone).
     Reject(Refusal),
-}
-
-/// Why a request is refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Rejection {
-    /// No agent of the model is registered here.
-    ModelNotFound,
-    /// Every agent is offline or unhealthy.
-    NoAgentsAvailable,
-    /// Every eligible agent is full and the queue could not take it.
-    NoCapacity,
-    /// Every policy step ran out of eligible agents.
-    Exhausted,
-    /// The deadline passed in the capacity queue.
-    QueueTimeout,
-    /// The deadline passed while contacting an agent.
-    AgentTimeout,
-    /// The client went away while the request waited: nothing is written.
-    ClientGone,
-}
-
-impl Rejection {
-    /// The client-visible error.
-    pub fn error(self) -> ApiError {
-        match self {
-            Rejection::ModelNotFound => ApiError::new(
-                ErrorCode::ModelNotFound,
-                "No agents registered for this model",
-            ),
-            Rejection::NoAgentsAvailable => ApiError::new(
-                ErrorCode::NoAgentsAvailable,
-                "All agents for this model are currently offline or unhealthy",
-            ),
-            Rejection::NoCapacity => ApiError::new(
-                ErrorCode::NoCapacity,
-                "All agents for this model are at maximum capacity",
-            ),
-            Rejection::Exhausted => ApiError::new(
-                ErrorCode::NoAgentsAvailable,
-                "all policy steps exhausted: no eligible agents",
-            ),
-            Rejection::QueueTimeout => ApiError::new(
-                ErrorCode::RequestTimeout,
-                "Request timed out waiting for an available agent",
-            ),
-            Rejection::AgentTimeout => ApiError::new(
-                ErrorCode::RequestTimeout,
-                "Request deadline exceeded while contacting agent",
-            ),
-            // Never sent (nobody is there to read it); for logs.
-            Rejection::ClientGone => ApiError::new(
-                ErrorCode::ClientTimeout,
-                "client closed the connection while its request waited",
-            ),
-        }
-    }
-
-    /// The reason label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Rejection::ModelNotFound => "model_not_found",
-            Rejection::NoAgentsAvailable => "no_agents_available",
-            Rejection::NoCapacity => "no_capacity",
-            Rejection::Exhausted => "policy_exhausted",
-            Rejection::QueueTimeout => "queue_timeout",
-            Rejection::AgentTimeout => "agent_timeout",
-            Rejection::ClientGone => "client_gone",
-        }
-    }
-
-    /// Whether the policy ran out of steps (counted as `exhausted`).
-    pub fn exhausted_policy(self) -> bool {
-        matches!(
-            self,
-            Rejection::NoAgentsAvailable
-                | Rejection::NoCapacity
-                | Rejection::Exhausted
-                | Rejection::QueueTimeout
-        )
-    }
 }
 
 /// How a forward attempt ended.

@@ -6,8 +6,7 @@
 use std::time::Duration;
 
 use super::admission::Reason;
-use super::decision::Rejection;
-use crate::logic::http::errors::ApiError;
+use crate::logic::http::errors::{ApiError, ErrorCode};
 
 /// Which quota refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +26,87 @@ pub struct QuotaRefusal {
     pub error: ApiError,
     /// `X-RateLimit-*` (and `retry-after-ms`).
     pub headers: Vec<(&'static str, Vec<u8>)>,
+}
+
+/// Why the routing steps refused a request (the decision machine's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// No agent of the model is registered here.
+    ModelNotFound,
+    /// Every agent is offline or unhealthy.
+    NoAgentsAvailable,
+    /// Every eligible agent is full and the queue could not take it.
+    NoCapacity,
+    /// Every policy step ran out of eligible agents.
+    Exhausted,
+    /// The deadline passed in the capacity queue.
+    QueueTimeout,
+    /// The deadline passed while contacting an agent.
+    AgentTimeout,
+    /// The client went away while the request waited: nothing is written.
+    ClientGone,
+}
+
+impl Rejection {
+    /// The client-visible error.
+    pub fn error(self) -> ApiError {
+        match self {
+            Rejection::ModelNotFound => ApiError::new(
+                ErrorCode::ModelNotFound,
+                "No agents registered for this model",
+            ),
+            Rejection::NoAgentsAvailable => ApiError::new(
+                ErrorCode::NoAgentsAvailable,
+                "All agents for this model are currently offline or unhealthy",
+            ),
+            Rejection::NoCapacity => ApiError::new(
+                ErrorCode::NoCapacity,
+                "All agents for this model are at maximum capacity",
+            ),
+            Rejection::Exhausted => ApiError::new(
+                ErrorCode::NoAgentsAvailable,
+                "all policy steps exhausted: no eligible agents",
+            ),
+            Rejection::QueueTimeout => ApiError::new(
+                ErrorCode::RequestTimeout,
+                "Request timed out waiting for an available agent",
+            ),
+            Rejection::AgentTimeout => ApiError::new(
+                ErrorCode::RequestTimeout,
+                "Request deadline exceeded while contacting agent",
+            ),
+            // Never sent (nobody is there to read it); for logs.
+            Rejection::ClientGone => ApiError::new(
+                ErrorCode::ClientTimeout,
+                "client closed the connection while its request waited",
+            ),
+        }
+    }
+
+    /// The reason label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Rejection::ModelNotFound => "model_not_found",
+            Rejection::NoAgentsAvailable => "no_agents_available",
+            Rejection::NoCapacity => "no_capacity",
+            Rejection::Exhausted => "policy_exhausted",
+            Rejection::QueueTimeout => "queue_timeout",
+            Rejection::AgentTimeout => "agent_timeout",
+            Rejection::ClientGone => "client_gone",
+        }
+    }
+
+    /// Whether the policy ran out of steps (counted as `exhausted`).
+    pub fn exhausted_policy(self) -> bool {
+        matches!(
+            self,
+            Rejection::NoAgentsAvailable
+                | Rejection::NoCapacity
+                | Rejection::Exhausted
+                | Rejection::QueueTimeout
+        )
+    }
 }
 
 /// Why a request is refused.
