@@ -10,7 +10,10 @@ use std::time::Duration;
 fn admin_authentication() {
     let dir = tmpdir("admin");
     let r = start_router(&dir, &["--shards", "1"], &[]);
-    let (st, b) = get(r.http, "/admin/routing-table").expect("no key");
+    let (st, b) = Req::get("/admin/routing-table")
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("no key");
     assert_eq!(st, 401);
     assert!(String::from_utf8_lossy(&b).contains(r#""code":"unauthorized""#));
     let raw_resp = raw(r.http, b"GET /admin/routing-table HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nConnection: close\r\n\r\n", Duration::from_secs(3));
@@ -20,16 +23,31 @@ fn admin_authentication() {
         text.contains(r#"WWW-Authenticate: Bearer realm="hivenet-router""#),
         "{text}"
     );
-    let (st, _) = get_auth(r.http, "/admin/routing-table", ADMIN_KEY).expect("right key");
+    let (st, _) = Req::get("/admin/routing-table")
+        .bearer(ADMIN_KEY)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("right key");
     assert_eq!(st, 200);
-    let (st, b) = get_auth(r.http, "/admin/health", ADMIN_KEY).expect("health");
+    let (st, b) = Req::get("/admin/health")
+        .bearer(ADMIN_KEY)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("health");
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(v["status"], "degraded", "no agent yet: {v}");
     assert_eq!(v["total_agents"], 0);
-    let (st, _) = get_auth(r.http, "/admin/models/none", ADMIN_KEY).expect("model");
+    let (st, _) = Req::get("/admin/models/none")
+        .bearer(ADMIN_KEY)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("model");
     assert_eq!(st, 404);
-    let (st, _) = get(r.http, "/admin/health").expect("no key");
+    let (st, _) = Req::get("/admin/health")
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("no key");
     assert_eq!(st, 401);
     // Without keys and without the insecure opt-in, the router refuses to start.
     let out = Command::new(bin("hivenet-router"))
@@ -61,7 +79,12 @@ fn admin_key_with_or_without_bearer() {
         (format!("Authorization: Basic {ADMIN_KEY}\r\n"), 401),
         ("Authorization: Bearer wrong\r\n".to_string(), 401),
     ] {
-        let (st, _) = request_h(r.http, "GET", "/admin/health", b"", &header).expect("admin");
+        let (st, _) = Req::new("GET", "/admin/health")
+            .body(b"")
+            .raw_headers(&header)
+            .send(r.http)
+            .map(Resp::pair)
+            .expect("admin");
         assert_eq!(st, want, "{header}");
     }
 }

@@ -26,7 +26,11 @@ fn concurrent(http: u16, model: &str, n: usize) -> Vec<(u16, String, Vec<u8>)> {
         .map(|_| {
             let body = chat_body(model, false);
             std::thread::spawn(move || {
-                request_full(http, "POST", "/v1/chat/completions", body.as_bytes(), "")
+                Req::new("POST", "/v1/chat/completions")
+                    .body(body.as_bytes())
+                    .raw_headers("")
+                    .send(http)
+                    .map(Resp::triple)
                     .expect("answered")
             })
         })
@@ -124,7 +128,7 @@ fn a_replica_registering_admits_a_parked_request() {
     let (_s2, p2) = start_sim(&dir, "m", &["--ttft", "6s"]);
     let _a1 = start_agent(&dir, &r, p1, "a1.key", &[]);
     wait_agents(r.http, "m", 1);
-    let send = move || chat_m(r.http);
+    let send = move || Req::chat("m").send(r.http).map(Resp::triple);
     let long = std::thread::spawn(send);
     wait_until(
         Duration::from_secs(5),
@@ -240,7 +244,11 @@ fn a_client_leaving_while_parked_or_streaming_frees_its_room_at_once() {
         "stream reservation freed at the next chunk: {stream_gone:?}"
     );
     assert_eq!(
-        chat_m(r.http).expect("after").0,
+        Req::chat("m")
+            .send(r.http)
+            .map(Resp::triple)
+            .expect("after")
+            .0,
         200,
         "the room is free again"
     );
@@ -267,7 +275,7 @@ fn shed_if_sheds_under_kv_pressure_and_stops_when_it_drops() {
         }
     };
     wait_until(Duration::from_secs(10), kv(0.95), "kv 0.95 reported");
-    let (st, head, body) = chat_m(r.http).expect("shed");
+    let (st, head, body) = Req::chat("m").send(r.http).map(Resp::triple).expect("shed");
     let b = String::from_utf8_lossy(&body);
     assert_eq!(st, 429, "{b}");
     assert!(
@@ -277,13 +285,23 @@ fn shed_if_sheds_under_kv_pressure_and_stops_when_it_drops() {
     assert_eq!(header_of(&head, "retry-after").as_deref(), Some("1"));
     assert_eq!(rejections(&r, "b3", "m"), 1.0);
     // Embeddings are exempt from admission.
-    let (st, _) = post(r.http, "/v1/embeddings", r#"{"model":"m","input":"x"}"#).expect("emb");
+    let (st, _) = Req::post("/v1/embeddings", r#"{"model":"m","input":"x"}"#)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("emb");
     assert_ne!(st, 429, "embeddings never shed");
 
-    let (st, _) = request(p, "PUT", "/sim/kv_cache_usage", b"0.2").expect("set kv");
+    let (st, _) = Req::new("PUT", "/sim/kv_cache_usage")
+        .body(b"0.2")
+        .send(p)
+        .map(Resp::pair)
+        .expect("set kv");
     assert_eq!(st, 200);
     wait_until(Duration::from_secs(10), kv(0.2), "kv 0.2 reported");
-    let (st, _, body) = chat_m(r.http).expect("served");
+    let (st, _, body) = Req::chat("m")
+        .send(r.http)
+        .map(Resp::triple)
+        .expect("served");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
 }
 
@@ -299,14 +317,12 @@ fn b1_caps_refuse_long_prompts_and_too_many_images() {
     let _a = start_agent(&dir, &r, p, "a.key", &[]);
     wait_agents(r.http, "m", 1);
     let long = "x".repeat(1000);
-    let (st, head, body) = request_full(
-        r.http,
-        "POST",
-        "/v1/chat/completions",
-        chat_body_text("m", &long, "").as_bytes(),
-        "",
-    )
-    .expect("long");
+    let (st, head, body) = Req::new("POST", "/v1/chat/completions")
+        .body(chat_body_text("m", &long, "").as_bytes())
+        .raw_headers("")
+        .send(r.http)
+        .map(Resp::triple)
+        .expect("long");
     let b = String::from_utf8_lossy(&body);
     assert_eq!(st, 400, "{b}");
     assert!(b.contains("input_too_long"), "{b}");
@@ -319,24 +335,33 @@ fn b1_caps_refuse_long_prompts_and_too_many_images() {
     let two = format!(
         r#"{{"model":"m","messages":[{{"role":"user","content":[{{"type":"text","text":"look"}},{img},{img}]}}]}}"#
     );
-    let (st, _, body) =
-        request_full(r.http, "POST", "/v1/chat/completions", two.as_bytes(), "").expect("images");
+    let (st, _, body) = Req::new("POST", "/v1/chat/completions")
+        .body(two.as_bytes())
+        .raw_headers("")
+        .send(r.http)
+        .map(Resp::triple)
+        .expect("images");
     let b = String::from_utf8_lossy(&body);
     assert_eq!(st, 400, "{b}");
     assert!(
         b.contains("request carries 2 images, over the model limit of 1"),
         "{b}"
     );
-    assert_eq!(chat_m(r.http).expect("short").0, 200);
+    assert_eq!(
+        Req::chat("m")
+            .send(r.http)
+            .map(Resp::triple)
+            .expect("short")
+            .0,
+        200
+    );
     // count_tokens is exempt.
-    let (st, _, _) = request_full(
-        r.http,
-        "POST",
-        "/v1/messages/count_tokens",
-        chat_body_text("m", &long, "").as_bytes(),
-        "",
-    )
-    .expect("count");
+    let (st, _, _) = Req::new("POST", "/v1/messages/count_tokens")
+        .body(chat_body_text("m", &long, "").as_bytes())
+        .raw_headers("")
+        .send(r.http)
+        .map(Resp::triple)
+        .expect("count");
     assert_ne!(st, 400, "count_tokens skips B1");
     assert_eq!(rejections(&r, "b1", "m"), 2.0);
 }
@@ -379,7 +404,10 @@ fn serverless_itpm_and_otpm_are_per_key() {
     wait_until(
         Duration::from_secs(30),
         || {
-            get_auth(r.http, "/v1/models/m", "sk-in-a")
+            Req::get("/v1/models/m")
+                .bearer("sk-in-a")
+                .send(r.http)
+                .map(Resp::pair)
                 .map(|x| x.0 == 200)
                 .unwrap_or(false)
         },
@@ -388,14 +416,12 @@ fn serverless_itpm_and_otpm_are_per_key() {
     // 320 text bytes: a cold estimate of 100 input tokens, the whole minute.
     let big = chat_body_text("m", &"y".repeat(320), r#","max_tokens":4"#);
     let send = |key: &str, body: &str| {
-        request_full(
-            r.http,
-            "POST",
-            "/v1/chat/completions",
-            body.as_bytes(),
-            &format!("Authorization: Bearer {key}\r\n"),
-        )
-        .expect("chat")
+        Req::new("POST", "/v1/chat/completions")
+            .body(body.as_bytes())
+            .raw_headers(&format!("Authorization: Bearer {key}\r\n"))
+            .send(r.http)
+            .map(Resp::triple)
+            .expect("chat")
     };
     assert_eq!(send("sk-in-a", &big).0, 200);
     let (st, head, body) = send("sk-in-a", &big);
@@ -505,7 +531,10 @@ fn reservations_are_released_on_errors_timeouts_and_later_refusals() {
         wait_until(
             Duration::from_secs(30),
             || {
-                get_auth(r.http, &format!("/v1/models/{m}"), "sk-day")
+                Req::get(&format!("/v1/models/{m}"))
+                    .bearer("sk-day")
+                    .send(r.http)
+                    .map(Resp::pair)
                     .map(|x| x.0 == 200)
                     .unwrap_or(false)
             },
@@ -514,15 +543,13 @@ fn reservations_are_released_on_errors_timeouts_and_later_refusals() {
     }
     let send = |model: &str, max: u32| {
         let body = chat_body_text(model, "hi", &format!(r#","max_tokens":{max}"#));
-        request_full(
-            r.http,
-            "POST",
-            "/v1/chat/completions",
-            body.as_bytes(),
-            "Authorization: Bearer sk-day\r\n",
-        )
-        .expect("answered")
-        .0
+        Req::new("POST", "/v1/chat/completions")
+            .body(body.as_bytes())
+            .raw_headers("Authorization: Bearer sk-day\r\n")
+            .send(r.http)
+            .map(Resp::triple)
+            .expect("answered")
+            .0
     };
     let idle = |model: &str| {
         gauge(&r, "hivenet_admission_inflight_requests", model) == Some(0.0)

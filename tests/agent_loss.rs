@@ -99,11 +99,12 @@ fn run(driver: &str) {
         "slots released",
     );
     // The survivor still serves.
-    let (st, b) = post(
-        router.http,
+    let (st, b) = Req::post(
         "/v1/chat/completions",
         r#"{"model":"m","max_tokens":2,"messages":[]}"#,
     )
+    .send(router.http)
+    .map(Resp::pair)
     .expect("req");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
 }

@@ -102,11 +102,12 @@ fn dead_backend_retries_on_another_agent() {
     // while its backend is gone: its requests must be retried on agent 2.
     s1.kill9();
     for i in 0..6 {
-        let (st, b) = post(
-            r.http,
+        let (st, b) = Req::post(
             "/v1/chat/completions",
             r#"{"model":"retry-model","messages":[]}"#,
         )
+        .send(r.http)
+        .map(Resp::pair)
         .expect("req");
         assert_eq!(st, 200, "request {i}: {}", String::from_utf8_lossy(&b));
     }

@@ -38,7 +38,10 @@ fn streamed_requests_and_a_client_that_leaves() {
     let _a2 = start_agent(&dir, &r, slow_port, "b.key", &[]);
     let up = |m: &'static str| {
         move || {
-            get_auth(r.http, &format!("/v1/models/{m}"), key)
+            Req::get(&format!("/v1/models/{m}"))
+                .bearer(key)
+                .send(r.http)
+                .map(Resp::pair)
                 .map(|x| x.0 == 200)
                 .unwrap_or(false)
         }
@@ -48,17 +51,23 @@ fn streamed_requests_and_a_client_that_leaves() {
 
     // A streamed request with usage in its last chunk.
     let body = r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":6,"messages":[{"role":"user","content":"hello"}]}"#;
-    let (st, _, _) = request_full(
-        r.http,
-        "POST",
-        "/v1/chat/completions",
-        body.as_bytes(),
-        &format!("Authorization: Bearer {key}\r\n"),
-    )
-    .expect("stream");
+    let (st, _, _) = Req::new("POST", "/v1/chat/completions")
+        .body(body.as_bytes())
+        .raw_headers(&format!("Authorization: Bearer {key}\r\n"))
+        .send(r.http)
+        .map(Resp::triple)
+        .expect("stream");
     assert_eq!(st, 200);
     // A refused one.
-    assert_eq!(chat_as(r.http, "sk-wrong", "m").0, 401);
+    assert_eq!(
+        Req::chat("m")
+            .bearer("sk-wrong")
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        401
+    );
     // A client that leaves after the first event.
     let mut s = std::net::TcpStream::connect(("127.0.0.1", r.http)).expect("connect");
     let slow = r#"{"model":"slow","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"hello"}]}"#;
@@ -129,14 +138,12 @@ fn a_failing_audit_file_never_stalls_serving_and_is_counted() {
     let _a = start_agent(&dir, &r, port, "a.key", &[]);
     wait_agents(r.http, "m", 1);
     for _ in 0..20 {
-        let (st, _, _) = request_full(
-            r.http,
-            "POST",
-            "/v1/chat/completions",
-            chat_body("m", false).as_bytes(),
-            "",
-        )
-        .expect("chat");
+        let (st, _, _) = Req::new("POST", "/v1/chat/completions")
+            .body(chat_body("m", false).as_bytes())
+            .raw_headers("")
+            .send(r.http)
+            .map(Resp::triple)
+            .expect("chat");
         assert_eq!(st, 200);
     }
     wait_until(

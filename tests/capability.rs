@@ -21,39 +21,43 @@ fn embeddings_rerank_and_mismatch() {
     wait_agents(r.http, "embed-model", 1);
     wait_agents(r.http, "rerank-model", 1);
 
-    let (st, b) = post(
-        r.http,
+    let (st, b) = Req::post(
         "/v1/embeddings",
         r#"{"model":"embed-model","input":["a","b"]}"#,
     )
+    .send(r.http)
+    .map(Resp::pair)
     .expect("req");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(v["data"].as_array().map(Vec::len), Some(2));
 
-    let (st, b) = post(
-        r.http,
+    let (st, b) = Req::post(
         "/v1/rerank",
         r#"{"model":"rerank-model","query":"red fox","documents":["blue sky","red fox"]}"#,
     )
+    .send(r.http)
+    .map(Resp::pair)
     .expect("req");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(v["results"][0]["index"], 1);
 
-    let (st, b) = post(
-        r.http,
+    let (st, b) = Req::post(
         "/v1/chat/completions",
         r#"{"model":"embed-model","messages":[]}"#,
     )
+    .send(r.http)
+    .map(Resp::pair)
     .expect("req");
     assert_eq!(st, 503, "{}", String::from_utf8_lossy(&b));
     assert!(String::from_utf8_lossy(&b).contains("no_agents_available"));
-    let (st, b) = post(
-        r.http,
+    let (st, b) = Req::post(
         "/v1/messages/count_tokens",
         r#"{"model":"rerank-model","messages":[]}"#,
     )
+    .send(r.http)
+    .map(Resp::pair)
     .expect("req");
     assert_eq!(st, 503);
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
@@ -61,16 +65,27 @@ fn embeddings_rerank_and_mismatch() {
         v["error"]["code"], "no_agents_available",
         "capability mismatch code: {v}"
     );
-    let (st, b) = get(r.http, "/v1/models/embed-model").expect("req");
+    let (st, b) = Req::get("/v1/models/embed-model")
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("req");
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(v["capability"], "embedding");
     assert_eq!(v["agents"]["list"][0]["engine"], "infinity");
-    let (st, b) = get_auth(r.http, "/admin/models/embed-model", ADMIN_KEY).expect("admin detail");
+    let (st, b) = Req::get("/admin/models/embed-model")
+        .bearer(ADMIN_KEY)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("admin detail");
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(v["agents"]["total"], 1);
-    let (st, b) = get_auth(r.http, "/admin/health", ADMIN_KEY).expect("admin health");
+    let (st, b) = Req::get("/admin/health")
+        .bearer(ADMIN_KEY)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("admin health");
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(v["status"], "healthy");
@@ -87,7 +102,10 @@ fn large_response_streams_through() {
     // About 8 MiB of JSON back: above the router's 4 MiB buffering bound.
     let inputs: Vec<String> = (0..60_000).map(|i| format!("w{i}")).collect();
     let body = serde_json::json!({"model": "big-embed", "input": inputs}).to_string();
-    let (st, b) = post(r.http, "/v1/embeddings", &body).expect("req");
+    let (st, b) = Req::post("/v1/embeddings", &body)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("req");
     assert_eq!(st, 200);
     assert!(b.len() > 4 * 1024 * 1024, "{} bytes", b.len());
     let v: serde_json::Value = serde_json::from_slice(&b).expect("complete JSON");

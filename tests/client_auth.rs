@@ -66,7 +66,10 @@ fn failure_table_allowlists_discovery_and_aliases() {
     let _a1 = start_agent(&dir, &r, p1, "a1.key", &[]);
     let _a2 = start_agent(&dir, &r, p2, "a2.key", &[]);
     let admin_models = |m: &str| -> bool {
-        get_auth(r.http, &format!("/admin/models/{m}"), ADMIN_KEY)
+        Req::get(&format!("/admin/models/{m}"))
+            .bearer(ADMIN_KEY)
+            .send(r.http)
+            .map(Resp::pair)
             .map(|(s, _)| s == 200)
             .unwrap_or(false)
     };
@@ -85,14 +88,12 @@ fn failure_table_allowlists_discovery_and_aliases() {
         "x-api-key: sk-wrong\r\n".to_string(),
         "Authorization: Bearer \r\n".to_string(),
     ] {
-        let (st, head, b) = request_full(
-            r.http,
-            "POST",
-            "/v1/chat/completions",
-            body.as_bytes(),
-            &extra,
-        )
-        .expect("req");
+        let (st, head, b) = Req::new("POST", "/v1/chat/completions")
+            .body(body.as_bytes())
+            .raw_headers(&extra)
+            .send(r.http)
+            .map(Resp::triple)
+            .expect("req");
         assert_eq!(st, 401, "{extra:?}");
         assert_eq!(
             header_of(&head, "www-authenticate").as_deref(),
@@ -105,27 +106,44 @@ fn failure_table_allowlists_discovery_and_aliases() {
         );
     }
     // /v1/models needs a key too.
-    assert_eq!(get(r.http, "/v1/models").expect("models").0, 401);
+    assert_eq!(
+        Req::get("/v1/models")
+            .send(r.http)
+            .map(Resp::pair)
+            .expect("models")
+            .0,
+        401
+    );
 
     // A valid key: Bearer, bare, and x-api-key (Anthropic SDKs).
-    assert_eq!(chat_as(r.http, GOOD, "m1").0, 200);
+    assert_eq!(
+        Req::chat("m1")
+            .bearer(GOOD)
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        200
+    );
     for extra in [
         format!("Authorization: {GOOD}\r\n"),
         format!("x-api-key: {GOOD}\r\n"),
     ] {
-        let (st, _, b) = request_full(
-            r.http,
-            "POST",
-            "/v1/chat/completions",
-            body.as_bytes(),
-            &extra,
-        )
-        .expect("req");
+        let (st, _, b) = Req::new("POST", "/v1/chat/completions")
+            .body(body.as_bytes())
+            .raw_headers(&extra)
+            .send(r.http)
+            .map(Resp::triple)
+            .expect("req");
         assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     }
 
     // Allowlist: 403 with the spec's message; the model is invisible.
-    let (st, _, b) = chat_as(r.http, LIMITED, "m1");
+    let (st, _, b) = Req::chat("m1")
+        .bearer(LIMITED)
+        .send(r.http)
+        .expect("chat")
+        .triple();
     assert_eq!(st, 403);
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(v["error"]["code"], "model_forbidden");
@@ -133,8 +151,20 @@ fn failure_table_allowlists_discovery_and_aliases() {
         v["error"]["message"],
         "your API key does not have access to model: m1"
     );
-    assert_eq!(chat_as(r.http, LIMITED, "m2").0, 200);
-    let (st, b) = get_auth(r.http, "/v1/models", LIMITED).expect("models");
+    assert_eq!(
+        Req::chat("m2")
+            .bearer(LIMITED)
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        200
+    );
+    let (st, b) = Req::get("/v1/models")
+        .bearer(LIMITED)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("models");
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     let ids: Vec<&str> = v["data"]
@@ -145,27 +175,41 @@ fn failure_table_allowlists_discovery_and_aliases() {
         .collect();
     assert_eq!(ids, vec!["m2"], "alias 'fast' -> m1 is hidden too");
     assert_eq!(
-        get_auth(r.http, "/v1/models/m1", LIMITED)
+        Req::get("/v1/models/m1")
+            .bearer(LIMITED)
+            .send(r.http)
+            .map(Resp::pair)
             .expect("detail")
             .0,
         404
     );
     assert_eq!(
-        get_auth(r.http, "/v1/models/m2", LIMITED)
+        Req::get("/v1/models/m2")
+            .bearer(LIMITED)
+            .send(r.http)
+            .map(Resp::pair)
             .expect("detail")
             .0,
         200
     );
 
     // Per-model key: undeclared model -> 429 with remaining 0.
-    let (st, head, b) = chat_as(r.http, PER_MODEL, "m1");
+    let (st, head, b) = Req::chat("m1")
+        .bearer(PER_MODEL)
+        .send(r.http)
+        .expect("chat")
+        .triple();
     assert_eq!(st, 429);
     assert_eq!(
         header_of(&head, "x-ratelimit-remaining-requests").as_deref(),
         Some("0")
     );
     assert!(String::from_utf8_lossy(&b).contains("no quota declared for model m1 on this API key"));
-    let (st, head, _) = chat_as(r.http, PER_MODEL, "m2");
+    let (st, head, _) = Req::chat("m2")
+        .bearer(PER_MODEL)
+        .send(r.http)
+        .expect("chat")
+        .triple();
     assert_eq!(st, 200);
     assert_eq!(
         header_of(&head, "x-ratelimit-limit-requests").as_deref(),
@@ -173,7 +217,11 @@ fn failure_table_allowlists_discovery_and_aliases() {
     );
 
     // Alias: resolved, echoed, forwarded with the real name, listed.
-    let (st, head, b) = chat_as(r.http, GOOD, "fast");
+    let (st, head, b) = Req::chat("fast")
+        .bearer(GOOD)
+        .send(r.http)
+        .expect("chat")
+        .triple();
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     assert_eq!(
         header_of(&head, "x-hivenet-routed-model").as_deref(),
@@ -181,7 +229,11 @@ fn failure_table_allowlists_discovery_and_aliases() {
     );
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(v["model"], "m1", "the sim echoes the model it was sent");
-    let (_, b) = get_auth(r.http, "/v1/models", GOOD).expect("models");
+    let (_, b) = Req::get("/v1/models")
+        .bearer(GOOD)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("models");
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     let fast = v["data"]
         .as_array()
@@ -192,14 +244,21 @@ fn failure_table_allowlists_discovery_and_aliases() {
         .expect("alias listed");
     assert_eq!(fast["alias_of"], "m1");
     assert_eq!(
-        get_auth(r.http, "/v1/models/fast", GOOD)
+        Req::get("/v1/models/fast")
+            .bearer(GOOD)
+            .send(r.http)
+            .map(Resp::pair)
             .expect("alias detail")
             .0,
         200
     );
 
     // The registry is not active in api-key mode.
-    let (st, b) = get_auth(r.http, "/admin/api-keys", ADMIN_KEY).expect("registry");
+    let (st, b) = Req::get("/admin/api-keys")
+        .bearer(ADMIN_KEY)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("registry");
     assert_eq!(st, 501);
     assert_eq!(
         String::from_utf8_lossy(&b),
@@ -219,7 +278,16 @@ fn failure_table_allowlists_discovery_and_aliases() {
         || r.proc.log_text().contains("auth reload rejected"),
         "rejected reload",
     );
-    assert_eq!(chat_as(r.http, LIMITED, "m2").0, 200, "old keys kept");
+    assert_eq!(
+        Req::chat("m2")
+            .bearer(LIMITED)
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        200,
+        "old keys kept"
+    );
     let without_limited: String = auth_yaml()
         .split("    - key_hash:")
         .enumerate()
@@ -231,10 +299,26 @@ fn failure_table_allowlists_discovery_and_aliases() {
     signal(&r.proc, "HUP");
     wait_until(
         std::time::Duration::from_secs(10),
-        || chat_as(r.http, LIMITED, "m2").0 == 401,
+        || {
+            Req::chat("m2")
+                .bearer(LIMITED)
+                .send(r.http)
+                .expect("chat")
+                .triple()
+                .0
+                == 401
+        },
         "limited key removed",
     );
-    assert_eq!(chat_as(r.http, GOOD, "m1").0, 200);
+    assert_eq!(
+        Req::chat("m1")
+            .bearer(GOOD)
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        200
+    );
 
     // The key never reaches the agent, the log or the metrics.
     let metrics = metrics_text(r.metrics);
@@ -320,10 +404,17 @@ fn keygen_round_trip() {
     )
     .expect("write");
     let r = start_router(&dir, &["--auth-config-file", "auth.yaml"], &[]);
-    let (st, b) = get_auth(r.http, "/v1/models", &key).expect("models");
+    let (st, b) = Req::get("/v1/models")
+        .bearer(&key)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("models");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     assert_eq!(
-        get_auth(r.http, "/v1/models", "sk-hivenet-wrong")
+        Req::get("/v1/models")
+            .bearer("sk-hivenet-wrong")
+            .send(r.http)
+            .map(Resp::pair)
             .expect("models")
             .0,
         401

@@ -66,7 +66,10 @@ fn run(driver: &str) {
     );
     // A live request now queues (no 503 no_capacity) and is served once
     // the holder ends.
-    let (st, b) = post(http, "/v1/chat/completions", body).expect("live request");
+    let (st, b) = Req::post("/v1/chat/completions", body)
+        .send(http)
+        .map(Resp::pair)
+        .expect("live request");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     assert_eq!(holder.join().expect("holder").expect("stream"), 200);
     // The backend served the holder and the live request, none of the dead.

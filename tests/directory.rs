@@ -26,7 +26,10 @@ fn shard_requests(metrics: u16) -> Vec<f64> {
 
 fn chat_status(http: u16, model: &str) -> (u16, serde_json::Value) {
     let body = format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
-    let (st, b) = post(http, "/v1/chat/completions", &body).expect("request");
+    let (st, b) = Req::post("/v1/chat/completions", &body)
+        .send(http)
+        .map(Resp::pair)
+        .expect("request");
     (st, serde_json::from_slice(&b).unwrap_or_default())
 }
 
@@ -100,12 +103,18 @@ fn a_model_whose_agents_left_is_not_found() {
     let (st, v) = chat_status(r.http, "gone-model");
     assert_eq!(st, 404);
     assert_eq!(v["error"]["code"], "model_not_found", "{v}");
-    let (_, list) = get(r.http, "/v1/models").expect("models");
+    let (_, list) = Req::get("/v1/models")
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("models");
     assert!(
         !String::from_utf8_lossy(&list).contains("gone-model"),
         "left the list"
     );
-    let (st, _) = get(r.http, "/v1/models/gone-model").expect("detail");
+    let (st, _) = Req::get("/v1/models/gone-model")
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("detail");
     assert_eq!(st, 404);
     // The agent comes back: found again, on the same shard as before.
     let _b = start_agent(&dir, &r, port, "gone.key", &[]);
@@ -132,7 +141,10 @@ fn an_unhealthy_agents_model_is_listed_with_its_health() {
         || healthy_agents(r.http, "sick-model") == 0,
         "reported unhealthy",
     );
-    let (_, list) = get(r.http, "/v1/models").expect("models");
+    let (_, list) = Req::get("/v1/models")
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("models");
     let v: serde_json::Value = serde_json::from_slice(&list).expect("json");
     let m = v["data"]
         .as_array()
@@ -141,7 +153,10 @@ fn an_unhealthy_agents_model_is_listed_with_its_health() {
         .unwrap_or_default();
     assert_eq!(m["agents"]["total"], 1, "listed while registered: {v}");
     assert_eq!(m["agents"]["healthy"], 0, "{v}");
-    let (st, _) = get(r.http, "/v1/models/sick-model").expect("detail");
+    let (st, _) = Req::get("/v1/models/sick-model")
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("detail");
     assert_eq!(st, 200);
     let (st, v) = chat_status(r.http, "sick-model");
     assert_eq!(st, 503, "registered but unhealthy: {v}");

@@ -13,14 +13,12 @@ fn admin(http: u16, method: &str, path: &str, body: serde_json::Value) -> (u16, 
     } else {
         body.to_string()
     };
-    let (st, _, out) = request_full(
-        http,
-        method,
-        path,
-        b.as_bytes(),
-        &format!("Authorization: Bearer {ADMIN_KEY}\r\n"),
-    )
-    .expect("admin");
+    let (st, _, out) = Req::new(method, path)
+        .body(b.as_bytes())
+        .raw_headers(&format!("Authorization: Bearer {ADMIN_KEY}\r\n"))
+        .send(http)
+        .map(Resp::triple)
+        .expect("admin");
     (
         st,
         serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null),
@@ -41,7 +39,10 @@ fn registry_versions_rotation_and_replace() {
     wait_until(
         std::time::Duration::from_secs(30),
         || {
-            get_auth(r.http, "/admin/models/m", ADMIN_KEY)
+            Req::get("/admin/models/m")
+                .bearer(ADMIN_KEY)
+                .send(r.http)
+                .map(Resp::pair)
                 .map(|x| x.0 == 200)
                 .unwrap_or(false)
         },
@@ -54,10 +55,22 @@ fn registry_versions_rotation_and_replace() {
         (st, v["keys"].clone(), v["version"].clone()),
         (200, json!([]), json!(""))
     );
-    assert_eq!(chat_as(r.http, "sk-1", "m").0, 401);
+    assert_eq!(
+        Req::chat("m")
+            .bearer("sk-1")
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        401
+    );
     // Admin routes need the admin key.
     assert_eq!(
-        request_full(r.http, "GET", "/admin/api-keys", b"", "")
+        Req::new("GET", "/admin/api-keys")
+            .body(b"")
+            .raw_headers("")
+            .send(r.http)
+            .map(Resp::triple)
             .expect("r")
             .0,
         401
@@ -65,7 +78,15 @@ fn registry_versions_rotation_and_replace() {
 
     let (st, v) = admin(r.http, "PUT", "/admin/api-keys/k1", key("rev_02", "sk-1"));
     assert_eq!(st, 200, "{v}");
-    assert_eq!(chat_as(r.http, "sk-1", "m").0, 200);
+    assert_eq!(
+        Req::chat("m")
+            .bearer("sk-1")
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        200
+    );
     // Replay of the same version is accepted; an older one is stale.
     assert_eq!(
         admin(r.http, "PUT", "/admin/api-keys/k1", key("rev_02", "sk-1")).0,
@@ -99,18 +120,50 @@ fn registry_versions_rotation_and_replace() {
         admin(r.http, "PUT", "/admin/api-keys/k1", key("rev_03", "sk-1b")).0,
         200
     );
-    assert_eq!(chat_as(r.http, "sk-1", "m").0, 401);
-    assert_eq!(chat_as(r.http, "sk-1b", "m").0, 200);
+    assert_eq!(
+        Req::chat("m")
+            .bearer("sk-1")
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        401
+    );
+    assert_eq!(
+        Req::chat("m")
+            .bearer("sk-1b")
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        200
+    );
 
     // A disabled or expired key authenticates nobody.
     let mut off = key("rev_03", "sk-off");
     off["enabled"] = json!(false);
     assert_eq!(admin(r.http, "PUT", "/admin/api-keys/off", off).0, 200);
-    assert_eq!(chat_as(r.http, "sk-off", "m").0, 401);
+    assert_eq!(
+        Req::chat("m")
+            .bearer("sk-off")
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        401
+    );
     let mut old = key("rev_03", "sk-old");
     old["expires_at"] = json!("2020-01-01T00:00:00Z");
     assert_eq!(admin(r.http, "PUT", "/admin/api-keys/old", old).0, 200);
-    assert_eq!(chat_as(r.http, "sk-old", "m").0, 401);
+    assert_eq!(
+        Req::chat("m")
+            .bearer("sk-old")
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        401
+    );
 
     // snake_case, no hash.
     let (st, v) = admin(r.http, "GET", "/admin/api-keys/k1", serde_json::Value::Null);
@@ -174,7 +227,15 @@ fn registry_versions_rotation_and_replace() {
         .0,
         200
     );
-    assert_eq!(chat_as(r.http, "sk-1b", "m").0, 401);
+    assert_eq!(
+        Req::chat("m")
+            .bearer("sk-1b")
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        401
+    );
 
     // Replace swaps everything at once; a stale replace is a 400.
     let mut a = key("", "sk-a");
@@ -189,8 +250,24 @@ fn registry_versions_rotation_and_replace() {
         json!({"version": "rev_05", "keys": [a, b]}),
     );
     assert_eq!(st, 200, "{v}");
-    assert_eq!(chat_as(r.http, "sk-a", "m").0, 200);
-    assert_eq!(chat_as(r.http, "sk-b", "m").0, 200);
+    assert_eq!(
+        Req::chat("m")
+            .bearer("sk-a")
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        200
+    );
+    assert_eq!(
+        Req::chat("m")
+            .bearer("sk-b")
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        200
+    );
     assert_eq!(
         admin(
             r.http,

@@ -24,7 +24,10 @@ fn registrations_and_removals_are_streamed() {
     a.kill9();
     read_until(&mut s, &mut got, "\"event_type\":\"unregistered\"");
     // Without a key: 401.
-    let (st, _) = get(r.http, "/admin/registration-stream").expect("no key");
+    let (st, _) = Req::get("/admin/registration-stream")
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("no key");
     assert_eq!(st, 401);
 }
 

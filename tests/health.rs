@@ -98,11 +98,12 @@ fn backend_down_is_reported_and_recovers() {
     );
     let t = routing_table(r.http);
     assert_eq!(t["agents"][0]["status"]["backend_healthy"], false, "{t}");
-    let (st, b) = post(
-        r.http,
+    let (st, b) = Req::post(
         "/v1/chat/completions",
         r#"{"model":"bk-model","messages":[]}"#,
     )
+    .send(r.http)
+    .map(Resp::pair)
     .expect("req");
     assert_eq!(st, 503, "{}", String::from_utf8_lossy(&b));
     assert!(String::from_utf8_lossy(&b).contains("offline or unhealthy"));
@@ -119,11 +120,12 @@ fn backend_down_is_reported_and_recovers() {
         || healthy_agents(r.http, "bk-model") == 1,
         "healthy again",
     );
-    let (st, _) = post(
-        r.http,
+    let (st, _) = Req::post(
         "/v1/chat/completions",
         r#"{"model":"bk-model","messages":[]}"#,
     )
+    .send(r.http)
+    .map(Resp::pair)
     .expect("req");
     assert_eq!(st, 200);
 }

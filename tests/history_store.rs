@@ -105,7 +105,10 @@ fn new_identity_unknown_and_reset_clears_memory_and_disk() {
         "a new identity starts UNKNOWN"
     );
 
-    let (st, _) = post(ports.0, "/admin/metrics/reset", "").expect("reset without key");
+    let (st, _) = Req::post("/admin/metrics/reset", "")
+        .send(ports.0)
+        .map(Resp::pair)
+        .expect("reset without key");
     assert_eq!(st, 401);
     // Put "one" on disk (the graceful stop's final flush), and check a new
     // router restores it: the disk holds it before the reset.
@@ -118,7 +121,11 @@ fn new_identity_unknown_and_reset_clears_memory_and_disk() {
         "KNOWN",
         "restored from disk before the reset"
     );
-    let (st, b) = post_auth(ports.0, "/admin/metrics/reset", "", ADMIN_KEY).expect("reset");
+    let (st, b) = Req::post("/admin/metrics/reset", "")
+        .bearer(ADMIN_KEY)
+        .send(ports.0)
+        .map(Resp::pair)
+        .expect("reset");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     for a in agents(ports.0) {
         assert_eq!(a["universal"]["latency_state"], "UNKNOWN");
@@ -225,11 +232,12 @@ fn failed_store_writes_keep_serving_and_are_counted() {
             "a storage error counted",
         )
     });
-    let (st, _) = post(
-        r.http,
+    let (st, _) = Req::post(
         "/v1/chat/completions",
         r#"{"model":"sf-model","messages":[]}"#,
     )
+    .send(r.http)
+    .map(Resp::pair)
     .expect("req");
     unlock();
     assert!(

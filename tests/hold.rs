@@ -31,14 +31,12 @@ fn push_map(r: &Router, budget: &str) {
         r#"{{"version":"1","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{}"}}],"placements":[{{"site_id":"a","model":"m","kind":"chat","scale_from_zero":true,"hold_budget":"{budget}"}}]}}"#,
         r.http
     );
-    let (st, b) = request_h(
-        r.http,
-        "PUT",
-        "/admin/sibling-map",
-        body.as_bytes(),
-        &format!("Authorization: Bearer {ADMIN}\r\n"),
-    )
-    .expect("push");
+    let (st, b) = Req::new("PUT", "/admin/sibling-map")
+        .body(body.as_bytes())
+        .raw_headers(&format!("Authorization: Bearer {ADMIN}\r\n"))
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("push");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
 }
 
@@ -176,7 +174,10 @@ fn budget_expiry_in_band_after_keepalives_and_plain_without() {
     let dir = tmpdir("hold-expire-plain");
     let r = site_router(&dir, &["--wake-keepalive", "0"], &[]);
     push_map(&r, "1s");
-    let (st, head, body) = chat_m(r.http).expect("plain");
+    let (st, head, body) = Req::chat("m")
+        .send(r.http)
+        .map(Resp::triple)
+        .expect("plain");
     assert_eq!(st, 503);
     assert_eq!(header_of(&head, "retry-after").as_deref(), Some("5"));
     let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
@@ -231,7 +232,7 @@ fn demand_dedups_by_key_and_uuid_and_limits_refuse_at_once() {
     );
     // The fifth is over --wake-hold-max-per-model 4: refused at once.
     let t = Instant::now();
-    let (st, head, body) = chat_m(r.http).expect("full");
+    let (st, head, body) = Req::chat("m").send(r.http).map(Resp::triple).expect("full");
     assert!(t.elapsed() < Duration::from_secs(1), "at once");
     assert_eq!(st, 503);
     assert_eq!(header_of(&head, "retry-after").as_deref(), Some("5"));
@@ -241,14 +242,12 @@ fn demand_dedups_by_key_and_uuid_and_limits_refuse_at_once() {
     assert_eq!(demand(&r), Some(3.0), "not counted in the demand");
     assert_eq!(outcome(&r, "full"), 1.0);
     // count_tokens is never held.
-    let (st, _, _) = request_full(
-        r.http,
-        "POST",
-        "/v1/messages/count_tokens",
-        chat_body("m", false).as_bytes(),
-        "",
-    )
-    .expect("count");
+    let (st, _, _) = Req::new("POST", "/v1/messages/count_tokens")
+        .body(chat_body("m", false).as_bytes())
+        .raw_headers("")
+        .send(r.http)
+        .map(Resp::triple)
+        .expect("count");
     assert_eq!(st, 404);
     // A client that leaves is noticed at once.
     drop(h4);
@@ -292,14 +291,12 @@ fn forbidden_models_are_never_held_and_keys_count_apart() {
         &[],
     );
     push_map(&r, "2s");
-    let (st, _, _) = request_full(
-        r.http,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("m", false).as_bytes(),
-        "Authorization: Bearer sk-other\r\n",
-    )
-    .expect("forbidden");
+    let (st, _, _) = Req::new("POST", "/v1/chat/completions")
+        .body(chat_body("m", false).as_bytes())
+        .raw_headers("Authorization: Bearer sk-other\r\n")
+        .send(r.http)
+        .map(Resp::triple)
+        .expect("forbidden");
     assert_eq!(st, 403, "never held");
     let uuid = "123e4567-e89b-12d3-a456-426614174000";
     let a = send(
@@ -408,7 +405,7 @@ fn sigterm_answers_held_requests_and_a_restart_forgets_the_map() {
     // A restarted router has no map: no series, nothing held.
     let r = site_router(&dir, &["--wake-keepalive", "0"], &[]);
     assert_eq!(demand(&r), None, "no series without a map");
-    let (st, _, _) = chat_m(r.http).expect("404");
+    let (st, _, _) = Req::chat("m").send(r.http).map(Resp::triple).expect("404");
     assert_eq!(st, 404, "fails as before until the map is pushed again");
 }
 
@@ -423,14 +420,12 @@ fn a_map_that_drops_the_placement_fails_held_requests_as_before() {
         r#"{{"version":"2","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{}"}}],"placements":[]}}"#,
         r.http
     );
-    let (st, _) = request_h(
-        r.http,
-        "PUT",
-        "/admin/sibling-map",
-        body.as_bytes(),
-        &format!("Authorization: Bearer {ADMIN}\r\n"),
-    )
-    .expect("push");
+    let (st, _) = Req::new("PUT", "/admin/sibling-map")
+        .body(body.as_bytes())
+        .raw_headers(&format!("Authorization: Bearer {ADMIN}\r\n"))
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("push");
     assert_eq!(st, 200);
     let (head, _) = read_all(s);
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
@@ -466,14 +461,12 @@ fn a_request_refused_by_a_hold_limit_is_still_charged_its_quota() {
     let held = send(r.http, "/v1/chat/completions", &chat_body("m", false), key);
     wait_until(Duration::from_secs(5), || demand(&r) == Some(1.0), "held");
     let full = |extra: &str| {
-        request_full(
-            r.http,
-            "POST",
-            "/v1/chat/completions",
-            chat_body("m", false).as_bytes(),
-            extra,
-        )
-        .expect("answer")
+        Req::new("POST", "/v1/chat/completions")
+            .body(chat_body("m", false).as_bytes())
+            .raw_headers(extra)
+            .send(r.http)
+            .map(Resp::triple)
+            .expect("answer")
     };
     let (st, _, body) = full(key);
     assert_eq!(st, 503, "{}", String::from_utf8_lossy(&body));

@@ -171,27 +171,40 @@ fn expect_100_continue() {
 fn client_errors_use_the_envelope() {
     let (r, _d) = router();
     let p = r.http;
-    let (s, b) = post(p, "/v1/chat/completions", "not json").expect("req");
+    let (s, b) = Req::post("/v1/chat/completions", "not json")
+        .send(p)
+        .map(Resp::pair)
+        .expect("req");
     assert_eq!(s, 400);
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(v["error"]["code"], "request_invalid");
-    let (s, b) = post(p, "/v1/chat/completions", r#"{"messages":[]}"#).expect("req");
+    let (s, b) = Req::post("/v1/chat/completions", r#"{"messages":[]}"#)
+        .send(p)
+        .map(Resp::pair)
+        .expect("req");
     assert_eq!(s, 400);
     assert!(String::from_utf8_lossy(&b).contains("model field is required"));
-    let (s, b) = post(
-        p,
-        "/v1/embeddings",
-        r#"{"model":"ghost-model","input":"x"}"#,
-    )
-    .expect("req");
+    let (s, b) = Req::post("/v1/embeddings", r#"{"model":"ghost-model","input":"x"}"#)
+        .send(p)
+        .map(Resp::pair)
+        .expect("req");
     assert_eq!(s, 404);
     assert!(String::from_utf8_lossy(&b).contains("model_not_found"));
-    let (s, _) = post(p, "/v1/nope", "{}").expect("req");
+    let (s, _) = Req::post("/v1/nope", "{}")
+        .send(p)
+        .map(Resp::pair)
+        .expect("req");
     assert_eq!(s, 404);
-    let (s, b) = get(p, "/v1/chat/completions").expect("req");
+    let (s, b) = Req::get("/v1/chat/completions")
+        .send(p)
+        .map(Resp::pair)
+        .expect("req");
     assert_eq!(s, 405);
     assert!(String::from_utf8_lossy(&b).contains("method_not_allowed"));
-    let (s, b) = get(p, "/v1/models/ghost-model").expect("req");
+    let (s, b) = Req::get("/v1/models/ghost-model")
+        .send(p)
+        .map(Resp::pair)
+        .expect("req");
     assert_eq!(s, 404);
     assert!(String::from_utf8_lossy(&b).contains("No agents registered for model: ghost-model"));
     // No metric series and no directory entry for the attacker-chosen name.

@@ -41,7 +41,10 @@ fn router_and_agent_write_one_json_object_per_line() {
         &json,
     );
     wait_agents(r.http, "m", 1);
-    let (st, _, _) = chat_m(r.http).expect("request");
+    let (st, _, _) = Req::chat("m")
+        .send(r.http)
+        .map(Resp::triple)
+        .expect("request");
     assert_eq!(st, 200);
     std::thread::sleep(Duration::from_millis(300));
     let (rlog, alog) = (r.proc.log.clone(), agent.log.clone());

@@ -48,7 +48,10 @@ fn garbage_and_oversize_preambles_are_refused() {
     let log = r.proc.log_text();
     assert!(log.contains("garbage preamble"), "{log}");
     assert!(log.contains("exceeds 256"), "{log}");
-    let (_, models) = get(r.http, "/v1/models").expect("models");
+    let (_, models) = Req::get("/v1/models")
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("models");
     assert_eq!(
         String::from_utf8_lossy(&models),
         r#"{"data":[],"object":"list"}"#

@@ -87,11 +87,12 @@ fn stalled_bodies_stay_within_the_budget() {
         "the budget holds the two bodies",
     );
     // A normal request is served meanwhile.
-    let (st, b) = post(
-        r.http,
+    let (st, b) = Req::post(
         "/v1/chat/completions",
         r#"{"model":"bb-model","messages":[]}"#,
     )
+    .send(r.http)
+    .map(Resp::pair)
     .expect("normal request");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     let grown_mib = rss_kib(pid).saturating_sub(before) / 1024;
@@ -137,6 +138,9 @@ fn client_connections_are_capped() {
         || metric(r.metrics, "hivenet_client_connections") == Some(15.0),
         "places given back",
     );
-    let (st, _) = get(r.http, "/health").expect("health");
+    let (st, _) = Req::get("/health")
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("health");
     assert_eq!(st, 200);
 }

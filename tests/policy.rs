@@ -28,7 +28,10 @@ fn chat(http: u16, model: &str, stream: bool) -> (u16, Vec<u8>) {
     let body = format!(
         r#"{{"model":"{model}","stream":{stream},"max_tokens":2,"messages":[{{"role":"user","content":"hi"}}]}}"#
     );
-    post(http, "/v1/chat/completions", &body).expect("chat")
+    Req::post("/v1/chat/completions", &body)
+        .send(http)
+        .map(Resp::pair)
+        .expect("chat")
 }
 
 const GATED: &str = "routing_policy:\n  exclude_if:\n    srtt:\n      gt: 100\n  strategy: least-loaded\nfallback_chain:\n  - name: relaxed\n    exclude_if:\n      srtt:\n        gt: 1500\n    strategy: least-loaded\n";
@@ -83,14 +86,12 @@ fn srtt_gate_with_relaxed_fallback() {
             >= 1.0
     );
     // With only the primary step, the client gets the exhaustion error.
-    let (st, b) = request_h(
-        r.http,
-        "PUT",
-        "/admin/policy",
-        PRIMARY_ONLY.as_bytes(),
-        &format!("Authorization: Bearer {ADMIN_KEY}\r\n"),
-    )
-    .expect("put");
+    let (st, b) = Req::new("PUT", "/admin/policy")
+        .body(PRIMARY_ONLY.as_bytes())
+        .raw_headers(&format!("Authorization: Bearer {ADMIN_KEY}\r\n"))
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("put");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     let (st, b) = chat(r.http, "g-model", true);
     assert_eq!(st, 503, "{}", String::from_utf8_lossy(&b));
@@ -197,15 +198,19 @@ fn capacity_queue_fifo_depth_zero_and_timeout() {
     let http1 = r1.http;
     let holder = std::thread::spawn(move || {
         let body = r#"{"model":"t-model","stream":true,"messages":[]}"#;
-        post(http1, "/v1/chat/completions", body).map(|x| x.0)
+        Req::post("/v1/chat/completions", body)
+            .send(http1)
+            .map(Resp::pair)
+            .map(|x| x.0)
     });
     std::thread::sleep(Duration::from_millis(200));
     let t0 = Instant::now();
-    let (st, b) = post(
-        http1,
+    let (st, b) = Req::post(
         "/v1/chat/completions",
         r#"{"model":"t-model","messages":[]}"#,
     )
+    .send(http1)
+    .map(Resp::pair)
     .expect("waiter");
     let waited = t0.elapsed();
     assert_eq!(st, 504, "{}", String::from_utf8_lossy(&b));
@@ -228,7 +233,11 @@ fn bad_reload_keeps_the_policy() {
     std::fs::write(&pf, GATED).expect("policy");
     let pfs = pf.to_string_lossy().to_string();
     let r = start_router(&dir, &["--shards", "1", "--policy-file", &pfs], &[]);
-    let (_, before) = get_auth(r.http, "/admin/policy", ADMIN_KEY).expect("get");
+    let (_, before) = Req::get("/admin/policy")
+        .bearer(ADMIN_KEY)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("get");
     std::fs::write(
         &pf,
         "routing_policy:\n  exclude_if:\n    srtt_ms:\n      gt: 100\n  strategy: least-loaded\n",
@@ -243,7 +252,11 @@ fn bad_reload_keeps_the_policy() {
         "reload error line",
     );
     assert!(r.proc.log_text().contains("srtt_ms"), "the error says why");
-    let (_, after) = get_auth(r.http, "/admin/policy", ADMIN_KEY).expect("get");
+    let (_, after) = Req::get("/admin/policy")
+        .bearer(ADMIN_KEY)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("get");
     assert_eq!(before, after, "routing unchanged");
     assert_eq!(
         metric(
@@ -253,14 +266,12 @@ fn bad_reload_keeps_the_policy() {
         Some(1.0)
     );
     // The admin API refuses a bad document with 400 and the reason.
-    let (st, b) = request_h(
-        r.http,
-        "PUT",
-        "/admin/policy",
-        b"routing_policy:\n  strategy: lowest-srtt\n",
-        &format!("Authorization: Bearer {ADMIN_KEY}\r\n"),
-    )
-    .expect("put");
+    let (st, b) = Req::new("PUT", "/admin/policy")
+        .body(b"routing_policy:\n  strategy: lowest-srtt\n")
+        .raw_headers(&format!("Authorization: Bearer {ADMIN_KEY}\r\n"))
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("put");
     assert_eq!(st, 400);
     assert!(String::from_utf8_lossy(&b).contains("lowest-srtt"));
     // A good file on SIGHUP applies.
@@ -273,7 +284,11 @@ fn bad_reload_keeps_the_policy() {
         || r.proc.log_text().contains("policies reloaded"),
         "reload ok",
     );
-    let (_, now) = get_auth(r.http, "/admin/policy", ADMIN_KEY).expect("get");
+    let (_, now) = Req::get("/admin/policy")
+        .bearer(ADMIN_KEY)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("get");
     assert!(
         !String::from_utf8_lossy(&now).contains("fallback_chain"),
         "{}",
@@ -338,37 +353,45 @@ fn per_model_directory_and_admin_documents() {
         assert_eq!(chat(r.http, "m-b", false).0, 200, "m-b uses _default");
     }
     let auth = format!("Authorization: Bearer {ADMIN_KEY}\r\n");
-    let (st, b) = get_auth(r.http, "/admin/policy/models", ADMIN_KEY).expect("list");
+    let (st, b) = Req::get("/admin/policy/models")
+        .bearer(ADMIN_KEY)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("list");
     assert_eq!(st, 200);
     assert!(String::from_utf8_lossy(&b).contains("\"strict\""));
-    let (st, b) = request_h(
-        r.http,
-        "PUT",
-        "/admin/policy/models/other",
-        b"models: [m-a]\nrouting_policy:\n  strategy: least-loaded\n",
-        &auth,
-    )
-    .expect("put");
+    let (st, b) = Req::new("PUT", "/admin/policy/models/other")
+        .body(b"models: [m-a]\nrouting_policy:\n  strategy: least-loaded\n")
+        .raw_headers(&auth)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("put");
     assert_eq!(st, 409, "{}", String::from_utf8_lossy(&b));
     assert!(String::from_utf8_lossy(&b).contains("already claimed by policy"));
-    let (st, _) = request_h(
-        r.http,
-        "PUT",
-        "/admin/policy/models/other",
-        b"routing_policy:\n  strategy: least-loaded\n",
-        &auth,
-    )
-    .expect("put");
+    let (st, _) = Req::new("PUT", "/admin/policy/models/other")
+        .body(b"routing_policy:\n  strategy: least-loaded\n")
+        .raw_headers(&auth)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("put");
     assert_eq!(st, 400, "a named document needs models");
-    let (st, _) =
-        request_h(r.http, "DELETE", "/admin/policy/models/strict", b"", &auth).expect("delete");
+    let (st, _) = Req::new("DELETE", "/admin/policy/models/strict")
+        .body(b"")
+        .raw_headers(&auth)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("delete");
     assert_eq!(st, 200);
     assert_eq!(
         chat(r.http, "m-a", false).0,
         200,
         "m-a falls back to the global policy"
     );
-    let (st, b) = get_auth(r.http, "/admin/policy/models/strict", ADMIN_KEY).expect("get");
+    let (st, b) = Req::get("/admin/policy/models/strict")
+        .bearer(ADMIN_KEY)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("get");
     assert_eq!(st, 404);
     assert!(String::from_utf8_lossy(&b).contains("no policy named: strict"));
 }
@@ -502,7 +525,12 @@ fn reset_clears_failure_streaks() {
     wait_agents(r.http, "streak-model", 1);
     let gate = "routing_policy:\n  exclude_if:\n    consecutive_failures:\n      gt: 2\n  strategy: least-loaded\n";
     let auth = format!("Authorization: Bearer {ADMIN_KEY}\r\n");
-    let (st, b) = request_h(r.http, "PUT", "/admin/policy", gate.as_bytes(), &auth).expect("put");
+    let (st, b) = Req::new("PUT", "/admin/policy")
+        .body(gate.as_bytes())
+        .raw_headers(&auth)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("put");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     for _ in 0..3 {
         assert_eq!(
@@ -518,7 +546,11 @@ fn reset_clears_failure_streaks() {
         "excluded after 3 failures: {}",
         String::from_utf8_lossy(&b)
     );
-    let (st, _) = post_auth(r.http, "/admin/metrics/reset", "", ADMIN_KEY).expect("reset");
+    let (st, _) = Req::post("/admin/metrics/reset", "")
+        .bearer(ADMIN_KEY)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("reset");
     assert_eq!(st, 200);
     // A fresh streak: two more failures are allowed before the gate.
     assert_eq!(chat(r.http, "streak-model", false).0, 500);

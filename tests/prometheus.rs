@@ -33,7 +33,10 @@ fn encode(q: &str) -> String {
 
 /// The result vector of an instant query (empty on any failure).
 fn query(port: u16, q: &str) -> Vec<serde_json::Value> {
-    let Ok((200, body)) = get(port, &format!("/api/v1/query?query={}", encode(q))) else {
+    let Ok((200, body)) = Req::get(&format!("/api/v1/query?query={}", encode(q)))
+        .send(port)
+        .map(Resp::pair)
+    else {
         return Vec::new();
     };
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
@@ -114,7 +117,9 @@ fn prometheus_scrapes_the_router_and_the_alert_rules_use_real_series() {
     wait_until(
         Duration::from_secs(30),
         || {
-            get(prom_port, "/-/ready")
+            Req::get("/-/ready")
+                .send(prom_port)
+                .map(Resp::pair)
                 .map(|(s, _)| s == 200)
                 .unwrap_or(false)
         },
@@ -133,7 +138,10 @@ fn prometheus_scrapes_the_router_and_the_alert_rules_use_real_series() {
             std::thread::sleep(Duration::from_secs(3));
         }
         for _ in 0..20 {
-            let (st, _, _) = chat_m(r.http).expect("request");
+            let (st, _, _) = Req::chat("m")
+                .send(r.http)
+                .map(Resp::triple)
+                .expect("request");
             assert_eq!(st, 200);
         }
     }
@@ -169,7 +177,10 @@ fn prometheus_scrapes_the_router_and_the_alert_rules_use_real_series() {
         );
     }
     // The rules loaded and evaluate without errors.
-    let (st, body) = get(prom_port, "/api/v1/rules").expect("rules");
+    let (st, body) = Req::get("/api/v1/rules")
+        .send(prom_port)
+        .map(Resp::pair)
+        .expect("rules");
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
     let rules: Vec<&serde_json::Value> = v["data"]["groups"]

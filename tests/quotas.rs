@@ -41,7 +41,10 @@ fn flat_rpm_is_shared_by_the_tenant_and_says_when_to_retry() {
     wait_until(
         Duration::from_secs(30),
         || {
-            get_auth(r.http, "/v1/models/m", "sk-b")
+            Req::get("/v1/models/m")
+                .bearer("sk-b")
+                .send(r.http)
+                .map(Resp::pair)
                 .map(|x| x.0 == 200)
                 .unwrap_or(false)
         },
@@ -49,7 +52,11 @@ fn flat_rpm_is_shared_by_the_tenant_and_says_when_to_retry() {
     );
     let mut remaining = Vec::new();
     for key in ["sk-a1", "sk-a2", "sk-a1"] {
-        let (st, head, b) = chat_as(r.http, key, "m");
+        let (st, head, b) = Req::chat("m")
+            .bearer(key)
+            .send(r.http)
+            .expect("chat")
+            .triple();
         assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
         assert_eq!(
             header_of(&head, "x-ratelimit-limit-requests").as_deref(),
@@ -59,7 +66,11 @@ fn flat_rpm_is_shared_by_the_tenant_and_says_when_to_retry() {
     }
     assert_eq!(remaining, ["2", "1", "0"]);
     // The owner's bucket is empty whichever of its keys asks.
-    let (st, head, b) = chat_as(r.http, "sk-a2", "m");
+    let (st, head, b) = Req::chat("m")
+        .bearer("sk-a2")
+        .send(r.http)
+        .expect("chat")
+        .triple();
     assert_eq!(st, 429);
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(v["error"]["code"], "rate_limit_exceeded");
@@ -76,7 +87,15 @@ fn flat_rpm_is_shared_by_the_tenant_and_says_when_to_retry() {
         "one request refills in 20 s at 3/min: {retry}"
     );
     // Another tenant is untouched.
-    assert_eq!(chat_as(r.http, "sk-b", "m").0, 200);
+    assert_eq!(
+        Req::chat("m")
+            .bearer("sk-b")
+            .send(r.http)
+            .expect("chat")
+            .triple()
+            .0,
+        200
+    );
     let m = metrics_text(r.metrics);
     assert!(
         m.contains("hivenet_admission_rejections_total{reason=\"b4_rpm\",model=\"m\"} 1"),
@@ -106,7 +125,10 @@ fn per_model_rpm_doubles_with_a_second_replica() {
     let _a1 = start_agent(&dir, &r, p1, "a1.key", &[]);
     let healthy = |n: u64| {
         move || {
-            get_auth(r.http, "/admin/models/m", ADMIN_KEY)
+            Req::get("/admin/models/m")
+                .bearer(ADMIN_KEY)
+                .send(r.http)
+                .map(Resp::pair)
                 .ok()
                 .and_then(|(_, b)| serde_json::from_slice::<serde_json::Value>(&b).ok())
                 .and_then(|v| v["agents"]["healthy"].as_u64())
@@ -116,7 +138,15 @@ fn per_model_rpm_doubles_with_a_second_replica() {
     wait_until(Duration::from_secs(30), healthy(1), "one agent");
     let admitted = |key: &str| {
         (0..6)
-            .take_while(|_| chat_as(r.http, key, "m").0 == 200)
+            .take_while(|_| {
+                Req::chat("m")
+                    .bearer(key)
+                    .send(r.http)
+                    .expect("chat")
+                    .triple()
+                    .0
+                    == 200
+            })
             .count()
     };
     assert_eq!(admitted("sk-one"), 2, "2 per replica x 1 replica");
@@ -163,7 +193,10 @@ fn daily_tokens_refund_failures_and_survive_reload_and_restart() {
     let _a2 = agent_to(&dir, ports.2, p_bad, "a2.key", &[]);
     let up = |m: &'static str| {
         move || {
-            get_auth(ports.0, &format!("/v1/models/{m}"), "sk-t")
+            Req::get(&format!("/v1/models/{m}"))
+                .bearer("sk-t")
+                .send(ports.0)
+                .map(Resp::pair)
                 .map(|x| x.0 == 200)
                 .unwrap_or(false)
         }
@@ -173,7 +206,11 @@ fn daily_tokens_refund_failures_and_survive_reload_and_restart() {
     // Failures before any output are refunded: far more of them than the
     // budget could pay for, and nothing is left charged.
     for _ in 0..40 {
-        let (st, _, _) = chat_as(ports.0, "sk-t", "bad");
+        let (st, _, _) = Req::chat("bad")
+            .bearer("sk-t")
+            .send(ports.0)
+            .expect("chat")
+            .triple();
         assert_eq!(st, 500, "the backend's error, not a quota refusal");
     }
     assert_eq!(used_today(ports.1, "tok"), 0, "refunded");
@@ -181,7 +218,11 @@ fn daily_tokens_refund_failures_and_survive_reload_and_restart() {
     let mut served = 0;
     let mut last_remaining = u64::MAX;
     loop {
-        let (st, head, b) = chat_as(ports.0, "sk-t", "m");
+        let (st, head, b) = Req::chat("m")
+            .bearer("sk-t")
+            .send(ports.0)
+            .expect("chat")
+            .triple();
         if st != 200 {
             assert_eq!(st, 429, "{}", String::from_utf8_lossy(&b));
             let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
@@ -218,7 +259,15 @@ fn daily_tokens_refund_failures_and_survive_reload_and_restart() {
     // SIGHUP keeps today's usage (the Go router's memory backend forgot it).
     signal(&router, "HUP");
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(chat_as(ports.0, "sk-t", "m").0, 429);
+    assert_eq!(
+        Req::chat("m")
+            .bearer("sk-t")
+            .send(ports.0)
+            .expect("chat")
+            .triple()
+            .0,
+        429
+    );
     assert!(router.log_text().contains("client keys reloaded"));
     // So does a restart: flushed at shutdown, restored at start.
     sigterm(&mut router);
@@ -228,7 +277,11 @@ fn daily_tokens_refund_failures_and_survive_reload_and_restart() {
     wait_until(Duration::from_secs(30), up("m"), "agent back");
     // The learned estimate starts cold again (4 tokens here): the answer
     // is the restored budget's, whichever way it goes.
-    let (st, head, _) = chat_as(ports.0, "sk-t", "m");
+    let (st, head, _) = Req::chat("m")
+        .bearer("sk-t")
+        .send(ports.0)
+        .expect("chat")
+        .triple();
     let left: u64 = header_of(&head, "x-ratelimit-remaining-tokens")
         .expect("remaining")
         .parse()

@@ -34,14 +34,12 @@ fn site_router(dir: &std::path::Path, site: &str, extra: &[&str]) -> Router {
 }
 
 fn push(r: &Router, body: &str) -> (u16, String) {
-    let (st, b) = request_h(
-        r.http,
-        "PUT",
-        "/admin/sibling-map",
-        body.as_bytes(),
-        &format!("Authorization: Bearer {ADMIN}\r\n"),
-    )
-    .expect("push");
+    let (st, b) = Req::new("PUT", "/admin/sibling-map")
+        .body(body.as_bytes())
+        .raw_headers(&format!("Authorization: Bearer {ADMIN}\r\n"))
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("push");
     (st, String::from_utf8_lossy(&b).to_string())
 }
 
@@ -62,14 +60,12 @@ fn now_rfc3339() -> String {
 }
 
 fn chat_at(http: u16, query: &str, extra: &str) -> (u16, String, Vec<u8>) {
-    request_full(
-        http,
-        "POST",
-        &format!("/v1/chat/completions{query}"),
-        chat_body("m", false).as_bytes(),
-        extra,
-    )
-    .expect("chat")
+    Req::new("POST", &format!("/v1/chat/completions{query}"))
+        .body(chat_body("m", false).as_bytes())
+        .raw_headers(extra)
+        .send(http)
+        .map(Resp::triple)
+        .expect("chat")
 }
 
 #[test]
@@ -111,7 +107,10 @@ fn the_map_writer_keeps_a_redirecting_to_b_and_curl_follows() {
         &[("SITE_ADMIN", ADMIN)],
     );
     let map_at = |r: &Router| -> serde_json::Value {
-        get_auth(r.http, "/admin/sibling-map", ADMIN)
+        Req::get("/admin/sibling-map")
+            .bearer(ADMIN)
+            .send(r.http)
+            .map(Resp::pair)
             .ok()
             .filter(|x| x.0 == 200)
             .and_then(|x| serde_json::from_slice(&x.1).ok())
@@ -219,17 +218,18 @@ fn two_sites_that_each_think_the_other_is_warm_do_not_bounce() {
         assert!(body.contains("hold_budget"), "{body}");
     }
     assert_eq!(chat_at(a.http, "", "").0, 307, "the previous map stays");
-    let (st, _) = request_h(
-        a.http,
-        "DELETE",
-        "/admin/sibling-map?version=2",
-        b"",
-        &format!("Authorization: Bearer {ADMIN}\r\n"),
-    )
-    .expect("delete");
+    let (st, _) = Req::new("DELETE", "/admin/sibling-map?version=2")
+        .body(b"")
+        .raw_headers(&format!("Authorization: Bearer {ADMIN}\r\n"))
+        .send(a.http)
+        .map(Resp::pair)
+        .expect("delete");
     assert_eq!(st, 200);
     assert_eq!(
-        get_auth(a.http, "/admin/sibling-map", ADMIN)
+        Req::get("/admin/sibling-map")
+            .bearer(ADMIN)
+            .send(a.http)
+            .map(Resp::pair)
             .expect("get")
             .0,
         404
@@ -305,13 +305,11 @@ fn scopes_and_hints_decide() {
     );
     assert_eq!(chat_at(a.http, "", &bearer("sk-any")).0, 307);
     // count_tokens is never redirected.
-    let (st, _, _) = request_full(
-        a.http,
-        "POST",
-        "/v1/messages/count_tokens",
-        chat_body("m", false).as_bytes(),
-        &bearer("sk-any"),
-    )
-    .expect("count");
+    let (st, _, _) = Req::new("POST", "/v1/messages/count_tokens")
+        .body(chat_body("m", false).as_bytes())
+        .raw_headers(&bearer("sk-any"))
+        .send(a.http)
+        .map(Resp::triple)
+        .expect("count");
     assert_eq!(st, 404);
 }

@@ -16,7 +16,10 @@ const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 
 /// What the simulator saw for the request with this `X-Request-ID`.
 fn seen_by_backend(sim: u16, request_id: &str) -> Value {
-    let (st, body) = get(sim, "/sim/trace_headers").expect("trace headers");
+    let (st, body) = Req::get("/sim/trace_headers")
+        .send(sim)
+        .map(Resp::pair)
+        .expect("trace headers");
     assert_eq!(st, 200);
     let all: Vec<Value> = serde_json::from_slice(&body).expect("json");
     all.into_iter()
@@ -25,14 +28,12 @@ fn seen_by_backend(sim: u16, request_id: &str) -> Value {
 }
 
 fn chat_with(http: u16, stream: bool, extra: &str) -> (u16, String, Vec<u8>) {
-    request_full(
-        http,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("m", stream).as_bytes(),
-        extra,
-    )
-    .expect("chat")
+    Req::new("POST", "/v1/chat/completions")
+        .body(chat_body("m", stream).as_bytes())
+        .raw_headers(extra)
+        .send(http)
+        .map(Resp::triple)
+        .expect("chat")
 }
 
 /// A `traceparent` value's trace ID (and that it is well formed).
@@ -117,14 +118,12 @@ fn trace_context_reaches_the_backend_and_comes_back() {
     let bad_replaced = trace_id_of(&tp);
 
     // 4. Errors carry it too: an unknown model (404) keeps the client's.
-    let (st, head, _) = request_full(
-        r.http,
-        "POST",
-        "/v1/chat/completions",
-        chat_body("nope", false).as_bytes(),
-        &format!("traceparent: {PARENT}\r\n"),
-    )
-    .expect("404");
+    let (st, head, _) = Req::new("POST", "/v1/chat/completions")
+        .body(chat_body("nope", false).as_bytes())
+        .raw_headers(&format!("traceparent: {PARENT}\r\n"))
+        .send(r.http)
+        .map(Resp::triple)
+        .expect("404");
     assert_eq!(st, 404);
     assert_eq!(header_of(&head, "traceparent").as_deref(), Some(PARENT));
 

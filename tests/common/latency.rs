@@ -28,7 +28,10 @@ pub fn chat(http: u16, model: &str, stream: bool, max_tokens: u32) {
     let body = format!(
         r#"{{"model":"{model}","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"hi"}}]}}"#
     );
-    let (st, b) = post(http, "/v1/chat/completions", &body).expect("chat");
+    let (st, b) = Req::post("/v1/chat/completions", &body)
+        .send(http)
+        .map(Resp::pair)
+        .expect("chat");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
 }
 

@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 pub const ADMIN_KEY: &str = "test-admin-key";
 
 /// The one test client: a request built step by step, sent on its own
-/// connection (`Connection: close`), read to the end. Every shortcut below
-/// (`get`, `post`, `get_auth`, `post_auth`, `request*`, `chat_*`) is one
-/// line over it.
+/// connection (`Connection: close`), read to the end. (`raw` writes bytes
+/// as they are; `read_response` reads a keep-alive connection.)
 ///
 /// ```ignore
 /// let r = Req::post("/v1/chat/completions", chat_body("m", false)).bearer(key).send(http)?;
@@ -53,12 +52,17 @@ impl Req {
         Req::new("GET", path)
     }
 
-    pub fn post(path: &str, body: impl Into<Vec<u8>>) -> Self {
+    pub fn post(path: &str, body: impl AsRef<[u8]>) -> Self {
         Req::new("POST", path).body(body)
     }
 
-    pub fn body(mut self, body: impl Into<Vec<u8>>) -> Self {
-        self.body = body.into();
+    /// A non-streaming chat for `model` (`chat_body`).
+    pub fn chat(model: &str) -> Self {
+        Req::post("/v1/chat/completions", chat_body(model, false))
+    }
+
+    pub fn body(mut self, body: impl AsRef<[u8]>) -> Self {
+        self.body = body.as_ref().to_vec();
         self
     }
 
@@ -111,6 +115,16 @@ impl Req {
 }
 
 impl Resp {
+    /// (status, body), for call sites that destructure.
+    pub fn pair(self) -> (u16, Vec<u8>) {
+        (self.status, self.body)
+    }
+
+    /// (status, head, body).
+    pub fn triple(self) -> (u16, String, Vec<u8>) {
+        (self.status, self.head, self.body)
+    }
+
     /// A header's value (name in lower case).
     pub fn header(&self, name: &str) -> Option<String> {
         header_of(&self.head, name)
@@ -125,25 +139,13 @@ impl Resp {
     }
 }
 
-/// GET with a bearer key.
-pub fn get_auth(port: u16, path: &str, key: &str) -> std::io::Result<(u16, Vec<u8>)> {
-    Req::get(path)
-        .bearer(key)
-        .send(port)
-        .map(|r| (r.status, r.body))
-}
-
-/// POST with a bearer key.
-pub fn post_auth(port: u16, path: &str, body: &str, key: &str) -> std::io::Result<(u16, Vec<u8>)> {
-    Req::post(path, body)
-        .bearer(key)
-        .send(port)
-        .map(|r| (r.status, r.body))
-}
-
 /// The routing table as JSON.
 pub fn routing_table(http: u16) -> serde_json::Value {
-    let (st, b) = get_auth(http, "/admin/routing-table", ADMIN_KEY).expect("routing table");
+    let (st, b) = Req::get("/admin/routing-table")
+        .bearer(ADMIN_KEY)
+        .send(http)
+        .map(Resp::pair)
+        .expect("routing table");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     serde_json::from_slice(&b).expect("json")
 }
@@ -269,7 +271,9 @@ pub fn start_router(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Router 
     wait_until(
         Duration::from_secs(20),
         || {
-            get(r.http, "/health")
+            Req::get("/health")
+                .send(r.http)
+                .map(Resp::pair)
                 .map(|(s, _)| s == 200)
                 .unwrap_or(false)
         },
@@ -287,7 +291,9 @@ pub fn start_sim(dir: &Path, model: &str, extra: &[&str]) -> (Proc, u16) {
     wait_until(
         Duration::from_secs(20),
         || {
-            get(port, "/v1/models")
+            Req::get("/v1/models")
+                .send(port)
+                .map(Resp::pair)
                 .map(|(s, _)| s == 200)
                 .unwrap_or(false)
         },
@@ -326,7 +332,7 @@ pub fn agent_to(dir: &Path, p2p: u16, sim_port: u16, identity: &str, extra: &[&s
 
 /// Healthy agents of `model` per `/v1/models`.
 pub fn healthy_agents(http: u16, model: &str) -> u64 {
-    let Ok((200, body)) = get(http, "/v1/models") else {
+    let Ok((200, body)) = Req::get("/v1/models").send(http).map(Resp::pair) else {
         return 0;
     };
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
@@ -383,35 +389,6 @@ pub fn status_of(resp: &[u8]) -> u16 {
         .unwrap_or(0)
 }
 
-/// One request, `Connection: close`: status and body.
-pub fn request(
-    port: u16,
-    method: &str,
-    path: &str,
-    body: &[u8],
-) -> std::io::Result<(u16, Vec<u8>)> {
-    request_h(port, method, path, body, "")
-}
-
-/// Same with extra header lines (each ending in CRLF).
-pub fn request_h(
-    port: u16,
-    method: &str,
-    path: &str,
-    body: &[u8],
-    extra: &str,
-) -> std::io::Result<(u16, Vec<u8>)> {
-    request_full(port, method, path, body, extra).map(|(st, _, b)| (st, b))
-}
-
-pub fn get(port: u16, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
-    request(port, "GET", path, b"")
-}
-
-pub fn post(port: u16, path: &str, body: &str) -> std::io::Result<(u16, Vec<u8>)> {
-    request(port, "POST", path, body.as_bytes())
-}
-
 pub fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(nl) = b.windows(2).position(|w| w == b"\r\n") {
@@ -433,7 +410,10 @@ pub fn dechunk(mut b: &[u8]) -> Vec<u8> {
 
 /// A metric's value from Prometheus text (first line that starts with `prefix`).
 pub fn metric(metrics_port: u16, prefix: &str) -> Option<f64> {
-    let (_, body) = get(metrics_port, "/metrics").ok()?;
+    let (_, body) = Req::get("/metrics")
+        .send(metrics_port)
+        .map(Resp::pair)
+        .ok()?;
     let text = String::from_utf8_lossy(&body).to_string();
     text.lines()
         .find(|l| l.starts_with(prefix))
@@ -442,7 +422,9 @@ pub fn metric(metrics_port: u16, prefix: &str) -> Option<f64> {
 }
 
 pub fn metrics_text(metrics_port: u16) -> String {
-    get(metrics_port, "/metrics")
+    Req::get("/metrics")
+        .send(metrics_port)
+        .map(Resp::pair)
         .map(|(_, b)| String::from_utf8_lossy(&b).to_string())
         .unwrap_or_default()
 }
@@ -530,7 +512,7 @@ pub fn read_until(s: &mut TcpStream, got: &mut Vec<u8>, needle: &str) {
 
 /// Completions a `hivenet-sim` has served (its vLLM-style success counter).
 pub fn sim_completions(port: u16) -> f64 {
-    let Ok((_, body)) = get(port, "/metrics") else {
+    let Ok((_, body)) = Req::get("/metrics").send(port).map(Resp::pair) else {
         return -1.0;
     };
     String::from_utf8_lossy(&body)
@@ -544,7 +526,12 @@ pub fn sim_completions(port: u16) -> f64 {
 /// stream ends; joins to its status.
 pub fn hold_slot(http: u16, model: &str) -> std::thread::JoinHandle<std::io::Result<u16>> {
     let body = format!(r#"{{"model":"{model}","stream":true,"messages":[]}}"#);
-    std::thread::spawn(move || post(http, "/v1/chat/completions", &body).map(|x| x.0))
+    std::thread::spawn(move || {
+        Req::post("/v1/chat/completions", &body)
+            .send(http)
+            .map(Resp::pair)
+            .map(|x| x.0)
+    })
 }
 
 /// (Re)start a router on fixed ports (2 shards unless `extra` says) and
@@ -562,29 +549,15 @@ pub fn router_on(dir: &Path, ports: (u16, u16, u16), extra: &[&str]) -> Proc {
     wait_until(
         Duration::from_secs(20),
         || {
-            get(ports.0, "/health")
+            Req::get("/health")
+                .send(ports.0)
+                .map(Resp::pair)
                 .map(|(s, _)| s == 200)
                 .unwrap_or(false)
         },
         "router",
     );
     proc
-}
-
-/// A request with extra header lines; returns status, the head (lower
-/// case) and the (de-chunked) body.
-pub fn request_full(
-    port: u16,
-    method: &str,
-    path: &str,
-    body: &[u8],
-    extra: &str,
-) -> std::io::Result<(u16, String, Vec<u8>)> {
-    let r = Req::new(method, path)
-        .body(body)
-        .raw_headers(extra)
-        .send(port)?;
-    Ok((r.status, r.head, r.body))
 }
 
 /// The value of header `name` (lower case) in a lower-cased head.
@@ -611,15 +584,6 @@ pub fn chat_body(model: &str, stream: bool) -> String {
     )
 }
 
-/// POST a chat with a bearer key; returns status, head, body.
-pub fn chat_as(http: u16, key: &str, model: &str) -> (u16, String, Vec<u8>) {
-    let r = Req::post("/v1/chat/completions", chat_body(model, false))
-        .bearer(key)
-        .send(http)
-        .expect("chat");
-    (r.status, r.head, r.body)
-}
-
 /// Send `sig` (`TERM`, `HUP`) to a process.
 pub fn signal(p: &Proc, sig: &str) {
     let _ = Command::new("kill")
@@ -642,12 +606,6 @@ pub fn sigterm(p: &mut Proc) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// POST a plain chat for model `m` with no key; status, head, body.
-pub fn chat_m(http: u16) -> std::io::Result<(u16, String, Vec<u8>)> {
-    let r = Req::post("/v1/chat/completions", chat_body("m", false)).send(http)?;
-    Ok((r.status, r.head, r.body))
 }
 
 /// One response with a Content-Length from a keep-alive connection:
