@@ -1,6 +1,10 @@
 //! Token usage read from responses, for the per-agent token counters:
-//! OpenAI `usage.prompt_tokens/completion_tokens` and Anthropic
-//! `usage.input_tokens/output_tokens`, from a whole JSON body or from an
+//! OpenAI `usage.prompt_tokens/completion_tokens` (cached:
+//! `prompt_tokens_details.cached_tokens`, part of the prompt tokens) and
+//! Anthropic `usage.input_tokens/output_tokens` (its input counts only
+//! what was not read from or written to the prompt cache: the input is
+//! `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`,
+//! cached the cache reads), from a whole JSON body or from an
 //! SSE stream fed chunk by chunk (OpenAI's last chunk; Anthropic's
 //! `message_start` and `message_delta`). Borrowed parsing of only the
 //! fields needed.
@@ -17,6 +21,18 @@ struct Usage {
     input_tokens: Option<u64>,
     #[serde(default)]
     output_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -30,16 +46,36 @@ struct WithUsage {
 /// Input and output tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tokens {
-    /// Prompt / input tokens.
+    /// Prompt / input tokens, cached ones included.
     pub input: u64,
     /// Completion / output tokens.
     pub output: u64,
+    /// Of `input`, the tokens the engine read from its prompt cache.
+    pub cached: u64,
 }
 
 fn tokens_of(u: &Usage) -> Tokens {
+    let cached_openai = u
+        .prompt_tokens_details
+        .as_ref()
+        .and_then(|d| d.cached_tokens);
+    let input = match u.prompt_tokens {
+        Some(p) => p,
+        // Anthropic: cache reads and writes are not in `input_tokens`.
+        None => u
+            .input_tokens
+            .unwrap_or(0)
+            .saturating_add(u.cache_read_input_tokens.unwrap_or(0))
+            .saturating_add(u.cache_creation_input_tokens.unwrap_or(0)),
+    };
     Tokens {
-        input: u.prompt_tokens.or(u.input_tokens).unwrap_or(0),
+        input,
         output: u.completion_tokens.or(u.output_tokens).unwrap_or(0),
+        // Never more than the input it is part of.
+        cached: cached_openai
+            .or(u.cache_read_input_tokens)
+            .unwrap_or(0)
+            .min(input),
     }
 }
 
@@ -167,6 +203,7 @@ impl SseUsage {
             let t = tokens_of(&u);
             self.tokens.input = self.tokens.input.max(t.input);
             self.tokens.output = self.tokens.output.max(t.output);
+            self.tokens.cached = self.tokens.cached.max(t.cached);
             self.seen = true;
         }
     }
@@ -213,14 +250,16 @@ mod tests {
             from_body(br#"{"usage":{"prompt_tokens":3,"completion_tokens":5}}"#),
             Some(Tokens {
                 input: 3,
-                output: 5
+                output: 5,
+                cached: 0
             })
         );
         assert_eq!(
             from_body(br#"{"usage":{"input_tokens":4,"output_tokens":6}}"#),
             Some(Tokens {
                 input: 4,
-                output: 6
+                output: 6,
+                cached: 0
             })
         );
         assert_eq!(from_body(br#"{"x":1}"#), None);
@@ -231,6 +270,62 @@ mod tests {
     fn parsed(body: &[u8]) -> Option<Tokens> {
         let w: WithUsage = serde_json::from_slice(body).ok()?;
         w.usage.as_ref().map(tokens_of)
+    }
+
+    /// Cached prompt tokens as each API reports them (llama-server
+    /// answers both shapes): OpenAI's are part of `prompt_tokens`,
+    /// Anthropic's cache reads and writes come beside `input_tokens`.
+    #[test]
+    fn cached_prompt_tokens_in_both_shapes() {
+        let openai = br#"{"usage":{"prompt_tokens":39,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":27}}}"#;
+        assert_eq!(
+            from_body(openai),
+            Some(Tokens {
+                input: 39,
+                output: 5,
+                cached: 27
+            })
+        );
+        // The request of issue 27: 39 input tokens in all, counted as 12.
+        let anthropic =
+            br#"{"usage":{"input_tokens":12,"cache_read_input_tokens":27,"output_tokens":5}}"#;
+        assert_eq!(
+            from_body(anthropic),
+            Some(Tokens {
+                input: 39,
+                output: 5,
+                cached: 27
+            })
+        );
+        let written =
+            br#"{"usage":{"input_tokens":2,"cache_creation_input_tokens":30,"output_tokens":1}}"#;
+        assert_eq!(
+            from_body(written),
+            Some(Tokens {
+                input: 32,
+                output: 1,
+                cached: 0
+            })
+        );
+        // A cached count over the input is capped at it.
+        let odd = br#"{"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":9}}}"#;
+        assert_eq!(from_body(odd).map(|t| t.cached), Some(3));
+        // Anthropic streams: message_start carries the input side.
+        let mut m = SseUsage::default();
+        m.feed(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":12,\"cache_read_input_tokens\":27,\"output_tokens\":1}}}\n\n");
+        m.feed(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":5}}\n\n");
+        assert_eq!(
+            m.tokens,
+            Tokens {
+                input: 39,
+                output: 5,
+                cached: 27
+            }
+        );
+        // OpenAI streams: the last chunk.
+        let mut m = SseUsage::default();
+        m.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":39,\"completion_tokens\":5,\"prompt_tokens_details\":{\"cached_tokens\":27}}}\n\n");
+        assert_eq!(m.tokens.cached, 27);
     }
 
     #[test]
@@ -260,7 +355,8 @@ mod tests {
             from_body(cases[0]),
             Some(Tokens {
                 input: 2,
-                output: 3
+                output: 3,
+                cached: 0,
             })
         );
     }
@@ -349,6 +445,7 @@ mod tests {
                 Tokens {
                     input: 7,
                     output: 9,
+                    cached: 0,
                 },
             ),
             (
@@ -356,6 +453,7 @@ mod tests {
                 Tokens {
                     input: 11,
                     output: 12,
+                    cached: 0,
                 },
             ),
         ] {

@@ -253,6 +253,7 @@ fn agent_json(a: &AgentView) -> Value {
             "success_rate": if total > 0 { a.success as f64 / total as f64 } else { 0.0 },
             "input_tokens_total": a.input_tokens,
             "output_tokens_total": a.output_tokens,
+            "cached_prompt_tokens_total": a.cached_prompt_tokens,
             "rejected_requests_total": 0,
             "disconnections_total": a.disconnections,
             "agent_failures_total": a.agent_failures,

@@ -434,7 +434,7 @@ fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
         f.series(routing_labels(a), u8::from(a.healthy));
     }
     type Get = fn(&AgentView) -> Option<f64>;
-    let per_agent: [(&'static str, Kind, &str, Get); 13] = [
+    let per_agent: [(&'static str, Kind, &str, Get); 14] = [
         (
             "hivenet_agent_active_requests",
             Gauge,
@@ -464,6 +464,12 @@ fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
             Counter,
             "Output tokens per agent (from response usage).",
             |a| Some(a.output_tokens as f64),
+        ),
+        (
+            "hivenet_agent_cached_prompt_tokens_total",
+            Counter,
+            "Of the input tokens, those the engine read from its prompt cache (since registration).",
+            |a| Some(a.cached_prompt_tokens as f64),
         ),
         (
             "hivenet_agent_disconnections_total",

@@ -31,6 +31,7 @@ fn agent(peer: &str, model: &str, srtt: Option<f64>) -> AgentView {
         rttvar: srtt.map(|s| s / 2.0),
         input_tokens: 100,
         output_tokens: 50,
+        cached_prompt_tokens: 40,
         disconnections: 1,
         agent_failures: 2,
         backend_failures: 3,
@@ -428,6 +429,12 @@ const FAMILIES: &[Want] = &[
         "counter",
         3,
         Some(("peer_id", "12D3KooWa", 50.0)),
+    ),
+    (
+        "hivenet_agent_cached_prompt_tokens_total",
+        "counter",
+        3,
+        Some(("peer_id", "12D3KooWa", 40.0)),
     ),
     ("hivenet_agent_disconnections_total", "counter", 3, None),
     (

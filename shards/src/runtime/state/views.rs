@@ -40,6 +40,8 @@ pub struct AgentView {
     pub input_tokens: u64,
     /// Lifetime output tokens.
     pub output_tokens: u64,
+    /// Cached prompt tokens since registration.
+    pub cached_prompt_tokens: u64,
     /// Lifetime disconnections.
     pub disconnections: u64,
     /// Missed-heartbeat transitions.
@@ -70,6 +72,7 @@ impl AgentView {
             rttvar: est.rttvar(),
             input_tokens: a.input_tokens.get(),
             output_tokens: a.output_tokens.get(),
+            cached_prompt_tokens: a.cached_prompt_tokens.get(),
             disconnections: a.disconnections.get(),
             agent_failures: a.agent_failures.get(),
             backend_failures: a.backend_failures.get(),

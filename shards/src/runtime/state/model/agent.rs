@@ -45,6 +45,9 @@ pub struct Agent {
     pub input_tokens: Cell<u64>,
     /// Lifetime output tokens.
     pub output_tokens: Cell<u64>,
+    /// Of the input tokens, those the engine read from its prompt cache
+    /// (since registration: not in the persisted history).
+    pub cached_prompt_tokens: Cell<u64>,
     /// Times the agent left routing (restored from history).
     pub disconnections: Cell<u64>,
     /// Healthy -> unhealthy transitions from missed heartbeats.
@@ -193,6 +196,7 @@ impl Agent {
             est: Cell::new(est),
             input_tokens: Cell::new(h.input_tokens),
             output_tokens: Cell::new(h.output_tokens),
+            cached_prompt_tokens: Cell::new(0),
             disconnections: Cell::new(h.disconnections),
             agent_failures: Cell::new(h.agent_failures),
             backend_failures: Cell::new(h.backend_failures),
@@ -243,6 +247,8 @@ impl Agent {
     pub fn add_tokens(&self, t: Tokens) {
         self.input_tokens.set(self.input_tokens.get() + t.input);
         self.output_tokens.set(self.output_tokens.get() + t.output);
+        self.cached_prompt_tokens
+            .set(self.cached_prompt_tokens.get() + t.cached);
     }
 
     /// The record to persist.
@@ -270,6 +276,7 @@ impl Agent {
             &self.failed,
             &self.input_tokens,
             &self.output_tokens,
+            &self.cached_prompt_tokens,
             &self.disconnections,
             &self.agent_failures,
             &self.backend_failures,

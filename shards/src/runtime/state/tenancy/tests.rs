@@ -64,6 +64,7 @@ fn rpm_then_daily_then_settle() {
     t2.settle(Settle::Usage(Tokens {
         input: 3,
         output: 4,
+        cached: 0,
     }));
     let b = s.buckets.values().next().expect("bucket");
     assert_eq!(quota::used_on(b.daily.load(Ordering::Relaxed), 7), 7);
