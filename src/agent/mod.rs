@@ -343,6 +343,19 @@ async fn session(
                     );
                 }
             }
+            // llama-server exports no KV gauge: read it off its slots.
+            if engine.kv_cache_utilization.is_none()
+                && shards::logic::link::engine_metrics::kv_from_slots_endpoint(cfg.engine.as_str())
+            {
+                if let Ok((h, body)) =
+                    backend::fetch(&cfg.backend, "GET", "/slots", b"", Duration::from_secs(2)).await
+                {
+                    if h.status == 200 {
+                        engine.kv_cache_utilization =
+                            shards::logic::link::engine_metrics::kv_from_slots(&body);
+                    }
+                }
+            }
         }
         let cpu_now = std::fs::read_to_string("/proc/stat")
             .ok()

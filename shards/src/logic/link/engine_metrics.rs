@@ -31,7 +31,8 @@ pub struct EngineSignals {
     pub p90_itl_seconds: Option<f64>,
 }
 
-/// Metric names per engine.
+/// Metric names per engine (`""`: the engine does not export it; the
+/// signal stays absent, never 0).
 struct Names {
     kv: &'static str,
     running: &'static str,
@@ -56,12 +57,15 @@ fn names(engine: &str) -> Option<Names> {
             ttft: "sglang:time_to_first_token_seconds",
             itl: "sglang:inter_token_latency_seconds",
         }),
+        // What llama-server exports (tools/server/server-task.cpp, build
+        // 11434): no KV gauge (see `kv_from_slots`) and no latency
+        // histograms, only lifetime counters.
         "llamacpp" => Some(Names {
-            kv: "llamacpp:kv_cache_usage_ratio",
+            kv: "",
             running: "llamacpp:requests_processing",
             waiting: "llamacpp:requests_deferred",
-            ttft: "llamacpp:time_to_first_token_seconds",
-            itl: "llamacpp:time_per_output_token_seconds",
+            ttft: "",
+            itl: "",
         }),
         _ => None,
     }
@@ -155,13 +159,16 @@ pub fn parse(engine: &str, text: &str) -> EngineSignals {
                 *slot = Some(v);
             }
         };
+        if name.is_empty() {
+            continue;
+        }
         if name == n.kv {
             first(&mut out.kv_cache_utilization);
         } else if name == n.running {
             first(&mut out.running_requests);
         } else if name == n.waiting {
             first(&mut out.waiting_requests);
-        } else if let Some(base) = name.strip_suffix("_bucket") {
+        } else if let Some(base) = name.strip_suffix("_bucket").filter(|b| !b.is_empty()) {
             if let Some(le) = le {
                 if base == n.ttft {
                     ttft_b.push((le, v));
@@ -169,14 +176,18 @@ pub fn parse(engine: &str, text: &str) -> EngineSignals {
                     itl_b.push((le, v));
                 }
             }
-        } else if name == format!("{}_sum", n.ttft) {
-            first(&mut ttft_sum);
-        } else if name == format!("{}_count", n.ttft) {
-            first(&mut ttft_count);
-        } else if name == format!("{}_sum", n.itl) {
-            first(&mut itl_sum);
-        } else if name == format!("{}_count", n.itl) {
-            first(&mut itl_count);
+        } else if let Some(base) = name.strip_suffix("_sum").filter(|b| !b.is_empty()) {
+            if base == n.ttft {
+                first(&mut ttft_sum);
+            } else if base == n.itl {
+                first(&mut itl_sum);
+            }
+        } else if let Some(base) = name.strip_suffix("_count").filter(|b| !b.is_empty()) {
+            if base == n.ttft {
+                first(&mut ttft_count);
+            } else if base == n.itl {
+                first(&mut itl_count);
+            }
         }
     }
     ttft_b.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
@@ -186,10 +197,80 @@ pub fn parse(engine: &str, text: &str) -> EngineSignals {
     out
 }
 
+/// KV-cache use of a llama-server from its `GET /slots` body (it exports
+/// no KV gauge): the tokens each slot's cache holds (its prompt plus what
+/// it decoded) over the slots' context sizes. `None` when the body is not
+/// a non-empty slot list with context sizes.
+pub fn kv_from_slots(body: &[u8]) -> Option<f64> {
+    #[derive(Deserialize)]
+    struct Next {
+        #[serde(default)]
+        n_decoded: u64,
+    }
+    #[derive(Deserialize)]
+    struct Slot {
+        n_ctx: u64,
+        #[serde(default)]
+        n_prompt_tokens: u64,
+        #[serde(default)]
+        next_token: Vec<Next>,
+    }
+    let slots: Vec<Slot> = serde_json::from_slice(body).ok()?;
+    let ctx: u64 = slots.iter().map(|s| s.n_ctx).sum();
+    if ctx == 0 {
+        return None;
+    }
+    let used: u64 = slots
+        .iter()
+        .map(|s| {
+            let decoded: u64 = s.next_token.iter().map(|n| n.n_decoded).sum();
+            s.n_prompt_tokens.saturating_add(decoded).min(s.n_ctx)
+        })
+        .sum();
+    Some(used as f64 / ctx as f64)
+}
+
+/// Whether the engine's KV use is read from `GET /slots`.
+pub fn kv_from_slots_endpoint(engine: &str) -> bool {
+    engine == "llamacpp"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// What llama-server build 11434 exports on `/metrics` (abridged from
+    /// a real scrape: counters and the two gauges).
+    const LLAMACPP: &str = "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens\n# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 120\nllamacpp:prompt_tokens_cached_total 80\nllamacpp:prompt_seconds_total 1.5\nllamacpp:tokens_predicted_total 40\nllamacpp:tokens_predicted_seconds_total 2\nllamacpp:n_decode_total 44\n# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 1\nllamacpp:requests_deferred 2\nllamacpp:n_busy_slots_per_decode 1\n";
+
+    #[test]
+    fn llamacpp_signals_are_the_ones_it_has() {
+        let s = parse("llamacpp", LLAMACPP);
+        assert_eq!(s.running_requests, Some(1.0));
+        assert_eq!(s.waiting_requests, Some(2.0));
+        // Not exported: absent, never 0.
+        assert_eq!(s.kv_cache_utilization, None);
+        assert_eq!(s.avg_ttft_seconds, None);
+        assert_eq!(s.p90_itl_seconds, None);
+        // The names an older agent looked for do not exist any more.
+        assert!(!LLAMACPP.contains("kv_cache_usage_ratio"));
+    }
+
+    #[test]
+    fn llamacpp_kv_use_from_its_slots() {
+        // Two slots of 2048: one holds a 300-token prompt and 100 decoded,
+        // the other is empty.
+        let body = br#"[{"id":0,"n_ctx":2048,"is_processing":true,"id_task":7,"n_prompt_tokens":300,"n_prompt_tokens_cache":250,"next_token":[{"has_next_token":true,"n_remain":-1,"n_decoded":100}]},{"id":1,"n_ctx":2048,"is_processing":false}]"#;
+        assert_eq!(kv_from_slots(body), Some(400.0 / 4096.0));
+        // A slot never holds more than its context.
+        let over = br#"[{"n_ctx":10,"n_prompt_tokens":30}]"#;
+        assert_eq!(kv_from_slots(over), Some(1.0));
+        assert_eq!(kv_from_slots(b"[]"), None);
+        assert_eq!(kv_from_slots(br#"{"error":"slots disabled"}"#), None);
+        assert_eq!(kv_from_slots(b"garbage"), None);
+        assert!(kv_from_slots_endpoint("llamacpp") && !kv_from_slots_endpoint("vllm"));
+    }
 
     const VLLM: &str = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\nvllm:num_requests_waiting{model_name=\"m\"} 1\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.42\nvllm:kv_cache_usage_perc{model_name=\"other\"} 0.99\nvllm:time_to_first_token_seconds_bucket{le=\"0.1\"} 5\nvllm:time_to_first_token_seconds_bucket{le=\"0.5\"} 9\nvllm:time_to_first_token_seconds_bucket{le=\"1.0\"} 10\nvllm:time_to_first_token_seconds_bucket{le=\"+Inf\"} 10\nvllm:time_to_first_token_seconds_sum 2.5\nvllm:time_to_first_token_seconds_count 10\nvllm:num_requests_swapped NaN\n";
 
