@@ -33,6 +33,10 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --bins
+# The real engine (llama-server + SmolLM2-135M), cached outside the clone
+# by version: about 7 minutes the first time on 2 cores, a second after.
+# tests/llama_real.rs runs it too; here its build time shows on its own.
+scripts/install-llama.sh
 # One test at a time: the integration tests start real processes and make
 # timing assertions; running them side by side on 2 cores invites flakes.
 cargo test --workspace -- --test-threads=1
