@@ -154,8 +154,7 @@ fn both_apis_through_router_and_agent_count_what_the_engine_reports() {
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["usage"].is_object())
-        .last()
+        .rfind(|v| v["usage"].is_object())
         .expect("a usage chunk");
     engine_input += last["usage"]["prompt_tokens"].as_u64().expect("prompt");
     engine_cached += last["usage"]["prompt_tokens_details"]["cached_tokens"]
