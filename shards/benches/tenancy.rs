@@ -84,6 +84,7 @@ fn main() {
                 t.settle(Settle::Usage(Tokens {
                     input: 18,
                     output: 16,
+                    cached: 0,
                 }));
             }
         }
@@ -102,6 +103,7 @@ fn main() {
                     t.settle(Settle::Usage(Tokens {
                         input: 18,
                         output: 16,
+                        cached: 0,
                     }));
                 }
             }
@@ -126,6 +128,7 @@ fn main() {
                             t.settle(Settle::Usage(Tokens {
                                 input: 18,
                                 output: 16,
+                                cached: 0,
                             }));
                         }
                     }
