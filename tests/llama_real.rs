@@ -209,3 +209,96 @@ fn both_apis_through_router_and_agent_count_what_the_engine_reports() {
     assert!(kv > 0.0 && kv <= 1.0, "KV use from /slots: {e}");
     assert!(e.get("avg_ttft_seconds").is_none(), "absent, never 0: {e}");
 }
+
+/// Bad answers from a real engine: a prompt over the context (`-c 2048`)
+/// gets the engine's own 400 and error body, fast, and is not counted
+/// against the agent (its failures stay 0, so failure gates stay quiet);
+/// a client that leaves mid-stream stops the engine's generation.
+#[test]
+fn a_clients_error_is_the_clients_and_a_departed_client_stops_generation() {
+    use std::io::{Read, Write};
+    let (server, model) = install();
+    let dir = tmpdir("llama-bad");
+    let lport = free_port();
+    let _llama = start_llama(&dir, &server, &model, lport);
+    let r = start_router(&dir, &[], &[]);
+    let _agent = start_agent(
+        &dir,
+        &r,
+        lport,
+        "a.key",
+        &["--engine", "llamacpp", "--warmup", "off"],
+    );
+    wait_until(
+        Duration::from_secs(60),
+        || {
+            routing_table(r.http)["agents"]
+                .as_array()
+                .is_some_and(|a| a.len() == 1)
+        },
+        "agent registered",
+    );
+    let name = agent_of(r.http)["metadata"]["model"]
+        .as_str()
+        .expect("model")
+        .to_string();
+    let huge = "word ".repeat(6000);
+    let body = serde_json::json!({
+        "model": name, "max_tokens": 4,
+        "messages": [{"role": "user", "content": huge}]
+    })
+    .to_string();
+    let t = std::time::Instant::now();
+    let resp = Req::post("/v1/chat/completions", body)
+        .send(r.http)
+        .expect("overflow");
+    assert_eq!(resp.status, 400, "{}", resp.text());
+    assert!(
+        resp.text().contains("context"),
+        "the engine's own error body: {}",
+        resp.text()
+    );
+    assert!(t.elapsed() < Duration::from_secs(30), "nothing hangs");
+    let uni = agent_of(r.http)["universal"].clone();
+    assert_eq!(uni["failed_requests_total"], 0, "not the agent's: {uni}");
+    // A long stream, left after its first event.
+    let long = serde_json::json!({
+        "model": name, "max_tokens": 1500, "stream": true, "temperature": 0,
+        "messages": [{"role": "user", "content": "Count from one to one thousand, one number per line."}]
+    })
+    .to_string();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", r.http)).expect("connect");
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{long}",
+        long.len()
+    )
+    .expect("send");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("data:") {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "stream ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let processing = || {
+        let text = Req::get("/metrics")
+            .send(lport)
+            .map(|r| r.text())
+            .unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix("llamacpp:requests_processing "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    assert_eq!(processing(), Some(1.0), "the engine is generating");
+    drop(s);
+    // 1,500 tokens take many seconds on one thread: back to 0 long
+    // before that means the engine stopped when the client left.
+    let left = std::time::Instant::now();
+    wait_until(
+        Duration::from_secs(5),
+        || processing() == Some(0.0),
+        "generation stopped after the client left",
+    );
+    assert!(left.elapsed() < Duration::from_secs(5));
+}

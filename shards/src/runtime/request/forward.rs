@@ -159,7 +159,11 @@ pub fn record_attempt(
             // Client-visible duration, at the real end of the response.
             let secs = p.received_at.elapsed().as_secs_f64();
             let ok = status < 400;
-            if ok {
+            // A client's own error relayed from the backend (4xx: a prompt
+            // over the context, a bad field) is not the agent's: only 5xx,
+            // transport failures and timeouts count against it (and its
+            // consecutive_failures / success_rate gates).
+            if status < 500 {
                 agent.succeed();
             } else {
                 agent.fail();
