@@ -302,3 +302,56 @@ fn a_clients_error_is_the_clients_and_a_departed_client_stops_generation() {
     );
     assert!(left.elapsed() < Duration::from_secs(5));
 }
+
+/// A killed engine: its agent reports the backend down within seconds and
+/// no request waits out a timeout meanwhile; the engine restarted on the
+/// same port is served again.
+#[test]
+fn a_killed_engine_is_marked_down_and_served_again_after_restart() {
+    let (server, model) = install();
+    let dir = tmpdir("llama-kill");
+    let lport = free_port();
+    let mut llama = start_llama(&dir, &server, &model, lport);
+    let r = start_router(&dir, &[], &[]);
+    let _agent = start_agent(
+        &dir,
+        &r,
+        lport,
+        "a.key",
+        &["--engine", "llamacpp", "--warmup", "off"],
+    );
+    // The agent's report of its engine (`status.healthy` is the link's
+    // liveness; routing needs both).
+    let healthy =
+        |want: bool| routing_table(r.http)["agents"][0]["status"]["backend_healthy"] == want;
+    wait_until(Duration::from_secs(60), || healthy(true), "agent healthy");
+    let name = agent_of(r.http)["metadata"]["model"]
+        .as_str()
+        .expect("model")
+        .to_string();
+    let body = serde_json::json!({
+        "model": name, "max_tokens": 4, "temperature": 0,
+        "messages": [{"role": "user", "content": "Say hi."}]
+    })
+    .to_string();
+    let chat = || {
+        Req::post("/v1/chat/completions", body.clone())
+            .send(r.http)
+            .expect("chat")
+    };
+    assert_eq!(chat().status, 200);
+    llama.kill9();
+    let killed = std::time::Instant::now();
+    // Meanwhile a request fails fast (the connection is refused), it
+    // never waits for --request-timeout (60 s).
+    let t = std::time::Instant::now();
+    let resp = chat();
+    assert!(resp.status >= 500, "{} {}", resp.status, resp.text());
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    wait_until(Duration::from_secs(20), || healthy(false), "backend down");
+    let down_after = killed.elapsed();
+    let _llama2 = start_llama(&dir, &server, &model, lport);
+    wait_until(Duration::from_secs(30), || healthy(true), "backend back");
+    assert_eq!(chat().status, 200, "served again");
+    assert!(down_after < Duration::from_secs(20), "{down_after:?}");
+}
