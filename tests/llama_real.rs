@@ -13,109 +13,16 @@
 //!   `/slots`) and those it lacks stay absent.
 
 mod common;
+use common::llama::*;
 use common::*;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
-
-/// The engine and model paths the install script prints.
-fn install() -> (PathBuf, PathBuf) {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(root.join("scripts/install-llama.sh"))
-        .output()
-        .expect("run scripts/install-llama.sh");
-    assert!(
-        out.status.success(),
-        "scripts/install-llama.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let get = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{k}=")))
-            .map(PathBuf::from)
-            .unwrap_or_else(|| panic!("{k} missing in: {text}"))
-    };
-    (get("LLAMA_SERVER"), get("LLAMA_MODEL"))
-}
-
-/// llama-server on `port`: one thread, a 2048-token context, metrics on.
-fn start_llama(dir: &std::path::Path, server: &PathBuf, model: &PathBuf, port: u16) -> Proc {
-    let log = dir.join(format!("llama-{port}.log"));
-    let f = std::fs::File::create(&log).expect("log");
-    let f2 = f.try_clone().expect("clone");
-    let child = Command::new(server)
-        .args(["-m"])
-        .arg(model)
-        .args([
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "-t",
-            "1",
-            "-c",
-            "2048",
-            "-np",
-            "1",
-            "--metrics",
-        ])
-        .stdout(f)
-        .stderr(f2)
-        .spawn()
-        .expect("spawn llama-server");
-    let p = Proc {
-        child,
-        name: "llama-server".into(),
-        log,
-    };
-    wait_until(
-        Duration::from_secs(120),
-        || {
-            Req::get("/health")
-                .send(port)
-                .map(|r| r.status == 200)
-                .unwrap_or(false)
-        },
-        "llama-server up",
-    );
-    p
-}
-
-fn agent_of(http: u16) -> serde_json::Value {
-    routing_table(http)["agents"][0].clone()
-}
 
 #[test]
 fn both_apis_through_router_and_agent_count_what_the_engine_reports() {
-    let (server, model) = install();
-    let dir = tmpdir("llama-real");
-    let lport = free_port();
-    let _llama = start_llama(&dir, &server, &model, lport);
-    let r = start_router(&dir, &[], &[]);
-    let _agent = start_agent(
-        &dir,
-        &r,
-        lport,
-        "a.key",
-        &["--engine", "llamacpp", "--warmup", "off"],
-    );
-    wait_until(
-        Duration::from_secs(60),
-        || {
-            routing_table(r.http)["agents"]
-                .as_array()
-                .is_some_and(|a| a.len() == 1)
-        },
-        "agent registered",
-    );
+    let st = RealStack::start("llama-real", &[], &[]);
+    let r = &st.router;
     // The model name is the engine's own (discovered from /v1/models).
-    let a0 = agent_of(r.http);
-    let name = a0["model"]
-        .as_str()
-        .or_else(|| a0["metadata"]["model"].as_str())
-        .expect("model name")
-        .to_string();
+    let name = st.model.clone();
     let system = "You are a terse assistant. ".repeat(40);
     let chat = |user: &str, stream: bool| {
         serde_json::json!({
@@ -179,10 +86,10 @@ fn both_apis_through_router_and_agent_count_what_the_engine_reports() {
     // The router counted exactly that.
     wait_until(
         Duration::from_secs(5),
-        || agent_of(r.http)["universal"]["successful_requests_total"] == 4,
+        || st.agent_row()["universal"]["successful_requests_total"] == 4,
         "four successes",
     );
-    let a = agent_of(r.http);
+    let a = st.agent_row();
     let uni = &a["universal"];
     assert_eq!(uni["input_tokens_total"], engine_input, "{a}");
     assert_eq!(uni["cached_prompt_tokens_total"], engine_cached, "{a}");
@@ -199,12 +106,12 @@ fn both_apis_through_router_and_agent_count_what_the_engine_reports() {
     wait_until(
         Duration::from_secs(10),
         || {
-            let e = &agent_of(r.http)["engine"];
+            let e = &st.agent_row()["engine"];
             e["running_requests"].is_number() && e["kv_cache_utilization"].is_number()
         },
         "engine signals",
     );
-    let e = agent_of(r.http)["engine"].clone();
+    let e = st.agent_row()["engine"].clone();
     let kv = e["kv_cache_utilization"].as_f64().unwrap_or(-1.0);
     assert!(kv > 0.0 && kv <= 1.0, "KV use from /slots: {e}");
     assert!(e.get("avg_ttft_seconds").is_none(), "absent, never 0: {e}");
@@ -217,31 +124,8 @@ fn both_apis_through_router_and_agent_count_what_the_engine_reports() {
 #[test]
 fn a_clients_error_is_the_clients_and_a_departed_client_stops_generation() {
     use std::io::{Read, Write};
-    let (server, model) = install();
-    let dir = tmpdir("llama-bad");
-    let lport = free_port();
-    let _llama = start_llama(&dir, &server, &model, lport);
-    let r = start_router(&dir, &[], &[]);
-    let _agent = start_agent(
-        &dir,
-        &r,
-        lport,
-        "a.key",
-        &["--engine", "llamacpp", "--warmup", "off"],
-    );
-    wait_until(
-        Duration::from_secs(60),
-        || {
-            routing_table(r.http)["agents"]
-                .as_array()
-                .is_some_and(|a| a.len() == 1)
-        },
-        "agent registered",
-    );
-    let name = agent_of(r.http)["metadata"]["model"]
-        .as_str()
-        .expect("model")
-        .to_string();
+    let st = RealStack::start("llama-bad", &[], &[]);
+    let (r, lport, name) = (&st.router, st.lport, st.model.clone());
     let huge = "word ".repeat(6000);
     let body = serde_json::json!({
         "model": name, "max_tokens": 4,
@@ -259,7 +143,7 @@ fn a_clients_error_is_the_clients_and_a_departed_client_stops_generation() {
         resp.text()
     );
     assert!(t.elapsed() < Duration::from_secs(30), "nothing hangs");
-    let uni = agent_of(r.http)["universal"].clone();
+    let uni = st.agent_row()["universal"].clone();
     assert_eq!(uni["failed_requests_total"], 0, "not the agent's: {uni}");
     // A long stream, left after its first event.
     let long = serde_json::json!({
@@ -308,27 +192,12 @@ fn a_clients_error_is_the_clients_and_a_departed_client_stops_generation() {
 /// same port is served again.
 #[test]
 fn a_killed_engine_is_marked_down_and_served_again_after_restart() {
-    let (server, model) = install();
-    let dir = tmpdir("llama-kill");
-    let lport = free_port();
-    let mut llama = start_llama(&dir, &server, &model, lport);
-    let r = start_router(&dir, &[], &[]);
-    let _agent = start_agent(
-        &dir,
-        &r,
-        lport,
-        "a.key",
-        &["--engine", "llamacpp", "--warmup", "off"],
-    );
+    let mut st = RealStack::start("llama-kill", &[], &[]);
+    let (http, lport, name) = (st.router.http, st.lport, st.model.clone());
     // The agent's report of its engine (`status.healthy` is the link's
     // liveness; routing needs both).
     let healthy =
-        |want: bool| routing_table(r.http)["agents"][0]["status"]["backend_healthy"] == want;
-    wait_until(Duration::from_secs(60), || healthy(true), "agent healthy");
-    let name = agent_of(r.http)["metadata"]["model"]
-        .as_str()
-        .expect("model")
-        .to_string();
+        |want: bool| routing_table(http)["agents"][0]["status"]["backend_healthy"] == want;
     let body = serde_json::json!({
         "model": name, "max_tokens": 4, "temperature": 0,
         "messages": [{"role": "user", "content": "Say hi."}]
@@ -336,11 +205,11 @@ fn a_killed_engine_is_marked_down_and_served_again_after_restart() {
     .to_string();
     let chat = || {
         Req::post("/v1/chat/completions", body.clone())
-            .send(r.http)
+            .send(http)
             .expect("chat")
     };
     assert_eq!(chat().status, 200);
-    llama.kill9();
+    st.llama.kill9();
     let killed = std::time::Instant::now();
     // Meanwhile a request fails fast (the connection is refused), it
     // never waits for --request-timeout (60 s).
@@ -350,8 +219,170 @@ fn a_killed_engine_is_marked_down_and_served_again_after_restart() {
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     wait_until(Duration::from_secs(20), || healthy(false), "backend down");
     let down_after = killed.elapsed();
-    let _llama2 = start_llama(&dir, &server, &model, lport);
+    let _llama2 = start_llama(&st.dir, lport, &[]);
     wait_until(Duration::from_secs(30), || healthy(true), "backend back");
     assert_eq!(chat().status, 200, "served again");
     assert!(down_after < Duration::from_secs(20), "{down_after:?}");
+}
+
+/// Bad requests that reach a real stack: an unknown model and malformed
+/// JSON get the router's own envelope and never reach the engine; JSON
+/// the router can route but the engine rejects (`messages` not a list)
+/// gets the engine's status and body, and is not the agent's failure.
+#[test]
+fn unknown_models_and_malformed_bodies_get_clear_answers() {
+    let st = RealStack::start("llama-bad-body", &[], &[]);
+    let http = st.router.http;
+    let unknown = serde_json::json!({
+        "model": "no-such-model", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}]
+    })
+    .to_string();
+    let resp = Req::post("/v1/chat/completions", unknown)
+        .send(http)
+        .expect("unknown");
+    assert_eq!(resp.status, 404, "{}", resp.text());
+    assert_eq!(resp.json()["error"]["code"], "model_not_found");
+    let resp = Req::post("/v1/chat/completions", "{\"model\": \"x\", ")
+        .send(http)
+        .expect("malformed");
+    assert_eq!(resp.status, 400, "{}", resp.text());
+    assert_eq!(resp.json()["error"]["code"], "request_invalid");
+    // The engine never saw those two.
+    let served = || {
+        Req::get("/metrics")
+            .send(st.lport)
+            .map(|r| r.text())
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("llamacpp:requests_processing "))
+            .is_some()
+    };
+    assert!(served(), "engine metrics readable");
+    let odd = serde_json::json!({"model": st.model, "max_tokens": 4, "messages": "hi"}).to_string();
+    let t = std::time::Instant::now();
+    let resp = Req::post("/v1/chat/completions", odd)
+        .send(http)
+        .expect("odd");
+    assert!(
+        (400..500).contains(&resp.status) || resp.status == 500,
+        "{} {}",
+        resp.status,
+        resp.text()
+    );
+    assert!(resp.json()["error"].is_object(), "{}", resp.text());
+    assert!(t.elapsed() < Duration::from_secs(10), "nothing hangs");
+    let uni = st.agent_row()["universal"].clone();
+    if resp.status < 500 {
+        assert_eq!(uni["failed_requests_total"], 0, "not the agent's: {uni}");
+    }
+    // And the stack still serves.
+    let ok = serde_json::json!({"model": st.model, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    assert_eq!(
+        Req::post("/v1/chat/completions", ok)
+            .send(http)
+            .expect("ok")
+            .status,
+        200
+    );
+}
+
+/// An embedding server (`--embeddings`, the same model, mean pooling)
+/// behind an agent with `--capability embedding`: `/v1/embeddings`
+/// through the router returns the engine's vectors, exactly.
+#[test]
+fn a_real_embedding_server_serves_embeddings_through_the_router() {
+    let st = RealStack::start(
+        "llama-embed",
+        &["--embeddings", "--pooling", "mean"],
+        &["--capability", "embedding"],
+    );
+    let body = serde_json::json!({"model": st.model, "input": ["the quick brown fox", "hello"]})
+        .to_string();
+    let direct = Req::post("/v1/embeddings", body.clone())
+        .send(st.lport)
+        .expect("direct");
+    assert_eq!(direct.status, 200, "{}", direct.text());
+    let via = Req::post("/v1/embeddings", body)
+        .send(st.router.http)
+        .expect("via router");
+    assert_eq!(via.status, 200, "{}", via.text());
+    let (d, v) = (direct.json(), via.json());
+    let data = v["data"].as_array().expect("data");
+    assert_eq!(data.len(), 2, "{v}");
+    let dim = data[0]["embedding"].as_array().map(Vec::len).unwrap_or(0);
+    assert!(dim > 100, "a real vector: {dim}");
+    assert_eq!(v["data"], d["data"], "the engine's vectors, unchanged");
+    assert_eq!(st.agent_row()["metadata"]["capability"], "embedding");
+    // A chat request is not routed to an embedding agent.
+    let chat = serde_json::json!({"model": st.model, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    let resp = Req::post("/v1/chat/completions", chat)
+        .send(st.router.http)
+        .expect("chat");
+    assert!(resp.status >= 400, "{} {}", resp.status, resp.text());
+}
+
+/// Hold at zero with a real cold start: a request for a model placed
+/// here with `scale_from_zero` and no agent is held; the "autoscaler"
+/// (this test) sees the pending demand and starts llama-server and an
+/// agent; the request is served, and `hivenet_wake_seconds` holds the
+/// wake time, which includes the engine's real start and model load.
+#[test]
+fn a_held_request_is_served_after_a_real_engine_cold_start() {
+    let dir = tmpdir("llama-wake");
+    let r = start_router(&dir, &["--site-id", "a"], &[]);
+    let map = format!(
+        r#"{{"version":"1","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{}"}}],"placements":[{{"site_id":"a","model":"smollm","kind":"chat","scale_from_zero":true,"hold_budget":"120s"}}]}}"#,
+        r.http
+    );
+    let (st, b) = Req::new("PUT", "/admin/sibling-map")
+        .body(map.as_bytes())
+        .bearer(ADMIN_KEY)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("map");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    let http = r.http;
+    let client = std::thread::spawn(move || {
+        let body = serde_json::json!({"model": "smollm", "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": "Say hi."}]})
+        .to_string();
+        Req::post("/v1/chat/completions", body).send(http)
+    });
+    let demand = || metric(r.metrics, "hivenet_pending_demand{model=\"smollm\"}");
+    wait_until(Duration::from_secs(10), || demand() == Some(1.0), "held");
+    // The autoscaler's answer to the demand: a cold engine and its agent.
+    let cold = std::time::Instant::now();
+    let lport = free_port();
+    let _llama = start_llama(&dir, lport, &["--alias", "smollm"]);
+    let load = cold.elapsed();
+    let _agent = start_agent(
+        &dir,
+        &r,
+        lport,
+        "a.key",
+        &["--engine", "llamacpp", "--warmup", "off"],
+    );
+    let resp = client.join().expect("client").expect("response");
+    let woke = cold.elapsed();
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let text = resp.text();
+    let json = serde_json::from_str::<serde_json::Value>(text.trim()).expect("json");
+    assert_eq!(json["object"], "chat.completion", "{text}");
+    wait_until(
+        Duration::from_secs(5),
+        || demand() == Some(0.0),
+        "demand gone",
+    );
+    let wake = metric(r.metrics, "hivenet_wake_seconds{model=\"smollm\"}").expect("wake gauge");
+    // From the first hold to the registration: at least the engine's
+    // cold start, at most the whole wait.
+    assert!(
+        wake >= load.as_secs_f64() && wake <= woke.as_secs_f64() + 1.0,
+        "wake {wake} s, engine load {load:?}, served after {woke:?}"
+    );
 }

@@ -57,6 +57,13 @@ pub struct Opts {
     /// ask for streamed responses (chat and messages)
     #[argh(switch)]
     pub stream: bool,
+    /// send the same prompt every time (an engine's prefix cache then
+    /// holds it, as in a conversation); the default draws a new one
+    #[argh(switch)]
+    pub same_prompt: bool,
+    /// sampling temperature sent in the body (default: none sent)
+    #[argh(option)]
+    pub temperature: Option<f64>,
     /// prompt length in tokens: N or A-B (default 16)
     #[argh(option, default = "String::from(\"16\")")]
     pub prompt_tokens: String,
@@ -91,6 +98,12 @@ pub struct Opts {
     /// no progress line each second
     #[argh(switch)]
     pub quiet: bool,
+    /// closed loop on one connection: also these comma-separated URLs,
+    /// one request to each in turn after --url's (so the targets share
+    /// every moment of the machine); with --requests, that many turns.
+    /// Target k's report goes beside --out as <stem>-<k>.json (k = 1..)
+    #[argh(option)]
+    pub interleave: Option<String>,
 }
 
 fn parse_target(url: &str) -> Result<(SocketAddr, String), String> {
@@ -138,6 +151,13 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
             .map_err(|e| format!("--prompt-tokens: {e}"))?,
         max_tokens: Dist::parse(&opts.max_tokens).map_err(|e| format!("--max-tokens: {e}"))?,
         stream: opts.stream,
+        same_prompt: opts.same_prompt,
+        temperature: match opts.temperature {
+            Some(t) if !(0.0..=2.0).contains(&t) => {
+                return Err("--temperature must be between 0 and 2".into())
+            }
+            t => t,
+        },
     };
     let threads = opts.threads.max(1);
     let cpus: Vec<usize> = match &opts.cpus {
@@ -167,6 +187,74 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
     let progress = Arc::new(Progress::default());
     // Workers start together a little in the future.
     let start = Instant::now() + Duration::from_millis(50);
+    let others: Vec<&str> = opts
+        .interleave
+        .as_deref()
+        .map(|u| {
+            u.split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !others.is_empty() {
+        if mode != "closed" || connections != 1 || threads != 1 {
+            return Err("--interleave takes --connections 1 and one thread".into());
+        }
+        let mut specs = Vec::new();
+        for url in std::iter::once(opts.url.as_str()).chain(others.iter().copied()) {
+            let (addr, host) = parse_target(url)?;
+            specs.push(WorkerSpec {
+                addr,
+                host,
+                template: template.clone(),
+                api_key: opts.api_key.clone(),
+                timeout,
+                max_connections: 1,
+                seed: opts.seed,
+            });
+        }
+        let end = worker::End {
+            until: start + duration,
+            budget,
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Recorder>>();
+        let h = spawn_runtime(
+            "bench-0".into(),
+            cpus.first().copied(),
+            DriverChoice::Auto,
+            move || async move {
+                let _ = tx.send(worker::interleaved(specs, end, start, progress).await);
+            },
+        )
+        .map_err(|e| format!("cannot start worker: {e}"))?;
+        let recs = rx.recv().map_err(|_| "the worker stopped".to_string())?;
+        let _ = h.join();
+        let elapsed = start.elapsed().as_secs_f64();
+        let stem = opts.out.strip_suffix(".json").unwrap_or(&opts.out);
+        let mut first = None;
+        for (k, (rec, url)) in recs
+            .iter()
+            .zip(std::iter::once(opts.url.as_str()).chain(others.iter().copied()))
+            .enumerate()
+        {
+            let mut report =
+                report::build(rec, mode, url, rate, 1, duration.as_secs_f64(), elapsed);
+            report.requests = opts.requests;
+            let path = if k == 0 {
+                opts.out.clone()
+            } else {
+                format!("{stem}-{k}.json")
+            };
+            write_report(&report, &path)?;
+            if k > 0 {
+                print!("{}", report::table(&report));
+                println!("report: {path}");
+            }
+            first.get_or_insert(report);
+        }
+        return first.ok_or_else(|| "no target".to_string());
+    }
     let (tx, rx) = std::sync::mpsc::channel::<Recorder>();
     let mut handles = Vec::new();
     for w in 0..threads {
@@ -252,13 +340,18 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
         elapsed,
     );
     report.requests = opts.requests;
-    let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-    std::fs::write(&opts.out, json).map_err(|e| format!("cannot write {}: {e}", opts.out))?;
-    let svg_path = match opts.out.strip_suffix(".json") {
-        Some(stem) => format!("{stem}.svg"),
-        None => format!("{}.svg", opts.out),
-    };
-    std::fs::write(&svg_path, report::svg(&report))
-        .map_err(|e| format!("cannot write {svg_path}: {e}"))?;
+    write_report(&report, &opts.out)?;
     Ok(report)
+}
+
+/// The JSON report at `path`, its SVG plot beside it.
+fn write_report(report: &Report, path: &str) -> Result<(), String> {
+    let json = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
+    std::fs::write(path, json).map_err(|e| format!("cannot write {path}: {e}"))?;
+    let svg_path = match path.strip_suffix(".json") {
+        Some(stem) => format!("{stem}.svg"),
+        None => format!("{path}.svg"),
+    };
+    std::fs::write(&svg_path, report::svg(report))
+        .map_err(|e| format!("cannot write {svg_path}: {e}"))
 }

@@ -26,8 +26,12 @@ pub struct Recorder {
     pub headers: Histogram<u64>,
     /// From the intended send time to the first SSE event.
     pub first_event: Histogram<u64>,
+    /// From the intended send time to the first event with generated text.
+    pub first_content: Histogram<u64>,
     /// Gaps between SSE events.
     pub gap: Histogram<u64>,
+    /// Gaps between events with generated text (the inter-token gap).
+    pub content_gap: Histogram<u64>,
     /// How late requests were sent against their schedule.
     pub send_lag: Histogram<u64>,
     /// Requests sent.
@@ -49,7 +53,9 @@ impl Default for Recorder {
             service: hist(),
             headers: hist(),
             first_event: hist(),
+            first_content: hist(),
             gap: hist(),
+            content_gap: hist(),
             send_lag: hist(),
             sent: 0,
             ok: 0,
@@ -73,8 +79,12 @@ pub struct Sample {
     pub headers_us: Option<u64>,
     /// Microseconds from intended send to the first event (streams).
     pub first_event_us: Option<u64>,
+    /// Microseconds from intended send to the first event with text.
+    pub first_content_us: Option<u64>,
     /// Gaps between events, microseconds.
     pub gaps_us: Vec<u64>,
+    /// Gaps between events with text, microseconds.
+    pub content_gaps_us: Vec<u64>,
     /// Microseconds the send was late.
     pub lag_us: u64,
     /// HTTP status (0: transport failure).
@@ -98,8 +108,14 @@ impl Recorder {
             if let Some(f) = s.first_event_us {
                 let _ = self.first_event.record(f.max(1));
             }
+            if let Some(f) = s.first_content_us {
+                let _ = self.first_content.record(f.max(1));
+            }
             for g in &s.gaps_us {
                 let _ = self.gap.record((*g).max(1));
+            }
+            for g in &s.content_gaps_us {
+                let _ = self.content_gap.record((*g).max(1));
             }
             while self.timeline.len() <= s.second {
                 self.timeline.push(hist());
@@ -122,7 +138,9 @@ impl Recorder {
         let _ = self.service.add(&o.service);
         let _ = self.headers.add(&o.headers);
         let _ = self.first_event.add(&o.first_event);
+        let _ = self.first_content.add(&o.first_content);
         let _ = self.gap.add(&o.gap);
+        let _ = self.content_gap.add(&o.content_gap);
         let _ = self.send_lag.add(&o.send_lag);
         self.sent += o.sent;
         self.ok += o.ok;
@@ -236,8 +254,12 @@ pub struct Report {
     pub headers: Summary,
     /// Time to the first SSE event.
     pub first_event: Summary,
+    /// Time to the first SSE event with generated text.
+    pub first_content: Summary,
     /// Gaps between SSE events.
     pub event_gap: Summary,
+    /// Gaps between SSE events with generated text.
+    pub content_gap: Summary,
     /// How late sends were against the schedule.
     pub send_lag: Summary,
     /// Per second of the schedule.
@@ -311,7 +333,9 @@ pub fn build(
         service: summary(&rec.service),
         headers: summary(&rec.headers),
         first_event: summary(&rec.first_event),
+        first_content: summary(&rec.first_content),
         event_gap: summary(&rec.gap),
+        content_gap: summary(&rec.content_gap),
         send_lag: summary(&rec.send_lag),
         timeline,
         distribution,
@@ -336,7 +360,9 @@ pub fn table(r: &Report) -> String {
         ("service (from send)", &r.service),
         ("headers", &r.headers),
         ("first event", &r.first_event),
+        ("first content", &r.first_content),
         ("event gap", &r.event_gap),
+        ("content gap", &r.content_gap),
         ("send lag", &r.send_lag),
     ] {
         if s.count == 0 {

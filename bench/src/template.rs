@@ -92,6 +92,10 @@ pub struct Template {
     pub max_tokens: Dist,
     /// Ask for a stream (chat and messages).
     pub stream: bool,
+    /// The same prompt (of the first drawn length) every time.
+    pub same_prompt: bool,
+    /// `temperature`, when given.
+    pub temperature: Option<f64>,
 }
 
 /// One concrete request.
@@ -127,7 +131,12 @@ impl Template {
             self.models[(rng.next_u64() % self.models.len() as u64) as usize].clone()
         };
         let n = self.prompt_tokens.draw(rng);
-        let p = prompt(rng, n);
+        let p = if self.same_prompt {
+            // Its own generator: the same words whatever was drawn before.
+            prompt(&mut Rng::new(1), n)
+        } else {
+            prompt(rng, n)
+        };
         let max = self.max_tokens.draw(rng);
         let v = match self.endpoint {
             Endpoint::Chat => {
@@ -145,6 +154,10 @@ impl Template {
                 json!({"model": model, "query": p, "documents": ["alpha beta", "router token", "lorem ipsum"]})
             }
         };
+        let mut v = v;
+        if let (Some(t), Endpoint::Chat | Endpoint::Messages) = (self.temperature, self.endpoint) {
+            v["temperature"] = json!(t);
+        }
         Request {
             path: self.endpoint.path(),
             body: serde_json::to_vec(&v).unwrap_or_default(),
@@ -171,12 +184,34 @@ mod tests {
                 prompt_tokens: Dist { lo: 3, hi: 9 },
                 max_tokens: Dist { lo: 5, hi: 5 },
                 stream: true,
+                same_prompt: false,
+                temperature: None,
             };
             let r = t.build(&mut rng);
             let v: serde_json::Value = serde_json::from_slice(&r.body).expect("json");
             assert!(v.get(key).is_some());
             assert!(v["model"] == "a" || v["model"] == "b");
         }
+        // Same prompt: equal bodies whatever the generator drew before;
+        // the temperature goes into chat bodies.
+        let t = Template {
+            endpoint: Endpoint::Chat,
+            models: vec!["a".into()],
+            prompt_tokens: Dist { lo: 8, hi: 8 },
+            max_tokens: Dist { lo: 4, hi: 4 },
+            stream: true,
+            same_prompt: true,
+            temperature: Some(0.0),
+        };
+        let (a, b) = (t.build(&mut rng), t.build(&mut rng));
+        assert_eq!(a, b);
+        let v: serde_json::Value = serde_json::from_slice(&a.body).expect("json");
+        assert_eq!(v["temperature"], 0.0);
+        let other = Template {
+            same_prompt: false,
+            ..t.clone()
+        };
+        assert_ne!(other.build(&mut rng), other.build(&mut rng));
         assert_eq!(Dist::parse("10-20").expect("ok"), Dist { lo: 10, hi: 20 });
         assert!(Dist::parse("20-10").is_err());
     }

@@ -98,6 +98,8 @@ struct Exchange {
     status: u16,
     headers_at: Instant,
     events: Vec<Instant>,
+    /// When each event with generated text ended.
+    content_events: Vec<Instant>,
     code: Option<String>,
     reusable: bool,
 }
@@ -111,29 +113,57 @@ fn error_code(body: &[u8]) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Count SSE event ends (`\n\n`) in `data`, carrying a trailing `\n`.
-fn count_events(data: &[u8], carry_nl: &mut bool) -> usize {
-    let mut n = 0;
-    for b in data {
-        if *b == b'\n' {
-            if *carry_nl {
-                n += 1;
-                *carry_nl = false;
-            } else {
-                *carry_nl = true;
+/// Reads SSE events as they arrive: counts event ends (`\n\n`, a
+/// trailing `\n` carried to the next read) and tells whether an ended
+/// event carried generated text (an OpenAI delta with a string
+/// `"content"`, or an Anthropic `text_delta`): engines send a role-only
+/// event first, so the first event is not the first token.
+#[derive(Default)]
+struct EventScan {
+    carry_nl: bool,
+    /// The event read so far.
+    current: Vec<u8>,
+}
+
+impl EventScan {
+    /// Event ends in `data`, and how many of them had content.
+    fn feed(&mut self, data: &[u8]) -> (usize, usize) {
+        let (mut ends, mut content) = (0, 0);
+        for b in data {
+            self.current.push(*b);
+            if *b == b'\n' {
+                if self.carry_nl {
+                    ends += 1;
+                    self.carry_nl = false;
+                    content += usize::from(has_content(&self.current));
+                    self.current.clear();
+                } else {
+                    self.carry_nl = true;
+                }
+            } else if *b != b'\r' {
+                self.carry_nl = false;
             }
-        } else if *b != b'\r' {
-            *carry_nl = false;
         }
+        (ends, content)
     }
-    n
+}
+
+fn has_content(event: &[u8]) -> bool {
+    let find = |needle: &[u8]| event.windows(needle.len()).any(|w| w == needle);
+    find(b"\"content\":\"") || find(b"\"text_delta\"")
 }
 
 async fn exchange(conn: &mut Conn, rest: Vec<u8>) -> io::Result<Exchange> {
     if !rest.is_empty() {
         conn.write_all(rest).await?;
     }
-    let head = conn.read_response_head().await?;
+    let head = match conn.read_response_head().await {
+        Ok(h) => h,
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && conn.buf.is_empty() => {
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, e))
+        }
+        Err(e) => return Err(e),
+    };
     let headers_at = Instant::now();
     let sse = head.is_event_stream();
     let keep = !head
@@ -151,12 +181,14 @@ async fn exchange(conn: &mut Conn, rest: Vec<u8>) -> io::Result<Exchange> {
             status: head.status,
             headers_at,
             events: Vec::new(),
+            content_events: Vec::new(),
             code,
             reusable: keep && head.framing != BodyFraming::UntilClose,
         });
     }
     let mut events = Vec::new();
-    let mut carry = false;
+    let mut content_events = Vec::new();
+    let mut scan = EventScan::default();
     let mut dec = ChunkedDecoder::new();
     let mut remaining = match head.framing {
         BodyFraming::Length(n) => n,
@@ -179,9 +211,9 @@ async fn exchange(conn: &mut Conn, rest: Vec<u8>) -> io::Result<Exchange> {
             }
         }
         let now = Instant::now();
-        for _ in 0..count_events(&payload, &mut carry) {
-            events.push(now);
-        }
+        let (ends, content) = scan.feed(&payload);
+        events.extend(std::iter::repeat_n(now, ends));
+        content_events.extend(std::iter::repeat_n(now, content));
         payload.clear();
         let done = match head.framing {
             BodyFraming::Chunked => dec.is_done(),
@@ -203,6 +235,7 @@ async fn exchange(conn: &mut Conn, rest: Vec<u8>) -> io::Result<Exchange> {
         status: head.status,
         headers_at,
         events,
+        content_events,
         code: None,
         reusable: keep && head.framing != BodyFraming::UntilClose,
     })
@@ -260,7 +293,8 @@ fn top_up(ctx: &Rc<Ctx>) {
 // an allocation per request for nothing.
 #[allow(clippy::large_enum_variant)]
 enum Slot {
-    Ready(Conn),
+    /// A connection, and whether it served a request before.
+    Ready(Conn, bool),
     /// The connect failed.
     Failed,
     /// At the cap with none idle.
@@ -268,8 +302,16 @@ enum Slot {
 }
 
 async fn take_or_open(ctx: &Ctx) -> Slot {
-    if let Some(c) = ctx.pool.borrow_mut().pop() {
-        return Slot::Ready(c);
+    loop {
+        let Some(c) = ctx.pool.borrow_mut().pop() else {
+            break;
+        };
+        // Closed while idle (llama.cpp closes after a stream): a client
+        // opens a new one, it does not send into a dead connection.
+        if !shards::runtime::wire::handoff::peer_gone(&c.stream) {
+            return Slot::Ready(c, true);
+        }
+        ctx.open.set(ctx.open.get() - 1);
     }
     if ctx.open.get() >= ctx.spec.max_connections {
         return Slot::Full;
@@ -278,7 +320,7 @@ async fn take_or_open(ctx: &Ctx) -> Slot {
     match monoio::net::TcpStream::connect(ctx.spec.addr).await {
         Ok(s) => {
             ctx.spare_failed.set(false);
-            Slot::Ready(Conn::new(s, Vec::new()))
+            Slot::Ready(Conn::new(s, Vec::new()), false)
         }
         Err(_) => {
             ctx.open.set(ctx.open.get() - 1);
@@ -290,9 +332,9 @@ async fn take_or_open(ctx: &Ctx) -> Slot {
 /// One request: take or open a connection (waiting for a slot at the
 /// cap; the wait counts as send lag), send, measure, record.
 async fn one(ctx: Rc<Ctx>, bytes: Vec<u8>, intended: Instant) {
-    let conn = loop {
+    let (conn, reused) = loop {
         match take_or_open(&ctx).await {
-            Slot::Ready(c) => break c,
+            Slot::Ready(c, reused) => break (c, reused),
             Slot::Failed => {
                 finish(&ctx, intended, intended, None, 0, Some("connect".into()));
                 return;
@@ -300,8 +342,39 @@ async fn one(ctx: Rc<Ctx>, bytes: Vec<u8>, intended: Instant) {
             Slot::Full => monoio::time::sleep(Duration::from_millis(1)).await,
         }
     };
+    // A reused connection the server closed before our bytes reached it
+    // (its close raced the peek above) is sent again on a new one, as
+    // clients do for an idempotent retry; a new one that does this fails.
+    let again = reused.then(|| bytes.clone());
     let (sent_at, rest) = send_first(&ctx, &conn, bytes);
-    complete(ctx, conn, rest, intended, sent_at).await;
+    let Err(conn) = complete(&ctx, conn, rest, intended, sent_at).await else {
+        return;
+    };
+    drop(conn);
+    ctx.open.set(ctx.open.get() - 1);
+    let retried = match (again, take_or_open(&ctx).await) {
+        (Some(bytes), Slot::Ready(c, _)) => {
+            ctx.progress.sent.fetch_sub(1, Ordering::Relaxed);
+            let (sent_at, rest) = send_first(&ctx, &c, bytes);
+            complete(&ctx, c, rest, intended, sent_at).await
+        }
+        (_, Slot::Ready(c, _)) => Err(c),
+        _ => {
+            finish(&ctx, intended, sent_at, None, 0, Some("connect".into()));
+            return;
+        }
+    };
+    if let Err(c) = retried {
+        cut(&ctx, c, intended, sent_at);
+    }
+}
+
+/// A connection closed before any byte of its response: dropped, and the
+/// request recorded as cut.
+fn cut(ctx: &Ctx, conn: Conn, intended: Instant, sent_at: Instant) {
+    drop(conn);
+    ctx.open.set(ctx.open.get() - 1);
+    finish(ctx, intended, sent_at, None, 0, Some("cut".into()));
 }
 
 /// Send what the socket takes now, with one system call: through the
@@ -321,16 +394,19 @@ fn send_first(ctx: &Ctx, conn: &Conn, bytes: Vec<u8>) -> (Instant, Vec<u8>) {
 }
 
 /// The rest of a sent request: its response, measured and recorded.
+/// `Err(conn)`: the server closed the connection before any byte of a
+/// response (nothing recorded; the caller may send again).
 async fn complete(
-    ctx: Rc<Ctx>,
+    ctx: &Ctx,
     mut conn: Conn,
     rest: Vec<u8>,
     intended: Instant,
     sent_at: Instant,
-) {
+) -> Result<(), Conn> {
     match monoio::time::timeout(ctx.spec.timeout, exchange(&mut conn, rest)).await {
+        Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionAborted => return Err(conn),
         Ok(Ok(x)) => {
-            finish(&ctx, intended, sent_at, Some(&x), x.status, x.code.clone());
+            finish(ctx, intended, sent_at, Some(&x), x.status, x.code.clone());
             if x.reusable {
                 ctx.pool.borrow_mut().push(conn);
             } else {
@@ -345,9 +421,10 @@ async fn complete(
                 Ok(Err(_)) => "io",
                 _ => "timeout",
             };
-            finish(&ctx, intended, sent_at, None, 0, Some(code.into()));
+            finish(ctx, intended, sent_at, None, 0, Some(code.into()));
         }
     }
+    Ok(())
 }
 
 fn finish(
@@ -374,6 +451,12 @@ fn finish(
         if let Some(first) = x.events.first() {
             s.first_event_us = Some(us(intended, *first));
         }
+        s.first_content_us = x.content_events.first().map(|t| us(intended, *t));
+        s.content_gaps_us = x
+            .content_events
+            .windows(2)
+            .map(|w| us(w[0], w[1]))
+            .collect();
         s.gaps_us = x.events.windows(2).map(|w| us(w[0], w[1])).collect();
     }
     if (200..300).contains(&status) {
@@ -435,7 +518,7 @@ pub async fn open_loop(
         if ready.is_none() {
             // A failed connect or a full pool is left to the request's
             // own task at its time (it records the failure or waits).
-            if let Slot::Ready(c) = take_or_open(&ctx).await {
+            if let Slot::Ready(c, _) = take_or_open(&ctx).await {
                 ready = Some(c);
             }
         }
@@ -447,7 +530,9 @@ pub async fn open_loop(
             Some(conn) => {
                 let (sent_at, rest) = send_first(&ctx, &conn, bytes);
                 drop(monoio::spawn(async move {
-                    complete(c, conn, rest, intended, sent_at).await;
+                    if let Err(conn) = complete(&c, conn, rest, intended, sent_at).await {
+                        cut(&c, conn, intended, sent_at);
+                    }
                     done.set(done.get() - 1);
                 }));
             }
@@ -471,6 +556,41 @@ pub async fn open_loop(
         monoio::time::sleep(Duration::from_millis(1)).await;
     }
     into_recorder(ctx)
+}
+
+/// Closed loop over several targets on one connection each: one request
+/// to each in turn (each turn starting one target further), so a drift of
+/// the machine falls on every target alike.
+/// One turn (a request to every target) takes one request of the budget.
+pub async fn interleaved(
+    specs: Vec<WorkerSpec>,
+    end: End,
+    start: Instant,
+    progress: Arc<Progress>,
+) -> Vec<Recorder> {
+    let mut turns: Vec<(Rc<Ctx>, Rng)> = specs
+        .into_iter()
+        .map(|spec| {
+            let rng = Rng::new(spec.seed);
+            (context(spec, start, progress.clone()), rng)
+        })
+        .collect();
+    let n = turns.len();
+    let mut turn = 0;
+    while Instant::now() < end.until && end.take() {
+        // Each turn starts one target further: none always follows the same one.
+        for k in 0..n {
+            if let Some((ctx, rng)) = turns.get_mut((turn + k) % n) {
+                let bytes = request_bytes(&ctx.spec, rng);
+                one(ctx.clone(), bytes, Instant::now()).await;
+            }
+        }
+        turn += 1;
+    }
+    turns
+        .into_iter()
+        .map(|(ctx, _)| into_recorder(ctx))
+        .collect()
 }
 
 /// Closed loop: `connections` connections, each sending back to back until `until`.
@@ -518,8 +638,16 @@ mod tests {
 
     #[test]
     fn events_across_reads() {
-        let mut carry = false;
-        assert_eq!(count_events(b"data: a\n\ndata: b\n", &mut carry), 1);
-        assert_eq!(count_events(b"\ndata: c\r\n\r\n", &mut carry), 2);
+        let mut scan = EventScan::default();
+        assert_eq!(scan.feed(b"data: a\n\ndata: b\n"), (1, 0));
+        assert_eq!(scan.feed(b"\ndata: c\r\n\r\n"), (2, 0));
+        // A role-only event is not content; a split content event counts
+        // when it ends, not before.
+        let role = b"data: {\"delta\":{\"role\":\"assistant\",\"content\":null}}\n\n";
+        assert_eq!(scan.feed(role), (1, 0));
+        assert_eq!(scan.feed(b"data: {\"delta\":{\"content\":\"I"), (0, 0));
+        assert_eq!(scan.feed(b"\"}}\n\n"), (1, 1));
+        let anthropic = b"event: content_block_delta\ndata: {\"delta\":{\"type\":\"text_delta\",\"text\":\"a\"}}\n\n";
+        assert_eq!(scan.feed(anthropic), (1, 1));
     }
 }

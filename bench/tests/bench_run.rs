@@ -66,6 +66,9 @@ fn opts(port: u16, out: &str) -> bench::Opts {
         seed: 7,
         out: std::env::temp_dir().join(out).to_string_lossy().to_string(),
         quiet: true,
+        same_prompt: false,
+        temperature: None,
+        interleave: None,
     }
 }
 
@@ -111,6 +114,37 @@ fn short_run_report_adds_up() {
     assert_eq!(back.sent, r.sent);
     let svg = std::fs::read_to_string(o.out.replace(".json", ".svg")).expect("svg");
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
+}
+
+/// Interleaved targets: one request each in turn, a report each; the
+/// slower target's first content comes later; the counts are exact.
+#[test]
+fn interleaved_targets_get_a_report_each() {
+    let (_fast, fast) = sim(&["--ttft", "1ms", "--itl", "1ms"]);
+    let (_slow, slow) = sim(&["--ttft", "30ms", "--itl", "1ms"]);
+    let mut o = opts(fast, &format!("bench-turns-{fast}.json"));
+    o.connections = Some(1);
+    o.requests = Some(12);
+    o.duration = Some("20s".into());
+    o.stream = true;
+    o.same_prompt = true;
+    o.interleave = Some(format!("http://127.0.0.1:{slow}"));
+    let r = bench::run(&o).expect("run");
+    assert_eq!((r.sent, r.ok), (12, 12), "{r:?}");
+    let other = o.out.replace(".json", "-1.json");
+    let text = std::fs::read_to_string(&other).expect("the second target's report");
+    let s: bench::report::Report = serde_json::from_str(&text).expect("parse");
+    assert_eq!((s.sent, s.ok), (12, 12));
+    assert_eq!(r.first_content.count, 12, "every stream had content");
+    assert!(
+        s.first_content.p50 > r.first_content.p50 + 20.0,
+        "fast {:?} slow {:?}",
+        r.first_content,
+        s.first_content
+    );
+    assert!(r.content_gap.count > 0 && ordered(&r.content_gap));
+    o.connections = Some(2);
+    assert!(bench::run(&o).is_err(), "one connection only");
 }
 
 #[test]

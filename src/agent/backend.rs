@@ -75,12 +75,47 @@ impl BackendUrl {
 /// Idle connections kept per backend.
 const MAX_IDLE: usize = 64;
 
-thread_local! {
-    static IDLE: RefCell<HashMap<String, Vec<Conn>>> = RefCell::new(HashMap::new());
+/// What the agent keeps per backend: its idle connections, and whether
+/// the backend closes a connection after a streamed response although it
+/// announced keep-alive (llama.cpp's server does). Once that is seen, a
+/// streamed response's connection is not kept: a new one is opened in the
+/// background as the stream ends, so the next request neither sends into
+/// a dead connection (a write, a read of the end and a reconnect on its
+/// path) nor waits for a connect.
+#[derive(Default)]
+struct Pool {
+    /// Idle connections; `true`: it carried a streamed response.
+    idle: Vec<(Conn, bool)>,
+    closes_after_stream: bool,
+    /// A background connect is on its way.
+    connecting: bool,
 }
 
-fn take_idle(url: &BackendUrl) -> Option<Conn> {
-    IDLE.with(|m| m.borrow_mut().get_mut(&url.authority).and_then(Vec::pop))
+thread_local! {
+    static POOLS: RefCell<HashMap<String, Pool>> = RefCell::new(HashMap::new());
+}
+
+fn with_pool<R>(url: &BackendUrl, f: impl FnOnce(&mut Pool) -> R) -> R {
+    POOLS.with(|m| {
+        let mut m = m.borrow_mut();
+        // Looked up before inserting: the key is copied once per backend.
+        if let Some(p) = m.get_mut(&url.authority) {
+            return f(p);
+        }
+        f(m.entry(url.authority.clone()).or_default())
+    })
+}
+
+fn take_idle(url: &BackendUrl) -> Option<(Conn, bool)> {
+    with_pool(url, |p| p.idle.pop())
+}
+
+fn keep(url: &BackendUrl, conn: Conn, after_stream: bool) {
+    with_pool(url, |p| {
+        if p.idle.len() < MAX_IDLE {
+            p.idle.push((conn, after_stream));
+        }
+    });
 }
 
 /// Return a connection whose response was read to its end, unless the
@@ -93,17 +128,35 @@ pub fn release(url: &BackendUrl, conn: Conn, head: &ResponseHead) {
     if closes || head.framing == BodyFraming::UntilClose || !conn.buf.is_empty() {
         return;
     }
-    IDLE.with(|m| {
-        let mut m = m.borrow_mut();
-        // Looked up before inserting: the key is copied only once.
-        match m.get_mut(&url.authority) {
-            Some(v) if v.len() < MAX_IDLE => v.push(conn),
-            Some(_) => {}
-            None => {
-                m.insert(url.authority.clone(), vec![conn]);
+    let stream = head.is_event_stream();
+    if stream && with_pool(url, |p| p.closes_after_stream) {
+        drop(conn);
+        connect_ahead(url);
+        return;
+    }
+    keep(url, conn, stream);
+}
+
+/// Open a connection in the background for the next request, unless one
+/// is idle or on its way.
+fn connect_ahead(url: &BackendUrl) {
+    let start = with_pool(url, |p| {
+        let start = p.idle.is_empty() && !p.connecting;
+        p.connecting |= start;
+        start
+    });
+    if !start {
+        return;
+    }
+    let url = url.clone();
+    drop(monoio::spawn(async move {
+        if let Ok(addr) = url.resolve() {
+            if let Ok(stream) = monoio::net::TcpStream::connect(addr).await {
+                keep(&url, Conn::new(stream, Vec::new()), false);
             }
         }
-    });
+        with_pool(&url, |p| p.connecting = false);
+    }));
 }
 
 async fn write_request(
@@ -146,7 +199,7 @@ pub async fn request(
     headers: &Headers,
     body: &[u8],
 ) -> io::Result<(Conn, ResponseHead)> {
-    if let Some(mut conn) = take_idle(url) {
+    if let Some((mut conn, after_stream)) = take_idle(url) {
         if write_request(&mut conn, url, method, path, headers, body)
             .await
             .is_ok()
@@ -160,9 +213,16 @@ pub async fn request(
                             io::ErrorKind::UnexpectedEof
                                 | io::ErrorKind::ConnectionReset
                                 | io::ErrorKind::BrokenPipe
-                        ) => {}
+                        ) =>
+                {
+                    if after_stream {
+                        with_pool(url, |p| p.closes_after_stream = true);
+                    }
+                }
                 Err(e) => return Err(e),
             }
+        } else if after_stream {
+            with_pool(url, |p| p.closes_after_stream = true);
         }
     }
     let addr = url.resolve()?;

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod latency;
+pub mod llama;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

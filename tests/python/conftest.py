@@ -111,3 +111,28 @@ def fleet():
             yield f
         finally:
             f.close()
+
+
+def install_llama():
+    """The engine and model the project's install script prints (built
+    once, cached outside the clone)."""
+    out = subprocess.run([os.path.join(ROOT, "scripts", "install-llama.sh")], check=True,
+                         capture_output=True, text=True).stdout
+    got = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return got["LLAMA_SERVER"], got["LLAMA_MODEL"]
+
+
+class Engine:
+    """A real llama-server (one thread, 2048-token context, one slot)."""
+
+    def __init__(self, fleet, *extra):
+        server, model = install_llama()
+        self.port = free_port()
+        log = open(os.path.join(fleet.tmp, f"llama-{self.port}.log"), "w")
+        self.proc = subprocess.Popen([server, "-m", model, "--host", "127.0.0.1", "--port", str(self.port), "-t", "1",
+                                      "-c", "2048", "-np", "1", "--metrics", *extra],
+                                     stdout=log, stderr=subprocess.STDOUT)
+        fleet.procs.append(self.proc)
+        wait_until(lambda: get_json(f"http://127.0.0.1:{self.port}/health")[0] == 200, "llama-server", limit=120)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.model = get_json(f"{self.base}/v1/models")[1]["data"][0]["id"]

@@ -45,6 +45,25 @@ pub fn send_now(stream: &monoio::net::TcpStream, bytes: &[u8]) -> std::io::Resul
     socket2::SockRef::from(&fd).send_with_flags(bytes, libc::MSG_DONTWAIT)
 }
 
+/// Whether an idle socket's peer has closed it (or sent bytes nobody
+/// asked for): one `recv` with `MSG_PEEK | MSG_DONTWAIT`. A keep-alive
+/// client checks this before it reuses a connection, as HTTP clients do:
+/// some servers (llama.cpp's) close after a streamed response although
+/// they announce keep-alive.
+#[allow(unsafe_code)]
+pub fn peer_gone(stream: &monoio::net::TcpStream) -> bool {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    // SAFETY: the descriptor is open for the whole borrow (`stream` lives).
+    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    match socket2::SockRef::from(&fd)
+        .recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+    {
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        Ok(_) => true,
+    }
+}
+
 /// Shut both directions of a socket that is still open but owned
 /// elsewhere (a link socket whose read is in flight in the runtime): the
 /// peer sees the end at once and the pending read completes.
