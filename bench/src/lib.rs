@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod hold_client;
+pub mod prefix_cache;
 pub mod report;
 pub mod schedule;
 pub mod sim;

@@ -45,6 +45,10 @@ pub struct SimConfig {
     /// Remember each inference request's trace headers (off by default:
     /// the simulator is also the benchmarks' minimal backend).
     pub record_traces: bool,
+    /// Prefix cache capacity in tokens (0: no cache).
+    pub prefix_cache_tokens: u64,
+    /// Time to first token added per uncached prompt token.
+    pub prefill_per_token: Duration,
 }
 
 /// Counters shared by the simulator's threads.
@@ -70,6 +74,13 @@ pub struct SimStats {
     /// last (`GET /sim/trace_headers`: tests check what reached the
     /// backend).
     pub traces: std::sync::Mutex<std::collections::VecDeque<TraceSeen>>,
+    /// The prefix cache (shared by the threads, as an engine's is).
+    pub prefix: std::sync::Mutex<crate::prefix_cache::PrefixCache>,
+    /// Prompt tokens looked up in the prefix cache (vLLM's
+    /// `prefix_cache_queries`).
+    pub prefix_queries: AtomicU64,
+    /// Of those, tokens found (`prefix_cache_hits`).
+    pub prefix_hits: AtomicU64,
 }
 
 /// How many requests' trace headers the simulator remembers.
@@ -157,7 +168,12 @@ pub fn run(addr: SocketAddr, threads: usize, cfg: SimConfig) -> std::io::Result<
     if let Some(l) = listeners.first() {
         tracing::info!(addr = %l.local_addr()?, model = %cfg.model, ttft = ?cfg.ttft, itl = ?cfg.itl, tokens = cfg.output_tokens, "hivenet-sim listening");
     }
-    let stats = Arc::new(SimStats::default());
+    let stats = Arc::new(SimStats {
+        prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(
+            cfg.prefix_cache_tokens,
+        )),
+        ..SimStats::default()
+    });
     stats
         .kv_bits
         .store(cfg.kv_cache_usage.to_bits(), Ordering::Relaxed);
@@ -271,6 +287,60 @@ fn input_tokens(body: &[u8]) -> u64 {
     (body.len() as u64 / 4).max(1)
 }
 
+#[derive(Deserialize)]
+struct PromptParts {
+    #[serde(default)]
+    system: Option<Value>,
+    #[serde(default)]
+    messages: Option<Value>,
+}
+
+/// Prompt tokens read from the prefix cache (0 without one), counted in
+/// the vLLM-style metrics; and the time to first token for the rest.
+fn prefill(sim: &Sim, body: &[u8], prompt: u64) -> (u64, Duration) {
+    let mut cached = 0;
+    if sim.cfg.prefix_cache_tokens > 0 {
+        // The prompt as an engine's chat template renders it: role and
+        // content of the system prompt and each message in order, the
+        // same for both API shapes (the body's other fields change
+        // between turns and are not part of it).
+        if let Ok(p) = serde_json::from_slice::<PromptParts>(body) {
+            let mut text = String::new();
+            let mut turn = |role: &str, content: &Value| {
+                text.push_str(role);
+                text.push('\n');
+                match content.as_str() {
+                    Some(c) => text.push_str(c),
+                    None => text.push_str(&content.to_string()),
+                }
+                text.push('\n');
+            };
+            if let Some(sys) = &p.system {
+                turn("system", sys);
+            }
+            for m in p
+                .messages
+                .as_ref()
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+                turn(role, m.get("content").unwrap_or(&Value::Null));
+            }
+            if let Ok(mut c) = sim.stats.prefix.lock() {
+                cached = c.lookup_and_keep(text.as_bytes()).min(prompt);
+            }
+        }
+        sim.stats
+            .prefix_queries
+            .fetch_add(prompt, Ordering::Relaxed);
+        sim.stats.prefix_hits.fetch_add(cached, Ordering::Relaxed);
+    }
+    let uncached = u32::try_from(prompt - cached).unwrap_or(u32::MAX);
+    (cached, sim.cfg.ttft + sim.cfg.prefill_per_token * uncached)
+}
+
 async fn handle(
     sim: &Sim,
     conn: &mut Conn,
@@ -323,10 +393,12 @@ async fn handle(
         ("GET", "/metrics") => {
             let s = &sim.stats;
             let text = format!(
-                "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{m}\"}} {}\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"{m}\"}} 0\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"{m}\"}} {kv}\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{{finished_reason=\"stop\",model_name=\"{m}\"}} {}\n# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{model_name=\"{m}\"}} {}\n",
+                "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{m}\"}} {}\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"{m}\"}} 0\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"{m}\"}} {kv}\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{{finished_reason=\"stop\",model_name=\"{m}\"}} {}\n# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{model_name=\"{m}\"}} {}\n# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total{{model_name=\"{m}\"}} {}\n# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{{model_name=\"{m}\"}} {}\n",
                 s.running.load(Ordering::Relaxed),
                 s.success.load(Ordering::Relaxed),
                 s.generated.load(Ordering::Relaxed),
+                s.prefix_queries.load(Ordering::Relaxed),
+                s.prefix_hits.load(Ordering::Relaxed),
                 m = sim.cfg.model,
                 kv = f64::from_bits(s.kv_bits.load(Ordering::Relaxed))
             );
@@ -422,21 +494,26 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         .map(|m| m.min(sim.cfg.output_tokens))
         .unwrap_or(sim.cfg.output_tokens);
     let prompt = input_tokens(body);
+    let (cached, ttft) = prefill(sim, body, prompt);
     let id = "chatcmpl-sim";
     let model = &sim.cfg.model;
     sim.stats
         .generated
         .fetch_add(u64::from(n), Ordering::Relaxed);
+    let mut usage = json!({"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + u64::from(n)});
+    if sim.cfg.prefix_cache_tokens > 0 {
+        usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
+    }
     if !req.stream {
-        sleep(sim.cfg.ttft + sim.cfg.itl * n.saturating_sub(1)).await;
+        sleep(ttft + sim.cfg.itl * n.saturating_sub(1)).await;
         let v = json!({
             "id": id, "object": "chat.completion", "created": 0, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": generated_text(n)}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + u64::from(n)}
+            "usage": usage
         });
         return reply_json(conn, 200, &v, keep).await;
     }
-    sleep(sim.cfg.ttft).await;
+    sleep(ttft).await;
     let mut out = Vec::with_capacity(1024);
     let headers: [(&str, &[u8]); 2] = [
         ("Content-Type", b"text/event-stream"),
@@ -462,7 +539,7 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
     http_write::write_chunk(&mut out, format!("data: {fin}\n\n").as_bytes());
     if req.stream_options.map(|o| o.include_usage).unwrap_or(false) {
         let u = json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + u64::from(n)}});
+            "usage": usage});
         http_write::write_chunk(&mut out, format!("data: {u}\n\n").as_bytes());
     }
     http_write::write_chunk(&mut out, b"data: [DONE]\n\n");
@@ -479,26 +556,33 @@ async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         .max_tokens
         .map(|m| m.min(sim.cfg.output_tokens))
         .unwrap_or(sim.cfg.output_tokens);
-    let prompt = input_tokens(body);
+    let all = input_tokens(body);
+    let (cached, ttft) = prefill(sim, body, all);
+    // Anthropic counts cache reads apart from input_tokens.
+    let prompt = all - cached;
     let model = &sim.cfg.model;
     sim.stats
         .generated
         .fetch_add(u64::from(n), Ordering::Relaxed);
     if !req.stream {
-        sleep(sim.cfg.ttft + sim.cfg.itl * n.saturating_sub(1)).await;
+        sleep(ttft + sim.cfg.itl * n.saturating_sub(1)).await;
+        let mut usage = json!({"input_tokens": prompt, "output_tokens": n});
+        if sim.cfg.prefix_cache_tokens > 0 {
+            usage["cache_read_input_tokens"] = json!(cached);
+        }
         let v = json!({"id": "msg_sim", "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": generated_text(n)}], "stop_reason": "end_turn", "stop_sequence": null,
-            "usage": {"input_tokens": prompt, "output_tokens": n}});
+            "usage": usage});
         return reply_json(conn, 200, &v, keep).await;
     }
-    sleep(sim.cfg.ttft).await;
+    sleep(ttft).await;
     let mut out = Vec::with_capacity(2048);
     let headers: [(&str, &[u8]); 1] = [("Content-Type", b"text/event-stream")];
     http_write::write_response_head(&mut out, 200, headers, OutFraming::Chunked, keep, &[]);
     let ev = |name: &str, v: Value| format!("event: {name}\ndata: {v}\n\n");
     let start = ev(
         "message_start",
-        json!({"type": "message_start", "message": {"id": "msg_sim", "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": prompt, "output_tokens": 1}}}),
+        json!({"type": "message_start", "message": {"id": "msg_sim", "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": prompt, "output_tokens": 1, "cache_read_input_tokens": cached}}}),
     );
     http_write::write_chunk(&mut out, start.as_bytes());
     http_write::write_chunk(&mut out, ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})).as_bytes());

@@ -282,3 +282,72 @@ fn open_loop_reads_responses_while_it_waits_to_send() {
     let n = accepted.load(std::sync::atomic::Ordering::SeqCst);
     assert!(n <= 32, "{n} connections for {} requests", r.sent);
 }
+
+/// The simulator's prefix cache: a second request sharing a long system
+/// prompt reports its cached tokens (OpenAI and Anthropic shapes), pays
+/// prefill only for the rest, and the vLLM prefix-cache counters move.
+#[test]
+fn the_sim_prefix_cache_reports_and_skips_cached_prefill() {
+    use std::io::{Read, Write};
+    let (_s, port) = sim(&[
+        "--prefix-cache-tokens",
+        "100000",
+        "--prefill-per-token",
+        "1ms",
+    ]);
+    let post = |path: &str, body: String| -> (Duration, serde_json::Value) {
+        let t = std::time::Instant::now();
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        write!(
+            c,
+            "POST {path} HTTP/1.1\r\nHost: s\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("write");
+        let mut out = String::new();
+        c.read_to_string(&mut out).expect("read");
+        let json = out.split("\r\n\r\n").nth(1).unwrap_or("");
+        (t.elapsed(), serde_json::from_str(json).expect("json body"))
+    };
+    let system = "You are a terse assistant. ".repeat(40);
+    let chat = |user: &str| {
+        serde_json::json!({"model": "sim-model", "max_tokens": 2,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+        .to_string()
+    };
+    let (cold, a) = post("/v1/chat/completions", chat("Say hi."));
+    let (warm, b) = post("/v1/chat/completions", chat("Say hello."));
+    assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached");
+    let prompt = b["usage"]["prompt_tokens"].as_u64().expect("prompt");
+    assert!(cached >= 200 && cached < prompt, "{cached} of {prompt}");
+    // 1 ms a token: the cold request paid ~300 ms of prefill, the warm one
+    // only its uncached tail.
+    assert!(
+        cold > warm + Duration::from_millis(150),
+        "cold {cold:?} warm {warm:?}"
+    );
+    let msg = serde_json::json!({"model": "sim-model", "max_tokens": 2, "system": system,
+        "messages": [{"role": "user", "content": "Say yo."}]})
+    .to_string();
+    let (_, m) = post("/v1/messages", msg);
+    let read = m["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0);
+    assert!(read >= 200, "{m}");
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(
+        c,
+        "GET /metrics HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut text = String::new();
+    c.read_to_string(&mut text).expect("read");
+    let hits = text
+        .lines()
+        .find_map(|l| l.strip_prefix("vllm:prefix_cache_hits_total{model_name=\"sim-model\"} "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .expect("hits counter");
+    assert_eq!(hits, cached + read, "{text}");
+    assert!(text.contains("vllm:prefix_cache_queries_total{"));
+}

@@ -47,6 +47,15 @@ struct Flags {
     /// worker threads (default 1)
     #[argh(option, default = "1")]
     threads: usize,
+    /// a prefix cache of this many tokens (0: none, the default): shared
+    /// prompt prefixes are reported as cached_tokens and cost no prefill
+    #[argh(option, default = "0")]
+    prefix_cache_tokens: u64,
+    /// added to the time to first token per uncached prompt token, e.g.
+    /// 8ms (llama-server, SmolLM2-135M, one thread here:
+    /// perf/2026-12-02-sim-calibration); default 0
+    #[argh(option, default = "String::from(\"0ms\")")]
+    prefill_per_token: String,
 }
 
 fn dur(name: &str, s: &str) -> std::time::Duration {
@@ -93,6 +102,8 @@ fn main() {
         stall_for: dur("stall-for", &f.stall_for),
         kv_cache_usage: f.kv_cache_usage,
         record_traces: f.record_traces,
+        prefix_cache_tokens: f.prefix_cache_tokens,
+        prefill_per_token: dur("prefill-per-token", &f.prefill_per_token),
     };
     if let Err(e) = sim::run(std::net::SocketAddr::new(ip, f.port), f.threads.max(1), cfg) {
         eprintln!("hivenet-sim: {e}");

@@ -1,0 +1,138 @@
+//! The simulator's prefix cache, shaped like an engine's: the prompt is cut
+//! into blocks of [`BLOCK_TOKENS`] tokens; a block is keyed by a hash of
+//! everything up to its end (so only a common *prefix* hits, as in vLLM's
+//! and llama.cpp's caches); a prompt's cached tokens are its leading blocks
+//! found; the blocks are kept in a least-recently-used order bounded in
+//! tokens. Pure: no clock, no I/O.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// Tokens per cached block (vLLM's default block size).
+pub const BLOCK_TOKENS: u64 = 16;
+/// Bytes per token, as the simulator counts prompt tokens.
+pub const BYTES_PER_TOKEN: usize = 4;
+
+/// A bounded LRU of prefix blocks.
+#[derive(Debug, Default)]
+pub struct PrefixCache {
+    capacity_tokens: u64,
+    /// Block key to its last use.
+    blocks: HashMap<u64, u64>,
+    /// Last use to block key (the eviction order).
+    order: BTreeMap<u64, u64>,
+    tick: u64,
+}
+
+impl PrefixCache {
+    /// A cache holding at most `capacity_tokens` (0: nothing is kept).
+    pub fn new(capacity_tokens: u64) -> Self {
+        PrefixCache {
+            capacity_tokens,
+            ..Default::default()
+        }
+    }
+
+    /// Tokens held now.
+    pub fn held_tokens(&self) -> u64 {
+        self.blocks.len() as u64 * BLOCK_TOKENS
+    }
+
+    /// Look `prompt` up and keep its blocks: returns the tokens read from
+    /// the cache (its leading blocks that were there). A partial last
+    /// block is never cached.
+    pub fn lookup_and_keep(&mut self, prompt: &[u8]) -> u64 {
+        let block_bytes = BLOCK_TOKENS as usize * BYTES_PER_TOKEN;
+        let mut hash = 0xcbf2_9ce4_8422_2325u64;
+        let mut hits = 0;
+        let mut leading = true;
+        for block in prompt.chunks_exact(block_bytes) {
+            for b in block {
+                // FNV-1a over the whole prefix: the key of a block names
+                // everything before it too.
+                hash = (hash ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+            }
+            let found = self.touch(hash);
+            if leading && found {
+                hits += BLOCK_TOKENS;
+            } else {
+                leading = false;
+            }
+        }
+        self.evict();
+        hits
+    }
+
+    /// Mark a block used now; whether it was there.
+    fn touch(&mut self, key: u64) -> bool {
+        self.tick += 1;
+        let found = match self.blocks.insert(key, self.tick) {
+            Some(old) => {
+                self.order.remove(&old);
+                true
+            }
+            None => false,
+        };
+        self.order.insert(self.tick, key);
+        found
+    }
+
+    fn evict(&mut self) {
+        while self.held_tokens() > self.capacity_tokens {
+            let Some((_, key)) = self.order.pop_first() else {
+                break;
+            };
+            self.blocks.remove(&key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(words: &[&str]) -> Vec<u8> {
+        words.join(" ").into_bytes()
+    }
+
+    #[test]
+    fn a_shared_prefix_hits_and_a_changed_start_does_not() {
+        let mut c = PrefixCache::new(10_000);
+        let system = "You are terse. ".repeat(40);
+        let a = format!("{system}Say hi.");
+        let b = format!("{system}Say hello, and more words here.");
+        assert_eq!(c.lookup_and_keep(a.as_bytes()), 0, "cold");
+        let hit = c.lookup_and_keep(b.as_bytes());
+        let shared_blocks = (system.len() / 64) as u64;
+        assert_eq!(
+            hit,
+            shared_blocks * BLOCK_TOKENS,
+            "the system prompt's whole blocks"
+        );
+        // The same words behind another start share no prefix.
+        let moved = format!("X{system}");
+        assert_eq!(c.lookup_and_keep(moved.as_bytes()), 0);
+        // Asked again: all its whole blocks.
+        assert_eq!(
+            c.lookup_and_keep(a.as_bytes()),
+            (a.len() / 64) as u64 * BLOCK_TOKENS
+        );
+    }
+
+    #[test]
+    fn the_capacity_bounds_it_and_the_least_recent_goes_first() {
+        let mut c = PrefixCache::new(4 * BLOCK_TOKENS);
+        let p1 = text(&["alpha"; 60]); // 359 bytes: 5 blocks
+        let p2 = text(&["omega"; 60]);
+        c.lookup_and_keep(&p1);
+        assert!(c.held_tokens() <= 4 * BLOCK_TOKENS);
+        c.lookup_and_keep(&p2);
+        assert!(c.held_tokens() <= 4 * BLOCK_TOKENS);
+        // p1's blocks were the least recent: gone.
+        assert_eq!(c.lookup_and_keep(&p1), 0);
+        assert_eq!(
+            PrefixCache::new(0).lookup_and_keep(&p1),
+            0,
+            "capacity 0 keeps nothing"
+        );
+    }
+}
