@@ -11,6 +11,9 @@
 //! - SRTT is KNOWN after traffic; the engine's signals that exist reach
 //!   the routing table (running and waiting from `/metrics`, KV use from
 //!   `/slots`) and those it lacks stay absent.
+//! - Bad answers (context overflow, unknown model, malformed bodies), a
+//!   client leaving mid-stream, a killed engine, an embedding server, and
+//!   hold at zero woken by a real cold start.
 
 mod common;
 use common::llama::*;
@@ -228,7 +231,7 @@ fn a_killed_engine_is_marked_down_and_served_again_after_restart() {
 /// Bad requests that reach a real stack: an unknown model and malformed
 /// JSON get the router's own envelope and never reach the engine; JSON
 /// the router can route but the engine rejects (`messages` not a list)
-/// gets the engine's status and body, and is not the agent's failure.
+/// gets the engine's 400 and body, and is not the agent's failure.
 #[test]
 fn unknown_models_and_malformed_bodies_get_clear_answers() {
     let st = RealStack::start("llama-bad-body", &[], &[]);
@@ -248,34 +251,30 @@ fn unknown_models_and_malformed_bodies_get_clear_answers() {
         .expect("malformed");
     assert_eq!(resp.status, 400, "{}", resp.text());
     assert_eq!(resp.json()["error"]["code"], "request_invalid");
-    // The engine never saw those two.
-    let served = || {
+    // The engine never saw those two: it would have answered the unknown
+    // name with its one model (llama-server ignores the name) and counted
+    // the prompt.
+    let engine_prompts = || {
         Req::get("/metrics")
             .send(st.lport)
             .map(|r| r.text())
             .unwrap_or_default()
             .lines()
-            .find_map(|l| l.strip_prefix("llamacpp:requests_processing "))
-            .is_some()
+            .find_map(|l| l.strip_prefix("llamacpp:prompt_tokens_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
     };
-    assert!(served(), "engine metrics readable");
+    assert_eq!(engine_prompts(), Some(0.0), "nothing reached the engine");
     let odd = serde_json::json!({"model": st.model, "max_tokens": 4, "messages": "hi"}).to_string();
     let t = std::time::Instant::now();
     let resp = Req::post("/v1/chat/completions", odd)
         .send(http)
         .expect("odd");
-    assert!(
-        (400..500).contains(&resp.status) || resp.status == 500,
-        "{} {}",
-        resp.status,
-        resp.text()
-    );
+    // llama-server answers 400 with its own error body.
+    assert_eq!(resp.status, 400, "{}", resp.text());
     assert!(resp.json()["error"].is_object(), "{}", resp.text());
     assert!(t.elapsed() < Duration::from_secs(10), "nothing hangs");
     let uni = st.agent_row()["universal"].clone();
-    if resp.status < 500 {
-        assert_eq!(uni["failed_requests_total"], 0, "not the agent's: {uni}");
-    }
+    assert_eq!(uni["failed_requests_total"], 0, "not the agent's: {uni}");
     // And the stack still serves.
     let ok = serde_json::json!({"model": st.model, "max_tokens": 2,
         "messages": [{"role": "user", "content": "hi"}]})
