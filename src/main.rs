@@ -45,6 +45,9 @@ struct Flags {
     /// pre-shared key file in the standard swarm.key format; without it links are noise-only
     #[argh(option)]
     swarm_key_file: Option<String>,
+    /// accept agent links without --swarm-key-file on a p2p address that is not loopback (any peer that reaches the port may then register a model and receive prompts)
+    #[argh(switch)]
+    allow_open_p2p: bool,
     /// router-side request deadline to the agent's response head (default 60s; env HIVENET_ROUTER_REQUEST_TIMEOUT)
     #[argh(option)]
     request_timeout: Option<String>,
@@ -237,6 +240,7 @@ fn build() -> Result<Startup, String> {
         )?),
         None => None,
     };
+    open_p2p_check(ip, psk.is_some(), f.allow_open_p2p)?;
     cfg.flush_interval =
         cli::parse_duration("--universal-flush-interval", &f.universal_flush_interval)?;
     if cfg.flush_interval.is_zero() {
@@ -694,6 +698,13 @@ fn run(startup: Startup) -> Result<(), String> {
         if sig == signal_hook::consts::SIGHUP {
             // Auth first (spec 05 §9); an invalid file keeps the old keys.
             reload_auth(&shared, &auth_sources);
+            // Without policy files there is nothing to re-read: the
+            // policies in force (written through the admin API, or the
+            // built-in default) are kept, never reset (issue 28 #17).
+            if policy_sources.file.is_none() && policy_sources.dir.is_none() {
+                info!("SIGHUP: no policy files: policies kept");
+                continue;
+            }
             // Reload policies; an invalid set keeps the old one.
             let loaded = hivenet_router::policy_files::load(&policy_sources).and_then(|set| {
                 let auth = shared.auth.load();
@@ -767,4 +778,19 @@ fn run(startup: Startup) -> Result<(), String> {
     let _ = store_thread.join();
     info!("history persisted; bye");
     Ok(())
+}
+
+/// Issue 28 #12: links without a swarm key are authenticated by nothing
+/// but the noise handshake, so any peer may register a model and receive
+/// prompts. That is refused on an address others can reach, unless the
+/// operator says so; loopback (the default, the demos) stays open.
+fn open_p2p_check(ip: std::net::IpAddr, swarm_key: bool, allowed: bool) -> Result<(), String> {
+    if swarm_key || allowed || ip.is_loopback() {
+        return Ok(());
+    }
+    Err(format!(
+        "--p2p-listen-addr {ip} is reachable from other hosts and no --swarm-key-file is given: \
+         any peer could register a model and receive prompts; give the fleet's swarm key, \
+         or --allow-open-p2p to accept that"
+    ))
 }

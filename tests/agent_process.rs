@@ -208,3 +208,69 @@ fn router_refuses_shared_or_taken_ports() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Issue 28 #12: no swarm key on a p2p address other hosts can reach is
+/// refused at start, with the cure named; `--allow-open-p2p` accepts it,
+/// and loopback (the default) stays open for demos.
+#[test]
+fn router_refuses_an_open_p2p_port_without_a_swarm_key() {
+    let dir = tmpdir("open-p2p");
+    let h = format!("127.0.0.1:{}", free_port());
+    let m = format!("127.0.0.1:{}", free_port());
+    let run = |extra: &[&str]| {
+        let mut c = Command::new(bin("hivenet-router"));
+        c.args(["--http-port", &h, "--metrics-port", &m, "--p2p-port", "0"])
+            .args(extra)
+            .env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
+            .current_dir(&dir);
+        c
+    };
+    // Spawned, not `output()`: a router that starts anyway must fail the
+    // test, not hang it.
+    let mut refused = run(&["--p2p-listen-addr", "0.0.0.0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = refused.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = refused.kill();
+            let _ = refused.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = refused.wait_with_output().expect("stderr");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(2),
+        "started anyway: {err}"
+    );
+    assert!(
+        err.contains("--swarm-key-file") && err.contains("--allow-open-p2p"),
+        "{err}"
+    );
+    // Opted in: it starts (and serves) as before.
+    let mut child = run(&["--p2p-listen-addr", "0.0.0.0", "--allow-open-p2p"])
+        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let port: u16 = h
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    wait_until(
+        Duration::from_secs(10),
+        || Req::get("/health").send(port).is_ok(),
+        "router up with --allow-open-p2p",
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

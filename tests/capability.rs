@@ -1,5 +1,5 @@
 //! Capability routing: embeddings and rerank go to agents that declared
-//! them; a capability mismatch is a 503 in the envelope, not a hang.
+//! them; a capability mismatch is a 404 naming the capability, not a hang.
 
 mod common;
 use common::*;
@@ -50,8 +50,8 @@ fn embeddings_rerank_and_mismatch() {
     .send(r.http)
     .map(Resp::pair)
     .expect("req");
-    assert_eq!(st, 503, "{}", String::from_utf8_lossy(&b));
-    assert!(String::from_utf8_lossy(&b).contains("no_agents_available"));
+    assert_eq!(st, 404, "{}", String::from_utf8_lossy(&b));
+    assert!(String::from_utf8_lossy(&b).contains("capability llm"));
     let (st, b) = Req::post(
         "/v1/messages/count_tokens",
         r#"{"model":"rerank-model","messages":[]}"#,
@@ -59,12 +59,16 @@ fn embeddings_rerank_and_mismatch() {
     .send(r.http)
     .map(Resp::pair)
     .expect("req");
-    assert_eq!(st, 503);
+    // Issue 28 #10: a clear 404 naming the capability, not the spec's
+    // 503 "all policy steps exhausted".
+    assert_eq!(st, 404);
     let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
     assert_eq!(
-        v["error"]["code"], "no_agents_available",
+        v["error"]["code"], "model_not_found",
         "capability mismatch code: {v}"
     );
+    let msg = v["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("capability"), "names the capability: {v}");
     let (st, b) = Req::get("/v1/models/embed-model")
         .send(r.http)
         .map(Resp::pair)

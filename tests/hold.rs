@@ -384,6 +384,60 @@ fn a_hundred_released_onto_four_slots_and_an_agent_leaving_holds_again() {
     drop(s);
 }
 
+/// Seed 2: "With --queue-depth 0 there is no queue: a released request
+/// that finds no free slot moves to the next fallback step or fails at
+/// once." Six held requests onto one slot: one is served, the others are
+/// refused at once instead of queueing for it.
+#[test]
+fn queue_depth_zero_means_no_queue_after_a_wake() {
+    let dir = tmpdir("hold-noqueue");
+    let r = site_router(&dir, &["--wake-keepalive", "0", "--queue-depth", "0"], &[]);
+    push_map(&r, "30s");
+    let handles: Vec<_> = (0..6)
+        .map(|_| {
+            let http = r.http;
+            std::thread::spawn(move || {
+                let s = send(http, "/v1/chat/completions", &chat_body("m", false), "");
+                let (head, body) = read_all(s);
+                (head, body, Instant::now())
+            })
+        })
+        .collect();
+    wait_until(
+        Duration::from_secs(10),
+        || demand(&r) == Some(6.0),
+        "6 held",
+    );
+    let (_sim, port) = start_sim(&dir, "m", &["--ttft", "400ms"]);
+    let _a = start_agent(&dir, &r, port, "a.key", &["--capacity", "1"]);
+    let mut served = 0;
+    let mut refused = Vec::new();
+    for h in handles {
+        let (head, body, _) = h.join().expect("thread");
+        if head.starts_with("HTTP/1.1 200") {
+            served += 1;
+        } else {
+            refused.push(format!("{} {body}", head.lines().next().unwrap_or("")));
+        }
+    }
+    assert!(served >= 1, "the free slot serves one: {refused:?}");
+    assert!(
+        refused.len() >= 3,
+        "no queue: released requests that find no slot are refused ({served} served)"
+    );
+    assert!(
+        refused
+            .iter()
+            .all(|r| r.contains(" 503 ") || r.contains(" 429 ")),
+        "{refused:?}"
+    );
+    wait_until(
+        Duration::from_secs(5),
+        || demand(&r) == Some(0.0),
+        "nothing left counted",
+    );
+}
+
 #[test]
 fn sigterm_answers_held_requests_and_a_restart_forgets_the_map() {
     let dir = tmpdir("hold-term");

@@ -226,6 +226,44 @@ fn capacity_queue_fifo_depth_zero_and_timeout() {
     assert_eq!(holder.join().expect("holder").expect("stream"), 200);
 }
 
+/// Issue 28 #17: without policy files, a SIGHUP keeps the policies
+/// written through the admin API (it used to reset them to the default).
+#[test]
+fn sighup_without_policy_files_keeps_admin_policies() {
+    let dir = tmpdir("reload-none");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let (st, b) = Req::new("PUT", "/admin/policy")
+        .body(GATED.as_bytes())
+        .raw_headers(&format!("Authorization: Bearer {ADMIN_KEY}\r\n"))
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("put");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    let get = || {
+        Req::get("/admin/policy")
+            .bearer(ADMIN_KEY)
+            .send(r.http)
+            .map(Resp::pair)
+            .expect("get")
+            .1
+    };
+    let before = get();
+    assert!(
+        String::from_utf8_lossy(&before).contains("fallback_chain"),
+        "the PUT policy is in force: {}",
+        String::from_utf8_lossy(&before)
+    );
+    let _ = Command::new("kill")
+        .args(["-HUP", &r.proc.child.id().to_string()])
+        .status();
+    wait_until(
+        Duration::from_secs(5),
+        || r.proc.log_text().contains("SIGHUP: no policy files"),
+        "the SIGHUP handled",
+    );
+    assert_eq!(get(), before, "the admin API's policy is kept");
+}
+
 #[test]
 fn bad_reload_keeps_the_policy() {
     let dir = tmpdir("reload");

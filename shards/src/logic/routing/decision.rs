@@ -451,11 +451,20 @@ impl Decision {
         self.reject(r)
     }
 
-    /// Why every step ran out: no healthy agent, every candidate full, or
-    /// no eligible agent.
+    /// Why every step ran out: no agent with the endpoint's capability,
+    /// none of those healthy, every candidate full, or no eligible agent.
     fn out_of_steps<P: Pool + ?Sized>(&self, model: &ModelFacts<'_, P>) -> Rejection {
         let n = model.pool.agent_count();
-        if (0..n).all(|i| model.pool.facts(i).is_none_or(|f| !f.healthy)) {
+        let cap = self.request.endpoint.capability();
+        if n > 0 && (0..n).all(|i| model.pool.facts(i).is_none_or(|f| f.capability != cap)) {
+            Rejection::CapabilityMismatch(cap)
+        } else if (0..n).all(|i| {
+            model
+                .pool
+                .facts(i)
+                .is_none_or(|f| !f.healthy || f.capability != cap)
+        }) {
+            // Every agent that could serve it is down.
             Rejection::NoAgentsAvailable
         } else if self.last_full {
             Rejection::NoCapacity

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::admission::Reason;
 use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::logic::link::control::Capability;
 
 /// Which quota refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +41,9 @@ pub enum Rejection {
     NoCapacity,
     /// Every policy step ran out of eligible agents.
     Exhausted,
+    /// Agents serve the model here, none with the endpoint's capability
+    /// (a chat model asked on `/v1/embeddings`): the capability it needs.
+    CapabilityMismatch(Capability),
     /// The deadline passed in the capacity queue.
     QueueTimeout,
     /// The deadline passed while contacting an agent.
@@ -68,6 +72,13 @@ impl Rejection {
                 ErrorCode::NoAgentsAvailable,
                 "all policy steps exhausted: no eligible agents",
             ),
+            Rejection::CapabilityMismatch(cap) => ApiError::new(
+                ErrorCode::ModelNotFound,
+                format!(
+                    "No agents registered for this model with capability {}: its agents serve another endpoint",
+                    cap.as_str()
+                ),
+            ),
             Rejection::QueueTimeout => ApiError::new(
                 ErrorCode::RequestTimeout,
                 "Request timed out waiting for an available agent",
@@ -91,6 +102,7 @@ impl Rejection {
             Rejection::NoAgentsAvailable => "no_agents_available",
             Rejection::NoCapacity => "no_capacity",
             Rejection::Exhausted => "policy_exhausted",
+            Rejection::CapabilityMismatch(_) => "capability_mismatch",
             Rejection::QueueTimeout => "queue_timeout",
             Rejection::AgentTimeout => "agent_timeout",
             Rejection::ClientGone => "client_gone",

@@ -209,8 +209,9 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
     let model = p.meta.model.as_str();
     let limits = Limits {
         max_tries_per_step: cfg.max_tries_per_step,
-        // A released request: the hold limits already bound how many.
-        queue_depth: if held.is_some() {
+        // A released request: the hold limits already bound how many;
+        // `--queue-depth 0` still means no queue at all (seed 2).
+        queue_depth: if held.is_some() && cfg.queue_depth > 0 {
             usize::MAX
         } else {
             cfg.queue_depth

@@ -142,6 +142,31 @@ fn unhealthy_pool_is_no_agents_available_and_full_is_no_capacity() {
     );
 }
 
+/// Issue 28 #10: a chat model asked on an endpoint none of its agents
+/// serves is a clear 404 naming the capability, not "all policy steps
+/// exhausted"; one agent with the capability (even unhealthy) is not.
+#[test]
+fn a_capability_no_agent_has_is_named() {
+    let t0 = Instant::now();
+    let mut emb = request(t0);
+    emb.endpoint = Endpoint::Embeddings;
+    let pool = vec![agent(1, 0, 2, None), agent(2, 0, 2, None)];
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), emb.clone(), LIMITS);
+    let want = Rejection::CapabilityMismatch(Capability::Embedding);
+    assert_eq!(d.next(&facts(&pool, 0), t0), Action::Reject(want.into()));
+    let e = want.error();
+    assert_eq!((e.status, e.code), (404, ErrorCode::ModelNotFound));
+    assert!(e.message.contains("capability embedding"), "{}", e.message);
+    let mut sick = agent(3, 0, 2, None);
+    sick.capability = Capability::Embedding;
+    sick.healthy = false;
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), emb, LIMITS);
+    assert_eq!(
+        d.next(&facts(&vec![agent(1, 0, 2, None), sick], 0), t0),
+        Action::Reject(Rejection::NoAgentsAvailable.into())
+    );
+}
+
 #[test]
 fn full_waits_then_forwards_with_its_wait_and_keeps_its_place() {
     let t0 = Instant::now();
