@@ -15,6 +15,10 @@ python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v perf >/dev/null 2>&1 || need+=(linux-perf)
+# Tests that need a tool fail without it (no silent skips): systemd-analyze
+# checks the units, chattr makes the store's files unwritable.
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v chattr >/dev/null 2>&1 || need+=(e2fsprogs)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"

@@ -70,6 +70,11 @@ fn send(http: u16, path: &str, body: &str, extra: &str) -> TcpStream {
 fn read_all(mut s: TcpStream) -> (String, String) {
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
+    split_response(&out)
+}
+
+/// Head and (de-chunked) body of a whole response.
+fn split_response(out: &[u8]) -> (String, String) {
     let split = out
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -87,18 +92,35 @@ fn read_all(mut s: TcpStream) -> (String, String) {
     (head, String::from_utf8_lossy(&body).to_string())
 }
 
+/// Every read of a response with the time it arrived.
+fn read_timed(mut s: TcpStream) -> Vec<(Instant, Vec<u8>)> {
+    let mut reads = Vec::new();
+    let mut buf = [0u8; 65536];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        reads.push((Instant::now(), buf[..n].to_vec()));
+    }
+    reads
+}
+
+/// Seed 2: keepalives every `--wake-keepalive` while held, on after the
+/// release "until its response starts", through the agent's whole
+/// non-streamed answer (issue 28 #1: they used to stop at the slot).
 #[test]
 fn held_with_keepalives_then_served_when_an_agent_registers() {
     let dir = tmpdir("hold-wake");
     let r = site_router(&dir, &["--wake-keepalive", "300ms"], &[]);
     push_map(&r, "30s");
     assert_eq!(demand(&r), Some(0.0), "a series for the holdable model");
-    let t0 = Instant::now();
     let s = send(r.http, "/v1/chat/completions", &chat_body("m", false), "");
     let st = send(r.http, "/v1/chat/completions", &chat_body("m", true), "");
+    let whole = std::thread::spawn(move || read_timed(s));
     wait_until(Duration::from_secs(5), || demand(&r) == Some(2.0), "held");
     std::thread::sleep(Duration::from_millis(1000));
-    let (_sim, port) = start_sim(&dir, "m", &[]);
+    // A slow engine: its non-streamed answer takes 1.5 s after the release.
+    let (_sim, port) = start_sim(&dir, "m", &["--ttft", "1500ms"]);
     let _a = start_agent(&dir, &r, port, "a.key", &[]);
     // The stream: keepalive comments, then the backend's events.
     let (head, body) = read_all(st);
@@ -112,8 +134,9 @@ fn held_with_keepalives_then_served_when_an_agent_registers() {
         body.contains("data: {") && body.contains("[DONE]"),
         "{body:?}"
     );
-    let (head, body) = read_all(s);
-    let served = t0.elapsed();
+    let reads = whole.join().expect("reader");
+    let all: Vec<u8> = reads.iter().flat_map(|(_, d)| d.clone()).collect();
+    let (head, body) = split_response(&all);
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let spaces = body.len() - body.trim_start().len();
     assert!(
@@ -122,7 +145,32 @@ fn held_with_keepalives_then_served_when_an_agent_registers() {
     );
     let v: serde_json::Value = serde_json::from_str(body.trim()).expect("JSON after the spaces");
     assert_eq!(v["object"], "chat.completion", "{body}");
-    assert!(served >= Duration::from_millis(1000));
+    // The cadence: one keepalive per read, about 300 ms apart, no long
+    // gap anywhere (not at the release, not while the agent answers).
+    let beats: Vec<Instant> = reads
+        .iter()
+        .filter(|(_, d)| d.iter().any(|b| *b == b' ') && !d.contains(&b'{'))
+        .map(|(t, _)| *t)
+        .collect();
+    for w in beats.windows(2) {
+        let gap = w[1] - w[0];
+        assert!(
+            gap >= Duration::from_millis(150) && gap <= Duration::from_millis(900),
+            "keepalive gap {gap:?} (every 300 ms)"
+        );
+    }
+    // Keepalives went on while the engine worked on the released request:
+    // the answer came 1.5 s after the release, and at least 3 beats fell
+    // in its last 1.2 s.
+    let (answered, _) = reads.last().expect("reads");
+    let late = beats
+        .iter()
+        .filter(|t| **t + Duration::from_millis(1200) > *answered)
+        .count();
+    assert!(
+        late >= 3,
+        "keepalives through the exchange: {late} in its last 1.2 s"
+    );
     wait_until(
         Duration::from_secs(5),
         || demand(&r) == Some(0.0),
@@ -536,4 +584,74 @@ fn a_request_refused_by_a_hold_limit_is_still_charged_its_quota() {
     );
     assert_eq!(limited, Some(1.0));
     assert!(read_all(held).0.starts_with("HTTP/1.1 503"));
+}
+
+/// Issue 28 #3 and #6: every quota is checked before the hold, not only
+/// the per-minute one. A key over its daily token budget is refused at
+/// once (429 token_limit_exceeded) and never counts in the pending
+/// demand; a key within its limits is held, and the committed head its
+/// first keepalive sends carries the quota's `X-RateLimit-*` headers.
+#[test]
+fn daily_budget_before_the_hold_and_rate_limit_headers_on_the_committed_head() {
+    let dir = tmpdir("hold-daily");
+    std::fs::write(
+        dir.join("auth.yaml"),
+        format!(
+            "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      metadata: {{name: small, owner: t}}\n      quota: {{tokens_per_day: 50}}\n    - key_hash: \"{}\"\n      metadata: {{name: big, owner: t}}\n      quota: {{requests_per_minute: 100, tokens_per_day: 100000}}\n",
+            sha256_hex("sk-small"),
+            sha256_hex("sk-big")
+        ),
+    )
+    .expect("auth");
+    let r = site_router(
+        &dir,
+        &[
+            "--wake-keepalive",
+            "200ms",
+            "--auth-config-file",
+            "auth.yaml",
+        ],
+        &[],
+    );
+    push_map(&r, "3s");
+    // 4 output tokens of 50 fit, 500 do not: refused before the hold.
+    let big =
+        r#"{"model":"m","max_tokens":500,"messages":[{"role":"user","content":"hello there"}]}"#;
+    let t = Instant::now();
+    let (st, _, body) = Req::new("POST", "/v1/chat/completions")
+        .body(big.as_bytes())
+        .raw_headers("Authorization: Bearer sk-small\r\n")
+        .send(r.http)
+        .map(Resp::triple)
+        .expect("answer");
+    assert_eq!(st, 429, "{}", String::from_utf8_lossy(&body));
+    assert!(
+        String::from_utf8_lossy(&body).contains("token_limit_exceeded"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "at once, not after the hold"
+    );
+    assert_eq!(demand(&r), Some(0.0), "never counted as demand");
+    assert_eq!(outcome(&r, "expired"), 0.0);
+    // Within its limits: held, and the committed head has the headers.
+    let s = send(
+        r.http,
+        "/v1/chat/completions",
+        &chat_body("m", false),
+        "Authorization: Bearer sk-big\r\n",
+    );
+    let (head, body) = read_all(s);
+    assert!(head.starts_with("HTTP/1.1 200"), "committed: {head}");
+    assert!(body.contains("model_waking"), "{body}");
+    let h = head.to_ascii_lowercase();
+    for name in [
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-remaining-tokens",
+    ] {
+        assert!(h.contains(name), "{name} on the committed head: {head}");
+    }
 }

@@ -15,8 +15,10 @@ use std::time::Duration;
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
+use crate::logic::routing::admission;
 use crate::logic::sites::hold::{self as pure, Ticket, Waking};
 use crate::logic::sites::Kind;
+use crate::logic::tenancy::quota;
 use crate::runtime::request::respond;
 use crate::runtime::state::hold_book::{DemandGuard, Release};
 use crate::runtime::state::pending::{Held, PendingRequest};
@@ -135,38 +137,64 @@ pub async fn hold(
     HoldEnd::Answered(k && !c.scope.committed)
 }
 
-/// Quota before the hold: a key over its limits is refused at once; a
-/// holdable model counts one replica (seed "Quota while held").
+/// Quota, B1 caps and the daily budget before the hold (issue 28 #3): a
+/// request that would be refused after the wake is refused at once,
+/// before it counts in the pending demand and wakes the model; a holdable
+/// model counts one replica (seed "Quota while held"). The quota's
+/// `X-RateLimit-*` headers go into the scope, so the committed head of a
+/// held request carries them (spec 07 §7).
 async fn quota_before_hold(
     shard: &Shard,
     c: &mut Client,
     p: &PendingRequest,
     model: &str,
 ) -> Result<Option<tenancy::Ticket>, HoldEnd> {
-    if !matches!(p.principal, Principal::Key(_)) {
-        return Ok(None);
-    }
+    let keep = p.head.keep_alive;
     let one = || 1;
+    let estimate = p.meta.estimate(COLD_TOKENS_PER_BYTE);
     let facts = QuotaFacts {
         model,
         endpoint: p.endpoint,
-        estimate: p.meta.estimate(COLD_TOKENS_PER_BYTE),
+        estimate,
         declared_output: p.meta.declared_output,
         replicas: &one,
         burst_secs: shard.router.cfg.rpm_burst_secs,
     };
-    match tenancy::take_requests(&p.principal, &facts, clock::mono_ns()) {
-        Ok(t) => Ok(Some(t)),
-        Err(r) => {
-            let (tenant, key) = p.principal.names();
-            let requests = r.limit == tenancy::QuotaLimit::Requests;
-            shard.router.holds.quota_refused(tenant, key, requests);
-            let keep = p.head.keep_alive;
-            Err(HoldEnd::Answered(
-                respond::send_quota_refusal(c, r, keep).await,
-            ))
+    let refused = |r: &tenancy::QuotaRefusal| {
+        let (tenant, key) = p.principal.names();
+        let requests = r.limit == tenancy::QuotaLimit::Requests;
+        shard.router.holds.quota_refused(tenant, key, requests);
+    };
+    let mut ticket = None;
+    if matches!(p.principal, Principal::Key(_)) {
+        match tenancy::take_requests(&p.principal, &facts, clock::mono_ns()) {
+            Ok(t) => ticket = Some(t),
+            Err(r) => {
+                refused(&r);
+                return Err(HoldEnd::Answered(
+                    respond::send_quota_refusal(c, r, keep).await,
+                ));
+            }
         }
     }
+    let policy = shard.policy(model);
+    let llm = matches!(p.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
+    if llm && policy.admission.any() {
+        if let Err(e) = admission::caps(&policy.admission, estimate, p.meta.images) {
+            return Err(HoldEnd::Answered(respond::send_error(c, &e, keep).await));
+        }
+    }
+    if let Some(t) = ticket.as_mut() {
+        let today = || quota::day_of(clock::unix_secs());
+        if let Err(r) = tenancy::take_daily(t, &facts, today) {
+            refused(&r);
+            return Err(HoldEnd::Answered(
+                respond::send_quota_refusal(c, r, keep).await,
+            ));
+        }
+        c.scope.reply_headers.append(&mut t.headers);
+    }
+    Ok(ticket)
 }
 
 /// A place under the hold limits and in the pending demand, or `503

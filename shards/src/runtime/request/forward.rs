@@ -86,11 +86,23 @@ pub async fn attempt(
     let _slot = Slot::take(agent.clone());
     let progress = Progress::default();
     let remaining = deadline.saturating_duration_since(clock::now());
-    let exchanged = monoio::time::timeout(
+    let exchange = monoio::time::timeout(
         remaining,
         exchange::exchange_head(&agent.link, request, &progress),
-    )
-    .await;
+    );
+    let exchanged = if c.scope.keepalive.is_some() {
+        // A released request keeps its keepalives until its response
+        // starts (seed 2), through the agent's whole non-streamed answer
+        // too; a client that leaves meanwhile drops the exchange (the
+        // stream's reset stops the agent). Only held requests pay for
+        // the watch.
+        match c.unless_gone(exchange).await {
+            Some(r) => r,
+            None => return (Outcome::ClientGone, None),
+        }
+    } else {
+        exchange.await
+    };
     let head = match exchanged {
         Ok(Ok(h)) => h,
         Ok(Err((f, sample))) => return (Outcome::Failed(f), sample),
