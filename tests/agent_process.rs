@@ -274,3 +274,37 @@ fn router_refuses_an_open_p2p_port_without_a_swarm_key() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Issue 28 #8: when every try ends on a backend 502-504, the client gets
+/// the last backend's status and message, not a generic
+/// `503 no_agents_available "all policy steps exhausted"`. Both backends
+/// are gone while their agents are still registered (3 failed health
+/// checks take seconds): each agent answers its own 503.
+#[test]
+fn tries_ended_by_backends_give_the_backends_answer() {
+    let dir = tmpdir("backend-answer");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let (mut s1, p1) = start_sim(&dir, "gone-model", &[]);
+    let (mut s2, p2) = start_sim(&dir, "gone-model", &[]);
+    let _a1 = start_agent(&dir, &r, p1, "a1.key", &[]);
+    let _a2 = start_agent(&dir, &r, p2, "a2.key", &[]);
+    wait_agents(r.http, "gone-model", 2);
+    s1.kill9();
+    s2.kill9();
+    let (st, b) = Req::post(
+        "/v1/chat/completions",
+        r#"{"model":"gone-model","messages":[]}"#,
+    )
+    .send(r.http)
+    .map(Resp::pair)
+    .expect("req");
+    let v: serde_json::Value = serde_json::from_slice(&b).expect("json envelope");
+    assert_eq!(st, 503, "{v}");
+    assert_eq!(v["error"]["code"], "backend_unavailable", "{v}");
+    assert_eq!(v["error"]["source"], "backend", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.starts_with("backend answered 503: backend unreachable"),
+        "{v}"
+    );
+}

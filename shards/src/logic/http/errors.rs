@@ -176,6 +176,46 @@ impl ApiError {
     }
 }
 
+/// The error a client gets when its tries ended on backends answering
+/// 502-504 (issue 28 #8): the last backend's status and its own message
+/// (`error.message`, `message` or `error` of a JSON body, else the body's
+/// text), not a generic "no agents available". Bounded and printable: the
+/// body is the backend's, not ours.
+pub fn backend_exhausted(status: u16, body: &[u8]) -> ApiError {
+    let code = match status {
+        502 => ErrorCode::BackendError,
+        504 => ErrorCode::RequestTimeout,
+        _ => ErrorCode::BackendUnavailable,
+    };
+    let from_json = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| {
+            let s = |x: &serde_json::Value| x.as_str().map(str::to_string);
+            v.pointer("/error/message")
+                .and_then(s)
+                .or_else(|| v.get("message").and_then(s))
+                .or_else(|| v.get("error").and_then(s))
+                .or_else(|| v.get("detail").and_then(s))
+        });
+    let text = from_json.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let mut msg: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(512)
+        .collect();
+    msg = msg.trim().to_string();
+    if msg.is_empty() {
+        msg = "no body".into();
+    }
+    ApiError {
+        code,
+        status,
+        message: format!("backend answered {status}: {msg}"),
+        source: Source::Backend,
+        retry_after: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,5 +232,28 @@ mod tests {
         assert_eq!(e.status, 404);
         assert_eq!(ApiError::body_too_large(10).status, 413);
         assert_eq!(ErrorCode::NoAgentsAvailable.status(), 503);
+    }
+
+    #[test]
+    fn a_backends_last_answer_reaches_the_client() {
+        let e = backend_exhausted(
+            503,
+            br#"{"error":{"code":"backend_unavailable","message":"backend unreachable: refused"}}"#,
+        );
+        assert_eq!((e.status, e.code), (503, ErrorCode::BackendUnavailable));
+        assert_eq!(e.source, Source::Backend);
+        assert_eq!(
+            e.message,
+            "backend answered 503: backend unreachable: refused"
+        );
+        let e = backend_exhausted(502, b"<html>Bad\r\nGateway</html>");
+        assert_eq!((e.status, e.code), (502, ErrorCode::BackendError));
+        assert_eq!(e.message, "backend answered 502: <html>Bad  Gateway</html>");
+        let e = backend_exhausted(504, br#"{"detail":"upstream timed out"}"#);
+        assert_eq!(e.code, ErrorCode::RequestTimeout);
+        assert!(e.message.ends_with("upstream timed out"));
+        assert!(backend_exhausted(503, b"").message.ends_with("no body"));
+        let long = vec![b'x'; 10_000];
+        assert!(backend_exhausted(503, &long).message.len() < 600, "bounded");
     }
 }

@@ -16,7 +16,7 @@ use super::admission;
 use super::forward::{attempt, build_request, record_attempt, Outcome};
 use super::respond;
 use crate::logic::http::endpoint::Endpoint;
-use crate::logic::http::errors::ErrorCode;
+use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::routing::decision::{
     Action, AdmitEnd, Decision, Entry, Limits, ModelFacts, Park, Rejection, Released, RequestFacts,
@@ -186,6 +186,9 @@ struct Run<'a> {
     /// The admission reservation: released when the run ends.
     admitted: Admitted,
     queue_depth: usize,
+    /// The last backend 502-504 answer: what the client gets when the
+    /// tries run out on such answers (issue 28 #8).
+    last_backend: Option<ApiError>,
 }
 
 /// The decision machine's loop: it says what comes next (quota,
@@ -231,6 +234,7 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
         held,
         admitted: Admitted::default(),
         queue_depth: limits.queue_depth,
+        last_backend: None,
     };
     debug!(shard = shard.id, model, "serving request");
     loop {
@@ -258,6 +262,11 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
             }
             Next::Reject(r) => {
                 record_refusal(shard, model, &d, &r, &p.principal);
+                let exhausted = matches!(&r, Refusal::Routing(x) if x.exhausted_policy());
+                if let Some(e) = run.last_backend.take().filter(|_| exhausted) {
+                    // The backends' own answer, not a generic 503.
+                    return respond::send_error(c, &e, p.head.keep_alive).await;
+                }
                 return respond::send_refusal(c, r, model, p.head.keep_alive).await;
             }
         }
@@ -344,8 +353,17 @@ impl Run<'_> {
         }
         let deadline = d.request().deadline;
         let reserved = self.admitted.reservation.as_ref();
-        let (outcome, sample) =
-            attempt(shard, c, p, &agent, &self.request, deadline, reserved).await;
+        let (outcome, sample) = attempt(
+            shard,
+            c,
+            p,
+            &agent,
+            &self.request,
+            deadline,
+            reserved,
+            &mut self.last_backend,
+        )
+        .await;
         let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
         served(shard, c, p, &agent, &outcome, &mut self.admitted, self.llm);
         let tenant = p.principal.tenant_arc();

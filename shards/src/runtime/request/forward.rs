@@ -8,6 +8,7 @@ use std::rc::Rc;
 use tracing::{debug, warn};
 
 use super::exchange::{self, Progress, RelayEnd};
+use crate::logic::http::errors::{self, ApiError};
 use crate::logic::http::http_write::{self, OutFraming};
 use crate::logic::http::usage::Tokens;
 use crate::logic::routing::decision::AttemptEnd;
@@ -72,6 +73,11 @@ pub enum Outcome {
     Failed(Failure),
 }
 
+/// Most of a failing backend's body kept for the client.
+const BACKEND_BODY_MAX: u64 = 64 * 1024;
+/// Longest wait for it (the head is there; the body follows at once).
+const BACKEND_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Take a slot, exchange with the agent under the request deadline, relay.
 /// Returns the outcome and the latency sample (only for a request written).
 pub async fn attempt(
@@ -82,6 +88,7 @@ pub async fn attempt(
     request: &[u8],
     deadline: clock::Instant,
     held: Option<&Reservation>,
+    last_backend: &mut Option<ApiError>,
 ) -> (Outcome, Option<f64>) {
     let _slot = Slot::take(agent.clone());
     let progress = Progress::default();
@@ -116,6 +123,19 @@ pub async fn attempt(
     // Backend overloaded or unreachable behind this agent: retryable.
     if matches!(head.head.status, 502..=504) {
         let why = format!("backend answered {}", head.head.status);
+        // Its body (bounded, briefly) is what the client gets if every
+        // try ends like this (issue 28 #8).
+        let mut up = head.upstream;
+        let body = monoio::time::timeout(
+            BACKEND_BODY_WAIT,
+            up.read_body(head.head.framing, BACKEND_BODY_MAX),
+        )
+        .await;
+        let body = match body {
+            Ok(Ok(b)) => b,
+            _ => Vec::new(),
+        };
+        *last_backend = Some(errors::backend_exhausted(head.head.status, &body));
         return (
             Outcome::Failed(Failure::new(Side::Backend, Stage::AwaitingHead, why)),
             sample,
