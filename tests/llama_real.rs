@@ -385,3 +385,197 @@ fn a_held_request_is_served_after_a_real_engine_cold_start() {
         "wake {wake} s, engine load {load:?}, served after {woke:?}"
     );
 }
+
+/// One streamed request on a raw connection: `(read time, decoded body
+/// bytes completed in that read, whether the read ended inside an HTTP
+/// chunk)` for every read, in order.
+fn stream_reads(port: u16, body: &str) -> Vec<(std::time::Instant, Vec<u8>, bool)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_nodelay(true).expect("nodelay");
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut raw = Vec::new();
+    let mut in_body = false;
+    let mut reads = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = s.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        let at = std::time::Instant::now();
+        raw.extend_from_slice(&buf[..n]);
+        if !in_body {
+            let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+            assert!(head.starts_with("http/1.1 200"), "{head}");
+            assert!(head.contains("transfer-encoding: chunked"), "{head}");
+            raw.drain(..end + 4);
+            in_body = true;
+        }
+        // Whole chunks only; what is left is a chunk cut by this read.
+        let mut done = Vec::new();
+        let mut last = false;
+        loop {
+            let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") else {
+                break;
+            };
+            let size = usize::from_str_radix(String::from_utf8_lossy(&raw[..eol]).trim(), 16)
+                .expect("chunk size");
+            if raw.len() < eol + 2 + size + 2 {
+                break;
+            }
+            done.extend_from_slice(&raw[eol + 2..eol + 2 + size]);
+            raw.drain(..eol + 2 + size + 2);
+            last |= size == 0;
+        }
+        reads.push((at, done, !raw.is_empty()));
+        if last {
+            break;
+        }
+    }
+    reads
+}
+
+/// Issue 34: every SSE event of a real engine is relayed as it arrives.
+/// llama-server writes each event in a chunk of its own, a token's decode
+/// (about 16 ms here) apart; through router and agent each read of the
+/// client must end on an event boundary (no half event sent ahead of its
+/// rest) and each content event must arrive in a read of its own (no
+/// coalescing that holds a token back for the next).
+#[test]
+fn every_sse_event_is_relayed_whole_and_as_it_arrives() {
+    let st = RealStack::start("llama-events", &[], &[]);
+    let body = serde_json::json!({
+        "model": st.model, "max_tokens": 24, "stream": true, "temperature": 0,
+        "messages": [{"role": "user", "content": "Write one long sentence about rivers."}]
+    })
+    .to_string();
+    let through = stream_reads(st.router.http, &body);
+    let direct = stream_reads(st.lport, &body);
+    let content = |d: &[u8]| {
+        String::from_utf8_lossy(d)
+            .split("\n\n")
+            .filter(|e| e.contains("\"content\":\"") && !e.contains("\"content\":\"\""))
+            .count()
+    };
+    let events: usize = through.iter().map(|(_, d, _)| content(d)).sum();
+    let direct_events: usize = direct.iter().map(|(_, d, _)| content(d)).sum();
+    assert!(events >= 10, "a long answer: {events} content events");
+    assert_eq!(events, direct_events, "the same events as direct");
+    for (i, (_, d, cut)) in through.iter().enumerate() {
+        assert!(!cut, "read {i} ended inside an HTTP chunk");
+        assert!(
+            d.is_empty() || d.ends_with(b"\n\n"),
+            "read {i} ended inside an event: {:?}",
+            String::from_utf8_lossy(d)
+        );
+    }
+    // One content event per read, as direct; the last read may carry the
+    // final content event with the finish, usage and [DONE] events (the
+    // engine writes those back to back), and one hiccup of this shared
+    // machine may join two.
+    let joined = |reads: &[(std::time::Instant, Vec<u8>, bool)]| {
+        reads.iter().filter(|(_, d, _)| content(d) > 1).count()
+    };
+    assert!(
+        joined(&through) <= 1 + joined(&direct),
+        "content events coalesced: {} reads with more than one (direct: {})",
+        joined(&through),
+        joined(&direct)
+    );
+    // And they were spread over the decode, not delivered in a burst.
+    let times: Vec<_> = through
+        .iter()
+        .filter(|(_, d, _)| content(d) > 0)
+        .map(|(t, _, _)| *t)
+        .collect();
+    let spread = times[times.len() - 1] - times[0];
+    assert!(
+        spread > Duration::from_millis(5 * (events as u64 - 1)),
+        "{events} events within {spread:?}: delivered in a burst"
+    );
+}
+
+/// Issue 27: the latency sample is the seed's, taken when the response
+/// head reaches the router. llama-server sends a stream's head before it
+/// processes the prompt, so a streamed request's sample is far below the
+/// engine's own prompt time (`timings.prompt_ms`) on a cold 300-token
+/// prompt; a non-streamed one is buffered by the agent, so its sample
+/// covers the engine's whole work (prompt and decode).
+#[test]
+fn srtt_samples_end_at_the_head_streamed_and_whole() {
+    let st = RealStack::start("llama-srtt", &[], &[]);
+    let prompt = |tag: &str| {
+        format!("{tag}: ")
+            + &(0..60)
+                .map(|j| format!("w{tag}x{j}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+    };
+    let srtt = || {
+        st.agent_row()["universal"]["srtt_ms"]
+            .as_f64()
+            .expect("srtt known")
+    };
+    // Streamed, cold: the head comes before the prompt is processed.
+    let body = serde_json::json!({
+        "model": st.model, "max_tokens": 4, "stream": true, "temperature": 0,
+        "messages": [{"role": "user", "content": prompt("a")}]
+    })
+    .to_string();
+    let reads = stream_reads(st.router.http, &body);
+    let all: Vec<u8> = reads.into_iter().flat_map(|(_, d, _)| d).collect();
+    let text = String::from_utf8_lossy(&all).to_string();
+    let timings = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter_map(|e| serde_json::from_str::<serde_json::Value>(e).ok())
+        .find_map(|v| v.get("timings").cloned())
+        .expect("the engine's timings in the stream");
+    let prompt_ms = timings["prompt_ms"].as_f64().expect("prompt_ms");
+    assert!(prompt_ms > 500.0, "a cold prompt: {timings}");
+    wait_until(
+        Duration::from_secs(5),
+        || st.agent_row()["universal"]["latency_state"] == "KNOWN",
+        "a sample",
+    );
+    let first = srtt();
+    assert!(
+        first < prompt_ms / 4.0,
+        "streamed: the sample ends at the head ({first} ms), before the prompt ({prompt_ms} ms)"
+    );
+    // Whole, cold: the agent buffers the answer; the sample covers it.
+    let body = serde_json::json!({
+        "model": st.model, "max_tokens": 4, "temperature": 0,
+        "messages": [{"role": "user", "content": prompt("b")}]
+    })
+    .to_string();
+    let resp = Req::post("/v1/chat/completions", body)
+        .send(st.router.http)
+        .expect("whole");
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let t = &resp.json()["timings"];
+    let engine_ms = t["prompt_ms"].as_f64().expect("prompt_ms")
+        + t["predicted_ms"].as_f64().expect("predicted_ms");
+    wait_until(
+        Duration::from_secs(5),
+        || st.agent_row()["universal"]["successful_requests_total"] == 2,
+        "two samples",
+    );
+    // A worse sample moves SRTT by 1/8 (the seed): recover the sample.
+    let sample = (srtt() - 0.875 * first) / 0.125;
+    assert!(
+        sample >= engine_ms && sample < engine_ms + 1000.0,
+        "whole: the sample ({sample:.1} ms) covers the engine's work ({engine_ms:.1} ms)"
+    );
+}
