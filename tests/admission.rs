@@ -555,10 +555,11 @@ fn reservations_are_released_on_errors_timeouts_and_later_refusals() {
         gauge(&r, "hivenet_admission_inflight_requests", model) == Some(0.0)
             && gauge(&r, "hivenet_admission_occupancy_tokens", model) == Some(0.0)
     };
-    // Backend error: 500 relayed; the room comes back (max_inflight 1
-    // would refuse the second one otherwise).
+    // Backend error: its 500 is a backend_error (502) after the agent's
+    // classifier (spec 03 §8); the room comes back (max_inflight 1 would
+    // refuse the second one otherwise).
     for _ in 0..2 {
-        assert_eq!(send("broken", 4), 500);
+        assert_eq!(send("broken", 4), 502);
     }
     assert!(idle("broken"), "released after errors");
     // Request timeout while the backend thinks.

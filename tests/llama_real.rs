@@ -140,9 +140,15 @@ fn a_clients_error_is_the_clients_and_a_departed_client_stops_generation() {
         .send(r.http)
         .expect("overflow");
     assert_eq!(resp.status, 400, "{}", resp.text());
+    assert_eq!(
+        resp.json()["error"]["code"],
+        "context_length_exceeded",
+        "classified by the agent: {}",
+        resp.text()
+    );
     assert!(
         resp.text().contains("context"),
-        "the engine's own error body: {}",
+        "the engine's own message: {}",
         resp.text()
     );
     assert!(t.elapsed() < Duration::from_secs(30), "nothing hangs");
@@ -264,14 +270,29 @@ fn unknown_models_and_malformed_bodies_get_clear_answers() {
             .and_then(|v| v.trim().parse::<f64>().ok())
     };
     assert_eq!(engine_prompts(), Some(0.0), "nothing reached the engine");
-    let odd = serde_json::json!({"model": st.model, "max_tokens": 4, "messages": "hi"}).to_string();
+    // A body the router passes and the engine refuses.
+    let odd = serde_json::json!({"model": st.model, "max_tokens": 4,
+        "response_format": {"type": "nonsense"},
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
     let t = std::time::Instant::now();
     let resp = Req::post("/v1/chat/completions", odd)
         .send(http)
         .expect("odd");
-    // llama-server answers 400 with its own error body.
+    // llama-server answers 400; the agent classifies it (spec 03 §8).
     assert_eq!(resp.status, 400, "{}", resp.text());
-    assert!(resp.json()["error"].is_object(), "{}", resp.text());
+    assert_eq!(
+        resp.json()["error"]["code"],
+        "invalid_parameter",
+        "{}",
+        resp.text()
+    );
+    assert_eq!(resp.json()["error"]["source"], "backend", "{}", resp.text());
+    assert!(
+        resp.text().contains("response_format"),
+        "the engine's message: {}",
+        resp.text()
+    );
     assert!(t.elapsed() < Duration::from_secs(10), "nothing hangs");
     let uni = st.agent_row()["universal"].clone();
     assert_eq!(uni["failed_requests_total"], 0, "not the agent's: {uni}");

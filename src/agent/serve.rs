@@ -10,7 +10,7 @@ use std::io;
 use std::rc::Rc;
 
 use futures::AsyncWriteExt;
-use shards::logic::http::errors::{ApiError, ErrorCode, Source};
+use shards::logic::http::errors::{self, ApiError, ErrorCode, Source};
 use shards::logic::http::http_parse::{self, BodyFraming, ChunkedDecoder, Headers};
 use shards::logic::http::http_write::{self, OutFraming};
 use shards::logic::http::trace_context;
@@ -26,6 +26,8 @@ use super::AgentConfig;
 
 /// Largest request body accepted from the router.
 const MAX_BODY: usize = 64 * 1024 * 1024;
+/// Most of an engine's error body read for its classification.
+const ERROR_BODY_MAX: u64 = 64 * 1024;
 
 /// Read the router's request: head, then a Content-Length body.
 async fn read_request(
@@ -173,6 +175,18 @@ async fn proxy(
     let (mut conn, rh) = backend::request(&cfg.backend, &head.method, &head.path, headers, body)
         .await
         .map_err(ProxyError::BeforeHead)?;
+    if !(200..300).contains(&rh.status) && head.path_only() == "/v1/chat/completions" {
+        // The native chat path classifies the engine's error into the
+        // spec's codes (spec 03 §8): the same answer whatever the engine.
+        let answer = conn
+            .read_body(rh.framing, ERROR_BODY_MAX)
+            .await
+            .map_err(ProxyError::BeforeHead)?;
+        backend::release(&cfg.backend, conn, &rh);
+        let err = errors::classify_backend(rh.status, &answer);
+        write_error(s, &err).await;
+        return Ok(());
+    }
     if rh.is_event_stream() {
         // Stream: headers now, then every piece as it arrives.
         let mut out = Vec::with_capacity(512);

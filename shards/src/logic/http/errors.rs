@@ -44,6 +44,12 @@ pub enum ErrorCode {
     ConcurrencyLimitExceeded,
     /// 503: a model at zero did not wake in time, or a hold limit.
     ModelWaking,
+    /// 400: the backend says the prompt is over its context (agent's
+    /// classifier; never retried).
+    ContextLengthExceeded,
+    /// 400: the backend refused a parameter (agent's classifier; never
+    /// retried).
+    InvalidParameter,
 }
 
 impl ErrorCode {
@@ -68,13 +74,18 @@ impl ErrorCode {
             ErrorCode::InputTooLong => "input_too_long",
             ErrorCode::ConcurrencyLimitExceeded => "concurrency_limit_exceeded",
             ErrorCode::ModelWaking => "model_waking",
+            ErrorCode::ContextLengthExceeded => "context_length_exceeded",
+            ErrorCode::InvalidParameter => "invalid_parameter",
         }
     }
 
     /// HTTP status of the code (spec 01 §9 mapping).
     pub fn status(self) -> u16 {
         match self {
-            ErrorCode::RequestInvalid | ErrorCode::InputTooLong => 400,
+            ErrorCode::RequestInvalid
+            | ErrorCode::InputTooLong
+            | ErrorCode::ContextLengthExceeded
+            | ErrorCode::InvalidParameter => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::ModelForbidden => 403,
             ErrorCode::RateLimitExceeded
@@ -176,6 +187,82 @@ impl ApiError {
     }
 }
 
+/// A backend's error message: `error.message`, `message`, `error` or
+/// `detail` of a JSON body, else the body's text; printable, at most 512
+/// characters ("no body" when empty).
+pub fn backend_message(body: &[u8]) -> String {
+    let json = serde_json::from_slice::<serde_json::Value>(body).ok();
+    let from_json = json.as_ref().and_then(|v| {
+        let s = |x: &serde_json::Value| x.as_str().map(str::to_string);
+        v.pointer("/error/message")
+            .and_then(s)
+            .or_else(|| v.get("message").and_then(s))
+            .or_else(|| v.get("error").and_then(s))
+            .or_else(|| v.get("detail").and_then(s))
+    });
+    let text = from_json.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let msg: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(512)
+        .collect();
+    let msg = msg.trim();
+    if msg.is_empty() {
+        "no body".into()
+    } else {
+        msg.to_string()
+    }
+}
+
+/// The agent's classifier of a backend's non-2xx answer on the native
+/// chat path (spec 03 §8; issue 28 #9): the JSON `type` (or `error.type`)
+/// names it where the engine says; else a 400/422 whose body speaks of
+/// the context and its length, window or tokens is
+/// `context_length_exceeded` (vLLM: "maximum context length", SGLang:
+/// "longer than the model's context length", llama.cpp: type
+/// `exceed_context_size_error`), any other 400/422 `invalid_parameter`,
+/// 429/503 `backend_unavailable`, the rest `backend_error`. Source
+/// backend; the router never retries the two 400 codes.
+pub fn classify_backend(status: u16, body: &[u8]) -> ApiError {
+    let json = serde_json::from_slice::<serde_json::Value>(body).ok();
+    let kind = json
+        .as_ref()
+        .and_then(|v| {
+            v.get("type")
+                .and_then(|t| t.as_str())
+                .or_else(|| v.pointer("/error/type").and_then(|t| t.as_str()))
+        })
+        .unwrap_or("");
+    let lower = String::from_utf8_lossy(body).to_ascii_lowercase();
+    let speaks_of_context = lower.contains("context")
+        && ["length", "window", "token", "size"]
+            .iter()
+            .any(|w| lower.contains(w));
+    let code = match (kind, status) {
+        ("context_length_exceeded" | "exceed_context_size_error", _) => {
+            ErrorCode::ContextLengthExceeded
+        }
+        ("invalid_request_error" | "invalid_parameter", 400..=499) => {
+            if speaks_of_context {
+                ErrorCode::ContextLengthExceeded
+            } else {
+                ErrorCode::InvalidParameter
+            }
+        }
+        (_, 400 | 422) if speaks_of_context => ErrorCode::ContextLengthExceeded,
+        (_, 400 | 422) => ErrorCode::InvalidParameter,
+        (_, 429 | 503) => ErrorCode::BackendUnavailable,
+        _ => ErrorCode::BackendError,
+    };
+    ApiError {
+        code,
+        status: code.status(),
+        message: backend_message(body),
+        source: Source::Backend,
+        retry_after: None,
+    }
+}
+
 /// The error a client gets when its tries ended on backends answering
 /// 502-504 (issue 28 #8): the last backend's status and its own message
 /// (`error.message`, `message` or `error` of a JSON body, else the body's
@@ -187,26 +274,7 @@ pub fn backend_exhausted(status: u16, body: &[u8]) -> ApiError {
         504 => ErrorCode::RequestTimeout,
         _ => ErrorCode::BackendUnavailable,
     };
-    let from_json = serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| {
-            let s = |x: &serde_json::Value| x.as_str().map(str::to_string);
-            v.pointer("/error/message")
-                .and_then(s)
-                .or_else(|| v.get("message").and_then(s))
-                .or_else(|| v.get("error").and_then(s))
-                .or_else(|| v.get("detail").and_then(s))
-        });
-    let text = from_json.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
-    let mut msg: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(512)
-        .collect();
-    msg = msg.trim().to_string();
-    if msg.is_empty() {
-        msg = "no body".into();
-    }
+    let msg = backend_message(body);
     ApiError {
         code,
         status,
@@ -255,5 +323,45 @@ mod tests {
         assert!(backend_exhausted(503, b"").message.ends_with("no body"));
         let long = vec![b'x'; 10_000];
         assert!(backend_exhausted(503, &long).message.len() < 600, "bounded");
+    }
+
+    #[test]
+    fn backend_errors_are_classified_as_the_spec_says() {
+        let llama = br#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":7000,"n_ctx":2048}}"#;
+        let e = classify_backend(400, llama);
+        assert_eq!((e.code, e.status), (ErrorCode::ContextLengthExceeded, 400));
+        assert!(
+            e.message.starts_with("the request exceeds"),
+            "{}",
+            e.message
+        );
+        let vllm = br#"{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens","type":"BadRequestError","param":null,"code":400}"#;
+        assert_eq!(
+            classify_backend(400, vllm).code,
+            ErrorCode::ContextLengthExceeded
+        );
+        let sglang = br#"{"object":"error","message":"The input (5000 tokens) is longer than the model's context length (4096 tokens).","type":"BadRequestError","code":400}"#;
+        assert_eq!(
+            classify_backend(400, sglang).code,
+            ErrorCode::ContextLengthExceeded
+        );
+        let bad =
+            br#"{"error":{"message":"temperature must be >= 0","type":"invalid_request_error"}}"#;
+        assert_eq!(classify_backend(400, bad).code, ErrorCode::InvalidParameter);
+        assert_eq!(
+            classify_backend(422, b"bad field").code,
+            ErrorCode::InvalidParameter
+        );
+        assert_eq!(
+            classify_backend(429, b"").code,
+            ErrorCode::BackendUnavailable
+        );
+        assert_eq!(classify_backend(503, b"").status, 503);
+        let e = classify_backend(500, b"oops");
+        assert_eq!(
+            (e.code, e.status, e.source),
+            (ErrorCode::BackendError, 502, Source::Backend)
+        );
+        assert_eq!(ErrorCode::InvalidParameter.as_str(), "invalid_parameter");
     }
 }
