@@ -62,6 +62,21 @@ pub struct Opts {
     /// holds it, as in a conversation); the default draws a new one
     #[argh(switch)]
     pub same_prompt: bool,
+    /// multi-turn conversations: this many open at once, each request the
+    /// next turn of one drawn at random (system prompt, earlier turns,
+    /// a new user text of --prompt-tokens); default 0: independent prompts
+    #[argh(option, default = "0")]
+    pub conversations: u32,
+    /// conversations: applications, each with its own system prompt
+    /// shared by its conversations (default 4)
+    #[argh(option, default = "4")]
+    pub apps: u32,
+    /// conversations: system prompt length in tokens (default 512)
+    #[argh(option, default = "512")]
+    pub system_tokens: u64,
+    /// conversations: turns before a conversation starts over (default 8)
+    #[argh(option, default = "8")]
+    pub turns: u32,
     /// sampling temperature sent in the body (default: none sent)
     #[argh(option)]
     pub temperature: Option<f64>,
@@ -158,6 +173,20 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
                 return Err("--temperature must be between 0 and 2".into())
             }
             t => t,
+        },
+        conversations: match opts.conversations {
+            0 => None,
+            n if opts.same_prompt => {
+                return Err(format!(
+                    "--conversations {n} and --same-prompt: choose one workload"
+                ))
+            }
+            n => Some(template::Conversations::new(
+                n,
+                opts.apps,
+                opts.system_tokens,
+                opts.turns,
+            )),
         },
     };
     let threads = opts.threads.max(1);

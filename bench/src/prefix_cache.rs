@@ -1,5 +1,6 @@
 //! The simulator's prefix cache, shaped like an engine's: the prompt is cut
-//! into blocks of [`BLOCK_TOKENS`] tokens; a block is keyed by a hash of
+//! into blocks of `block_tokens` tokens (vLLM: 16; llama.cpp reuses every
+//! cached token, so 1 behaves like it); a block is keyed by a hash of
 //! everything up to its end (so only a common *prefix* hits, as in vLLM's
 //! and llama.cpp's caches); a prompt's cached tokens are its leading blocks
 //! found; the blocks are kept in a least-recently-used order bounded in
@@ -7,15 +8,26 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-/// Tokens per cached block (vLLM's default block size).
+/// Tokens per cached block by default (vLLM's block size).
 pub const BLOCK_TOKENS: u64 = 16;
-/// Bytes per token, as the simulator counts prompt tokens.
-pub const BYTES_PER_TOKEN: usize = 4;
+/// Bytes per token by default, as the simulator counts prompt tokens
+/// (`--bytes-per-token`; SmolLM2's tokenizer on the calibration prompts:
+/// perf/2026-12-02-sim-calibration).
+pub const BYTES_PER_TOKEN: f64 = 4.0;
+
+/// Tokens in `bytes` bytes of prompt at `bytes_per_token` (at least 1).
+pub fn tokens_of(bytes: usize, bytes_per_token: f64) -> u64 {
+    ((bytes as f64 / bytes_per_token.max(0.1)).round() as u64).max(1)
+}
 
 /// A bounded LRU of prefix blocks.
 #[derive(Debug, Default)]
 pub struct PrefixCache {
     capacity_tokens: u64,
+    /// Tokens per block.
+    block_tokens: u64,
+    /// Prompt bytes per block.
+    block_bytes: usize,
     /// Block key to its last use.
     blocks: HashMap<u64, u64>,
     /// Last use to block key (the eviction order).
@@ -24,24 +36,34 @@ pub struct PrefixCache {
 }
 
 impl PrefixCache {
-    /// A cache holding at most `capacity_tokens` (0: nothing is kept).
+    /// A cache holding at most `capacity_tokens` (0: nothing is kept) in
+    /// blocks of [`BLOCK_TOKENS`], prompts counted at [`BYTES_PER_TOKEN`].
     pub fn new(capacity_tokens: u64) -> Self {
+        Self::shaped(capacity_tokens, BLOCK_TOKENS, BYTES_PER_TOKEN)
+    }
+
+    /// A cache of `block_tokens`-token blocks (at least 1), prompts
+    /// counted at `bytes_per_token`.
+    pub fn shaped(capacity_tokens: u64, block_tokens: u64, bytes_per_token: f64) -> Self {
+        let block_tokens = block_tokens.max(1);
         PrefixCache {
             capacity_tokens,
+            block_tokens,
+            block_bytes: ((block_tokens as f64 * bytes_per_token).round() as usize).max(1),
             ..Default::default()
         }
     }
 
     /// Tokens held now.
     pub fn held_tokens(&self) -> u64 {
-        self.blocks.len() as u64 * BLOCK_TOKENS
+        self.blocks.len() as u64 * self.block_tokens
     }
 
     /// Look `prompt` up and keep its blocks: returns the tokens read from
     /// the cache (its leading blocks that were there). A partial last
     /// block is never cached.
     pub fn lookup_and_keep(&mut self, prompt: &[u8]) -> u64 {
-        let block_bytes = BLOCK_TOKENS as usize * BYTES_PER_TOKEN;
+        let block_bytes = self.block_bytes;
         let mut hash = 0xcbf2_9ce4_8422_2325u64;
         let mut hits = 0;
         let mut leading = true;
@@ -53,7 +75,7 @@ impl PrefixCache {
             }
             let found = self.touch(hash);
             if leading && found {
-                hits += BLOCK_TOKENS;
+                hits += self.block_tokens;
             } else {
                 leading = false;
             }
@@ -116,6 +138,27 @@ mod tests {
             c.lookup_and_keep(a.as_bytes()),
             (a.len() / 64) as u64 * BLOCK_TOKENS
         );
+    }
+
+    #[test]
+    fn one_token_blocks_reuse_all_but_the_partial_tail_like_llama_cpp() {
+        // 2 bytes a token, 1-token blocks: a prompt that repeats an
+        // earlier one with more after it hits the whole earlier prompt.
+        let mut c = PrefixCache::shaped(10_000, 1, 2.0);
+        let first = "You are terse. Say hi.";
+        let second = format!("{first} And then more.");
+        assert_eq!(c.lookup_and_keep(first.as_bytes()), 0, "cold");
+        assert_eq!(
+            c.lookup_and_keep(second.as_bytes()),
+            (first.len() / 2) as u64,
+            "every whole token of the earlier prompt"
+        );
+        // 16-token blocks of the same prompts hit nothing: too short.
+        let mut v = PrefixCache::shaped(10_000, 16, 2.0);
+        v.lookup_and_keep(first.as_bytes());
+        assert_eq!(v.lookup_and_keep(second.as_bytes()), 0);
+        assert_eq!(tokens_of(21, 2.0), 11);
+        assert_eq!(tokens_of(0, 4.0), 1, "never 0 tokens");
     }
 
     #[test]

@@ -49,6 +49,10 @@ pub struct SimConfig {
     pub prefix_cache_tokens: u64,
     /// Time to first token added per uncached prompt token.
     pub prefill_per_token: Duration,
+    /// Tokens per prefix-cache block (16 as vLLM; 1 as llama.cpp).
+    pub cache_block_tokens: u64,
+    /// Request bytes per prompt token (the stand-in for a tokenizer).
+    pub bytes_per_token: f64,
 }
 
 /// Counters shared by the simulator's threads.
@@ -169,8 +173,10 @@ pub fn run(addr: SocketAddr, threads: usize, cfg: SimConfig) -> std::io::Result<
         tracing::info!(addr = %l.local_addr()?, model = %cfg.model, ttft = ?cfg.ttft, itl = ?cfg.itl, tokens = cfg.output_tokens, "hivenet-sim listening");
     }
     let stats = Arc::new(SimStats {
-        prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(
+        prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::shaped(
             cfg.prefix_cache_tokens,
+            cfg.cache_block_tokens,
+            cfg.bytes_per_token,
         )),
         ..SimStats::default()
     });
@@ -283,8 +289,8 @@ async fn reply_json(conn: &mut Conn, status: u16, v: &Value, keep: bool) -> bool
     reply(conn, status, "application/json", &body, keep).await
 }
 
-fn input_tokens(body: &[u8]) -> u64 {
-    (body.len() as u64 / 4).max(1)
+fn input_tokens(sim: &Sim, body: &[u8]) -> u64 {
+    crate::prefix_cache::tokens_of(body.len(), sim.cfg.bytes_per_token)
 }
 
 #[derive(Deserialize)]
@@ -435,7 +441,7 @@ async fn handle(
                     reply_json(
                         conn,
                         200,
-                        &json!({"input_tokens": input_tokens(body)}),
+                        &json!({"input_tokens": input_tokens(sim, body)}),
                         keep,
                     )
                     .await
@@ -493,7 +499,7 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         .or(req.max_tokens)
         .map(|m| m.min(sim.cfg.output_tokens))
         .unwrap_or(sim.cfg.output_tokens);
-    let prompt = input_tokens(body);
+    let prompt = input_tokens(sim, body);
     let (cached, ttft) = prefill(sim, body, prompt);
     let id = "chatcmpl-sim";
     let model = &sim.cfg.model;
@@ -556,7 +562,7 @@ async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         .max_tokens
         .map(|m| m.min(sim.cfg.output_tokens))
         .unwrap_or(sim.cfg.output_tokens);
-    let all = input_tokens(body);
+    let all = input_tokens(sim, body);
     let (cached, ttft) = prefill(sim, body, all);
     // Anthropic counts cache reads apart from input_tokens.
     let prompt = all - cached;
@@ -644,7 +650,7 @@ async fn embeddings(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool
             json!({"object": "embedding", "index": i, "embedding": emb})
         })
         .collect();
-    let toks = input_tokens(body);
+    let toks = input_tokens(sim, body);
     reply_json(conn, 200, &json!({"object": "list", "model": sim.cfg.model, "data": data, "usage": {"prompt_tokens": toks, "total_tokens": toks}}), keep).await
 }
 

@@ -56,6 +56,15 @@ struct Flags {
     /// perf/2026-12-02-sim-calibration); default 0
     #[argh(option, default = "String::from(\"0ms\")")]
     prefill_per_token: String,
+    /// tokens per prefix-cache block (default 16, vLLM's; 1 reuses every
+    /// cached token, as llama.cpp does)
+    #[argh(option, default = "16")]
+    cache_block_tokens: u64,
+    /// request bytes per prompt token, the simulator's stand-in for a
+    /// tokenizer (default 4; SmolLM2 on the calibration prompts: see
+    /// perf/2026-12-02-sim-calibration)
+    #[argh(option, default = "4.0")]
+    bytes_per_token: f64,
 }
 
 fn dur(name: &str, s: &str) -> std::time::Duration {
@@ -84,6 +93,14 @@ fn main() {
         eprintln!("hivenet-sim: --error-rate must be within [0, 1]");
         std::process::exit(2);
     }
+    if f.cache_block_tokens == 0 {
+        eprintln!("hivenet-sim: --cache-block-tokens must be at least 1");
+        std::process::exit(2);
+    }
+    if !(f.bytes_per_token.is_finite() && (0.5..=64.0).contains(&f.bytes_per_token)) {
+        eprintln!("hivenet-sim: --bytes-per-token must be within [0.5, 64]");
+        std::process::exit(2);
+    }
     let ip: std::net::IpAddr = match f.host.parse() {
         Ok(ip) => ip,
         Err(_) => {
@@ -104,6 +121,8 @@ fn main() {
         record_traces: f.record_traces,
         prefix_cache_tokens: f.prefix_cache_tokens,
         prefill_per_token: dur("prefill-per-token", &f.prefill_per_token),
+        cache_block_tokens: f.cache_block_tokens,
+        bytes_per_token: f.bytes_per_token,
     };
     if let Err(e) = sim::run(std::net::SocketAddr::new(ip, f.port), f.threads.max(1), cfg) {
         eprintln!("hivenet-sim: {e}");
