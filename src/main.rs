@@ -42,6 +42,9 @@ struct Flags {
     /// CPUs to pin shards to, e.g. "0-3,6" (default: every CPU the process may use)
     #[argh(option)]
     cpus: Option<String>,
+    /// do not pin shards to CPUs (the kernel places them): for a machine whose cores the router shares with CPU-heavy processes, such as an engine beside it (perf/2026-12-02-real-hops)
+    #[argh(switch)]
+    no_pin: bool,
     /// pre-shared key file in the standard swarm.key format; without it links are noise-only
     #[argh(option)]
     swarm_key_file: Option<String>,
@@ -230,7 +233,16 @@ fn build() -> Result<Startup, String> {
         Some(s) => Some(core_plan::parse_cpu_list(&s).map_err(|e| format!("--cpus: {e}"))?),
         None => None,
     };
-    let plan = core_plan::plan(f.shards, cpus.as_deref(), &executor::available_cpus())?;
+    if f.no_pin && cpus.is_some() {
+        return Err("--no-pin and --cpus: choose one (--cpus pins the shards)".into());
+    }
+    let mut plan = core_plan::plan(f.shards, cpus.as_deref(), &executor::available_cpus())?;
+    if f.no_pin {
+        // A pinned shard waits for its own core while an engine computes
+        // there; unpinned, it runs on whichever core is free (measured:
+        // perf/2026-12-02-real-hops).
+        plan.iter_mut().for_each(|c| *c = None);
+    }
     let driver_s = cli::flag_or_env(f.driver, "HIVENET_ROUTER_DRIVER", "auto");
     let driver = DriverChoice::parse(&driver_s)
         .ok_or_else(|| format!("--driver: {driver_s:?} is not auto or epoll"))?;

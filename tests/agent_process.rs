@@ -308,3 +308,30 @@ fn tries_ended_by_backends_give_the_backends_answer() {
         "{v}"
     );
 }
+
+/// `--no-pin` leaves the shards to the kernel (a machine shared with an
+/// engine: perf/2026-12-02-real-hops) and still serves; with `--cpus` it
+/// is refused as contradictory.
+#[test]
+fn no_pin_leaves_shards_unpinned() {
+    let dir = tmpdir("no-pin");
+    let r = start_router(&dir, &["--shards", "2", "--no-pin"], &[]);
+    let (_s, port) = start_sim(&dir, "np-model", &[]);
+    let _a = start_agent(&dir, &r, port, "np.key", &[]);
+    wait_agents(r.http, "np-model", 1);
+    let (st, _) = Req::post("/v1/chat/completions", chat_body("np-model", false))
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("chat");
+    assert_eq!(st, 200);
+    let log = r.proc.log_text();
+    assert_eq!(log.matches("on cpu unpinned").count(), 2, "{log}");
+    let out = Command::new(bin("hivenet-router"))
+        .args(["--no-pin", "--cpus", "0", "--p2p-port", "0"])
+        .env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
+        .current_dir(&dir)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--no-pin and --cpus"));
+}

@@ -13,6 +13,10 @@
 # Writes OUT/summary.md (medians over rounds of each round's p50).
 # Usage: ROUNDS=30 REQS=20 scripts/bench/real-compare.sh
 #   ENGINE_CPU=1 PROXY_CPU=0: pin the engine and the proxies apart.
+#   CAPTURE=1: also capture the loopback packets (tcpdump) and write
+#   OUT/hops.md: each proxy's own time per hop, from the kernel's send
+#   stamps (scripts/bench/real-hops.py), free of the engine's spread;
+#   KEEP_PCAP=FILE keeps the capture (OUT/hops-cmd.txt re-reads it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS="${ROUNDS:-30}"; REQS="${REQS:-20}"; MAX_TOKENS="${MAX_TOKENS:-8}"
@@ -39,7 +43,9 @@ HN_PIDS+=($!)
 hn_wait_http "http://127.0.0.1:$L/health" 120
 export HIVENET_ROUTER_ADMIN_API_KEYS=bench-admin
 router_args=(--disk-db-path "$HN_WORK/db")
-[ -n "${PROXY_CPU:-}" ] && router_args+=(--cpus "$PROXY_CPU")
+# The engine shares these cores: unpinned shards run on whichever core is
+# free (perf/2026-12-02-real-hops); PROXY_CPU pins them all to one.
+if [ -n "${PROXY_CPU:-}" ]; then router_args+=(--cpus "$PROXY_CPU"); else router_args+=(--no-pin); fi
 hn_router "$HTTP" "$MET" "$P2P" "${router_args[@]}"
 hn_agent "$P2P" "$L" agent.key agent --engine llamacpp --warmup off
 [ -n "${PROXY_CPU:-}" ] && taskset -a -p -c "$PROXY_CPU" "$HN_LAST_PID" >/dev/null
@@ -71,7 +77,7 @@ hn_wait_http "http://127.0.0.1:$VR/health" 60 || hn_wait_http "http://127.0.0.1:
   echo "binaries: $HN_BIN${BEFORE_BIN:+; hivenet-before: $BEFORE_BIN}"
   echo "hivenet: router --cpus ${PROXY_CPU:-all}, agent ${PROXY_CPU:+on CPU $PROXY_CPU}"
 } >"$OUT/env.txt"
-echo "${BEFORE_BIN:+BEFORE_BIN=$BEFORE_BIN }ROUNDS=$ROUNDS REQS=$REQS MAX_TOKENS=$MAX_TOKENS${ENGINE_CPU:+ ENGINE_CPU=$ENGINE_CPU}${PROXY_CPU:+ PROXY_CPU=$PROXY_CPU} scripts/bench/real-compare.sh" >"$OUT/cmd.txt"
+echo "${CAPTURE:+CAPTURE=1 }${BEFORE_BIN:+BEFORE_BIN=$BEFORE_BIN }ROUNDS=$ROUNDS REQS=$REQS MAX_TOKENS=$MAX_TOKENS${ENGINE_CPU:+ ENGINE_CPU=$ENGINE_CPU}${PROXY_CPU:+ PROXY_CPU=$PROXY_CPU} scripts/bench/real-compare.sh" >"$OUT/cmd.txt"
 TARGETS="$TARGETS vllm-router:$VR"
 NAMES=(); URLS=()
 for t in $TARGETS; do NAMES+=("${t%%:*}"); URLS+=("http://127.0.0.1:${t#*:}"); done
@@ -88,12 +94,37 @@ bench() { # KIND [ARGS]: one request to each target in turn, REQS turns
     mv "$from" "$OUT/reports/r$r-${NAMES[$k]}-$kind.json"
   done
 }
+if [ -n "${CAPTURE:-}" ]; then
+  command -v tcpdump >/dev/null || { echo "CAPTURE=1 needs tcpdump (Debian package tcpdump)" >&2; exit 1; }
+  ports="port $L"
+  HOPS=()
+  for t in $TARGETS; do
+    p="${t#*:}"; [ "$p" = "$L" ] || ports="$ports or port $p"
+    case "${t%%:*}" in
+      hivenet) HOPS+=("hivenet:$p:$P2P"); ports="$ports or port $P2P" ;;
+      hivenet-before) HOPS+=("hivenet-before:$p:$BP"); ports="$ports or port $BP" ;;
+      *) HOPS+=("${t%%:*}:$p") ;;
+    esac
+  done
+  tcpdump -i lo -s 0 --time-stamp-precision=nano -w "$HN_WORK/cap.pcap" "tcp and ($ports)" \
+    >"$HN_WORK/tcpdump.log" 2>&1 &
+  CAP_PID=$!
+  HN_PIDS+=("$CAP_PID")
+  sleep 1
+fi
 # One turn first: the engine caches the prompt.
 r=0; REQS_MAIN="$REQS"; REQS=1; bench warm --stream; REQS="$REQS_MAIN"
 for r in $(seq 1 "$ROUNDS"); do
   bench stream --stream
   bench whole
 done
+if [ -n "${CAPTURE:-}" ]; then
+  kill -INT "$CAP_PID"; wait "$CAP_PID" 2>/dev/null || true
+  echo "python3 scripts/bench/real-hops.py CAPTURE.pcap $L ${HOPS[*]}" >"$OUT/hops-cmd.txt"
+  python3 scripts/bench/real-hops.py "$HN_WORK/cap.pcap" "$L" "${HOPS[@]}" | tee "$OUT/hops.md"
+  # The capture itself is regenerable and large; keep it only when asked.
+  if [ -n "${KEEP_PCAP:-}" ]; then cp "$HN_WORK/cap.pcap" "$KEEP_PCAP"; fi
+fi
 rm -f "$OUT"/reports/*.svg "$OUT"/reports/r0-* "$OUT"/reports/turns-r0-*
 python3 scripts/bench/real-summary.py "$OUT" "$ROUNDS" "${NAMES[@]}" | tee "$OUT/summary.md"
 # The raw reports are regenerable and large: keep the summary only.
