@@ -49,3 +49,40 @@ fn systemd_units_verify() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 28 #18: the router's store and identity and each agent's
+/// identity live on persistent volumes (StatefulSets with volume claim
+/// templates), never on `emptyDir`: a restarted pod keeps its PeerId and
+/// the latency history (the seed's warm start). The schemas themselves are
+/// checked by `kubernetes-validate --strict` in scripts/test.sh.
+#[test]
+fn kubernetes_state_is_on_persistent_volumes() {
+    for (file, state, path) in [
+        ("router.yaml", "state", "/var/lib/hivenet-router"),
+        (
+            "vllm-with-agent.yaml",
+            "agent-state",
+            "/var/lib/hivenet-agent",
+        ),
+    ] {
+        let text =
+            std::fs::read_to_string(root().join("deploy/kubernetes").join(file)).expect("manifest");
+        assert!(!text.contains("emptyDir"), "{file}: state on emptyDir");
+        assert!(
+            text.contains("kind: StatefulSet"),
+            "{file}: not a StatefulSet"
+        );
+        let claims = text
+            .split("volumeClaimTemplates:")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{file}: no volumeClaimTemplates"));
+        assert!(
+            claims.contains(&format!("name: {state}")),
+            "{file}: no claim named {state}"
+        );
+        assert!(
+            text.contains(&format!("{{name: {state}, mountPath: {path}}}")),
+            "{file}: {state} not mounted at {path}"
+        );
+    }
+}

@@ -78,6 +78,7 @@ fn registry_versions_rotation_and_replace() {
 
     let (st, v) = admin(r.http, "PUT", "/admin/api-keys/k1", key("rev_02", "sk-1"));
     assert_eq!(st, 200, "{v}");
+    assert_eq!(v["ok"], true, "the spec's write answer (02 §9): {v}");
     assert_eq!(
         Req::chat("m")
             .bearer("sk-1")
@@ -165,9 +166,10 @@ fn registry_versions_rotation_and_replace() {
         401
     );
 
-    // snake_case, no hash.
+    // snake_case, no hash, in the spec's {"key": ...}.
     let (st, v) = admin(r.http, "GET", "/admin/api-keys/k1", serde_json::Value::Null);
     assert_eq!(st, 200);
+    let v = v["key"].clone();
     assert_eq!(v["id"], "k1");
     assert_eq!(v["allowed_models"], json!(["m"]));
     assert_eq!(v["quota"]["requests_per_minute"], 1000);
@@ -250,6 +252,31 @@ fn registry_versions_rotation_and_replace() {
         json!({"version": "rev_05", "keys": [a, b]}),
     );
     assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v["ok"].clone(), v["count"].clone()),
+        (json!(true), json!(2)),
+        "{v}"
+    );
+    let (st, v) = admin(r.http, "GET", "/admin/api-keys", serde_json::Value::Null);
+    assert_eq!((st, v["count"].clone()), (200, json!(2)), "{v}");
+    let (st, v) = admin(
+        r.http,
+        "GET",
+        "/admin/api-keys/version",
+        serde_json::Value::Null,
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v, json!({"version": "rev_05", "count": 2}));
+    let (st, v) = admin(
+        r.http,
+        "GET",
+        "/admin/api-keys/ghost",
+        serde_json::Value::Null,
+    );
+    assert_eq!(
+        (st, v["error"].clone()),
+        (404, json!("key not found: ghost"))
+    );
     assert_eq!(
         Req::chat("m")
             .bearer("sk-a")

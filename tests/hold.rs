@@ -655,3 +655,41 @@ fn daily_budget_before_the_hold_and_rate_limit_headers_on_the_committed_head() {
         assert!(h.contains(name), "{name} on the committed head: {head}");
     }
 }
+
+/// Issue 28 #5: the wait room and the wake are per (model, kind). An
+/// embedding agent registered under the name of a chat model held at
+/// zero does not release the held chat request into an error: it stays
+/// held (and counted) until a chat agent registers, and is served then.
+#[test]
+fn an_agent_of_another_kind_does_not_wake_a_held_request() {
+    let dir = tmpdir("hold-kind");
+    let r = site_router(&dir, &["--wake-keepalive", "0"], &[]);
+    push_map(&r, "20s");
+    let s = send(r.http, "/v1/chat/completions", &chat_body("m", false), "");
+    wait_until(Duration::from_secs(5), || demand(&r) == Some(1.0), "held");
+    let (_se, pe) = start_sim(&dir, "m", &[]);
+    let _e = start_agent(&dir, &r, pe, "e.key", &["--capability", "embedding"]);
+    wait_agents(r.http, "m", 1);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        demand(&r),
+        Some(1.0),
+        "still held after the embedding agent"
+    );
+    assert_eq!(outcome(&r, "woken"), 0.0);
+    // A new chat request is held too, not sent to the embedding agent.
+    let s2 = send(r.http, "/v1/chat/completions", &chat_body("m", false), "");
+    wait_until(
+        Duration::from_secs(5),
+        || demand(&r) == Some(2.0),
+        "second held",
+    );
+    let (_sc, pc) = start_sim(&dir, "m", &[]);
+    let _c = start_agent(&dir, &r, pc, "c.key", &[]);
+    for s in [s, s2] {
+        let (head, body) = read_all(s);
+        assert!(head.starts_with("HTTP/1.1 200"), "{head} {body}");
+        assert!(body.contains("chat.completion"), "{body}");
+    }
+    assert_eq!(outcome(&r, "woken"), 2.0);
+}

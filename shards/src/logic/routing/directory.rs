@@ -15,6 +15,17 @@
 
 use std::collections::HashMap;
 
+use crate::logic::link::control::Capability;
+
+/// The slot of a capability in an entry's per-capability link counts.
+fn cap_index(cap: Capability) -> usize {
+    match cap {
+        Capability::Llm => 0,
+        Capability::Embedding => 1,
+        Capability::Reranker => 2,
+    }
+}
+
 /// Model -> shard map plus per-shard model counts.
 #[derive(Debug, Clone, Default)]
 pub struct Directory {
@@ -34,6 +45,9 @@ struct Entry {
     pending: u32,
     /// Registered links (agents) now.
     links: u32,
+    /// Of those, per capability (llm, embedding, reranker): a model
+    /// held at zero for one kind is woken by an agent of that kind only.
+    caps: [u32; 3],
 }
 
 /// How many names the directory holds, by state.
@@ -62,6 +76,26 @@ impl Directory {
         self.owners
             .get(model)
             .filter(|e| e.confirmed && e.links > 0)
+            .map(|e| e.shard)
+    }
+
+    /// Owner of a model with registered agents, and whether one of them
+    /// has capability `cap` (one lookup on the request path).
+    pub fn owner_and_cap(&self, model: &str, cap: Capability) -> Option<(usize, bool)> {
+        self.owners
+            .get(model)
+            .filter(|e| e.confirmed && e.links > 0)
+            .map(|e| {
+                let has = e.caps.get(cap_index(cap)).is_some_and(|n| *n > 0);
+                (e.shard, has)
+            })
+    }
+
+    /// Owner of a model with a registered agent of capability `cap`.
+    pub fn owner_with(&self, model: &str, cap: Capability) -> Option<usize> {
+        self.owners
+            .get(model)
+            .filter(|e| e.confirmed && e.caps.get(cap_index(cap)).is_some_and(|n| *n > 0))
             .map(|e| e.shard)
     }
 
@@ -102,6 +136,7 @@ impl Directory {
                     confirmed: false,
                     pending: 1,
                     links: 0,
+                    caps: [0; 3],
                 },
             );
             self.provisional += 1;
@@ -135,10 +170,11 @@ impl Directory {
         pick_fewest(&self.counts)
     }
 
-    /// A link registered for `model`: confirm its owner (assigning
-    /// `preferred`, or the tentative shard when `preferred` is out of
-    /// range, when the model is new) and count the link. Returns the owner.
-    pub fn register(&mut self, model: &str, preferred: usize) -> usize {
+    /// A link of capability `cap` registered for `model`: confirm its
+    /// owner (assigning `preferred`, or the tentative shard when
+    /// `preferred` is out of range, when the model is new) and count the
+    /// link. Returns the owner.
+    pub fn register(&mut self, model: &str, preferred: usize, cap: Capability) -> usize {
         if let Some(e) = self.owners.get_mut(model) {
             if !e.confirmed {
                 e.confirmed = true;
@@ -146,6 +182,9 @@ impl Directory {
             }
             e.pending = e.pending.saturating_sub(1);
             e.links = e.links.saturating_add(1);
+            if let Some(n) = e.caps.get_mut(cap_index(cap)) {
+                *n = n.saturating_add(1);
+            }
             return e.shard;
         }
         let shard = if preferred < self.counts.len() {
@@ -160,6 +199,13 @@ impl Directory {
                 confirmed: true,
                 pending: 0,
                 links: 1,
+                caps: {
+                    let mut c = [0; 3];
+                    if let Some(n) = c.get_mut(cap_index(cap)) {
+                        *n = 1;
+                    }
+                    c
+                },
             },
         );
         if let Some(c) = self.counts.get_mut(shard) {
@@ -168,10 +214,13 @@ impl Directory {
         shard
     }
 
-    /// A registered link of `model` ended.
-    pub fn unregister(&mut self, model: &str) {
+    /// A registered link of `model` (capability `cap`) ended.
+    pub fn unregister(&mut self, model: &str, cap: Capability) {
         if let Some(e) = self.owners.get_mut(model) {
             e.links = e.links.saturating_sub(1);
+            if let Some(n) = e.caps.get_mut(cap_index(cap)) {
+                *n = n.saturating_sub(1);
+            }
         }
     }
 
@@ -222,12 +271,12 @@ mod tests {
             "two new models arriving together go to different shards"
         );
         assert_eq!(d.owner("a"), None, "not visible before registration");
-        assert_eq!(d.register("a", 9), a);
+        assert_eq!(d.register("a", 9, Capability::Llm), a);
         assert_eq!(d.owner("a"), Some(a));
-        d.unregister("a");
+        d.unregister("a", Capability::Llm);
         assert_eq!(d.owner("a"), None, "no agent left: not found");
         assert_eq!(d.assigned("a"), Some(a), "but the shard is kept");
-        assert_eq!(d.register("a", 1 - a), a, "stable");
+        assert_eq!(d.register("a", 1 - a, Capability::Llm), a, "stable");
     }
 
     #[test]
@@ -249,7 +298,7 @@ mod tests {
         assert_eq!(d.stats().reserved, 0);
         // Releasing a registered model's extra link keeps the model.
         d.reserve("y");
-        d.register("y", 0);
+        d.register("y", 0, Capability::Llm);
         d.reserve("y");
         d.release("y");
         assert_eq!(d.owner("y"), Some(0));
@@ -267,10 +316,10 @@ mod tests {
     #[test]
     fn two_models_two_shards_are_spread() {
         let mut d = Directory::new(2);
-        let a = d.register("a", d.tentative());
-        let b = d.register("b", d.tentative());
+        let a = d.register("a", d.tentative(), Capability::Llm);
+        let b = d.register("b", d.tentative(), Capability::Llm);
         assert_ne!(a, b);
-        assert_eq!(d.register("a", 1 - a), a, "stable");
+        assert_eq!(d.register("a", 1 - a, Capability::Llm), a, "stable");
     }
 
     proptest! {
@@ -283,7 +332,7 @@ mod tests {
             let mut first = HashMap::new();
             for m in &models {
                 let t = d.tentative();
-                let o = d.register(m, t);
+                let o = d.register(m, t, Capability::Llm);
                 let prev = *first.entry(m.clone()).or_insert(o);
                 prop_assert_eq!(prev, o);
             }
@@ -292,5 +341,24 @@ mod tests {
             prop_assert!(max - min <= 1);
             prop_assert_eq!(d.counts().iter().sum::<usize>(), first.len());
         }
+    }
+
+    /// Issue 28 #5: a model held at zero for chat is not "served" by an
+    /// embedding agent registered under its name.
+    #[test]
+    fn the_owner_with_a_capability_counts_only_that_kind() {
+        let mut d = Directory::new(2);
+        let s = d.register("m", 1, Capability::Embedding);
+        assert_eq!(d.owner("m"), Some(s));
+        assert_eq!(d.owner_with("m", Capability::Embedding), Some(s));
+        assert_eq!(d.owner_with("m", Capability::Llm), None, "no chat agent");
+        assert_eq!(d.owner_and_cap("m", Capability::Llm), Some((s, false)));
+        d.register("m", 0, Capability::Llm);
+        assert_eq!(d.owner_with("m", Capability::Llm), Some(s), "same owner");
+        d.unregister("m", Capability::Llm);
+        assert_eq!(d.owner_with("m", Capability::Llm), None);
+        d.unregister("m", Capability::Embedding);
+        assert_eq!(d.owner("m"), None);
+        assert_eq!(d.owner_with("m", Capability::Embedding), None);
     }
 }

@@ -85,7 +85,18 @@ pub fn keys_api(
     };
     let id = rest.trim_start_matches('/');
     let out = match (method, id) {
-        ("GET", "") => reply(200, json!({"version": reg.version(), "keys": reg.list()})),
+        // The spec's shapes (02 §9); `version` beside them is additive.
+        ("GET", "") => {
+            let keys = reg.list();
+            reply(
+                200,
+                json!({"keys": keys, "count": keys.len(), "version": reg.version()}),
+            )
+        }
+        ("GET", "version") => reply(
+            200,
+            json!({"version": reg.version(), "count": reg.list().len()}),
+        ),
         ("POST", "replace") => {
             let parsed: Result<ReplaceBody, _> = serde_json::from_slice(body);
             match parsed {
@@ -95,7 +106,7 @@ pub fn keys_api(
                         router.publish_registry(&reg);
                         reply(
                             200,
-                            json!({"status": "replaced", "keys": n, "version": reg.version()}),
+                            json!({"ok": true, "count": n, "version": reg.version()}),
                         )
                     }
                     Err(e) => stale_or_invalid(match e {
@@ -118,8 +129,8 @@ pub fn keys_api(
             };
             match m {
                 "GET" => match reg.get(&id) {
-                    Some(v) => reply(200, json!(v)),
-                    None => reply(404, json!({"error": format!("api key {id:?} not found")})),
+                    Some(v) => reply(200, json!({ "key": v })),
+                    None => reply(404, json!({"error": format!("key not found: {id}")})),
                 },
                 "PUT" => match serde_json::from_slice::<KeyDto>(body) {
                     Err(e) => reply(400, json!({"error": format!("invalid JSON: {e}")})),
@@ -129,10 +140,7 @@ pub fn keys_api(
                         match reg.put(&id, dto) {
                             Ok(()) => {
                                 router.publish_registry(&reg);
-                                reply(
-                                    200,
-                                    json!({"status": "stored", "id": id, "version": reg.version()}),
-                                )
+                                reply(200, json!({"ok": true, "id": id, "version": reg.version()}))
                             }
                             Err(e) => stale_or_invalid(e),
                         }
@@ -148,7 +156,7 @@ pub fn keys_api(
                             router.publish_registry(&reg);
                             reply(
                                 200,
-                                json!({"status": if existed { "deleted" } else { "absent" }, "id": id, "version": reg.version()}),
+                                json!({"ok": true, "deleted": existed, "id": id, "version": reg.version()}),
                             )
                         }
                         Err(e) => stale_or_invalid(e),

@@ -340,16 +340,16 @@ pub async fn serve_link(
             return reject(&shard, &mut ctl, &model, reason).await;
         }
     };
-    let owner = shard.router.register(&model, shard.id);
+    let owner = shard.router.register(&model, shard.id, reg.capability);
     if owner != shard.id {
-        shard.router.unregister(&model);
+        shard.router.unregister(&model, reg.capability);
         return reject(&shard, &mut ctl, &model, Refusal::OwnedElsewhere(owner)).await;
     }
     let hb = ControlMsg::Registered {
         heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u64,
     };
     if let Err(e) = link::write_frame(&mut ctl.stream, &hb).await {
-        shard.router.unregister(&model);
+        shard.router.unregister(&model, reg.capability);
         warn!(shard = shard.id, %peer_id, "cannot confirm registration: {e}");
         return;
     }
@@ -460,7 +460,9 @@ fn on_frame(agent: &Agent, msg: ControlMsg) -> bool {
 /// a newer registration of the same peer already replaced this one (it
 /// carries the live state; publishing or flushing here would undo it).
 fn leave(shard: &Shard, agent: &Rc<Agent>) {
-    shard.router.unregister(&agent.reg.model);
+    shard
+        .router
+        .unregister(&agent.reg.model, agent.reg.capability);
     if !shard.remove_agent(agent) {
         info!(shard = shard.id, peer_id = %agent.reg.peer_id, "replaced link ended");
         return;

@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
+use crate::logic::link::control::Capability;
 use crate::logic::routing::admission;
 use crate::logic::sites::hold::{self as pure, Ticket, Waking};
 use crate::logic::sites::Kind;
@@ -90,7 +91,7 @@ pub async fn hold(
     c.conn.trim();
     p.body.shrink_to_fit();
     start_keepalives(shard, c, &p, started);
-    let waited = wait_for_wake(shard, c, &model, until).await;
+    let waited = wait_for_wake(shard, c, &model, p.endpoint.capability(), until).await;
     book.lock().ledger.unhold(&ticket);
     let (outcome, answer) = match waited {
         Waited::Owner(owner) => {
@@ -267,11 +268,14 @@ enum Waited {
     ShuttingDown,
 }
 
-/// Wait for an agent of `model` until `until`, watching the client.
+/// Wait for an agent of `model` with the request's capability until
+/// `until`, watching the client (an agent of another kind registered
+/// under the name does not release it: issue 28 #5).
 async fn wait_for_wake(
     shard: &Shard,
     c: &mut Client,
     model: &str,
+    cap: Capability,
     until: clock::Instant,
 ) -> Waited {
     use futures::future::{select, Either};
@@ -284,7 +288,7 @@ async fn wait_for_wake(
             .or_default()
             .push(tx);
         // Registered between the owner check and now: no wait.
-        if let Some(o) = shard.owner(model) {
+        if let Some(o) = shard.owner_with(model, cap) {
             return Waited::Owner(o);
         }
         let timer = monoio::time::sleep(until.saturating_duration_since(clock::now()));
@@ -295,7 +299,7 @@ async fn wait_for_wake(
             Some(Either::Left((Ok(Release::ShuttingDown), _))) => return Waited::ShuttingDown,
             Some(Either::Left(_)) => {
                 // Woken (or the room was cleared): served here now?
-                if let Some(o) = shard.owner(model) {
+                if let Some(o) = shard.owner_with(model, cap) {
                     return Waited::Owner(o);
                 }
                 if clock::now() >= until {

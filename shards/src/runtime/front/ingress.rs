@@ -315,8 +315,17 @@ async fn read_inference(
         Ok(r) => r,
         Err(next) => return next,
     };
-    let owner = shard.owner(&meta.model);
-    let serving = serving(shard, &head, ep, &meta.model, &principal, owner.is_some());
+    // Served here: an agent of the endpoint's kind is registered; an
+    // agent of another kind serves it only when the kind is not held at
+    // zero here (then the owner names the missing capability).
+    let found = shard.owner_and_cap(&meta.model, ep.capability());
+    let owner = found.map(|(o, _)| o);
+    let served = match found {
+        Some((_, true)) => true,
+        Some((_, false)) => super::hold::holdable(shard, ep, &meta.model).is_none(),
+        None => false,
+    };
+    let serving = serving(shard, &head, ep, &meta.model, &principal, served);
     let hold_for = match place(shard, c, serving, &meta.model, keep).await {
         Ok(h) => h,
         Err(next) => return next,

@@ -5,6 +5,7 @@
 //! Key types: [`Router`] (held by every shard as `Arc<Router>`),
 //! [`RouterConfig`].
 
+use crate::logic::link::control::Capability;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -188,14 +189,15 @@ impl Router {
         self.directory.update(|d| d.release(model));
     }
 
-    /// A link of `model` registered on shard `preferred`; returns the owner.
-    pub fn register(&self, model: &str, preferred: usize) -> usize {
-        self.directory.update(|d| d.register(model, preferred))
+    /// A link of `model` (capability `cap`) registered on shard
+    /// `preferred`; returns the owner.
+    pub fn register(&self, model: &str, preferred: usize, cap: Capability) -> usize {
+        self.directory.update(|d| d.register(model, preferred, cap))
     }
 
-    /// A registered link of `model` ended.
-    pub fn unregister(&self, model: &str) {
-        self.directory.update(|d| d.unregister(model));
+    /// A registered link of `model` (capability `cap`) ended.
+    pub fn unregister(&self, model: &str, cap: Capability) {
+        self.directory.update(|d| d.unregister(model, cap));
     }
 
     /// Publish a `registered` or `unregistered` event to every subscriber.

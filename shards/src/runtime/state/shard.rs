@@ -144,6 +144,27 @@ impl Shard {
             .with(&self.router.directory, |d| d.owner(model))
     }
 
+    /// The owner of `model` and whether an agent of capability `cap`
+    /// serves it.
+    pub fn owner_and_cap(
+        &self,
+        model: &str,
+        cap: crate::logic::link::control::Capability,
+    ) -> Option<(usize, bool)> {
+        self.directory
+            .with(&self.router.directory, |d| d.owner_and_cap(model, cap))
+    }
+
+    /// The owner of `model` when an agent of capability `cap` serves it.
+    pub fn owner_with(
+        &self,
+        model: &str,
+        cap: crate::logic::link::control::Capability,
+    ) -> Option<usize> {
+        self.directory
+            .with(&self.router.directory, |d| d.owner_with(model, cap))
+    }
+
     /// The policy snapshot for a request.
     pub fn policy(&self, model: &str) -> Arc<Policy> {
         self.policies
