@@ -693,3 +693,46 @@ fn an_agent_of_another_kind_does_not_wake_a_held_request() {
     }
     assert_eq!(outcome(&r, "woken"), 2.0);
 }
+
+/// Issue 28 #2: the seed holds a request when no *healthy* agent serves
+/// the model here, not only when none is registered. The agent's backend
+/// goes down (the agent stays registered, reporting it unhealthy): a
+/// request is held, counted in the demand, and served when the backend
+/// comes back and the agent recovers.
+#[test]
+fn a_model_whose_agents_are_all_unhealthy_is_held_and_released_on_recovery() {
+    let dir = tmpdir("hold-unhealthy");
+    let r = site_router(
+        &dir,
+        &["--wake-keepalive", "0", "--heartbeat-interval", "200ms"],
+        &[],
+    );
+    push_map(&r, "30s");
+    let (mut sim, port) = start_sim(&dir, "m", &[]);
+    let _a = start_agent(
+        &dir,
+        &r,
+        port,
+        "a.key",
+        &["--hardware-sample-interval", "100ms"],
+    );
+    wait_agents(r.http, "m", 1);
+    sim.kill9();
+    wait_until(
+        Duration::from_secs(10),
+        || healthy_agents(r.http, "m") == 0,
+        "the agent reports its backend down",
+    );
+    let s = send(r.http, "/v1/chat/completions", &chat_body("m", false), "");
+    wait_until(
+        Duration::from_secs(5),
+        || demand(&r) == Some(1.0),
+        "held, not refused with 503",
+    );
+    let ps = port.to_string();
+    let _sim2 = spawn("hivenet-sim", &["--port", &ps, "--model", "m"], &dir, &[]);
+    let (head, body) = read_all(s);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head} {body}");
+    assert!(body.contains("chat.completion"), "{body}");
+    assert_eq!(outcome(&r, "woken"), 1.0);
+}

@@ -570,10 +570,12 @@ fn reset_clears_failure_streaks() {
         .map(Resp::pair)
         .expect("put");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    // The backend's 500 reaches the client as the agent's backend_error
+    // (502, spec 03 §8).
     for _ in 0..3 {
         assert_eq!(
             chat(r.http, "streak-model", false).0,
-            500,
+            502,
             "backend error relayed"
         );
     }
@@ -591,10 +593,10 @@ fn reset_clears_failure_streaks() {
         .expect("reset");
     assert_eq!(st, 200);
     // A fresh streak: two more failures are allowed before the gate.
-    assert_eq!(chat(r.http, "streak-model", false).0, 500);
+    assert_eq!(chat(r.http, "streak-model", false).0, 502);
     assert_eq!(
         chat(r.http, "streak-model", false).0,
-        500,
+        502,
         "the streak restarted at the reset"
     );
 }

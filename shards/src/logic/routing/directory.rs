@@ -17,6 +17,15 @@ use std::collections::HashMap;
 
 use crate::logic::link::control::Capability;
 
+/// Counts with one link of `cap`.
+fn one(cap: Capability) -> [u32; 3] {
+    let mut c = [0; 3];
+    if let Some(n) = c.get_mut(cap_index(cap)) {
+        *n = 1;
+    }
+    c
+}
+
 /// The slot of a capability in an entry's per-capability link counts.
 fn cap_index(cap: Capability) -> usize {
     match cap {
@@ -48,6 +57,9 @@ struct Entry {
     /// Of those, per capability (llm, embedding, reranker): a model
     /// held at zero for one kind is woken by an agent of that kind only.
     caps: [u32; 3],
+    /// Of those, the healthy ones per capability: a model whose agents
+    /// are all unhealthy is redirected or held as one at zero (seed 2).
+    healthy: [u32; 3],
 }
 
 /// How many names the directory holds, by state.
@@ -79,23 +91,40 @@ impl Directory {
             .map(|e| e.shard)
     }
 
-    /// Owner of a model with registered agents, and whether one of them
-    /// has capability `cap` (one lookup on the request path).
+    /// Owner of a model with registered agents, and whether a healthy
+    /// one has capability `cap` (one lookup on the request path).
     pub fn owner_and_cap(&self, model: &str, cap: Capability) -> Option<(usize, bool)> {
         self.owners
             .get(model)
             .filter(|e| e.confirmed && e.links > 0)
             .map(|e| {
-                let has = e.caps.get(cap_index(cap)).is_some_and(|n| *n > 0);
+                let has = e.healthy.get(cap_index(cap)).is_some_and(|n| *n > 0);
                 (e.shard, has)
             })
     }
 
-    /// Owner of a model with a registered agent of capability `cap`.
+    /// A registered agent of `model` (capability `cap`) turned healthy
+    /// (`up`) or unhealthy.
+    pub fn set_health(&mut self, model: &str, cap: Capability, up: bool) {
+        if let Some(n) = self
+            .owners
+            .get_mut(model)
+            .and_then(|e| e.healthy.get_mut(cap_index(cap)))
+        {
+            *n = if up {
+                n.saturating_add(1)
+            } else {
+                n.saturating_sub(1)
+            };
+        }
+    }
+
+    /// Owner of a model with a healthy registered agent of capability
+    /// `cap`.
     pub fn owner_with(&self, model: &str, cap: Capability) -> Option<usize> {
         self.owners
             .get(model)
-            .filter(|e| e.confirmed && e.caps.get(cap_index(cap)).is_some_and(|n| *n > 0))
+            .filter(|e| e.confirmed && e.healthy.get(cap_index(cap)).is_some_and(|n| *n > 0))
             .map(|e| e.shard)
     }
 
@@ -137,6 +166,7 @@ impl Directory {
                     pending: 1,
                     links: 0,
                     caps: [0; 3],
+                    healthy: [0; 3],
                 },
             );
             self.provisional += 1;
@@ -170,10 +200,10 @@ impl Directory {
         pick_fewest(&self.counts)
     }
 
-    /// A link of capability `cap` registered for `model`: confirm its
-    /// owner (assigning `preferred`, or the tentative shard when
-    /// `preferred` is out of range, when the model is new) and count the
-    /// link. Returns the owner.
+    /// A link of capability `cap` registered for `model` (healthy, as
+    /// every agent starts): confirm its owner (assigning `preferred`, or
+    /// the tentative shard when `preferred` is out of range, when the model
+    /// is new) and count the link. Returns the owner.
     pub fn register(&mut self, model: &str, preferred: usize, cap: Capability) -> usize {
         if let Some(e) = self.owners.get_mut(model) {
             if !e.confirmed {
@@ -183,6 +213,9 @@ impl Directory {
             e.pending = e.pending.saturating_sub(1);
             e.links = e.links.saturating_add(1);
             if let Some(n) = e.caps.get_mut(cap_index(cap)) {
+                *n = n.saturating_add(1);
+            }
+            if let Some(n) = e.healthy.get_mut(cap_index(cap)) {
                 *n = n.saturating_add(1);
             }
             return e.shard;
@@ -199,13 +232,8 @@ impl Directory {
                 confirmed: true,
                 pending: 0,
                 links: 1,
-                caps: {
-                    let mut c = [0; 3];
-                    if let Some(n) = c.get_mut(cap_index(cap)) {
-                        *n = 1;
-                    }
-                    c
-                },
+                caps: one(cap),
+                healthy: one(cap),
             },
         );
         if let Some(c) = self.counts.get_mut(shard) {
@@ -214,12 +242,18 @@ impl Directory {
         shard
     }
 
-    /// A registered link of `model` (capability `cap`) ended.
-    pub fn unregister(&mut self, model: &str, cap: Capability) {
+    /// A registered link of `model` (capability `cap`; `healthy`: as the
+    /// directory counted it last) ended.
+    pub fn unregister(&mut self, model: &str, cap: Capability, healthy: bool) {
         if let Some(e) = self.owners.get_mut(model) {
             e.links = e.links.saturating_sub(1);
             if let Some(n) = e.caps.get_mut(cap_index(cap)) {
                 *n = n.saturating_sub(1);
+            }
+            if healthy {
+                if let Some(n) = e.healthy.get_mut(cap_index(cap)) {
+                    *n = n.saturating_sub(1);
+                }
             }
         }
     }
@@ -273,7 +307,7 @@ mod tests {
         assert_eq!(d.owner("a"), None, "not visible before registration");
         assert_eq!(d.register("a", 9, Capability::Llm), a);
         assert_eq!(d.owner("a"), Some(a));
-        d.unregister("a", Capability::Llm);
+        d.unregister("a", Capability::Llm, true);
         assert_eq!(d.owner("a"), None, "no agent left: not found");
         assert_eq!(d.assigned("a"), Some(a), "but the shard is kept");
         assert_eq!(d.register("a", 1 - a, Capability::Llm), a, "stable");
@@ -355,10 +389,34 @@ mod tests {
         assert_eq!(d.owner_and_cap("m", Capability::Llm), Some((s, false)));
         d.register("m", 0, Capability::Llm);
         assert_eq!(d.owner_with("m", Capability::Llm), Some(s), "same owner");
-        d.unregister("m", Capability::Llm);
+        d.unregister("m", Capability::Llm, true);
         assert_eq!(d.owner_with("m", Capability::Llm), None);
-        d.unregister("m", Capability::Embedding);
+        d.unregister("m", Capability::Embedding, true);
         assert_eq!(d.owner("m"), None);
         assert_eq!(d.owner_with("m", Capability::Embedding), None);
+    }
+
+    /// Issue 28 #2: a model whose agents are all unhealthy has no healthy
+    /// owner for its kind (it is redirected or held as one at zero); one
+    /// recovering makes it served again.
+    #[test]
+    fn only_healthy_agents_serve() {
+        let mut d = Directory::new(1);
+        d.register("m", 0, Capability::Llm);
+        d.register("m", 0, Capability::Llm);
+        assert_eq!(d.owner_and_cap("m", Capability::Llm), Some((0, true)));
+        d.set_health("m", Capability::Llm, false);
+        assert_eq!(d.owner_with("m", Capability::Llm), Some(0), "one left");
+        d.set_health("m", Capability::Llm, false);
+        assert_eq!(d.owner_and_cap("m", Capability::Llm), Some((0, false)));
+        assert_eq!(d.owner_with("m", Capability::Llm), None);
+        assert_eq!(d.owner("m"), Some(0), "still registered");
+        d.set_health("m", Capability::Llm, true);
+        assert_eq!(d.owner_with("m", Capability::Llm), Some(0), "recovered");
+        d.unregister("m", Capability::Llm, false);
+        d.unregister("m", Capability::Llm, true);
+        assert_eq!(d.owner("m"), None);
+        d.register("m", 0, Capability::Llm);
+        assert_eq!(d.owner_with("m", Capability::Llm), Some(0), "no drift");
     }
 }

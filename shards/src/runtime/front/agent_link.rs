@@ -342,14 +342,14 @@ pub async fn serve_link(
     };
     let owner = shard.router.register(&model, shard.id, reg.capability);
     if owner != shard.id {
-        shard.router.unregister(&model, reg.capability);
+        shard.router.unregister(&model, reg.capability, true);
         return reject(&shard, &mut ctl, &model, Refusal::OwnedElsewhere(owner)).await;
     }
     let hb = ControlMsg::Registered {
         heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u64,
     };
     if let Err(e) = link::write_frame(&mut ctl.stream, &hb).await {
-        shard.router.unregister(&model, reg.capability);
+        shard.router.unregister(&model, reg.capability, true);
         warn!(shard = shard.id, %peer_id, "cannot confirm registration: {e}");
         return;
     }
@@ -396,7 +396,9 @@ async fn heartbeats(shard: &Shard, agent: &Agent, ctl: &mut Conn<LinkStream>) {
         match monoio::time::timeout(wait, ctl.read_frame()).await {
             Ok(Ok(Some(msg))) => {
                 last_frame = clock::now();
-                if !on_frame(agent, msg) {
+                let ok = on_frame(agent, msg);
+                sync_health(shard, agent);
+                if !ok {
                     return;
                 }
             }
@@ -417,9 +419,26 @@ async fn heartbeats(shard: &Shard, agent: &Agent, ctl: &mut Conn<LinkStream>) {
                     agent.agent_failures.set(agent.agent_failures.get() + 1);
                 }
                 agent.live.set(false);
+                sync_health(shard, agent);
             }
             Err(_) => {}
         }
+    }
+}
+
+/// Bring the directory's count of healthy agents in line with `agent`'s
+/// health (seed 2: a model whose agents are all unhealthy is redirected
+/// or held); a recovered agent releases the requests held for its model.
+fn sync_health(shard: &Shard, agent: &Agent) {
+    let now = agent.healthy();
+    if agent.counted_healthy.replace(now) == now {
+        return;
+    }
+    shard
+        .router
+        .set_health(&agent.reg.model, agent.reg.capability, now);
+    if now {
+        shard.wake_held(&agent.reg.model);
     }
 }
 
@@ -460,9 +479,10 @@ fn on_frame(agent: &Agent, msg: ControlMsg) -> bool {
 /// a newer registration of the same peer already replaced this one (it
 /// carries the live state; publishing or flushing here would undo it).
 fn leave(shard: &Shard, agent: &Rc<Agent>) {
+    let counted = agent.counted_healthy.get();
     shard
         .router
-        .unregister(&agent.reg.model, agent.reg.capability);
+        .unregister(&agent.reg.model, agent.reg.capability, counted);
     if !shard.remove_agent(agent) {
         info!(shard = shard.id, peer_id = %agent.reg.peer_id, "replaced link ended");
         return;

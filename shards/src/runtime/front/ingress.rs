@@ -318,14 +318,16 @@ async fn read_inference(
     // Served here: an agent of the endpoint's kind is registered; an
     // agent of another kind serves it only when the kind is not held at
     // zero here (then the owner names the missing capability).
+    // Served here when a healthy agent of the endpoint's kind is; agents
+    // that are all unhealthy, or of another kind, leave the request to
+    // a warm sibling or a hold first, then to the owner's answer (seed 2).
     let found = shard.owner_and_cap(&meta.model, ep.capability());
     let owner = found.map(|(o, _)| o);
-    let served = match found {
-        Some((_, true)) => true,
-        Some((_, false)) => super::hold::holdable(shard, ep, &meta.model).is_none(),
-        None => false,
+    let agents = match found {
+        Some((_, healthy)) => LocalAgents::Registered { healthy },
+        None => LocalAgents::None,
     };
-    let serving = serving(shard, &head, ep, &meta.model, &principal, served);
+    let serving = serving(shard, &head, ep, &meta.model, &principal, agents);
     let hold_for = match place(shard, c, serving, &meta.model, keep).await {
         Ok(h) => h,
         Err(next) => return next,
@@ -505,12 +507,13 @@ fn serving(
     ep: Endpoint,
     model: &str,
     principal: &Principal,
-    registered: bool,
+    agents: LocalAgents,
 ) -> Serving {
     let cfg = &shard.router.cfg;
-    // A registered model is served here before the map is read: no map
-    // lookup on the common path.
-    let map = if registered { None } else { shard.site_map() };
+    // A model with a healthy agent is served here before the map is read:
+    // no map lookup on the common path.
+    let healthy = agents == LocalAgents::Registered { healthy: true };
+    let map = if healthy { None } else { shard.site_map() };
     let sites = match (cfg.site_id.as_deref(), map.as_deref()) {
         (Some(local), Some(map)) => Some(serving::Sites {
             map,
@@ -529,11 +532,7 @@ fn serving(
     serving::decide(&serving::Facts {
         model,
         kind: Kind::of(ep),
-        agents: if registered {
-            LocalAgents::Registered { healthy: true }
-        } else {
-            LocalAgents::None
-        },
+        agents,
         sites,
         identity,
         scopes,

@@ -195,9 +195,15 @@ impl Router {
         self.directory.update(|d| d.register(model, preferred, cap))
     }
 
-    /// A registered link of `model` (capability `cap`) ended.
-    pub fn unregister(&self, model: &str, cap: Capability) {
-        self.directory.update(|d| d.unregister(model, cap));
+    /// A registered link of `model` (capability `cap`, counted healthy or
+    /// not) ended.
+    pub fn unregister(&self, model: &str, cap: Capability, healthy: bool) {
+        self.directory.update(|d| d.unregister(model, cap, healthy));
+    }
+
+    /// A registered agent of `model` turned healthy (`up`) or unhealthy.
+    pub fn set_health(&self, model: &str, cap: Capability, up: bool) {
+        self.directory.update(|d| d.set_health(model, cap, up));
     }
 
     /// Publish a `registered` or `unregistered` event to every subscriber.

@@ -222,11 +222,17 @@ impl Shard {
         model.add(agent.clone());
         drop(models);
         // Requests held at zero on any shard are released (seed step 6).
-        self.router.holds.woke(&agent.reg.model);
-        for tx in &self.router.mesh {
-            let _ = tx.unbounded_send(super::mesh::ShardMsg::Woken(agent.reg.model.clone()));
-        }
+        self.wake_held(&agent.reg.model);
         agent
+    }
+
+    /// An agent of `model` registered or recovered: the requests held for
+    /// it on every shard are released.
+    pub fn wake_held(&self, model: &str) {
+        self.router.holds.woke(model);
+        for tx in &self.router.mesh {
+            let _ = tx.unbounded_send(super::mesh::ShardMsg::Woken(model.to_string()));
+        }
     }
 
     /// Take an agent out of routing; returns whether it was still the

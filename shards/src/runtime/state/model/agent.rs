@@ -31,6 +31,9 @@ pub struct Agent {
     pub live: Cell<bool>,
     /// The agent's own check of its backend.
     pub backend_healthy: Cell<bool>,
+    /// Its health as the model directory counts it (synced on every
+    /// change, so the counts never drift).
+    pub counted_healthy: Cell<bool>,
     /// Requests in flight (slot held until the response ends).
     pub active: Cell<u32>,
     /// Lifetime successful requests.
@@ -189,6 +192,7 @@ impl Agent {
             link,
             live: Cell::new(true),
             backend_healthy: Cell::new(true),
+            counted_healthy: Cell::new(true),
             active: Cell::new(0),
             success: Cell::new(h.success),
             failed: Cell::new(h.failed),
