@@ -211,7 +211,8 @@ fn daily_tokens_refund_failures_and_survive_reload_and_restart() {
             .send(ports.0)
             .expect("chat")
             .triple();
-        assert_eq!(st, 500, "the backend's error, not a quota refusal");
+        // The backend's 500 is the agent's backend_error (502, spec 03 §8).
+        assert_eq!(st, 502, "the backend's error, not a quota refusal");
     }
     assert_eq!(used_today(ports.1, "tok"), 0, "refunded");
     // Spend the budget: each success is charged its real usage.
