@@ -446,10 +446,7 @@ fn stream_reads(port: u16, body: &str) -> Vec<(std::time::Instant, Vec<u8>, bool
         // Whole chunks only; what is left is a chunk cut by this read.
         let mut done = Vec::new();
         let mut last = false;
-        loop {
-            let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") else {
-                break;
-            };
+        while let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") {
             let size = usize::from_str_radix(String::from_utf8_lossy(&raw[..eol]).trim(), 16)
                 .expect("chunk size");
             if raw.len() < eol + 2 + size + 2 {

@@ -69,6 +69,10 @@ fn opts(port: u16, out: &str) -> bench::Opts {
         same_prompt: false,
         temperature: None,
         interleave: None,
+        conversations: 0,
+        apps: 4,
+        system_tokens: 512,
+        turns: 8,
     }
 }
 
@@ -350,4 +354,54 @@ fn the_sim_prefix_cache_reports_and_skips_cached_prefill() {
         .expect("hits counter");
     assert_eq!(hits, cached + read, "{text}");
     assert!(text.contains("vllm:prefix_cache_queries_total{"));
+}
+
+/// The conversation workload end to end against a sim with a prefix
+/// cache on one engine: later turns repeat their history, so most of
+/// their prompt is read from the cache (the sim's own vLLM counters); the
+/// same run with independent prompts hits almost nothing.
+#[test]
+fn conversations_reuse_their_prefix_on_one_engine() {
+    let hits = |conversations: u32| {
+        let (_s, port) = sim(&[
+            "--prefix-cache-tokens",
+            "1000000",
+            "--cache-block-tokens",
+            "1",
+            "--ttft",
+            "1ms",
+        ]);
+        let mut o = opts(port, &format!("conv-{conversations}.json"));
+        o.connections = Some(1);
+        o.requests = Some(24);
+        o.duration = None;
+        o.conversations = conversations;
+        o.apps = 2;
+        o.system_tokens = 64;
+        o.turns = 6;
+        o.prompt_tokens = "8-16".into();
+        let r = bench::run(&o).expect("run");
+        assert_eq!((r.ok, r.errors), (24, 0));
+        let text = {
+            use std::io::{Read, Write};
+            let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            c.write_all(b"GET /metrics HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n")
+                .expect("write");
+            let mut out = String::new();
+            c.read_to_string(&mut out).expect("read");
+            out
+        };
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0)
+        };
+        value("vllm:prefix_cache_hits_total") / value("vllm:prefix_cache_queries_total")
+    };
+    let conv = hits(4);
+    let independent = hits(0);
+    assert!(conv > 0.6, "conversations: {conv:.2} of the prompt cached");
+    assert!(independent < 0.2, "independent prompts: {independent:.2}");
 }

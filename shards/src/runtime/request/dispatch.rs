@@ -13,7 +13,7 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use super::admission;
-use super::forward::{attempt, build_request, record_attempt, Outcome};
+use super::forward::{attempt, build_request, record_attempt, Ask, Outcome};
 use super::respond;
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
@@ -353,17 +353,12 @@ impl Run<'_> {
         }
         let deadline = d.request().deadline;
         let reserved = self.admitted.reservation.as_ref();
-        let (outcome, sample) = attempt(
-            shard,
-            c,
-            p,
-            &agent,
-            &self.request,
+        let ask = Ask {
+            request: &self.request,
             deadline,
-            reserved,
-            &mut self.last_backend,
-        )
-        .await;
+            held: reserved,
+        };
+        let (outcome, sample) = attempt(shard, c, p, &agent, ask, &mut self.last_backend).await;
         let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
         served(shard, c, p, &agent, &outcome, &mut self.admitted, self.llm);
         let tenant = p.principal.tenant_arc();

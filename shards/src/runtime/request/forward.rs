@@ -78,18 +78,32 @@ const BACKEND_BODY_MAX: u64 = 64 * 1024;
 /// Longest wait for it (the head is there; the body follows at once).
 const BACKEND_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// What one attempt sends and is bound by.
+pub struct Ask<'a> {
+    /// The request bytes as the agent receives them.
+    pub request: &'a [u8],
+    /// The request's deadline.
+    pub deadline: clock::Instant,
+    /// The admission reservation an SSE stream trues up.
+    pub held: Option<&'a Reservation>,
+}
+
 /// Take a slot, exchange with the agent under the request deadline, relay.
-/// Returns the outcome and the latency sample (only for a request written).
+/// Returns the outcome and the latency sample (only for a request
+/// written); a backend's 502-504 answer is left in `last_backend`.
 pub async fn attempt(
     shard: &Shard,
     c: &mut Client,
     p: &PendingRequest,
     agent: &Rc<Agent>,
-    request: &[u8],
-    deadline: clock::Instant,
-    held: Option<&Reservation>,
+    ask: Ask<'_>,
     last_backend: &mut Option<ApiError>,
 ) -> (Outcome, Option<f64>) {
+    let Ask {
+        request,
+        deadline,
+        held,
+    } = ask;
     let _slot = Slot::take(agent.clone());
     let progress = Progress::default();
     let remaining = deadline.saturating_duration_since(clock::now());
