@@ -433,8 +433,68 @@ fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
     for a in &agents {
         f.series(routing_labels(a), u8::from(a.healthy));
     }
+    let mut f = Family::new(
+        o,
+        "hivenet_routing_agent_last_seen_timestamp",
+        Gauge,
+        "Unix milliseconds of the agent's registration or last heartbeat.",
+        ROUTING_LABELS,
+    );
+    for a in &agents {
+        f.series(routing_labels(a), a.last_seen.saturating_mul(1000));
+    }
     type Get = fn(&AgentView) -> Option<f64>;
-    let per_agent: [(&'static str, Kind, &str, Get); 14] = [
+    let per_agent: [(&'static str, Kind, &str, Get); 22] = [
+        (
+            "hivenet_agent_capacity_utilization",
+            Gauge,
+            "Requests in flight over the declared capacity, now.",
+            |a| (a.reg.capacity > 0).then(|| f64::from(a.active) / f64::from(a.reg.capacity)),
+        ),
+        // The engine's own signals as the agent last reported them; a
+        // signal the engine does not have is absent, never 0.
+        (
+            "hivenet_agent_engine_kv_cache_utilization",
+            Gauge,
+            "The engine's KV-cache use, 0-1 (engine-reported).",
+            |a| a.signals.kv_cache_utilization,
+        ),
+        (
+            "hivenet_agent_engine_running_requests",
+            Gauge,
+            "Requests the engine is running (engine-reported).",
+            |a| a.signals.running_requests,
+        ),
+        (
+            "hivenet_agent_engine_waiting_requests",
+            Gauge,
+            "Requests waiting in the engine (engine-reported).",
+            |a| a.signals.waiting_requests,
+        ),
+        (
+            "hivenet_agent_engine_avg_ttft_seconds",
+            Gauge,
+            "The engine's mean time to first token, s (engine-reported).",
+            |a| a.signals.avg_ttft_seconds,
+        ),
+        (
+            "hivenet_agent_engine_p90_ttft_seconds",
+            Gauge,
+            "The engine's p90 time to first token, s (engine-reported).",
+            |a| a.signals.p90_ttft_seconds,
+        ),
+        (
+            "hivenet_agent_engine_avg_itl_seconds",
+            Gauge,
+            "The engine's mean inter-token latency, s (engine-reported).",
+            |a| a.signals.avg_itl_seconds,
+        ),
+        (
+            "hivenet_agent_engine_p90_itl_seconds",
+            Gauge,
+            "The engine's p90 inter-token latency, s (engine-reported).",
+            |a| a.signals.p90_itl_seconds,
+        ),
         (
             "hivenet_agent_active_requests",
             Gauge,

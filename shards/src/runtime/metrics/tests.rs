@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::logic::link::control::Registration;
+use crate::logic::link::engine_metrics::EngineSignals;
 use crate::runtime::state::model::stats::{DurationSeries, Histogram};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,7 +25,7 @@ fn agent(peer: &str, model: &str, srtt: Option<f64>) -> AgentView {
         active: 2,
         success: 30,
         failed: 10,
-        last_seen: 0,
+        last_seen: 1_700_000_000,
         live: true,
         backend_healthy: true,
         srtt,
@@ -35,7 +36,12 @@ fn agent(peer: &str, model: &str, srtt: Option<f64>) -> AgentView {
         disconnections: 1,
         agent_failures: 2,
         backend_failures: 3,
-        signals: Default::default(),
+        signals: EngineSignals {
+            // Only some of the engine's signals: the others stay absent.
+            kv_cache_utilization: srtt.map(|_| 0.25),
+            running_requests: Some(3.0),
+            ..Default::default()
+        },
         hardware: Default::default(),
     }
 }
@@ -401,11 +407,41 @@ const FAMILIES: &[Want] = &[
         Some(("peer_id", "12D3KooWb", 0.0)),
     ),
     (
+        "hivenet_routing_agent_last_seen_timestamp",
+        "gauge",
+        3,
+        Some(("peer_id", "12D3KooWa", 1_700_000_000_000.0)),
+    ),
+    (
         "hivenet_agent_active_requests",
         "gauge",
         3,
         Some(("peer_id", "12D3KooWa", 2.0)),
     ),
+    (
+        "hivenet_agent_capacity_utilization",
+        "gauge",
+        3,
+        Some(("peer_id", "12D3KooWa", 0.5)),
+    ),
+    // Engine signals: present ones only (KV use on two agents of three).
+    (
+        "hivenet_agent_engine_kv_cache_utilization",
+        "gauge",
+        2,
+        Some(("peer_id", "12D3KooWa", 0.25)),
+    ),
+    (
+        "hivenet_agent_engine_running_requests",
+        "gauge",
+        3,
+        Some(("peer_id", "12D3KooWc", 3.0)),
+    ),
+    ("hivenet_agent_engine_waiting_requests", "gauge", 0, None),
+    ("hivenet_agent_engine_avg_ttft_seconds", "gauge", 0, None),
+    ("hivenet_agent_engine_p90_ttft_seconds", "gauge", 0, None),
+    ("hivenet_agent_engine_avg_itl_seconds", "gauge", 0, None),
+    ("hivenet_agent_engine_p90_itl_seconds", "gauge", 0, None),
     (
         "hivenet_agent_requests_success_total",
         "counter",
