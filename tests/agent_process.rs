@@ -335,3 +335,87 @@ fn no_pin_leaves_shards_unpinned() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--no-pin and --cpus"));
 }
+
+/// Issue 28 #15: an agent reads its GPUs with nvidia-smi (here a stand-in
+/// script printing what the real tool prints for one hot H100): the GPU
+/// model is registered and matched by `match.gpu_model`, and the GPU
+/// signals gate (`gpu_temperature_c`); an agent without the tool reports
+/// no GPU, so the gate passes for it and the model match does not.
+#[test]
+fn gpu_signals_from_nvidia_smi_gate_and_match() {
+    let dir = tmpdir("gpu");
+    let smi = dir.join("nvidia-smi");
+    std::fs::write(
+        &smi,
+        "#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 97, 40960, 81920, 90'\n",
+    )
+    .expect("script");
+    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let smi = smi.to_string_lossy().to_string();
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let (_s1, p1) = start_sim(&dir, "g", &[]);
+    let (_s2, p2) = start_sim(&dir, "g", &[]);
+    let fast = [
+        "--hardware-sample-interval",
+        "100ms",
+        "--engine-sample-interval",
+        "100ms",
+    ];
+    let mut hot_args = vec!["--nvidia-smi", smi.as_str()];
+    hot_args.extend_from_slice(&fast);
+    let mut none_args = vec!["--nvidia-smi", "/nonexistent/nvidia-smi"];
+    none_args.extend_from_slice(&fast);
+    let _hot = start_agent(&dir, &r, p1, "hot.key", &hot_args);
+    let _none = start_agent(&dir, &r, p2, "none.key", &none_args);
+    wait_agents(r.http, "g", 2);
+    let row = |gpu: bool| {
+        routing_table(r.http)["agents"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|a| a["metadata"].get("gpu_model").is_some() == gpu)
+            .expect("agent row")
+    };
+    wait_until(
+        Duration::from_secs(10),
+        || row(true)["hardware"]["gpu"]["temperature_c"] == 90.0,
+        "GPU signals reach the routing table",
+    );
+    assert_eq!(row(true)["metadata"]["gpu_model"], "NVIDIA H100 80GB HBM3");
+    assert!(
+        row(false)["hardware"].get("gpu").is_none(),
+        "no GPU: absent"
+    );
+    let served = |gpu: bool| {
+        row(gpu)["universal"]["successful_requests_total"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let put = |yaml: &str| {
+        let (st, b) = Req::new("PUT", "/admin/policy")
+            .body(yaml.as_bytes())
+            .raw_headers(&format!("Authorization: Bearer {ADMIN_KEY}\r\n"))
+            .send(r.http)
+            .map(Resp::pair)
+            .expect("put");
+        assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    };
+    let send = |n: usize| {
+        for _ in 0..n {
+            let (st, b) = Req::post("/v1/chat/completions", chat_body("g", false))
+                .send(r.http)
+                .map(Resp::pair)
+                .expect("chat");
+            assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+        }
+    };
+    // The hot GPU is excluded; the agent without a GPU passes the gate.
+    put("routing_policy:\n  exclude_if:\n    gpu_temperature_c:\n      gt: 85\n  strategy: least-loaded\n");
+    send(6);
+    assert_eq!((served(true), served(false)), (0, 6));
+    // Only the H100 matches.
+    put("routing_policy:\n  match:\n    gpu_model: NVIDIA H100 80GB HBM3\n  strategy: least-loaded\n");
+    send(4);
+    assert_eq!((served(true), served(false)), (4, 6));
+}

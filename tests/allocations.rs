@@ -225,6 +225,8 @@ fn start_agent(p2p: u16, sim: u16, dir: &std::path::Path) {
         health_interval: Duration::from_secs(600),
         signal_interval: Duration::from_secs(600),
         warmup: false,
+        gpu_model: String::new(),
+        gpus: Default::default(),
     };
     std::thread::Builder::new()
         .name("agent".into())

@@ -641,14 +641,19 @@ fn a_recovered_agent_wakes_the_queue() {
         },
         "A busy",
     );
-    let waiter = std::thread::spawn(move || {
-        let t = Instant::now();
-        (chat(http, "rec-model", false).0, t.elapsed())
-    });
+    // Three waiters: a recovery wakes every queued request, not one.
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                (chat(http, "rec-model", false).0, t.elapsed())
+            })
+        })
+        .collect();
     wait_until(
         Duration::from_secs(3),
-        || metric(r.metrics, "hivenet_queue_depth{model=\"rec-model\"}") == Some(1.0),
-        "the request waits in the queue",
+        || metric(r.metrics, "hivenet_queue_depth{model=\"rec-model\"}") == Some(3.0),
+        "the requests wait in the queue",
     );
     // B's backend returns on the same port: B reports healthy and the
     // queued request goes to it at once.
@@ -659,11 +664,13 @@ fn a_recovered_agent_wakes_the_queue() {
         &dir,
         &[],
     );
-    let (st, took) = waiter.join().expect("waiter");
-    assert_eq!(st, 200);
-    assert!(
-        took < Duration::from_secs(5),
-        "served by the recovered agent, not after the 8 s stream: {took:?}"
-    );
+    for w in waiters {
+        let (st, took) = w.join().expect("waiter");
+        assert_eq!(st, 200);
+        assert!(
+            took < Duration::from_secs(5),
+            "served by the recovered agent, not after the 8 s stream: {took:?}"
+        );
+    }
     assert_eq!(holder.join().expect("holder").expect("stream"), 200);
 }

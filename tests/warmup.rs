@@ -21,10 +21,13 @@ fn warmed(engine: &str, warmup: &str, model: &str) -> (f64, String) {
     );
     wait_agents(r.http, model, 1);
     let log = a.log_text();
-    let warm_line = log.find("warm-up completion succeeded");
-    let reg_line = log.find("registered with the router");
-    if let (Some(w), Some(g)) = (warm_line, reg_line) {
-        assert!(w < g, "warm-up before registration:\n{log}");
+    // The order is checked whenever the warm-up ran; a missing
+    // registration line fails (issue 28: it used to skip the check).
+    let reg_line = log
+        .find("registered with the router")
+        .unwrap_or_else(|| panic!("no registration line:\n{log}"));
+    if let Some(w) = log.find("warm-up completion succeeded") {
+        assert!(w < reg_line, "warm-up before registration:\n{log}");
     }
     (sim_completions(port), log)
 }

@@ -57,6 +57,7 @@ fn facts(a: &Agent) -> AgentFacts<'_> {
         consecutive_failures: Some(0),
         signals: Default::default(),
         hardware: Default::default(),
+        gpu_model: "",
     }
 }
 

@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod engine;
+pub mod gpu;
 pub mod serve;
 
 use std::net::SocketAddr;
@@ -65,6 +66,12 @@ pub struct AgentConfig {
     pub signal_interval: Duration,
     /// Warm-up before registering (resolved from `--warmup` and the engine).
     pub warmup: bool,
+    /// GPU model registered (`--gpu-model`, else `nvidia-smi`'s first GPU;
+    /// empty: none).
+    pub gpu_model: String,
+    /// The host's GPUs as `nvidia-smi` last read them (None: no tool, or
+    /// no GPU), sampled off the runtime by [`gpu::start`].
+    pub gpus: gpu::Latest,
 }
 
 /// Parse `--router-p2p`: a multiaddr `/ip4/1.2.3.4/tcp/9000` (or `/dns4/host/tcp/port`) or `host:port`.
@@ -273,6 +280,7 @@ async fn session(
         tags: cfg.tags.clone(),
         deployment_id: cfg.deployment_id.clone(),
         replica_id: cfg.replica_id.clone(),
+        gpu_model: cfg.gpu_model.clone(),
     };
     link::write_frame(&mut ctl, &ControlMsg::Register(reg))
         .await
@@ -368,6 +376,7 @@ async fn session(
             memory_used_percent: std::fs::read_to_string("/proc/meminfo")
                 .ok()
                 .and_then(|t| shards::logic::link::hardware::memory_used(&t)),
+            ..gpu::signals(&cfg.gpus)
         };
         cpu_prev = cpu_now;
         if let Err(e) =

@@ -86,6 +86,12 @@ struct Flags {
     /// driver: auto or epoll (default auto)
     #[argh(option, default = "String::from(\"auto\")")]
     driver: String,
+    /// GPU model to register, matched by a policy's match.gpu_model (default: the first GPU nvidia-smi names, when it runs)
+    #[argh(option)]
+    gpu_model: Option<String>,
+    /// nvidia-smi to read the GPUs with, every --hardware-sample-interval (default nvidia-smi on PATH; absent: no GPU signals)
+    #[argh(option, default = "String::from(\"nvidia-smi\")")]
+    nvidia_smi: String,
 }
 
 fn build() -> Result<(AgentConfig, DriverChoice), String> {
@@ -132,6 +138,18 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
         Some(p) => Some(link::load_swarm_key(Path::new(&p))?),
         None => None,
     };
+    if let Some(m) = &f.gpu_model {
+        if m.is_empty() || m.len() > 256 {
+            return Err("--gpu-model must be 1 to 256 bytes".into());
+        }
+    }
+    let health_interval =
+        cli::parse_duration("--hardware-sample-interval", &f.hardware_sample_interval)?;
+    let (first_gpu, gpus) = agent::gpu::start(&f.nvidia_smi, health_interval);
+    let gpu_model = f
+        .gpu_model
+        .or_else(|| first_gpu.map(|g| g.model))
+        .unwrap_or_default();
     let cfg = AgentConfig {
         router: agent::parse_router_addr(&f.router_p2p)?,
         backend: BackendUrl::parse(&f.backend_url).map_err(|e| format!("--backend-url: {e}"))?,
@@ -155,11 +173,10 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
         deployment_id: cli::flag_or_env(f.deployment_id, "HIVENET_ROUTER_DEPLOYMENT_ID", ""),
         replica_id: cli::flag_or_env(f.replica_id, "HIVENET_ROUTER_REPLICA_ID", ""),
         http_timeout: cli::parse_duration("--http-timeout", &f.http_timeout)?,
-        health_interval: cli::parse_duration(
-            "--hardware-sample-interval",
-            &f.hardware_sample_interval,
-        )?,
+        health_interval,
         warmup,
+        gpu_model,
+        gpus,
         signal_interval: match &f.routing_signal_interval {
             Some(v) => cli::parse_duration("--routing-signal-interval", v)?,
             None => cli::parse_duration("--engine-sample-interval", &f.engine_sample_interval)?,

@@ -37,31 +37,63 @@ def wake_later(fleet, after):
     return t
 
 
+def held_together(fleet, calls):
+    """Run every call in `calls` at once while the model is at zero, wake
+    it 1.5 s later, and return (result, seconds) per call: each of them was
+    held (issue 28: the Anthropic call used to start after the wake)."""
+    out = [None] * len(calls)
+
+    def run(i, f):
+        t0 = time.time()
+        try:
+            out[i] = (f(), time.time() - t0)
+        except Exception as e:  # reported below, with its call
+            out[i] = (e, time.time() - t0)
+
+    threads = [threading.Thread(target=run, args=(i, f)) for i, f in enumerate(calls)]
+    for t in threads:
+        t.start()
+    waker = wake_later(fleet, 1.5)
+    for t in threads:
+        t.join(60)
+    waker.join()
+    for i, (r, secs) in enumerate(out):
+        assert not isinstance(r, Exception), f"call {i}: {r!r}"
+        assert secs >= 1.0, f"call {i} was not held ({secs:.2f} s)"
+    return [r for r, _ in out]
+
+
 def test_both_sdks_are_held_then_served(fleet):
     site(fleet, "60s")
-    t = wake_later(fleet, 1.5)
     oa = openai.OpenAI(base_url=fleet.base + "/v1", api_key="x", max_retries=0, timeout=30)
-    t0 = time.time()
-    r = oa.chat.completions.create(model="sdk-model", messages=[{"role": "user", "content": "hi"}])
-    assert r.usage.completion_tokens == 5
-    assert time.time() - t0 >= 1.0, "it was held"
-    t.join()
-    chunks = list(oa.chat.completions.create(model="sdk-model", stream=True, messages=[{"role": "user", "content": "hi"}]))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     an = anthropic.Anthropic(base_url=fleet.base, api_key="x", max_retries=0, timeout=30)
-    m = an.messages.create(model="sdk-model", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    r, m = held_together(fleet, [
+        lambda: oa.chat.completions.create(model="sdk-model", messages=[{"role": "user", "content": "hi"}]),
+        lambda: an.messages.create(model="sdk-model", max_tokens=5, messages=[{"role": "user", "content": "hi"}]),
+    ])
+    assert r.usage.completion_tokens == 5
     assert m.usage.output_tokens == 5
 
 
 def test_held_streams_for_both_sdks(fleet):
     site(fleet, "60s")
-    t = wake_later(fleet, 1.5)
     oa = openai.OpenAI(base_url=fleet.base + "/v1", api_key="x", max_retries=0, timeout=30)
-    text = "".join(c.choices[0].delta.content or "" for c in
-                   oa.chat.completions.create(model="sdk-model", stream=True, messages=[{"role": "user", "content": "hi"}])
-                   if c.choices)
-    assert text, "the keepalive comments are skipped, the events arrive"
-    t.join()
+    an = anthropic.Anthropic(base_url=fleet.base, api_key="x", max_retries=0, timeout=30)
+
+    def openai_stream():
+        return "".join(c.choices[0].delta.content or "" for c in
+                       oa.chat.completions.create(model="sdk-model", stream=True,
+                                                  messages=[{"role": "user", "content": "hi"}])
+                       if c.choices)
+
+    def anthropic_stream():
+        with an.messages.stream(model="sdk-model", max_tokens=5,
+                                messages=[{"role": "user", "content": "hi"}]) as s:
+            return "".join(s.text_stream)
+
+    a, b = held_together(fleet, [openai_stream, anthropic_stream])
+    assert a, "the keepalive comments are skipped, the events arrive (OpenAI)"
+    assert b, "the keepalive comments are skipped, the events arrive (Anthropic)"
 
 
 def test_what_each_sdk_makes_of_a_late_error(fleet):

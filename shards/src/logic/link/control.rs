@@ -79,6 +79,10 @@ pub struct Registration {
     /// Replica ID.
     #[serde(default)]
     pub replica_id: String,
+    /// GPU model (`--gpu-model`, else the first GPU `nvidia-smi` names;
+    /// empty: none known), matched by a policy's `match.gpu_model`.
+    #[serde(default)]
+    pub gpu_model: String,
 }
 
 /// One control-stream message.

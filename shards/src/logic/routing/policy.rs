@@ -159,6 +159,19 @@ pub struct Step {
     pub max_tries: u32,
 }
 
+impl Step {
+    /// Whether the step reads a GPU signal or the GPU model.
+    pub fn reads_gpu(&self) -> bool {
+        !self.matcher.gpu_model.is_empty()
+            || self.exclude_if.iter().any(|r| {
+                matches!(
+                    r.field,
+                    Field::GpuTemperatureC | Field::GpuUtilPercent | Field::GpuVramUsedPercent
+                )
+            })
+    }
+}
+
 /// A validated policy.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Policy {
@@ -285,6 +298,8 @@ pub struct AgentFacts<'a> {
     pub signals: crate::logic::link::engine_metrics::EngineSignals,
     /// Host signals the agent reported (absent fields pass).
     pub hardware: crate::logic::link::hardware::HardwareSignals,
+    /// GPU model the agent declared or read (empty: none known).
+    pub gpu_model: &'a str,
 }
 
 impl AgentFacts<'_> {
@@ -305,8 +320,10 @@ impl AgentFacts<'_> {
             Field::P90ItlSeconds => self.signals.p90_itl_seconds,
             Field::MemoryUsedPercent => self.hardware.memory_used_percent,
             Field::CpuUsagePercent => self.hardware.cpu_usage_percent,
-            // GPU signals are not reported by agents yet: absent passes.
-            Field::GpuTemperatureC | Field::GpuUtilPercent | Field::GpuVramUsedPercent => None,
+            // Absent (no GPU reported) passes, as every missing signal.
+            Field::GpuTemperatureC => self.hardware.gpu_temperature_c,
+            Field::GpuUtilPercent => self.hardware.gpu_util_percent,
+            Field::GpuVramUsedPercent => self.hardware.gpu_vram_used_percent,
         }
     }
 
@@ -316,7 +333,7 @@ impl AgentFacts<'_> {
             && (m.organization.is_empty() || m.organization == self.organization)
             && (m.machine.is_empty() || m.machine == self.machine)
             && (m.capability.is_empty() || m.capability == self.capability.as_str())
-            && m.gpu_model.is_empty()
+            && (m.gpu_model.is_empty() || m.gpu_model == self.gpu_model)
             && m.tags.iter().all(|t| self.tags.contains(t))
     }
 }

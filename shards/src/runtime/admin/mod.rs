@@ -224,6 +224,7 @@ fn agent_json(a: &AgentView) -> Value {
         ("version", &r.version),
         ("deployment_id", &r.deployment_id),
         ("replica_id", &r.replica_id),
+        ("gpu_model", &r.gpu_model),
     ] {
         if !v.is_empty() {
             meta[k] = json!(v);
@@ -270,6 +271,13 @@ fn agent_json(a: &AgentView) -> Value {
         }
         if let Some(m) = a.hardware.memory_used_percent {
             hw["memory"] = json!({"used_percent": m * 100.0});
+        }
+        if let Some(u) = a.hardware.gpu_util_percent {
+            hw["gpu"] = json!({
+                "utilization_percent": u * 100.0,
+                "vram_used_percent": a.hardware.gpu_vram_used_percent.map(|v| v * 100.0),
+                "temperature_c": a.hardware.gpu_temperature_c,
+            });
         }
         v["hardware"] = hw;
     }

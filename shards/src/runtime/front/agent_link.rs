@@ -374,6 +374,19 @@ pub async fn serve_link(
         shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, engine = %agent.reg.engine,
         capability = agent.reg.capability.as_str(), capacity = agent.reg.capacity, "agent registered"
     );
+    // A policy that reads GPU signals or the GPU model, for an agent that
+    // knows no GPU: its gates pass and its match fails, silently unless
+    // said (issue 28 #15).
+    if agent.reg.gpu_model.is_empty()
+        && shard
+            .policy(&agent.reg.model)
+            .steps
+            .iter()
+            .any(|s| s.reads_gpu())
+    {
+        warn!(peer_id = %agent.reg.peer_id, model = %agent.reg.model,
+              "the model's policy reads GPU signals, and this agent reports no GPU (no nvidia-smi, no --gpu-model): gpu_* gates pass for it and match.gpu_model does not");
+    }
     heartbeats(&shard, &agent, &mut ctl).await;
     leave(&shard, &agent);
 }

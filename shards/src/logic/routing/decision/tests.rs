@@ -38,6 +38,7 @@ impl Pool for Vec<Agent> {
             consecutive_failures: None,
             signals: Default::default(),
             hardware: Default::default(),
+            gpu_model: "",
         })
     }
 }

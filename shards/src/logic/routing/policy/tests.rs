@@ -132,6 +132,7 @@ fn facts(
         consecutive_failures: None,
         signals: Default::default(),
         hardware: Default::default(),
+        gpu_model: "",
     }
 }
 
@@ -274,4 +275,45 @@ fn equal_loads_take_turns() {
         vec![StepPick::Agent(0), StepPick::Agent(1), StepPick::Agent(2)],
         "not always the lowest peer"
     );
+}
+
+/// Issue 28 #15: GPU gates read the agent's reported GPU signals (absent
+/// still passes) and `match.gpu_model` matches the declared model.
+#[test]
+fn gpu_signals_gate_and_gpu_model_matches() {
+    let mut hot = facts(1, true, 0, 4, None, "vllm");
+    hot.hardware.gpu_temperature_c = Some(91.0);
+    hot.hardware.gpu_util_percent = Some(0.95);
+    hot.gpu_model = "NVIDIA H100 80GB HBM3";
+    let cool = facts(2, true, 0, 4, None, "vllm");
+    assert_eq!(hot.signal(Field::GpuUtilPercent), Some(0.95));
+    assert_eq!(cool.signal(Field::GpuUtilPercent), None, "no GPU: absent");
+    let step = |m: Match, rules: Vec<Rule>| Step {
+        name: "s".into(),
+        matcher: m,
+        exclude_if: rules,
+        max_tries: 1,
+    };
+    let picks = |s: &Step, a: &AgentFacts<'static>| {
+        let a = *a;
+        matches!(
+            select(s, Capability::Llm, 1, move |_| Some(a), &[], 0),
+            StepPick::Agent(0)
+        )
+    };
+    let temp = Rule {
+        field: Field::GpuTemperatureC,
+        op: Op::Gt,
+        value: 85.0,
+    };
+    let s = step(Match::default(), vec![temp]);
+    assert!(!picks(&s, &hot), "a hot GPU is excluded");
+    assert!(picks(&s, &cool), "no GPU reported: the gate passes");
+    let h100 = Match {
+        gpu_model: "NVIDIA H100 80GB HBM3".into(),
+        ..Match::default()
+    };
+    let s = step(h100, vec![]);
+    assert!(picks(&s, &hot), "declared model matches");
+    assert!(!picks(&s, &cool), "no GPU model: no match");
 }

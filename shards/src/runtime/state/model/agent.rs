@@ -314,6 +314,7 @@ impl Agent {
             consecutive_failures: (total > 0).then(|| self.consecutive_failures.get()),
             signals: self.signals.get(),
             hardware: self.hardware.get(),
+            gpu_model: &self.reg.gpu_model,
         }
     }
 }
