@@ -736,3 +736,158 @@ fn a_model_whose_agents_are_all_unhealthy_is_held_and_released_on_recovery() {
     assert!(body.contains("chat.completion"), "{body}");
     assert_eq!(outcome(&r, "woken"), 1.0);
 }
+
+/// Place `e` (embedding) and `rr` (rerank) here with scale_from_zero.
+fn push_kinds(r: &Router) {
+    let body = format!(
+        r#"{{"version":"2","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{}"}}],"placements":[{{"site_id":"a","model":"e","kind":"embedding","scale_from_zero":true,"hold_budget":"20s"}},{{"site_id":"a","model":"rr","kind":"rerank","scale_from_zero":true,"hold_budget":"20s"}}]}}"#,
+        r.http
+    );
+    let (st, b) = Req::new("PUT", "/admin/sibling-map")
+        .body(body.as_bytes())
+        .raw_headers(&format!("Authorization: Bearer {ADMIN}\r\n"))
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("push");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+}
+
+/// Issue 28 (missing tests): every inference endpoint is held by the
+/// placement kind that matches it (seed 2): embeddings by an `embedding`
+/// placement, rerank by a `rerank` one, each released by an agent of its
+/// capability and served; a chat request for the embedding model is not
+/// held (no chat placement).
+#[test]
+fn embedding_and_rerank_requests_are_held_and_served() {
+    let dir = tmpdir("hold-kinds");
+    let r = site_router(&dir, &["--wake-keepalive", "0"], &[]);
+    push_kinds(&r);
+    let held = |model: &str| {
+        metric(
+            r.metrics,
+            &format!("hivenet_pending_demand{{model=\"{model}\"}}"),
+        )
+    };
+    let e = send(
+        r.http,
+        "/v1/embeddings",
+        r#"{"model":"e","input":"hello"}"#,
+        "",
+    );
+    let rr = send(
+        r.http,
+        "/v1/rerank",
+        r#"{"model":"rr","query":"q","documents":["a","b"]}"#,
+        "",
+    );
+    wait_until(
+        Duration::from_secs(5),
+        || held("e") == Some(1.0) && held("rr") == Some(1.0),
+        "both held",
+    );
+    let (st, _) = Req::post("/v1/chat/completions", chat_body("e", false))
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("chat");
+    assert_eq!(st, 404, "no chat placement: not held");
+    let (_se, pe) = start_sim(&dir, "e", &[]);
+    let _ae = start_agent(&dir, &r, pe, "e.key", &["--capability", "embedding"]);
+    let (_sr, pr) = start_sim(&dir, "rr", &[]);
+    let _ar = start_agent(&dir, &r, pr, "rr.key", &["--capability", "reranker"]);
+    let (head, body) = read_all(e);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head} {body}");
+    assert!(body.contains("embedding"), "{body}");
+    let (head, body) = read_all(rr);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head} {body}");
+    assert!(body.contains("results"), "{body}");
+    assert_eq!(held("e"), Some(0.0));
+    assert_eq!(held("rr"), Some(0.0));
+}
+
+/// Issue 28 (missing tests): the hold's flags are refused at start when
+/// they are not greater than 0 (seed 2), with one line naming the flag.
+#[test]
+fn hold_flags_out_of_range_stop_the_start() {
+    let dir = tmpdir("hold-flags");
+    for (flag, value) in [
+        ("--wake-hold-budget", "0s"),
+        ("--wake-hold-max-total", "0"),
+        ("--wake-hold-max-per-model", "0"),
+        ("--wake-hold-max-per-key", "0"),
+        ("--wake-keepalive", "-1s"),
+    ] {
+        // Spawned and bounded: a router that starts anyway fails the
+        // test instead of hanging it.
+        let mut child = std::process::Command::new(bin("hivenet-router"))
+            .args(["--site-id", "a", "--p2p-port", "0", flag, value])
+            .env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN)
+            .current_dir(&dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run");
+        let t = Instant::now();
+        let code = loop {
+            if let Some(s) = child.try_wait().expect("wait") {
+                break s.code();
+            }
+            if t.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let out = child.wait_with_output().expect("stderr");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code, Some(2), "{flag} {value}: started anyway? {err}");
+        assert!(err.contains(flag), "{flag} {value}: {err}");
+    }
+}
+
+/// Issue 28 (missing tests): a held request that expires and one whose
+/// client leaves each leave one audit line with the model and the logical
+/// status (503 model_waking, 499), not the 200 sent on the wire.
+#[test]
+fn audit_lines_of_held_requests_carry_the_model_and_the_logical_status() {
+    let dir = tmpdir("hold-audit");
+    let log = dir.join("audit.jsonl");
+    let log_s = log.to_string_lossy().to_string();
+    let r = site_router(
+        &dir,
+        &["--wake-keepalive", "200ms"],
+        &[("HIVENET_ROUTER_AUDIT_LOG_PATH", &log_s)],
+    );
+    push_map(&r, "1s");
+    let expired = send(r.http, "/v1/chat/completions", &chat_body("m", false), "");
+    let gone = send(r.http, "/v1/chat/completions", &chat_body("m", false), "");
+    wait_until(Duration::from_secs(5), || demand(&r) == Some(2.0), "held");
+    drop(gone);
+    let (head, body) = read_all(expired);
+    assert!(head.starts_with("HTTP/1.1 200"), "committed: {head}");
+    assert!(body.contains("model_waking"), "{body}");
+    let lines = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    wait_until(
+        Duration::from_secs(5),
+        || lines().len() >= 2,
+        "two audit lines",
+    );
+    let all = lines();
+    let waking = all
+        .iter()
+        .find(|l| l["status_code"] == 503)
+        .unwrap_or_else(|| panic!("a 503 line: {all:?}"));
+    assert_eq!(waking["model"], "m");
+    assert_eq!(waking["error_code"], "model_waking");
+    let left = all
+        .iter()
+        .find(|l| l["status_code"] == 499)
+        .unwrap_or_else(|| panic!("a 499 line: {all:?}"));
+    assert_eq!(left["model"], "m");
+}
