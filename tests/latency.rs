@@ -196,6 +196,13 @@ fn metrics_pass_promtool() {
     wait_agents(r.http, "p-model", 1);
     chat(r.http, "p-model", false, 2);
     let text = metrics_text(r.metrics);
+    // Every request's duration by method, route and status (spec 06).
+    assert!(
+        text.lines().any(|l| l.starts_with(
+            "http_server_request_duration_seconds_count{method=\"POST\",route=\"/v1/chat/completions\",status_code=\"200\"}"
+        ) && l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) >= Some(1.0)),
+        "{text}"
+    );
     assert!(text.contains("hivenet_agent_srtt_ms{"));
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])

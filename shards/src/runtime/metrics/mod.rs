@@ -49,6 +49,7 @@ pub fn render(
     let per_model = ModelTotals::of(snaps);
     render_models(&mut o, snaps, &per_model);
     render_shards(&mut o, snaps);
+    render_http(&mut o, snaps);
     render_agents(&mut o, snaps);
     o
 }
@@ -340,6 +341,28 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
     );
     for (m, st) in &t.models {
         f.histogram([m], &QUEUE_BUCKETS, &st.wait);
+    }
+}
+
+/// `http_server_request_duration_seconds` (spec 06): every request's
+/// duration by method, route and status, the shards' tables merged.
+fn render_http(o: &mut String, snaps: &[ShardSnapshot]) {
+    use crate::runtime::state::model::stats::{Histogram as Hist, HTTP_BUCKETS};
+    let mut all: std::collections::BTreeMap<(&str, &str, u16), Hist> = Default::default();
+    for s in snaps {
+        for (k, h) in &s.http {
+            all.entry(*k).or_default().merge(h);
+        }
+    }
+    let mut f = Family::new(
+        o,
+        "http_server_request_duration_seconds",
+        Histogram,
+        "Duration of HTTP requests, to the last byte of the response (streams included).",
+        ["method", "route", "status_code"],
+    );
+    for ((method, route, status), h) in &all {
+        f.histogram([method, route, status], &HTTP_BUCKETS, h);
     }
 }
 

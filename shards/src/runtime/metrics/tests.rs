@@ -92,6 +92,15 @@ pub(super) fn snapshots() -> Vec<ShardSnapshot> {
             ],
             models: vec![("m1".into(), model_stats("acme"))],
             redirects: vec![(("m1".into(), "site-b".into()), 3)],
+            http: {
+                let mut d = Vec::new();
+                let chat = ("POST", "/v1/chat/completions", 200);
+                crate::runtime::state::model::stats::observe_http(&mut d, chat, 0.02);
+                crate::runtime::state::model::stats::observe_http(&mut d, chat, 0.2);
+                let gone = ("GET", "unmatched", 404);
+                crate::runtime::state::model::stats::observe_http(&mut d, gone, 0.001);
+                d
+            },
         },
         ShardSnapshot {
             shard: 1,
@@ -103,6 +112,13 @@ pub(super) fn snapshots() -> Vec<ShardSnapshot> {
             agents: vec![agent("12D3KooWc", "m2", Some(40.0))],
             models: vec![("m2".into(), model_stats("default"))],
             redirects: vec![],
+            http: {
+                // The same key on another shard: merged at scrape.
+                let mut d = Vec::new();
+                let chat = ("POST", "/v1/chat/completions", 200);
+                crate::runtime::state::model::stats::observe_http(&mut d, chat, 3.0);
+                d
+            },
         },
     ]
 }
@@ -369,6 +385,13 @@ const FAMILIES: &[Want] = &[
         "histogram",
         2 * (DURATION_BUCKETS.len() + 3),
         None,
+    ),
+    // Two keys (the chat 200s of both shards merged), 13 bounds each.
+    (
+        "http_server_request_duration_seconds",
+        "histogram",
+        2 * (13 + 3),
+        Some(("route", "/v1/chat/completions", 0.0)),
     ),
     (
         "hivenet_queue_wait_seconds",
@@ -668,4 +691,25 @@ fn histograms_are_cumulative_and_end_at_their_count() {
             }
         }
     }
+}
+
+#[test]
+fn http_durations_merge_across_shards_and_routes_stay_bounded() {
+    use crate::runtime::state::model::stats::{method_of, route_of};
+    let text = rendered();
+    let count = text
+        .lines()
+        .find(|l| {
+            l.starts_with("http_server_request_duration_seconds_count{")
+                && l.contains("route=\"/v1/chat/completions\"")
+        })
+        .expect("count line");
+    assert!(
+        count.ends_with(" 3"),
+        "three requests over two shards: {count}"
+    );
+    assert_eq!(route_of("/v1/models/llama"), "/v1/models/:model");
+    assert_eq!(route_of("/admin/api-keys/k1"), "/admin/api-keys/:id");
+    assert_eq!(route_of("/../../etc/passwd"), "unmatched");
+    assert_eq!(method_of("BREW"), "OTHER");
 }

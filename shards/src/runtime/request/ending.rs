@@ -6,7 +6,7 @@
 //! request handed to another shard is finished there.
 
 use crate::runtime::state::audit::{self, AuditRecord};
-use crate::runtime::state::model::stats::DURATION_BUCKETS;
+use crate::runtime::state::model::stats::{self, DURATION_BUCKETS};
 use crate::runtime::state::scope::{Client, RequestScope};
 use crate::runtime::state::shard::Shard;
 use crate::runtime::state::tenancy::{Principal, Settle};
@@ -34,6 +34,14 @@ pub fn finish(shard: &Shard, c: &mut Client) {
         count_tenant(shard, scope, ok, elapsed);
     }
     let agent = scope.ending.agent.take();
+    if scope.ending.status > 0 {
+        let key = (
+            stats::method_of(&scope.method),
+            stats::route_of(&scope.path),
+            scope.ending.status,
+        );
+        stats::observe_http(&mut shard.http.borrow_mut(), key, elapsed.as_secs_f64());
+    }
     if scope.quiet {
         return;
     }

@@ -73,6 +73,8 @@ pub struct Shard {
         RefCell<HashMap<String, Vec<futures::channel::oneshot::Sender<super::hold_book::Release>>>>,
     /// `hivenet_redirects_total{model,target_site}` of redirects answered here.
     pub redirects: RefCell<std::collections::BTreeMap<(String, String), u64>>,
+    /// `http_server_request_duration_seconds` of the requests answered here.
+    pub http: RefCell<super::model::stats::HttpDurations>,
 }
 
 /// How a registration's warm-start lookup went.
@@ -102,6 +104,7 @@ impl Shard {
             policies: Cached::default(),
             sites: Cached::default(),
             redirects: RefCell::default(),
+            http: RefCell::default(),
             held: RefCell::default(),
             auth: Cached::default(),
         }
@@ -315,6 +318,7 @@ impl Shard {
                 .iter()
                 .map(|(k, n)| (k.clone(), *n))
                 .collect(),
+            http: self.http.borrow().clone(),
         }
     }
 

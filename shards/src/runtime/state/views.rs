@@ -103,4 +103,6 @@ pub struct ShardSnapshot {
     pub models: Vec<(String, ModelStats)>,
     /// Redirects answered here by (model, target site).
     pub redirects: Vec<((String, String), u64)>,
+    /// Request durations by (method, route, status).
+    pub http: crate::runtime::state::model::stats::HttpDurations,
 }

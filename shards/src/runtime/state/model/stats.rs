@@ -9,6 +9,70 @@ use serde::Serialize;
 /// `hivenet_request_duration_seconds` buckets (spec 06).
 pub const DURATION_BUCKETS: [f64; 9] = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
 
+/// `http_server_request_duration_seconds` buckets (spec 06: 0.005 to 60 s,
+/// 13 of them).
+pub const HTTP_BUCKETS: [f64; 13] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// The route label of a request path: its endpoint's pattern, or
+/// `unmatched` (a bounded set, whatever clients send).
+pub fn route_of(path: &str) -> &'static str {
+    const FIXED: [&str; 14] = [
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/embeddings",
+        "/v1/rerank",
+        "/v1/models",
+        "/health",
+        "/admin/routing-table",
+        "/admin/health",
+        "/admin/policy",
+        "/admin/metrics/reset",
+        "/admin/sibling-map",
+        "/admin/api-keys",
+        "/admin/registrations/stream",
+    ];
+    if let Some(r) = FIXED.iter().find(|r| **r == path) {
+        return r;
+    }
+    const PREFIXED: [(&str, &str); 4] = [
+        ("/v1/models/", "/v1/models/:model"),
+        ("/admin/models/", "/admin/models/:model"),
+        ("/admin/policy/models", "/admin/policy/models/:model"),
+        ("/admin/api-keys/", "/admin/api-keys/:id"),
+    ];
+    PREFIXED
+        .iter()
+        .find(|(p, _)| path.starts_with(p))
+        .map_or("unmatched", |(_, r)| r)
+}
+
+/// The method label: a known method, else `OTHER`.
+pub fn method_of(m: &str) -> &'static str {
+    ["GET", "POST", "PUT", "DELETE", "OPTIONS", "HEAD", "PATCH"]
+        .into_iter()
+        .find(|k| *k == m)
+        .unwrap_or("OTHER")
+}
+
+/// Every request's duration by (method, route, status) on one shard: a
+/// short list, scanned (no allocation once a key has been seen).
+pub type HttpDurations = Vec<((&'static str, &'static str, u16), Histogram)>;
+
+/// Add one request to `d`.
+pub fn observe_http(d: &mut HttpDurations, key: (&'static str, &'static str, u16), secs: f64) {
+    match d.iter_mut().find(|(k, _)| *k == key) {
+        Some((_, h)) => h.observe(&HTTP_BUCKETS, secs),
+        None => {
+            let mut h = Histogram::default();
+            h.observe(&HTTP_BUCKETS, secs);
+            d.push((key, h));
+        }
+    }
+}
+
 /// `hivenet_queue_wait_seconds` buckets: 0.01 x 2^k, k = 0..12.
 pub const QUEUE_BUCKETS: [f64; 13] = [
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96,
