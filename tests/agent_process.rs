@@ -225,32 +225,15 @@ fn router_refuses_an_open_p2p_port_without_a_swarm_key() {
             .current_dir(&dir);
         c
     };
-    // Spawned, not `output()`: a router that starts anyway must fail the
-    // test, not hang it.
-    let mut refused = run(&["--p2p-listen-addr", "0.0.0.0"])
+    // Spawned and bounded: a router that starts anyway fails the test
+    // instead of hanging it.
+    let refused = run(&["--p2p-listen-addr", "0.0.0.0"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn");
-    let t = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = refused.try_wait().expect("wait") {
-            break Some(s);
-        }
-        if t.elapsed() > Duration::from_secs(10) {
-            let _ = refused.kill();
-            let _ = refused.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let out = refused.wait_with_output().expect("stderr");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        status.and_then(|s| s.code()),
-        Some(2),
-        "started anyway: {err}"
-    );
+    let (code, err) = exit_within(refused, Duration::from_secs(10));
+    assert_eq!(code, Some(2), "started anyway: {err}");
     assert!(
         err.contains("--swarm-key-file") && err.contains("--allow-open-p2p"),
         "{err}"

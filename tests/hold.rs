@@ -25,11 +25,12 @@ fn site_router(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> R
     start_router(dir, &args, &e)
 }
 
-/// Place `m` (chat) and `e` (embedding) here with scale_from_zero.
-fn push_map(r: &Router, budget: &str) {
+/// Push a map of site `a` (this router) with `placements` (JSON objects).
+fn push_placements(r: &Router, version: &str, placements: &[String]) {
     let body = format!(
-        r#"{{"version":"1","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{}"}}],"placements":[{{"site_id":"a","model":"m","kind":"chat","scale_from_zero":true,"hold_budget":"{budget}"}}]}}"#,
-        r.http
+        r#"{{"version":"{version}","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{}"}}],"placements":[{}]}}"#,
+        r.http,
+        placements.join(",")
     );
     let (st, b) = Req::new("PUT", "/admin/sibling-map")
         .body(body.as_bytes())
@@ -38,6 +39,18 @@ fn push_map(r: &Router, budget: &str) {
         .map(Resp::pair)
         .expect("push");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+}
+
+/// A placement of `model` (`kind`) on site `a` with scale_from_zero.
+fn at_zero(model: &str, kind: &str, budget: &str) -> String {
+    format!(
+        r#"{{"site_id":"a","model":"{model}","kind":"{kind}","scale_from_zero":true,"hold_budget":"{budget}"}}"#
+    )
+}
+
+/// Place `m` (chat) here with scale_from_zero.
+fn push_map(r: &Router, budget: &str) {
+    push_placements(r, "1", &[at_zero("m", "chat", budget)]);
 }
 
 fn demand(r: &Router) -> Option<f64> {
@@ -739,17 +752,14 @@ fn a_model_whose_agents_are_all_unhealthy_is_held_and_released_on_recovery() {
 
 /// Place `e` (embedding) and `rr` (rerank) here with scale_from_zero.
 fn push_kinds(r: &Router) {
-    let body = format!(
-        r#"{{"version":"2","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{}"}}],"placements":[{{"site_id":"a","model":"e","kind":"embedding","scale_from_zero":true,"hold_budget":"20s"}},{{"site_id":"a","model":"rr","kind":"rerank","scale_from_zero":true,"hold_budget":"20s"}}]}}"#,
-        r.http
+    push_placements(
+        r,
+        "2",
+        &[
+            at_zero("e", "embedding", "20s"),
+            at_zero("rr", "rerank", "20s"),
+        ],
     );
-    let (st, b) = Req::new("PUT", "/admin/sibling-map")
-        .body(body.as_bytes())
-        .raw_headers(&format!("Authorization: Bearer {ADMIN}\r\n"))
-        .send(r.http)
-        .map(Resp::pair)
-        .expect("push");
-    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
 }
 
 /// Issue 28 (missing tests): every inference endpoint is held by the
@@ -818,7 +828,7 @@ fn hold_flags_out_of_range_stop_the_start() {
     ] {
         // Spawned and bounded: a router that starts anyway fails the
         // test instead of hanging it.
-        let mut child = std::process::Command::new(bin("hivenet-router"))
+        let child = std::process::Command::new(bin("hivenet-router"))
             .args(["--site-id", "a", "--p2p-port", "0", flag, value])
             .env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN)
             .current_dir(&dir)
@@ -826,20 +836,7 @@ fn hold_flags_out_of_range_stop_the_start() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("run");
-        let t = Instant::now();
-        let code = loop {
-            if let Some(s) = child.try_wait().expect("wait") {
-                break s.code();
-            }
-            if t.elapsed() > Duration::from_secs(10) {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let out = child.wait_with_output().expect("stderr");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let (code, err) = exit_within(child, Duration::from_secs(10));
         assert_eq!(code, Some(2), "{flag} {value}: started anyway? {err}");
         assert!(err.contains(flag), "{flag} {value}: {err}");
     }

@@ -75,7 +75,7 @@ hn_wait_http "http://127.0.0.1:$VR/health" 60 || hn_wait_http "http://127.0.0.1:
   echo "engine: $LLAMA_SERVER (-t 1 -c 2048 -np 1)${ENGINE_CPU:+ on CPU $ENGINE_CPU}"; echo "model: $LLAMA_MODEL"
   echo "vllm-router: $("$VENV/bin/pip" show vllm-router 2>/dev/null | awk '/^Version/ {print $2}')${PROXY_CPU:+ on CPU $PROXY_CPU}"
   echo "binaries: $HN_BIN${BEFORE_BIN:+; hivenet-before: $BEFORE_BIN}"
-  echo "hivenet: router ${PROXY_CPU:+--cpus $PROXY_CPU}${PROXY_CPU:---no-pin}, agent ${PROXY_CPU:+on CPU $PROXY_CPU}"
+  if [ -n "${PROXY_CPU:-}" ]; then echo "hivenet: router --cpus $PROXY_CPU, agent on CPU $PROXY_CPU"; else echo "hivenet: router --no-pin, agent unpinned"; fi
 } >"$OUT/env.txt"
 echo "${CAPTURE:+CAPTURE=1 }${BEFORE_BIN:+BEFORE_BIN=$BEFORE_BIN }ROUNDS=$ROUNDS REQS=$REQS MAX_TOKENS=$MAX_TOKENS${ENGINE_CPU:+ ENGINE_CPU=$ENGINE_CPU}${PROXY_CPU:+ PROXY_CPU=$PROXY_CPU} scripts/bench/real-compare.sh" >"$OUT/cmd.txt"
 TARGETS="$TARGETS vllm-router:$VR"

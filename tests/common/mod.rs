@@ -638,3 +638,27 @@ pub fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> (u16, Vec<u8>) {
         buf.extend_from_slice(&tmp[..n]);
     }
 }
+
+/// Wait at most `limit` for a spawned process (stderr piped) to exit: its
+/// exit code (`None`: it was still running and was killed, or died by a
+/// signal) and its stderr. For start-up refusals: a process that starts
+/// anyway fails the test instead of hanging it.
+pub fn exit_within(mut child: std::process::Child, limit: Duration) -> (Option<i32>, String) {
+    let t = std::time::Instant::now();
+    let code = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s.code(),
+            Ok(None) if t.elapsed() < limit => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let err = child
+        .wait_with_output()
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .unwrap_or_default();
+    (code, err)
+}
