@@ -888,3 +888,73 @@ fn audit_lines_of_held_requests_carry_the_model_and_the_logical_status() {
         .unwrap_or_else(|| panic!("a 499 line: {all:?}"));
     assert_eq!(left["model"], "m");
 }
+
+/// Issue 28 (missing tests): the per-key and router-wide hold limits end
+/// to end: with `--wake-hold-max-per-key 2` a key's third held request is
+/// refused at once (503 model_waking naming the flag, not counted as
+/// demand); with `--wake-hold-max-total` in bytes, another key's body that
+/// would pass it is refused too.
+#[test]
+fn per_key_and_total_hold_limits_refuse_at_once_and_name_their_flag() {
+    let dir = tmpdir("hold-limits");
+    std::fs::write(
+        dir.join("auth.yaml"),
+        format!(
+            "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      metadata: {{name: k, owner: t}}\n    - key_hash: \"{}\"\n      metadata: {{name: j, owner: t}}\n",
+            sha256_hex("sk-k"),
+            sha256_hex("sk-j")
+        ),
+    )
+    .expect("auth");
+    let r = site_router(
+        &dir,
+        &[
+            "--wake-keepalive",
+            "0",
+            "--wake-hold-max-per-key",
+            "2",
+            "--wake-hold-max-total",
+            "4096",
+            "--auth-config-file",
+            "auth.yaml",
+        ],
+        &[],
+    );
+    push_map(&r, "5s");
+    let refused = |body: &str, extra: &str| {
+        let t = Instant::now();
+        let (head, body) = read_all(send(r.http, "/v1/chat/completions", body, extra));
+        (head, body, t.elapsed())
+    };
+    let key = "Authorization: Bearer sk-k\r\n";
+    let a = send(r.http, "/v1/chat/completions", &chat_body("m", false), key);
+    let b = send(r.http, "/v1/chat/completions", &chat_body("m", false), key);
+    wait_until(
+        Duration::from_secs(5),
+        || demand(&r) == Some(2.0),
+        "two held",
+    );
+    let (head, body, took) = refused(&chat_body("m", false), key);
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    assert!(
+        body.contains("hold limit reached (--wake-hold-max-per-key)"),
+        "{body}"
+    );
+    assert!(took < Duration::from_secs(2), "at once: {took:?}");
+    assert_eq!(demand(&r), Some(2.0), "the refused one is not demand");
+    // A body over what is left of the 4,096 bytes: refused by the total.
+    let big = format!(
+        r#"{{"model":"m","max_tokens":4,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(5000)
+    );
+    let (head, body, _) = refused(&big, "Authorization: Bearer sk-j\r\n");
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    assert!(
+        body.contains("hold limit reached (--wake-hold-max-total)"),
+        "{body}"
+    );
+    assert_eq!(outcome(&r, "full"), 2.0, "both refusals counted as full");
+    for s in [a, b] {
+        assert!(read_all(s).0.starts_with("HTTP/1.1 503"), "expired in band");
+    }
+}
