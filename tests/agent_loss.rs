@@ -86,8 +86,13 @@ fn run(driver: &str) {
         "agent removal",
     );
     assert!(killed_at.elapsed() < Duration::from_secs(5));
-    // Every series of the removed agent is gone with it.
+    // Every series of the removed agent is gone with it; the cut is
+    // counted as a connection reset of the model (spec 06).
     let m = metrics_text(router.metrics);
+    assert!(
+        m.contains("hivenet_agent_connection_resets_total{model=\"m\",reason=\"stream_cut\"} 1"),
+        "{m}"
+    );
     assert!(
         !victim_peer.is_empty() && !m.contains(&victim_peer),
         "series of {victim_peer} left:\n{m}"

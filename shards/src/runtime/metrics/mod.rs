@@ -287,6 +287,18 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
             f.series([m], get(st));
         }
     }
+    let mut f = Family::new(
+        o,
+        "hivenet_agent_connection_resets_total",
+        Counter,
+        "Exchanges with an agent cut by the transport or a deadline, by reason (forward_failure, stream_cut, deadline).",
+        ["model", "reason"],
+    );
+    for (m, st) in &t.models {
+        for (reason, n) in &st.connection_resets {
+            f.series([m, reason], n);
+        }
+    }
     type AGet = fn(&crate::runtime::state::model::admission::Gauges) -> u64;
     let adm: [(&'static str, &str, AGet); 5] = [
         (

@@ -63,6 +63,8 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.fallback_routed = 1;
     s.exhausted = 2;
     s.queue_depth = 3;
+    s.connection_resets.insert("forward_failure", 3);
+    s.connection_resets.insert("stream_cut", 1);
     s.wait = hist(&QUEUE_BUCKETS, &[0.01, 0.2]);
     s.durations.insert(
         (1, 200, t),
@@ -385,6 +387,13 @@ const FAMILIES: &[Want] = &[
         "histogram",
         2 * (DURATION_BUCKETS.len() + 3),
         None,
+    ),
+    // Two models, two reasons each.
+    (
+        "hivenet_agent_connection_resets_total",
+        "counter",
+        4,
+        Some(("reason", "forward_failure", 3.0)),
     ),
     // Two keys (the chat 200s of both shards merged), 13 bounds each.
     (

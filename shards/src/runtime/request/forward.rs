@@ -235,8 +235,18 @@ pub fn record_attempt(
         Outcome::ClientGone => AttemptEnd::Responded,
         Outcome::Failed(f) => {
             agent.fail();
+            // The transport's failures (not a backend's 502-504 answer).
+            let reset = match (f.side, f.stage) {
+                (Side::Backend, _) => None,
+                (Side::Router, _) => Some("deadline"),
+                (_, Stage::Relaying) => Some("stream_cut"),
+                _ => Some("forward_failure"),
+            };
             with_stats(shard, model, |s| {
-                *s.failed.entry(labels()).or_default() += 1
+                *s.failed.entry(labels()).or_default() += 1;
+                if let Some(r) = reset {
+                    *s.connection_resets.entry(r).or_default() += 1;
+                }
             });
             warn!(peer_id = %agent.reg.peer_id, "forward to agent failed: {f}");
             AttemptEnd::Failed(f)

@@ -189,6 +189,10 @@ pub struct ModelStats {
     pub admission_rejections: BTreeMap<&'static str, u64>,
     /// `hivenet_admission_*` gauges (filled at snapshot).
     pub admission: super::admission::Gauges,
+    /// `hivenet_agent_connection_resets_total{reason}`: exchanges with an
+    /// agent cut by the transport or a deadline (`forward_failure` before
+    /// the head, `stream_cut` while relaying, `deadline`).
+    pub connection_resets: BTreeMap<&'static str, u64>,
 }
 
 impl ModelStats {
@@ -201,6 +205,9 @@ impl ModelStats {
         self.exhausted += st.exhausted;
         self.queue_depth += st.queue_depth;
         self.wait.merge(&st.wait);
+        for (reason, n) in &st.connection_resets {
+            *self.connection_resets.entry(reason).or_default() += n;
+        }
         if st.admission.active {
             self.admission = st.admission;
         }
