@@ -958,3 +958,56 @@ fn per_key_and_total_hold_limits_refuse_at_once_and_name_their_flag() {
         assert!(read_all(s).0.starts_with("HTTP/1.1 503"), "expired in band");
     }
 }
+
+/// Issue 28 (missing test), seed 2 "After the wake": the admission gate
+/// lets a released request wait for room until its hold budget ends, even
+/// with `HIVENET_ROUTER_ADMIT_PARK_TIMEOUT=0`. `max_inflight: 1` and three
+/// held requests: all three are served one after another, none refused;
+/// a request that was never held, sent meanwhile, is refused at once (429)
+/// as the park timeout of 0 says.
+#[test]
+fn released_requests_wait_for_admission_room_until_the_hold_budget() {
+    let dir = tmpdir("hold-admit");
+    let pf = dir.join("policy.yaml");
+    std::fs::write(
+        &pf,
+        "max_inflight: 1\nrouting_policy:\n  strategy: least-loaded\n",
+    )
+    .expect("policy");
+    let pfs = pf.to_string_lossy().to_string();
+    let r = site_router(
+        &dir,
+        &["--wake-keepalive", "0", "--policy-file", &pfs],
+        &[("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT", "0")],
+    );
+    push_map(&r, "30s");
+    let held: Vec<_> = (0..3)
+        .map(|_| {
+            let http = r.http;
+            std::thread::spawn(move || {
+                read_all(send(
+                    http,
+                    "/v1/chat/completions",
+                    &chat_body("m", false),
+                    "",
+                ))
+            })
+        })
+        .collect();
+    wait_until(Duration::from_secs(5), || demand(&r) == Some(3.0), "held");
+    let (_sim, port) = start_sim(&dir, "m", &["--ttft", "700ms"]);
+    let _a = start_agent(&dir, &r, port, "a.key", &["--capacity", "4"]);
+    wait_agents(r.http, "m", 1);
+    // One of the released requests holds the only admission place now.
+    std::thread::sleep(Duration::from_millis(200));
+    let (st, _, body) = Req::post("/v1/chat/completions", chat_body("m", false))
+        .send(r.http)
+        .map(Resp::triple)
+        .expect("fresh");
+    assert_eq!(st, 429, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("concurrency_limit_exceeded"));
+    for h in held {
+        let (head, body) = h.join().expect("thread");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head} {body}");
+    }
+}
