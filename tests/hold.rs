@@ -105,6 +105,23 @@ fn split_response(out: &[u8]) -> (String, String) {
     (head, String::from_utf8_lossy(&body).to_string())
 }
 
+/// `n` non-streamed chats for `m`, each on its own connection and thread;
+/// each handle gives the whole answer (head, de-chunked body).
+fn chats_in_background(http: u16, n: usize) -> Vec<std::thread::JoinHandle<(String, String)>> {
+    (0..n)
+        .map(|_| {
+            std::thread::spawn(move || {
+                read_all(send(
+                    http,
+                    "/v1/chat/completions",
+                    &chat_body("m", false),
+                    "",
+                ))
+            })
+        })
+        .collect()
+}
+
 /// Every read of a response with the time it arrived.
 fn read_timed(mut s: TcpStream) -> Vec<(Instant, Vec<u8>)> {
     let mut reads = Vec::new();
@@ -398,19 +415,7 @@ fn a_hundred_released_onto_four_slots_and_an_agent_leaving_holds_again() {
         &[],
     );
     push_map(&r, "60s");
-    let handles: Vec<_> = (0..100)
-        .map(|_| {
-            let http = r.http;
-            std::thread::spawn(move || {
-                read_all(send(
-                    http,
-                    "/v1/chat/completions",
-                    &chat_body("m", false),
-                    "",
-                ))
-            })
-        })
-        .collect();
+    let handles = chats_in_background(r.http, 100);
     wait_until(
         Duration::from_secs(10),
         || demand(&r) == Some(100.0),
@@ -454,16 +459,7 @@ fn queue_depth_zero_means_no_queue_after_a_wake() {
     let dir = tmpdir("hold-noqueue");
     let r = site_router(&dir, &["--wake-keepalive", "0", "--queue-depth", "0"], &[]);
     push_map(&r, "30s");
-    let handles: Vec<_> = (0..6)
-        .map(|_| {
-            let http = r.http;
-            std::thread::spawn(move || {
-                let s = send(http, "/v1/chat/completions", &chat_body("m", false), "");
-                let (head, body) = read_all(s);
-                (head, body, Instant::now())
-            })
-        })
-        .collect();
+    let handles = chats_in_background(r.http, 6);
     wait_until(
         Duration::from_secs(10),
         || demand(&r) == Some(6.0),
@@ -474,7 +470,7 @@ fn queue_depth_zero_means_no_queue_after_a_wake() {
     let mut served = 0;
     let mut refused = Vec::new();
     for h in handles {
-        let (head, body, _) = h.join().expect("thread");
+        let (head, body) = h.join().expect("thread");
         if head.starts_with("HTTP/1.1 200") {
             served += 1;
         } else {
@@ -983,19 +979,7 @@ fn released_requests_wait_for_admission_room_until_the_hold_budget() {
         &[("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT", "0")],
     );
     push_map(&r, "30s");
-    let held: Vec<_> = (0..3)
-        .map(|_| {
-            let http = r.http;
-            std::thread::spawn(move || {
-                read_all(send(
-                    http,
-                    "/v1/chat/completions",
-                    &chat_body("m", false),
-                    "",
-                ))
-            })
-        })
-        .collect();
+    let held = chats_in_background(r.http, 3);
     wait_until(Duration::from_secs(5), || demand(&r) == Some(3.0), "held");
     let (_sim, port) = start_sim(&dir, "m", &["--ttft", "700ms"]);
     let _a = start_agent(&dir, &r, port, "a.key", &["--capacity", "4"]);

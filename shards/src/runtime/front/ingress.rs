@@ -315,9 +315,6 @@ async fn read_inference(
         Ok(r) => r,
         Err(next) => return next,
     };
-    // Served here: an agent of the endpoint's kind is registered; an
-    // agent of another kind serves it only when the kind is not held at
-    // zero here (then the owner names the missing capability).
     // Served here when a healthy agent of the endpoint's kind is; agents
     // that are all unhealthy, or of another kind, leave the request to
     // a warm sibling or a hold first, then to the owner's answer (seed 2).
