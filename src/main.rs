@@ -150,7 +150,8 @@ struct Startup {
     insecure_admin: bool,
     auth_sources: hivenet_router::auth_files::AuthSources,
     auth: shards::logic::tenancy::auth::AuthConfig,
-    audit_path: Option<std::path::PathBuf>,
+    /// Path, whether the operator chose it, size cap; `None`: off.
+    audit: Option<(std::path::PathBuf, bool, u64)>,
     cfg: RouterConfig,
     plan: Vec<Option<usize>>,
     driver: DriverChoice,
@@ -310,10 +311,13 @@ fn build() -> Result<Startup, String> {
             cli::parse_duration("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT", &v)?
         };
     }
-    let audit_path = std::env::var("HIVENET_ROUTER_AUDIT_LOG_PATH")
-        .ok()
-        .filter(|p| !p.trim().is_empty())
-        .map(std::path::PathBuf::from);
+    let audit_path = audit_path_of(std::env::var("HIVENET_ROUTER_AUDIT_LOG_PATH").ok());
+    let audit_max_bytes = match std::env::var("HIVENET_ROUTER_AUDIT_MAX_BYTES") {
+        Err(_) => DEFAULT_AUDIT_MAX_BYTES,
+        Ok(v) => v.trim().parse::<u64>().map_err(|_| {
+            format!("HIVENET_ROUTER_AUDIT_MAX_BYTES: {v:?} is not a byte count (0: no cap)")
+        })?,
+    };
     let tries = cli::flag_or_env(
         f.max_tries_per_step,
         "HIVENET_ROUTER_MAX_TRIES_PER_STEP",
@@ -412,7 +416,7 @@ fn build() -> Result<Startup, String> {
         insecure_admin,
         auth_sources,
         auth,
-        audit_path,
+        audit: audit_path.map(|(p, explicit)| (p, explicit, audit_max_bytes)),
         cfg,
         plan,
         driver,
@@ -450,6 +454,21 @@ fn reload_auth(shared: &Router, src: &hivenet_router::auth_files::AuthSources) {
             info!(keys = n, "SIGHUP: client keys reloaded");
         }
         Err(e) => error!("SIGHUP: auth reload rejected, keeping the previous keys: {e}"),
+    }
+}
+
+/// Where the audit log goes when no path is set: the working directory,
+/// like the store (the service units run in the router's state directory).
+const DEFAULT_AUDIT_PATH: &str = "hivenet-audit.jsonl";
+/// The audit file's size before it is rotated to `<path>.1`.
+const DEFAULT_AUDIT_MAX_BYTES: u64 = 100 * 1024 * 1024;
+
+/// The audit log's path and whether the operator chose it; `None`: off.
+fn audit_path_of(env: Option<String>) -> Option<(std::path::PathBuf, bool)> {
+    match env.as_deref().map(str::trim) {
+        None | Some("") => Some((DEFAULT_AUDIT_PATH.into(), false)),
+        Some("off") => None,
+        Some(p) => Some((p.into(), true)),
     }
 }
 
@@ -595,7 +614,7 @@ fn run(startup: Startup) -> Result<(), String> {
         insecure_admin,
         auth_sources,
         auth,
-        audit_path,
+        audit: audit_path,
         cfg,
         plan,
         driver,
@@ -632,18 +651,31 @@ fn run(startup: Startup) -> Result<(), String> {
     let key_count = auth.keys.len();
     let auth_state = AuthState::build(auth.api, auth.keys, None, &restored);
     let audit = match &audit_path {
-        Some(p) => {
-            let (log, _writer) =
-                shards::runtime::state::audit::AuditLog::start(p).map_err(|e| {
-                    format!(
+        Some((p, explicit, audit_max_bytes)) => {
+            let audit_max_bytes = *audit_max_bytes;
+            match shards::runtime::state::audit::AuditLog::start(p, audit_max_bytes) {
+                Ok((log, _writer)) => {
+                    info!(path = %p.display(), max_bytes = audit_max_bytes, "audit log on");
+                    Some(log)
+                }
+                // An operator's path must work; the default one may not
+                // (a read-only working directory): say so and serve.
+                Err(e) if *explicit => {
+                    return Err(format!(
                         "HIVENET_ROUTER_AUDIT_LOG_PATH: cannot open {}: {e}",
                         p.display()
-                    )
-                })?;
-            info!(path = %p.display(), "audit log on");
-            Some(log)
+                    ))
+                }
+                Err(e) => {
+                    warn!(path = %p.display(), "audit log OFF: cannot open the default path ({e}); set HIVENET_ROUTER_AUDIT_LOG_PATH to a writable file, or \"off\"");
+                    None
+                }
+            }
         }
-        None => None,
+        None => {
+            info!("audit log off (HIVENET_ROUTER_AUDIT_LOG_PATH=off)");
+            None
+        }
     };
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded()).unzip();
     let shared = Arc::new(Router {

@@ -1,7 +1,7 @@
 //! Heap allocations per proxied request, counted by a counting allocator
 //! (issue 14): the router shard and the agent run in this process on
 //! threads of their own, wired as the binaries wire them (the router
-//! with its history store and logging, without an audit log), with a
+//! with its history store, logging and audit log), with a
 //! real libp2p link and real sockets to a real `hivenet-sim` backend; a
 //! keep-alive client sends non-streaming chat requests one at a time and
 //! the allocator counts the calls made on each thread. A change that adds
@@ -117,7 +117,7 @@ fn sizes(role: usize) -> String {
 }
 
 /// The router as `hivenet-router --shards 1` builds it, with its history
-/// store in `dir`, without keys, policies or audit log; returns its HTTP
+/// store and audit log in `dir`, without keys or policies; returns its HTTP
 /// address and its p2p port.
 fn start_router(dir: &std::path::Path) -> (SocketAddr, u16) {
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -182,7 +182,12 @@ fn start_router(dir: &std::path::Path) -> (SocketAddr, u16) {
             &Default::default(),
         )),
         registry: Default::default(),
-        audit: None,
+        // On, as by default: its record costs the shard no allocation.
+        audit: Some(
+            shards::runtime::state::audit::AuditLog::start(&dir.join("audit.jsonl"), 0)
+                .expect("audit log")
+                .0,
+        ),
         policies: Versioned::new(policies),
         policy_reloads: Default::default(),
         feed: Default::default(),

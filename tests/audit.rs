@@ -250,3 +250,44 @@ fn one_line_per_request_on_a_keep_alive_connection() {
     assert_eq!(all[0]["model"], "m");
     assert_eq!(all[1]["model"], "nope", "the probed model of a refusal");
 }
+
+/// Issue 28 #16: without a path the audit log is on, in the working
+/// directory (no root needed); `off` turns it off; past
+/// `HIVENET_ROUTER_AUDIT_MAX_BYTES` it rotates to `<path>.1`, counted.
+#[test]
+fn on_by_default_in_the_working_directory_rotated_at_its_cap() {
+    let dir = tmpdir("audit-default");
+    let r = start_router(&dir, &[], &[("HIVENET_ROUTER_AUDIT_MAX_BYTES", "2000")]);
+    let (_s, port) = start_sim(&dir, "m", &["--output-tokens", "3"]);
+    let _a = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_agents(r.http, "m", 1);
+    // About 450 bytes a line: 12 lines cross a 2,000-byte cap twice.
+    for _ in 0..12 {
+        let (st, _, _) = Req::chat("m").send(r.http).map(Resp::triple).expect("chat");
+        assert_eq!(st, 200);
+    }
+    let log = dir.join("hivenet-audit.jsonl");
+    let old = dir.join("hivenet-audit.jsonl.1");
+    wait_until(
+        Duration::from_secs(10),
+        || lines(&log).len() + lines(&old).len() >= 2,
+        "audit lines in the working directory",
+    );
+    wait_until(
+        Duration::from_secs(10),
+        || metric(r.metrics, "hivenet_audit_rotations_total").unwrap_or(0.0) >= 2.0,
+        "rotations counted",
+    );
+    assert!(std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) <= 2000);
+    assert!(
+        lines(&old).iter().all(|l| l["model"] == "m"),
+        "{:?}",
+        lines(&old)
+    );
+
+    let off = tmpdir("audit-off");
+    let r2 = start_router(&off, &[], &[("HIVENET_ROUTER_AUDIT_LOG_PATH", "off")]);
+    let _ = Req::get("/v1/models").send(r2.http);
+    assert!(!off.join("hivenet-audit.jsonl").exists());
+    assert!(!metrics_text(r2.metrics).contains("hivenet_audit_records_written_total"));
+}

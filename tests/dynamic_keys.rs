@@ -311,3 +311,72 @@ fn registry_versions_rotation_and_replace() {
         "{m}"
     );
 }
+
+/// Spec 02 §9: a PUT runs the serverless cross-config check against every
+/// policy the key can reach; a policy outside its allowlist does not count.
+#[test]
+fn put_runs_the_serverless_cross_check_on_reachable_policies() {
+    let dir = tmpdir("dyn-keys-cross");
+    let pdir = dir.join("policies");
+    std::fs::create_dir_all(&pdir).expect("dir");
+    std::fs::write(
+        pdir.join("_default.yaml"),
+        "mode: serverless\nmax_input_tokens: 4096\nrouting_policy:\n  strategy: least-loaded\n",
+    )
+    .expect("global");
+    std::fs::write(
+        pdir.join("big.yaml"),
+        "models: [big]\nmode: serverless\nmax_input_tokens: 100000\nrouting_policy:\n  strategy: least-loaded\n",
+    )
+    .expect("named");
+    let r = start_router(
+        &dir,
+        &["--policy-model-dir", pdir.to_str().expect("utf-8")],
+        &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")],
+    );
+    let with_itpm = |v: &str, itpm: i64, models: serde_json::Value| {
+        json!({"version": v, "key_hash": sha256_hex(v), "owner": "acme", "name": "n",
+               "allowed_models": models, "quota": {"input_tokens_per_minute": itpm}})
+    };
+    // Below the global policy's cap: refused, naming both.
+    let (st, v) = admin(
+        r.http,
+        "PUT",
+        "/admin/api-keys/k1",
+        with_itpm("r1", 1000, json!(["m"])),
+    );
+    let e = v["error"].as_str().unwrap_or_default().to_string();
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        e.contains("max_input_tokens 4096") && e.contains("global"),
+        "{e}"
+    );
+    // At or above it, with `big` outside the allowlist: accepted.
+    let (st, v) = admin(
+        r.http,
+        "PUT",
+        "/admin/api-keys/k1",
+        with_itpm("r2", 5000, json!(["m"])),
+    );
+    assert_eq!(st, 200, "{v}");
+    // The same ITPM reaching `big` (allowlist, or none at all): refused.
+    for models in [json!(["big"]), json!([])] {
+        let (st, v) = admin(
+            r.http,
+            "PUT",
+            "/admin/api-keys/k2",
+            with_itpm("r3", 5000, models),
+        );
+        let e = v["error"].as_str().unwrap_or_default().to_string();
+        assert_eq!(st, 400, "{v}");
+        assert!(e.contains("\"big\""), "{e}");
+    }
+    // No ITPM at all: nothing to check.
+    let (st, v) = admin(
+        r.http,
+        "PUT",
+        "/admin/api-keys/k3",
+        with_itpm("r4", 0, json!([])),
+    );
+    assert_eq!(st, 200, "{v}");
+}

@@ -2,15 +2,26 @@
 
 /// `YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ` for `secs` and `nanos` since the epoch.
 pub fn rfc3339_nanos(secs: u64, nanos: u32) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{nanos:09}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    Rfc3339(secs, nanos).to_string()
+}
+
+/// The same text, written where it goes (no allocation).
+pub struct Rfc3339(pub u64, pub u32);
+
+impl std::fmt::Display for Rfc3339 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Rfc3339(secs, nanos) = *self;
+        let days = (secs / 86_400) as i64;
+        let rem = secs % 86_400;
+        let (y, m, d) = civil_from_days(days);
+        write!(
+            f,
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{nanos:09}Z",
+            rem / 3600,
+            (rem % 3600) / 60,
+            rem % 60
+        )
+    }
 }
 
 /// Howard Hinnant's days-to-civil algorithm.

@@ -8,6 +8,9 @@
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::logic::routing::admission::cross_check;
+use crate::logic::routing::policy::Policy;
+use crate::logic::routing::policy_set::PolicySet;
 use crate::logic::tenancy::auth::ApiMode;
 use crate::logic::tenancy::registry::{KeyDto, RegistryError};
 use crate::runtime::admin::policy::{reply, AdminReply};
@@ -59,6 +62,27 @@ fn stale_or_invalid(e: RegistryError) -> AdminReply {
         ),
         RegistryError::Invalid(m) => reply(400, json!({ "error": m })),
     }
+}
+
+/// The serverless cross-config check of one key on PUT (spec 02 §9):
+/// every serverless policy the key can reach (the global one always; a
+/// named one when the key has no allowlist or shares a model with it)
+/// with `max_input_tokens` needs the key's non-zero ITPM at or above it.
+fn serverless_reach_check(dto: &KeyDto, set: &PolicySet) -> Result<(), String> {
+    let itpm = dto
+        .quota
+        .as_ref()
+        .map_or(0, |q| u64::try_from(q.input_tokens_per_minute).unwrap_or(0));
+    let reaches = |p: &Policy| {
+        dto.allowed_models.is_empty() || p.models.iter().any(|m| dto.allowed_models.contains(m))
+    };
+    let docs = std::iter::once(("global", &set.global.admission)).chain(
+        set.named
+            .iter()
+            .filter(|(_, p)| reaches(p))
+            .map(|(n, p)| (n.as_str(), &p.admission)),
+    );
+    cross_check(std::iter::once((dto.id.as_str(), itpm)), docs)
 }
 
 /// Serve a `/admin/api-keys` call; `None` when the path is another one.
@@ -137,6 +161,10 @@ pub fn keys_api(
                     Ok(mut dto) => {
                         // The URL's ID wins over the body's.
                         dto.id.clone_from(&id);
+                        let set = router.policies.load();
+                        if let Err(e) = serverless_reach_check(&dto, &set) {
+                            return Some(reply(400, json!({ "error": e })));
+                        }
                         match reg.put(&id, dto) {
                             Ok(()) => {
                                 router.publish_registry(&reg);

@@ -270,6 +270,11 @@ fn render_audit(o: &mut String, a: &AuditLog) {
             "Failed audit writes or flushes.",
             &*a.write_errors,
         ),
+        (
+            "hivenet_audit_rotations_total",
+            "Audit files rotated to <path>.1 at HIVENET_ROUTER_AUDIT_MAX_BYTES.",
+            &*a.rotations,
+        ),
     ] {
         Family::new(o, name, Counter, help, []).series([], n.load(Ordering::Relaxed));
     }

@@ -59,21 +59,16 @@ pub fn finish(shard: &Shard, c: &mut Client) {
         key_id: principal
             .map(Principal::key_id_arc)
             .unwrap_or_else(|| "".into()),
-        model: scope.model.to_string(),
+        model: scope.model.clone(),
         status: scope.ending.status,
         latency_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
         input_tokens: tokens.input,
         output_tokens: tokens.output,
-        agent_id: agent.map(|a| a.reg.peer_id.clone()).unwrap_or_default(),
+        agent_id: agent.map(|a| a.peer.clone()),
         error_code: scope.ending.error_code,
-        source_ip: c
-            .conn
-            .stream
-            .peer_addr()
-            .map(|a| a.ip().to_string())
-            .unwrap_or_default(),
-        method: scope.method.to_string(),
-        path: scope.path.to_string(),
+        source_ip: c.conn.stream.peer_addr().ok().map(|a| a.ip()),
+        method: scope.method.clone(),
+        path: scope.path.clone(),
     });
 }
 

@@ -140,11 +140,10 @@ pub async fn attempt(
         // Its body (bounded, briefly) is what the client gets if every
         // try ends like this (issue 28 #8).
         let mut up = head.upstream;
-        let body = monoio::time::timeout(
-            BACKEND_BODY_WAIT,
-            up.read_body(head.head.framing, BACKEND_BODY_MAX),
-        )
-        .await;
+        // Never past the request's own deadline.
+        let wait = BACKEND_BODY_WAIT.min(deadline.saturating_duration_since(clock::now()));
+        let body =
+            monoio::time::timeout(wait, up.read_body(head.head.framing, BACKEND_BODY_MAX)).await;
         let body = match body {
             Ok(Ok(b)) => b,
             _ => Vec::new(),

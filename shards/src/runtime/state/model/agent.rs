@@ -25,6 +25,8 @@ pub struct Agent {
     /// Its region and engine as counter labels (shared, not copied per
     /// request).
     pub labels: (Arc<str>, Arc<str>),
+    /// Its peer ID, shared with the audit records (not copied per request).
+    pub peer: Arc<str>,
     /// Opens request streams.
     pub link: LinkHandle,
     /// Heartbeats arrive in time.
@@ -188,6 +190,7 @@ impl Agent {
         Agent {
             id,
             labels: (reg.region.as_str().into(), reg.engine.as_str().into()),
+            peer: reg.peer_id.as_str().into(),
             reg,
             link,
             live: Cell::new(true),
