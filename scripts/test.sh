@@ -19,6 +19,8 @@ command -v perf >/dev/null 2>&1 || need+=(linux-perf)
 # checks the units, chattr makes the store's files unwritable.
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v chattr >/dev/null 2>&1 || need+=(e2fsprogs)
+# openssl makes the certificates of the provider-fallback TLS test.
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"

@@ -342,6 +342,11 @@ fn build() -> Result<Startup, String> {
             .map(Into::into),
     };
     let policies = hivenet_router::policy_files::load(&policy_sources)?;
+    cfg.providers =
+        shards::runtime::request::provider::Providers::from_env(|k| std::env::var(k).ok())?;
+    cfg.providers
+        .check(&policies)
+        .map_err(|e| format!("policy: {e}"))?;
     hivenet_router::policy_files::serverless_check(
         auth.keys.iter().filter_map(|(_, k)| match k.limits {
             shards::logic::tenancy::auth::Limits::Flat { itpm, .. } if itpm > 0 => {

@@ -290,6 +290,44 @@ fn tries_ended_by_backends_give_the_backends_answer() {
         msg.starts_with("backend answered 503: backend unreachable"),
         "{v}"
     );
+    // Each agent's 503 is a rejection of its own (issue 28 #14).
+    let rejected: f64 = metrics_text(r.metrics)
+        .lines()
+        .filter(|l| l.starts_with("hivenet_agent_rejected_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(rejected >= 2.0, "rejections counted: {rejected}");
+}
+
+/// A busy engine's 429 on a relayed path (embeddings) reaches the client
+/// and counts as the agent's rejection, not as its failure.
+#[test]
+fn a_busy_backend_is_counted_as_rejected() {
+    let dir = tmpdir("busy-backend");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let (_s, p) = start_sim(
+        &dir,
+        "busy-emb",
+        &["--error-rate", "1", "--error-status", "429"],
+    );
+    let _a = start_agent(&dir, &r, p, "a.key", &["--capability", "embedding"]);
+    wait_agents(r.http, "busy-emb", 1);
+    for _ in 0..3 {
+        let (st, b) = Req::post("/v1/embeddings", r#"{"model":"busy-emb","input":"x"}"#)
+            .send(r.http)
+            .map(Resp::pair)
+            .expect("req");
+        assert_eq!(st, 429, "{}", String::from_utf8_lossy(&b));
+    }
+    let text = metrics_text(r.metrics);
+    let of = |name: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains("model=\"busy-emb\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(of("hivenet_agent_rejected_requests_total{"), 3.0, "{text}");
+    assert_eq!(of("hivenet_agent_requests_failed_total{"), 0.0, "{text}");
 }
 
 /// `--no-pin` leaves the shards to the kernel (a machine shared with an

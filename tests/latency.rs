@@ -239,3 +239,65 @@ fn metrics_pass_promtool() {
         assert!(ok, "promtool finding: {line}\nfull report:\n{report}");
     }
 }
+
+/// `http_server_active_requests` (spec 06) counts requests in flight by
+/// method and route, wherever they end (2 shards: hand-overs), and falls
+/// back to nothing when they are done: no leak.
+#[test]
+fn active_requests_gauge_follows_streams_and_returns_to_zero() {
+    let dir = tmpdir("active-gauge");
+    let r = start_router(&dir, &["--shards", "2"], &[]);
+    let (_s, port) = start_sim(&dir, "slow", &["--itl", "150ms", "--output-tokens", "12"]);
+    let _a = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_agents(r.http, "slow", 1);
+    let active = || -> f64 {
+        metrics_text(r.metrics)
+            .lines()
+            .filter(|l| {
+                l.starts_with("http_server_active_requests{")
+                    && l.contains("method=\"POST\"")
+                    && l.contains("route=\"/v1/chat/completions\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let http = r.http;
+    let streams: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                Req::new("POST", "/v1/chat/completions")
+                    .body(chat_body("slow", true).as_bytes())
+                    .send(http)
+                    .map(|x| x.pair().0)
+            })
+        })
+        .collect();
+    wait_until(
+        std::time::Duration::from_secs(10),
+        || active() == 4.0,
+        "four streams in flight",
+    );
+    for s in streams {
+        assert_eq!(s.join().expect("thread").expect("stream"), 200);
+    }
+    // And over non-streamed ones.
+    for _ in 0..6 {
+        assert_eq!(
+            Req::chat("slow")
+                .send(http)
+                .map(Resp::triple)
+                .expect("chat")
+                .0,
+            200
+        );
+    }
+    wait_until(
+        std::time::Duration::from_secs(10),
+        || active() == 0.0,
+        "nothing in flight",
+    );
+    assert!(
+        !metrics_text(r.metrics).contains("http_server_active_requests{method=\"POST\""),
+        "no series left at zero"
+    );
+}

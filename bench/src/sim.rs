@@ -31,8 +31,11 @@ pub struct SimConfig {
     pub itl: Duration,
     /// Output tokens per completion (capped by the request's max_tokens).
     pub output_tokens: u32,
-    /// Fraction of inference requests answered with 500.
+    /// Fraction of inference requests answered with `error_status`.
     pub error_rate: f64,
+    /// The status of those answers (500 by default; 429 or 503 stand
+    /// for a busy engine).
+    pub error_status: u16,
     /// `/health` answers 503 until this long after start.
     pub startup_delay: Duration,
     /// Stall the whole server once, when this many inference requests have
@@ -431,7 +434,7 @@ async fn handle(
             stall(sim).await;
             if path != "/v1/messages/count_tokens" && sim.roll_error() {
                 sim.stats.errors.fetch_add(1, Ordering::Relaxed);
-                return reply_json(conn, 500, &json!({"error": {"message": "simulated backend error", "type": "server_error"}}), keep).await;
+                return reply_json(conn, sim.cfg.error_status, &json!({"error": {"message": "simulated backend error", "type": "server_error"}}), keep).await;
             }
             sim.stats.running.fetch_add(1, Ordering::Relaxed);
             let r = match path {

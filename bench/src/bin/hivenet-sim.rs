@@ -28,6 +28,9 @@ struct Flags {
     /// fraction of inference requests answered with 500 (default 0)
     #[argh(option, default = "0.0")]
     error_rate: f64,
+    /// status of those answers (default 500; 429 or 503: a busy engine)
+    #[argh(option, default = "500")]
+    error_status: u16,
     /// cold start: /health answers 503 for this long (default 0s)
     #[argh(option, default = "String::from(\"0s\")")]
     startup_delay: String,
@@ -114,6 +117,7 @@ fn main() {
         itl: dur("itl", &f.itl),
         output_tokens: f.output_tokens,
         error_rate: f.error_rate,
+        error_status: f.error_status,
         startup_delay: dur("startup-delay", &f.startup_delay),
         stall_after: f.stall_after,
         stall_for: dur("stall-for", &f.stall_for),

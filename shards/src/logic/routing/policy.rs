@@ -187,6 +187,9 @@ pub struct Policy {
     /// [`super::admission`] before the first step.
     #[serde(flatten)]
     pub admission: AdmissionPolicy,
+    /// Used when every local step is exhausted (spec 04 §7).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_provider: Option<crate::logic::http::provider::FallbackProvider>,
 }
 
 /// How a policy's admission treats keys (spec 04 §10).
@@ -256,6 +259,7 @@ impl Default for Policy {
             }],
             aliases: BTreeMap::new(),
             admission: AdmissionPolicy::default(),
+            fallback_provider: None,
         }
     }
 }

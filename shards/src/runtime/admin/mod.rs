@@ -255,7 +255,7 @@ fn agent_json(a: &AgentView) -> Value {
             "input_tokens_total": a.input_tokens,
             "output_tokens_total": a.output_tokens,
             "cached_prompt_tokens_total": a.cached_prompt_tokens,
-            "rejected_requests_total": 0,
+            "rejected_requests_total": a.rejected,
             "disconnections_total": a.disconnections,
             "agent_failures_total": a.agent_failures,
             "backend_failures_total": a.backend_failures,

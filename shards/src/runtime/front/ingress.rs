@@ -5,6 +5,7 @@
 //!
 //! Entry point: [`serve`].
 
+use crate::runtime::state::model::stats::ActiveRequest;
 use std::rc::Rc;
 
 use crate::logic::http::endpoint::Endpoint;
@@ -61,6 +62,7 @@ fn adopt(p: &PendingRequest) -> RequestScope {
         path: InlineStr::from(p.head.path_only()),
         principal: Some(p.principal.clone()),
         model: p.meta.model.clone(),
+        active: Some(ActiveRequest::begin(&p.head.method, p.head.path_only())),
         ..RequestScope::fresh(p.received_at)
     }
 }

@@ -255,7 +255,7 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
         }
     }
     type PGet = fn(&ModelStats) -> f64;
-    let pm: [(&'static str, Kind, &str, PGet); 4] = [
+    let pm: [(&'static str, Kind, &str, PGet); 5] = [
         (
             "hivenet_policy_primary_routed_total",
             Counter,
@@ -275,6 +275,12 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
             |s| s.exhausted as f64,
         ),
         (
+            "hivenet_policy_provider_fallback_total",
+            Counter,
+            "Requests sent to the policy's fallback provider once every local step was exhausted.",
+            |s| s.provider_fallback as f64,
+        ),
+        (
             "hivenet_queue_depth",
             Gauge,
             "Requests waiting in the model's capacity queue.",
@@ -286,6 +292,29 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
         for (m, st) in &t.models {
             f.series([m], get(st));
         }
+    }
+    let mut calls: std::collections::BTreeMap<
+        (&str, u16),
+        crate::runtime::state::model::stats::Histogram,
+    > = Default::default();
+    for st in t.models.values() {
+        for (k, h) in &st.provider_calls {
+            calls.entry(*k).or_default().merge(h);
+        }
+    }
+    let mut f = Family::new(
+        o,
+        "http_client_request_duration_seconds",
+        Histogram,
+        "Provider fallback calls, to the end of the answer, by provider and status (0: transport error).",
+        ["provider", "status_code"],
+    );
+    for ((provider, status), h) in &calls {
+        f.histogram(
+            [provider, status],
+            &crate::runtime::state::model::stats::CLIENT_BUCKETS,
+            h,
+        );
     }
     let mut f = Family::new(
         o,
@@ -375,6 +404,16 @@ fn render_http(o: &mut String, snaps: &[ShardSnapshot]) {
     );
     for ((method, route, status), h) in &all {
         f.histogram([method, route, status], &HTTP_BUCKETS, h);
+    }
+    let mut f = Family::new(
+        o,
+        "http_server_active_requests",
+        Gauge,
+        "HTTP requests in flight (held and streaming ones included).",
+        ["method", "route"],
+    );
+    for (method, route, n) in crate::runtime::state::model::stats::active_requests() {
+        f.series([&method, &route], n);
     }
 }
 
@@ -479,7 +518,7 @@ fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
         f.series(routing_labels(a), a.last_seen.saturating_mul(1000));
     }
     type Get = fn(&AgentView) -> Option<f64>;
-    let per_agent: [(&'static str, Kind, &str, Get); 22] = [
+    let per_agent: [(&'static str, Kind, &str, Get); 23] = [
         (
             "hivenet_agent_capacity_utilization",
             Gauge,
@@ -565,6 +604,12 @@ fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
             Counter,
             "Of the input tokens, those the engine read from its prompt cache (since registration).",
             |a| Some(a.cached_prompt_tokens as f64),
+        ),
+        (
+            "hivenet_agent_rejected_requests_total",
+            Counter,
+            "Requests the agent turned away unserved, its backend busy or unavailable (429, 503), since registration.",
+            |a| Some(a.rejected as f64),
         ),
         (
             "hivenet_agent_disconnections_total",

@@ -34,6 +34,7 @@ fn agent(peer: &str, model: &str, srtt: Option<f64>) -> AgentView {
         output_tokens: 50,
         cached_prompt_tokens: 40,
         disconnections: 1,
+        rejected: 2,
         agent_failures: 2,
         backend_failures: 3,
         signals: EngineSignals {
@@ -62,6 +63,11 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.primary_routed = 4;
     s.fallback_routed = 1;
     s.exhausted = 2;
+    s.provider_fallback = 3;
+    s.provider_calls.insert(
+        ("openai", 200),
+        hist(&crate::runtime::state::model::stats::CLIENT_BUCKETS, &[0.3]),
+    );
     s.queue_depth = 3;
     s.connection_resets.insert("forward_failure", 3);
     s.connection_resets.insert("stream_cut", 1);
@@ -356,6 +362,27 @@ const FAMILIES: &[Want] = &[
         Some(("model", "m2", 2.0)),
     ),
     (
+        "hivenet_policy_provider_fallback_total",
+        "counter",
+        2,
+        Some(("model", "m1", 3.0)),
+    ),
+    // One (provider, status) key, merged over models: 11 bounds, +Inf,
+    // sum, count.
+    (
+        "http_client_request_duration_seconds",
+        "histogram",
+        11 + 3,
+        Some(("provider", "openai", 0.0)),
+    ),
+    // The one request this test holds in flight.
+    (
+        "http_server_active_requests",
+        "gauge",
+        1,
+        Some(("route", "/v1/rerank", 1.0)),
+    ),
+    (
         "hivenet_queue_depth",
         "gauge",
         2,
@@ -504,6 +531,12 @@ const FAMILIES: &[Want] = &[
         3,
         Some(("peer_id", "12D3KooWa", 40.0)),
     ),
+    (
+        "hivenet_agent_rejected_requests_total",
+        "counter",
+        3,
+        Some(("peer_id", "12D3KooWa", 2.0)),
+    ),
     ("hivenet_agent_disconnections_total", "counter", 3, None),
     (
         "hivenet_agent_failure_total",
@@ -632,6 +665,8 @@ const FAMILIES: &[Want] = &[
 
 #[test]
 fn every_family_parses_with_its_type_series_and_values() {
+    let _in_flight =
+        crate::runtime::state::model::stats::ActiveRequest::begin("POST", "/v1/rerank");
     let text = rendered() + &tenants_rendered();
     let parsed = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     for (name, kind, series, want) in FAMILIES {

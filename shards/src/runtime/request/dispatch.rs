@@ -14,6 +14,7 @@ use tracing::{debug, warn};
 
 use super::admission;
 use super::forward::{attempt, build_request, record_attempt, Ask, Outcome};
+use super::provider;
 use super::respond;
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
@@ -261,8 +262,13 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                 d.wait_ended(w, clock::now());
             }
             Next::Reject(r) => {
-                record_refusal(shard, model, &d, &r, &p.principal);
                 let exhausted = matches!(&r, Refusal::Routing(x) if x.exhausted_policy());
+                if exhausted {
+                    if let Some(keep) = run.provider_fallback(c).await {
+                        return keep;
+                    }
+                }
+                record_refusal(shard, model, &d, &r, &p.principal);
                 if let Some(e) = run.last_backend.take().filter(|_| exhausted) {
                     // The backends' own answer, not a generic 503.
                     return respond::send_error(c, &e, p.head.keep_alive).await;
@@ -276,6 +282,70 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
 // === impl Run ===
 
 impl Run<'_> {
+    /// Every local step exhausted: the policy's fallback provider, for a
+    /// chat or messages request not yet expired (spec 04 §7). `None`:
+    /// no provider applies, the refusal stands.
+    async fn provider_fallback(&mut self, c: &mut Client) -> Option<bool> {
+        let fp = self.policy.fallback_provider.clone()?;
+        let api = provider::api_of(self.p.endpoint)?;
+        let keep = self.p.head.keep_alive;
+        let deadline = self.p.received_at + self.shard.router.cfg.request_timeout;
+        if clock::now() >= deadline {
+            let e = ApiError::new(
+                ErrorCode::RequestTimeout,
+                "Request timed out before provider fallback could be attempted",
+            );
+            return Some(respond::send_error(c, &e, keep).await);
+        }
+        // Local occupancy is not used by a provider call.
+        self.admitted = Admitted::default();
+        let started = clock::now();
+        let (end, status) =
+            provider::fallback(self.shard, c, &fp, api, &self.request, deadline, keep).await;
+        let engine = fp.engine.name();
+        let labels = (
+            Arc::<str>::from("cloud"),
+            Arc::<str>::from(engine),
+            self.p.principal.tenant_arc(),
+        );
+        let secs = started.elapsed().as_secs_f64();
+        let ok = matches!(end, provider::Fallback::Served { .. });
+        if let Some(m) = self.shard.models.borrow_mut().get_mut(self.model) {
+            let s = &mut m.stats;
+            s.provider_fallback += 1;
+            if let Some(st) = status {
+                s.provider_calls
+                    .entry((engine, st))
+                    .or_default()
+                    .observe(&crate::runtime::state::model::stats::CLIENT_BUCKETS, secs);
+            }
+            if ok {
+                *s.routed.entry(labels).or_default() += 1;
+            } else {
+                *s.failed.entry(labels).or_default() += 1;
+                s.exhausted += 1;
+            }
+        }
+        Some(match end {
+            provider::Fallback::Served { status, tokens } => {
+                c.scope.ending.status = status;
+                c.scope.ending.relayed = true;
+                c.scope.ending.tokens = tokens;
+                keep && !c.scope.committed
+            }
+            provider::Fallback::Failed(e) => {
+                warn!(
+                    model = self.model,
+                    provider = engine,
+                    "provider fallback failed: {}",
+                    e.message
+                );
+                respond::send_error(c, &e, keep).await
+            }
+            provider::Fallback::Cut => false,
+        })
+    }
+
     /// What the quotas read of this request.
     fn quota_facts<'f>(&'f self, replicas: &'f dyn Fn() -> u64) -> QuotaFacts<'f> {
         QuotaFacts {

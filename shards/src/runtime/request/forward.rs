@@ -136,6 +136,9 @@ pub async fn attempt(
     debug!(peer_id = %agent.reg.peer_id, status = head.head.status, sample_ms = head.sample_ms, "agent response head");
     // Backend overloaded or unreachable behind this agent: retryable.
     if matches!(head.head.status, 502..=504) {
+        if head.head.status == 503 {
+            agent.rejected.set(agent.rejected.get() + 1);
+        }
         let why = format!("backend answered {}", head.head.status);
         // Its body (bounded, briefly) is what the client gets if every
         // try ends like this (issue 28 #8).
@@ -201,6 +204,9 @@ pub fn record_attempt(
     };
     match outcome {
         Outcome::Served { status, tokens } => {
+            if status == 429 {
+                agent.rejected.set(agent.rejected.get() + 1);
+            }
             // Client-visible duration, at the real end of the response.
             let secs = p.received_at.elapsed().as_secs_f64();
             let ok = status < 400;

@@ -11,4 +11,5 @@ pub mod ending;
 pub mod exchange;
 pub mod forward;
 pub mod models_api;
+pub mod provider;
 pub mod respond;

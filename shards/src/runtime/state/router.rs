@@ -47,6 +47,8 @@ pub struct RouterConfig {
     /// Longest silence between bytes of a response being relayed
     /// (`--stream-idle-timeout`): then it is cut with an error event.
     pub stream_idle_timeout: Duration,
+    /// Fallback providers' accounts (spec 04 §7).
+    pub providers: crate::runtime::request::provider::Providers,
     /// An agent whose control stream stays silent this long is removed
     /// and its link closed (`--remove-after`).
     pub remove_after: Duration,
@@ -97,6 +99,7 @@ impl Default for RouterConfig {
             handshake_timeout: Duration::from_secs(10),
             flush_interval: Duration::from_secs(30),
             stream_idle_timeout: Duration::from_secs(30),
+            providers: Default::default(),
             remove_after: Duration::from_secs(30),
             max_tries_per_step: 3,
             queue_depth: 30,
@@ -240,7 +243,12 @@ impl Router {
 
     /// Replace the policy set (validated) and count the reload.
     pub fn swap_policies(&self, set: PolicySet, trigger: &str) -> Result<(), String> {
-        let r = set.validate();
+        let r = set.validate().and_then(|()| {
+            self.cfg
+                .providers
+                .check(&set)
+                .map_err(|e| format!("policy: {e}"))
+        });
         self.count_reload(trigger, r.is_ok());
         r?;
         self.policies.store(set);

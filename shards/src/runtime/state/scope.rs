@@ -9,6 +9,7 @@
 //! [`crate::runtime::request::ending::finish`] settles a scope once, whatever path the
 //! request took.
 
+use crate::runtime::state::model::stats::ActiveRequest;
 use std::borrow::Cow;
 use std::io;
 use std::rc::Rc;
@@ -136,6 +137,8 @@ pub struct RequestScope {
     pub model: InlineStr,
     /// Not audited (`/health`, CORS preflight).
     pub quiet: bool,
+    /// Counted in `http_server_active_requests` while the scope lives.
+    pub active: Option<crate::runtime::state::model::stats::ActiveRequest>,
     /// How it ended.
     pub ending: Ending,
 }
@@ -150,6 +153,7 @@ impl RequestScope {
             trace: Some(trace(head)),
             method: head.method.clone(),
             path: InlineStr::from(head.path_only()),
+            active: Some(ActiveRequest::begin(&head.method, head.path_only())),
             ..RequestScope::empty(started)
         }
     }
@@ -188,6 +192,7 @@ impl RequestScope {
             principal: None,
             model: InlineStr::from(""),
             quiet: false,
+            active: None,
             ending: Ending::default(),
         }
     }

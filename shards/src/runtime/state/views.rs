@@ -44,6 +44,8 @@ pub struct AgentView {
     pub cached_prompt_tokens: u64,
     /// Lifetime disconnections.
     pub disconnections: u64,
+    /// Busy answers (429, 503) of its backend since registration.
+    pub rejected: u64,
     /// Missed-heartbeat transitions.
     pub agent_failures: u64,
     /// Backend-unhealthy transitions.
@@ -74,6 +76,7 @@ impl AgentView {
             output_tokens: a.output_tokens.get(),
             cached_prompt_tokens: a.cached_prompt_tokens.get(),
             disconnections: a.disconnections.get(),
+            rejected: a.rejected.get(),
             agent_failures: a.agent_failures.get(),
             backend_failures: a.backend_failures.get(),
             signals: a.signals.get(),

@@ -77,6 +77,7 @@ fn policy(steps: Vec<Step>) -> Arc<Policy> {
         steps,
         aliases: Default::default(),
         admission: Default::default(),
+        fallback_provider: None,
     })
 }
 

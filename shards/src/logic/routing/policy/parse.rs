@@ -29,6 +29,17 @@ struct RawPolicy {
     max_inflight: Option<i64>,
     #[serde(default)]
     shed_if: Option<BTreeMap<String, BTreeMap<String, f64>>>,
+    #[serde(default)]
+    fallback_provider: Option<RawProvider>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProvider {
+    #[serde(default)]
+    engine: String,
+    #[serde(default)]
+    model: String,
 }
 
 #[derive(Deserialize)]
@@ -353,10 +364,39 @@ pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
             ));
         }
     }
+    let fallback_provider = match raw.fallback_provider {
+        None => None,
+        Some(fp) => {
+            let Some(engine) = crate::logic::http::provider::Engine::parse(&fp.engine) else {
+                return Err(err(
+                    file,
+                    text,
+                    "fallback_provider.engine",
+                    format!(
+                        "unsupported provider engine {:?} (supported: openai, anthropic)",
+                        fp.engine
+                    ),
+                ));
+            };
+            if fp.model.trim().is_empty() {
+                return Err(err(
+                    file,
+                    text,
+                    "fallback_provider.model",
+                    "fallback_provider.model is required".to_string(),
+                ));
+            }
+            Some(crate::logic::http::provider::FallbackProvider {
+                engine,
+                model: fp.model,
+            })
+        }
+    };
     Ok(Policy {
         models: raw.models,
         steps,
         aliases: raw.aliases,
         admission,
+        fallback_provider,
     })
 }

@@ -317,3 +317,28 @@ fn gpu_signals_gate_and_gpu_model_matches() {
     assert!(picks(&s, &hot), "declared model matches");
     assert!(!picks(&s, &cool), "no GPU model: no match");
 }
+
+#[test]
+fn fallback_provider_is_parsed_and_checked() {
+    let ok = "routing_policy:\n  strategy: least-loaded\nfallback_provider:\n  engine: anthropic\n  model: claude-x\n";
+    let p = parse("p.yaml", ok).expect("accepted");
+    assert_eq!(
+        p.fallback_provider,
+        Some(crate::logic::http::provider::FallbackProvider {
+            engine: crate::logic::http::provider::Engine::Anthropic,
+            model: "claude-x".into()
+        })
+    );
+    let shown = serde_json::to_value(&p).expect("json");
+    assert_eq!(shown["fallback_provider"]["engine"], "anthropic");
+    let bad_engine = "routing_policy:\n  strategy: least-loaded\nfallback_provider:\n  engine: gemini\n  model: g\n";
+    let e = parse("p.yaml", bad_engine).expect_err("refused");
+    assert_eq!((e.path.as_str(), e.line), ("fallback_provider.engine", 4));
+    assert!(e.message.contains("supported: openai, anthropic"), "{e}");
+    let no_model =
+        "routing_policy:\n  strategy: least-loaded\nfallback_provider:\n  engine: openai\n";
+    let e = parse("p.yaml", no_model).expect_err("refused");
+    assert_eq!(e.path, "fallback_provider.model");
+    let typo = "routing_policy:\n  strategy: least-loaded\nfallback_provider:\n  engine: openai\n  model: m\n  modle: n\n";
+    assert!(parse("p.yaml", typo).is_err());
+}

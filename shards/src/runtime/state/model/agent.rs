@@ -55,6 +55,9 @@ pub struct Agent {
     pub cached_prompt_tokens: Cell<u64>,
     /// Times the agent left routing (restored from history).
     pub disconnections: Cell<u64>,
+    /// Requests its backend turned away as busy (429 or 503) since
+    /// registration.
+    pub rejected: Cell<u64>,
     /// Healthy -> unhealthy transitions from missed heartbeats.
     pub agent_failures: Cell<u64>,
     /// Healthy -> unhealthy transitions of reported backend health.
@@ -205,6 +208,7 @@ impl Agent {
             output_tokens: Cell::new(h.output_tokens),
             cached_prompt_tokens: Cell::new(0),
             disconnections: Cell::new(h.disconnections),
+            rejected: Cell::new(0),
             agent_failures: Cell::new(h.agent_failures),
             backend_failures: Cell::new(h.backend_failures),
             consecutive_failures: Cell::new(0),
@@ -285,6 +289,7 @@ impl Agent {
             &self.output_tokens,
             &self.cached_prompt_tokens,
             &self.disconnections,
+            &self.rejected,
             &self.agent_failures,
             &self.backend_failures,
             &self.consecutive_failures,

@@ -15,46 +15,112 @@ pub const HTTP_BUCKETS: [f64; 13] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-/// The route label of a request path: its endpoint's pattern, or
-/// `unmatched` (a bounded set, whatever clients send).
-pub fn route_of(path: &str) -> &'static str {
-    const FIXED: [&str; 14] = [
-        "/v1/chat/completions",
-        "/v1/messages",
-        "/v1/messages/count_tokens",
-        "/v1/embeddings",
-        "/v1/rerank",
-        "/v1/models",
-        "/health",
-        "/admin/routing-table",
-        "/admin/health",
-        "/admin/policy",
-        "/admin/metrics/reset",
-        "/admin/sibling-map",
-        "/admin/api-keys",
-        "/admin/registrations/stream",
-    ];
-    if let Some(r) = FIXED.iter().find(|r| **r == path) {
-        return r;
+/// Every route label: the endpoints' patterns, then `unmatched` (a
+/// bounded set, whatever clients send).
+pub const ROUTES: [&str; 19] = [
+    "/v1/chat/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/v1/models",
+    "/health",
+    "/admin/routing-table",
+    "/admin/health",
+    "/admin/policy",
+    "/admin/metrics/reset",
+    "/admin/sibling-map",
+    "/admin/api-keys",
+    "/admin/registrations/stream",
+    "/v1/models/:model",
+    "/admin/models/:model",
+    "/admin/policy/models/:model",
+    "/admin/api-keys/:id",
+    "unmatched",
+];
+
+/// Where [`ROUTES`]' patterns with a parameter begin.
+const PREFIXED_FROM: usize = 14;
+
+/// The index in [`ROUTES`] of a request path's route.
+pub fn route_index(path: &str) -> usize {
+    if let Some(i) = ROUTES[..PREFIXED_FROM].iter().position(|r| *r == path) {
+        return i;
     }
-    const PREFIXED: [(&str, &str); 4] = [
-        ("/v1/models/", "/v1/models/:model"),
-        ("/admin/models/", "/admin/models/:model"),
-        ("/admin/policy/models", "/admin/policy/models/:model"),
-        ("/admin/api-keys/", "/admin/api-keys/:id"),
+    const PREFIXES: [&str; 4] = [
+        "/v1/models/",
+        "/admin/models/",
+        "/admin/policy/models",
+        "/admin/api-keys/",
     ];
-    PREFIXED
+    PREFIXES
         .iter()
-        .find(|(p, _)| path.starts_with(p))
-        .map_or("unmatched", |(_, r)| r)
+        .position(|p| path.starts_with(p))
+        .map_or(ROUTES.len() - 1, |i| PREFIXED_FROM + i)
+}
+
+/// The route label of a request path: its endpoint's pattern, or
+/// `unmatched`.
+pub fn route_of(path: &str) -> &'static str {
+    ROUTES[route_index(path)]
+}
+
+/// Every method label: the known methods, then `OTHER`.
+pub const METHODS: [&str; 8] = [
+    "GET", "POST", "PUT", "DELETE", "OPTIONS", "HEAD", "PATCH", "OTHER",
+];
+
+/// The index in [`METHODS`] of a method.
+pub fn method_index(m: &str) -> usize {
+    METHODS[..7].iter().position(|k| *k == m).unwrap_or(7)
 }
 
 /// The method label: a known method, else `OTHER`.
 pub fn method_of(m: &str) -> &'static str {
-    ["GET", "POST", "PUT", "DELETE", "OPTIONS", "HEAD", "PATCH"]
-        .into_iter()
-        .find(|k| *k == m)
-        .unwrap_or("OTHER")
+    METHODS[method_index(m)]
+}
+
+/// `http_server_active_requests` by (method, route), process-wide: a
+/// request may begin on one shard and end on another (a hand-over), so
+/// the count is not a shard's. One relaxed add at a request's head and
+/// one at its scope's end.
+static ACTIVE: [std::sync::atomic::AtomicI64; 8 * 19] =
+    [const { std::sync::atomic::AtomicI64::new(0) }; 8 * 19];
+
+/// One request in flight, counted in `http_server_active_requests` until
+/// dropped (with its scope, wherever that ends).
+#[derive(Debug)]
+pub struct ActiveRequest(usize);
+
+impl ActiveRequest {
+    /// Count a request of `method` on `path` as active.
+    pub fn begin(method: &str, path: &str) -> Self {
+        let i = method_index(method) * ROUTES.len() + route_index(path);
+        if let Some(a) = ACTIVE.get(i) {
+            a.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        ActiveRequest(i)
+    }
+}
+
+impl Drop for ActiveRequest {
+    fn drop(&mut self) {
+        if let Some(a) = ACTIVE.get(self.0) {
+            a.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// The (method, route) pairs with requests in flight, and how many.
+pub fn active_requests() -> Vec<(&'static str, &'static str, i64)> {
+    let mut out = Vec::new();
+    for (i, a) in ACTIVE.iter().enumerate() {
+        let n = a.load(std::sync::atomic::Ordering::Relaxed);
+        if n != 0 {
+            out.push((METHODS[i / ROUTES.len()], ROUTES[i % ROUTES.len()], n));
+        }
+    }
+    out
 }
 
 /// Every request's duration by (method, route, status) on one shard: a
@@ -193,7 +259,17 @@ pub struct ModelStats {
     /// agent cut by the transport or a deadline (`forward_failure` before
     /// the head, `stream_cut` while relaying, `deadline`).
     pub connection_resets: BTreeMap<&'static str, u64>,
+    /// Requests sent to the policy's fallback provider (spec 04 §7).
+    pub provider_fallback: u64,
+    /// `http_client_request_duration_seconds{provider,status_code}`:
+    /// provider calls, status 0 on a transport error.
+    pub provider_calls: BTreeMap<(&'static str, u16), Histogram>,
 }
+
+/// `http_client_request_duration_seconds` buckets (spec 06: 0.05 to 120 s,
+/// 11 of them).
+pub const CLIENT_BUCKETS: [f64; 11] =
+    [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 
 impl ModelStats {
     /// Add one shard's statistics of the model (the per-model totals of
@@ -207,6 +283,10 @@ impl ModelStats {
         self.wait.merge(&st.wait);
         for (reason, n) in &st.connection_resets {
             *self.connection_resets.entry(reason).or_default() += n;
+        }
+        self.provider_fallback += st.provider_fallback;
+        for (k, h) in &st.provider_calls {
+            self.provider_calls.entry(*k).or_default().merge(h);
         }
         if st.admission.active {
             self.admission = st.admission;

@@ -1,0 +1,540 @@
+//! Provider fallback, the I/O shell (spec 04 §7): when every local step
+//! of a chat or messages request is exhausted and its policy names a
+//! `fallback_provider`, the request goes to OpenAI or Anthropic (or a
+//! compatible server at a base URL override) over HTTPS or HTTP, and the
+//! answer comes back whole or streamed as it arrives, in the client's
+//! own API, stamped `processed_by`. The pure parts (shapes, translation)
+//! are in [`crate::logic::http::provider`].
+//!
+//! Key items: [`Providers`], [`fallback`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+use tracing::warn;
+
+use super::respond;
+use crate::logic::http::endpoint::Endpoint;
+use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::logic::http::http_parse::BodyFraming;
+use crate::logic::http::http_parse::ChunkedDecoder;
+use crate::logic::http::http_write;
+use crate::logic::http::provider::{self as shape, Api, BaseUrl, Engine, FallbackProvider};
+use crate::logic::http::usage::{self, SseUsage, Tokens};
+use crate::logic::routing::policy_set::PolicySet;
+use crate::runtime::state::scope::Client;
+use crate::runtime::state::shard::Shard;
+use crate::runtime::wire::clock;
+use crate::runtime::wire::conn::{Conn, Transport};
+
+/// The provider client's own timeout (spec 04 §7), also bounded by the
+/// request deadline.
+pub const PROVIDER_TIMEOUT: Duration = Duration::from_secs(120);
+/// Largest whole answer read from a provider.
+const MAX_ANSWER: u64 = 16 * 1024 * 1024;
+/// Most of a provider's error body shown to the client.
+const ERROR_SHOWN: usize = 4 * 1024;
+
+/// One provider's account: its key and where it is.
+#[derive(Clone)]
+pub struct Account {
+    key: String,
+    /// Where requests go.
+    pub base: BaseUrl,
+}
+
+impl std::fmt::Debug for Account {
+    // The key is a credential: never in a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Account")
+            .field("key", &"<redacted>")
+            .field("base", &self.base)
+            .finish()
+    }
+}
+
+/// The providers the router can fall back to (keys read at start).
+#[derive(Debug, Clone, Default)]
+pub struct Providers {
+    /// OpenAI's (or a compatible server's) account.
+    pub openai: Option<Account>,
+    /// Anthropic's (or a compatible server's) account.
+    pub anthropic: Option<Account>,
+    /// TLS client settings (webpki roots plus the operator's CA file).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl Providers {
+    /// Read the accounts from `env` (a key variable makes an account;
+    /// its base URL variable moves it) and build the TLS settings, with
+    /// the PEM certificates of `ca_file` trusted beside the public roots.
+    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Providers, String> {
+        let account = |engine: Engine| -> Result<Option<Account>, String> {
+            let Some(key) = env(engine.key_env()).filter(|k| !k.trim().is_empty()) else {
+                return Ok(None);
+            };
+            let base = env(engine.base_env())
+                .filter(|b| !b.trim().is_empty())
+                .unwrap_or_else(|| engine.default_base().to_string());
+            let base =
+                BaseUrl::parse(base.trim()).map_err(|e| format!("{}: {e}", engine.base_env()))?;
+            Ok(Some(Account {
+                key: key.trim().to_string(),
+                base,
+            }))
+        };
+        let openai = account(Engine::OpenAi)?;
+        let anthropic = account(Engine::Anthropic)?;
+        let needs_tls = [&openai, &anthropic]
+            .into_iter()
+            .flatten()
+            .any(|a| a.base.tls);
+        let tls = if needs_tls {
+            Some(Arc::new(tls_config(
+                env("HIVENET_ROUTER_PROVIDER_CA_FILE").as_deref(),
+            )?))
+        } else {
+            None
+        };
+        Ok(Providers {
+            openai,
+            anthropic,
+            tls,
+        })
+    }
+
+    /// The account of `engine`.
+    pub fn account(&self, engine: Engine) -> Option<&Account> {
+        match engine {
+            Engine::OpenAi => self.openai.as_ref(),
+            Engine::Anthropic => self.anthropic.as_ref(),
+        }
+    }
+
+    /// Every policy's provider must have an account (spec 04 §7: start-up,
+    /// reload and PUT refuse a policy whose provider key is missing).
+    pub fn check(&self, set: &PolicySet) -> Result<(), String> {
+        let docs = std::iter::once(("global", &set.global))
+            .chain(set.named.iter().map(|(n, p)| (n.as_str(), p)));
+        for (name, p) in docs {
+            if let Some(fp) = &p.fallback_provider {
+                if self.account(fp.engine).is_none() {
+                    return Err(format!(
+                        "policy {name:?}: fallback_provider {} needs {} to be set",
+                        fp.engine.name(),
+                        fp.engine.key_env()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn tls_config(ca_file: Option<&str>) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file.filter(|p| !p.trim().is_empty()) {
+        let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("HIVENET_ROUTER_PROVIDER_CA_FILE {path}: {e}"))?;
+        let mut n = 0;
+        for c in certs {
+            let c = c.map_err(|e| format!("HIVENET_ROUTER_PROVIDER_CA_FILE {path}: {e}"))?;
+            roots
+                .add(c)
+                .map_err(|e| format!("HIVENET_ROUTER_PROVIDER_CA_FILE {path}: {e}"))?;
+            n += 1;
+        }
+        if n == 0 {
+            return Err(format!(
+                "HIVENET_ROUTER_PROVIDER_CA_FILE {path}: no certificate in it"
+            ));
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS settings: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// A connection to a provider: plain TCP or TLS over it.
+enum ProviderStream {
+    Plain(TcpStream),
+    Tls(Box<monoio_rustls::ClientTlsStream<TcpStream>>),
+}
+
+impl Transport for ProviderStream {
+    async fn read_owned(&mut self, buf: Vec<u8>) -> (std::io::Result<usize>, Vec<u8>) {
+        match self {
+            ProviderStream::Plain(s) => s.read_owned(buf).await,
+            ProviderStream::Tls(s) => {
+                let cap = buf.capacity();
+                let (res, slice) = s.read(buf.slice_mut(0..cap)).await;
+                (res, slice.into_inner())
+            }
+        }
+    }
+
+    async fn write_owned(&mut self, data: Vec<u8>) -> std::io::Result<()> {
+        match self {
+            ProviderStream::Plain(s) => s.write_owned(data).await,
+            ProviderStream::Tls(s) => {
+                let (res, _) = s.write_all(data).await;
+                res?;
+                s.flush().await
+            }
+        }
+    }
+}
+
+/// The address of `host`: a literal at once, a name resolved on a
+/// thread of its own (the shard never blocks on DNS).
+async fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    let (tx, rx) = futures::channel::oneshot::channel();
+    let name = host.to_string();
+    std::thread::Builder::new()
+        .name("provider-dns".into())
+        .spawn(move || {
+            use std::net::ToSocketAddrs;
+            let r = (name.as_str(), port)
+                .to_socket_addrs()
+                .map_err(|e| e.to_string())
+                .and_then(|mut a| a.next().ok_or_else(|| "no address".to_string()));
+            let _ = tx.send(r);
+        })
+        .map_err(|e| format!("resolve {host}: {e}"))?;
+    rx.await
+        .map_err(|_| format!("resolve {host}: lookup ended"))?
+        .map_err(|e| format!("resolve {host}: {e}"))
+}
+
+async fn connect(
+    a: &Account,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<ProviderStream, String> {
+    let addr = resolve(&a.base.host, a.base.port).await?;
+    let tcp = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    if !a.base.tls {
+        return Ok(ProviderStream::Plain(tcp));
+    }
+    let cfg = tls.ok_or("no TLS settings")?;
+    let name = rustls::pki_types::ServerName::try_from(a.base.host.clone())
+        .map_err(|e| format!("server name {:?}: {e}", a.base.host))?;
+    let s = monoio_rustls::TlsConnector::from(cfg.clone())
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS with {}: {e}", a.base.host))?;
+    Ok(ProviderStream::Tls(Box::new(s)))
+}
+
+/// How a fallback ended, for the caller's counters.
+pub enum Fallback {
+    /// Answered (the status the client got) with the usage seen.
+    Served { status: u16, tokens: Option<Tokens> },
+    /// Failed before anything reached the client: answer with this.
+    Failed(ApiError),
+    /// The client left, or the answer broke after its head.
+    Cut,
+}
+
+/// The client API of an endpoint that may fall back (`None`: not an LLM
+/// request, never sent to a provider).
+pub fn api_of(e: Endpoint) -> Option<Api> {
+    match e {
+        Endpoint::ChatCompletions => Some(Api::Chat),
+        Endpoint::Messages => Some(Api::Messages),
+        _ => None,
+    }
+}
+
+/// Send the client's request (`request`: the agent request bytes, head
+/// and body) to `fp` and answer the client. The caller counts.
+pub async fn fallback(
+    shard: &Shard,
+    c: &mut Client,
+    fp: &FallbackProvider,
+    api: Api,
+    request: &[u8],
+    deadline: clock::Instant,
+    keep: bool,
+) -> (Fallback, Option<u16>) {
+    let providers = &shard.router.cfg.providers;
+    let fail = |m: String| {
+        Fallback::Failed(ApiError::new(
+            ErrorCode::BackendError,
+            format!("provider {}: {m}", fp.engine.name()),
+        ))
+    };
+    let Some(account) = providers.account(fp.engine) else {
+        return (fail("no key configured".into()), None);
+    };
+    let body = request
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .and_then(|i| request.get(i + 4..))
+        .unwrap_or(&[]);
+    let req =
+        match shape::build_request(fp.engine, &fp.model, &account.base, &account.key, api, body) {
+            Ok(r) => r,
+            Err(e) => return (fail(e), None),
+        };
+    let left = deadline
+        .saturating_duration_since(clock::now())
+        .min(PROVIDER_TIMEOUT);
+    let head = monoio::time::timeout(left, async {
+        let stream = connect(account, providers.tls.as_ref()).await?;
+        let mut conn = Conn::over(stream, Vec::with_capacity(16 * 1024));
+        conn.write_all(req.bytes.clone())
+            .await
+            .map_err(|e| format!("send: {e}"))?;
+        let head = conn
+            .read_response_head()
+            .await
+            .map_err(|e| format!("answer: {e}"))?;
+        Ok::<_, String>((conn, head))
+    })
+    .await;
+    let (mut conn, head) = match head {
+        Ok(Ok(x)) => x,
+        Ok(Err(e)) => return (fail(e), Some(0)),
+        Err(_) => return (fail(format!("no answer within {left:?}")), Some(0)),
+    };
+    let status = head.status;
+    if !(200..300).contains(&status) {
+        let body = monoio::time::timeout(
+            Duration::from_secs(2).min(deadline.saturating_duration_since(clock::now())),
+            conn.read_body(head.framing, 64 * 1024),
+        )
+        .await;
+        let text = match body {
+            Ok(Ok(b)) => String::from_utf8_lossy(&b[..b.len().min(ERROR_SHOWN)]).into_owned(),
+            _ => String::new(),
+        };
+        return (
+            fail(format!("HTTP {status}: {}", text.trim())),
+            Some(status),
+        );
+    }
+    if req.stream && head.is_event_stream() {
+        let idle = shard.router.cfg.stream_idle_timeout;
+        let end = relay_stream(c, conn, head.framing, fp.engine, req.translated, idle, keep).await;
+        return (end, Some(status));
+    }
+    // Whole answer: bounded by the deadline and the provider timeout.
+    let left = deadline
+        .saturating_duration_since(clock::now())
+        .min(PROVIDER_TIMEOUT);
+    let whole = monoio::time::timeout(left, conn.read_body(head.framing, MAX_ANSWER)).await;
+    let answer = match whole {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => return (fail(format!("answer body: {e}")), Some(0)),
+        Err(_) => return (fail(format!("answer body not within {left:?}")), Some(0)),
+    };
+    let out = match shape::response_body(fp.engine, api, &answer) {
+        Ok(b) => b,
+        Err(e) => return (fail(e), Some(status)),
+    };
+    let tokens = usage::from_body(&out);
+    let sent = if c.scope.committed {
+        // Held with keepalives: the answer is the body's end.
+        c.scope.keepalive = None;
+        c.scope.ending.status = 200;
+        let mut chunk = Vec::with_capacity(out.len() + 16);
+        http_write::write_chunk(&mut chunk, &out);
+        chunk.extend_from_slice(http_write::LAST_CHUNK);
+        c.conn.write_all(chunk).await.is_ok()
+    } else {
+        respond::send_json(c, 200, &out, keep).await || !keep
+    };
+    if !sent {
+        return (Fallback::Cut, Some(status));
+    }
+    (
+        Fallback::Served {
+            status: 200,
+            tokens,
+        },
+        Some(status),
+    )
+}
+
+/// Relay a provider's event stream to the client as it arrives (in the
+/// client's API), metering its usage.
+async fn relay_stream(
+    c: &mut Client,
+    mut conn: Conn<ProviderStream>,
+    framing: BodyFraming,
+    engine: Engine,
+    translated: bool,
+    idle: Duration,
+    keep: bool,
+) -> Fallback {
+    let mut out = Vec::with_capacity(16 * 1024);
+    if c.scope.committed {
+        c.scope.keepalive = None;
+    } else {
+        respond::event_stream_head(&mut out, &c.scope);
+    }
+    c.scope.ending.status = 200;
+    c.scope.ending.relayed = true;
+    let _ = keep;
+    let mut dec = ChunkedDecoder::new();
+    let mut left = match framing {
+        BodyFraming::Length(n) => Some(n),
+        _ => None,
+    };
+    let mut translator = translated.then(|| shape::StreamTranslator::new(engine));
+    let mut meter = SseUsage::default();
+    let mut payload = Vec::with_capacity(16 * 1024);
+    let mut events = Vec::with_capacity(16 * 1024);
+    loop {
+        let done = match framing {
+            BodyFraming::Chunked => match dec.decode(&conn.buf, &mut payload, 0) {
+                Ok(used) => {
+                    conn.consume(used);
+                    dec.is_done()
+                }
+                Err(e) => return cut(c, format!("bad chunked answer: {e}")).await,
+            },
+            _ => {
+                let n = left.map_or(conn.buf.len(), |l| conn.buf.len().min(l as usize));
+                payload.extend_from_slice(conn.buf.get(..n).unwrap_or(&[]));
+                conn.consume(n);
+                if let Some(l) = left.as_mut() {
+                    *l -= n as u64;
+                }
+                left == Some(0) || framing == BodyFraming::None
+            }
+        };
+        let piece: &[u8] = match translator.as_mut() {
+            Some(t) => {
+                if let Err(e) = t.feed(&payload, &mut events) {
+                    return cut(c, e).await;
+                }
+                &events
+            }
+            None => &payload,
+        };
+        meter.feed(piece);
+        if !piece.is_empty() {
+            http_write::write_chunk(&mut out, piece);
+        }
+        payload.clear();
+        events.clear();
+        if done {
+            out.extend_from_slice(http_write::LAST_CHUNK);
+            return match c.conn.write_all(out).await {
+                Ok(()) => Fallback::Served {
+                    status: 200,
+                    tokens: meter.seen.then_some(meter.tokens),
+                },
+                Err(_) => Fallback::Cut,
+            };
+        }
+        if !out.is_empty() {
+            if c.conn.write_all(std::mem::take(&mut out)).await.is_err() {
+                c.scope.ending.client_gone();
+                return Fallback::Cut;
+            }
+            out = Vec::with_capacity(16 * 1024);
+        }
+        match monoio::time::timeout(idle, conn.fill()).await {
+            Ok(Ok(0)) if framing == BodyFraming::UntilClose => {
+                let _ = c.conn.write_all(http_write::LAST_CHUNK.to_vec()).await;
+                return Fallback::Served {
+                    status: 200,
+                    tokens: meter.seen.then_some(meter.tokens),
+                };
+            }
+            Ok(Ok(0)) => return cut(c, "the provider closed mid-stream".into()).await,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return cut(c, format!("read: {e}")).await,
+            Err(_) => return cut(c, format!("no byte for {idle:?} (--stream-idle-timeout)")).await,
+        }
+    }
+}
+
+/// End a stream that broke after its head: an error event, then the end.
+async fn cut(c: &mut Client, why: String) -> Fallback {
+    warn!("provider stream cut: {why}");
+    let err = ApiError::new(ErrorCode::BackendError, format!("stream cut: {why}"));
+    c.scope.ending.status = err.status;
+    c.scope.ending.error_code = err.code.as_str();
+    let mut event = b"event: error\ndata: ".to_vec();
+    event.extend_from_slice(&err.body());
+    event.extend_from_slice(b"\n\n");
+    let mut chunk = Vec::with_capacity(event.len() + 16);
+    http_write::write_chunk(&mut chunk, &event);
+    let _ = c.conn.write_all(chunk).await;
+    Fallback::Cut
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accounts_come_from_the_environment_and_keys_stay_hidden() {
+        let env = |k: &str| match k {
+            "HIVENET_ROUTER_OPENAI_API_KEY" => Some("sk-secret".to_string()),
+            "HIVENET_ROUTER_OPENAI_BASE_URL" => Some("http://127.0.0.1:9999".to_string()),
+            _ => None,
+        };
+        let p = Providers::from_env(env).expect("providers");
+        let a = p.account(Engine::OpenAi).expect("openai");
+        assert_eq!((a.base.tls, a.base.port), (false, 9999));
+        assert!(p.anthropic.is_none() && p.tls.is_none());
+        assert!(!format!("{p:?}").contains("sk-secret"), "{p:?}");
+        let https = Providers::from_env(|k| {
+            (k == "HIVENET_ROUTER_ANTHROPIC_API_KEY").then(|| "ak".to_string())
+        })
+        .expect("providers");
+        assert!(https.tls.is_some(), "https default needs TLS");
+        let bad = Providers::from_env(|k| match k {
+            "HIVENET_ROUTER_OPENAI_API_KEY" => Some("k".into()),
+            "HIVENET_ROUTER_OPENAI_BASE_URL" => Some("ftp://x".into()),
+            _ => None,
+        });
+        assert!(bad.is_err());
+        let missing_ca = Providers::from_env(|k| match k {
+            "HIVENET_ROUTER_OPENAI_API_KEY" => Some("k".into()),
+            "HIVENET_ROUTER_PROVIDER_CA_FILE" => Some("/nonexistent/ca.pem".into()),
+            _ => None,
+        });
+        assert!(missing_ca.is_err());
+    }
+
+    #[test]
+    fn a_policy_needs_its_providers_key() {
+        let mut set = PolicySet::default();
+        let p = crate::logic::routing::policy::Policy {
+            fallback_provider: Some(FallbackProvider {
+                engine: Engine::Anthropic,
+                model: "c".into(),
+            }),
+            ..Default::default()
+        };
+        set.global = Arc::new(p);
+        let none = Providers::default();
+        let e = none.check(&set).expect_err("refused");
+        assert!(e.contains("HIVENET_ROUTER_ANTHROPIC_API_KEY"), "{e}");
+        let with = Providers::from_env(|k| {
+            (k == "HIVENET_ROUTER_ANTHROPIC_API_KEY").then(|| "ak".to_string())
+        })
+        .expect("providers");
+        assert!(with.check(&set).is_ok());
+    }
+}
