@@ -114,3 +114,48 @@ fn admin_key_is_checked_before_the_body() {
         "the unread body closes the connection: {text}"
     );
 }
+
+/// Issue 29 #13: admin routes carry no CORS headers and refuse a browser
+/// request from another origin, even in insecure admin mode (a page
+/// elsewhere could otherwise reset the metrics); client routes keep CORS.
+#[test]
+fn admin_routes_refuse_foreign_origins_and_carry_no_cors() {
+    let dir = tmpdir("admin-cors");
+    let r = start_router(
+        &dir,
+        &["--shards", "1"],
+        &[
+            ("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true"),
+            ("HIVENET_ROUTER_ADMIN_API_KEYS", ""),
+        ],
+    );
+    let send = |req: String| {
+        String::from_utf8_lossy(&raw(r.http, req.as_bytes(), Duration::from_secs(3))).into_owned()
+    };
+    let foreign = send("POST /admin/metrics/reset HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: https://evil.example\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into());
+    assert!(foreign.starts_with("HTTP/1.1 403"), "{foreign}");
+    assert!(
+        foreign.contains("cross-origin admin requests are refused"),
+        "{foreign}"
+    );
+    assert!(
+        !foreign.contains("Access-Control-Allow-Origin"),
+        "{foreign}"
+    );
+    let host = format!("127.0.0.1:{}", r.http);
+    let same = send(format!("POST /admin/metrics/reset HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"));
+    assert!(same.starts_with("HTTP/1.1 200"), "{same}");
+    assert!(!same.contains("Access-Control-Allow-Origin"), "{same}");
+    let preflight = send(
+        "OPTIONS /admin/metrics/reset HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".into(),
+    );
+    assert!(
+        !preflight.contains("Access-Control-Allow-Origin"),
+        "{preflight}"
+    );
+    let client = send("OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example\r\nConnection: close\r\n\r\n".into());
+    assert!(
+        client.contains("Access-Control-Allow-Origin: *"),
+        "{client}"
+    );
+}

@@ -291,3 +291,66 @@ fn on_by_default_in_the_working_directory_rotated_at_its_cap() {
     assert!(!off.join("hivenet-audit.jsonl").exists());
     assert!(!metrics_text(r2.metrics).contains("hivenet_audit_records_written_total"));
 }
+
+/// Issue 29 #14: a 401 on `/v1/messages` is in Anthropic's envelope (the
+/// spec's code beside); an unauthenticated flood is audited at most about
+/// ten lines a second per shard, the rest counted.
+#[test]
+fn unauthorized_floods_are_paced_in_the_audit_and_messages_get_anthropics_envelope() {
+    let dir = tmpdir("audit-401");
+    std::fs::write(
+        dir.join("auth.yaml"),
+        format!(
+            "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      metadata: {{name: k, owner: t}}\n",
+            sha256_hex("sk-good")
+        ),
+    )
+    .expect("auth");
+    let log = dir.join("audit.jsonl");
+    let log_s = log.to_string_lossy().to_string();
+    let r = start_router(
+        &dir,
+        &["--shards", "1", "--auth-config-file", "auth.yaml"],
+        &[("HIVENET_ROUTER_AUDIT_LOG_PATH", &log_s)],
+    );
+    let resp = Req::post(
+        "/v1/messages",
+        r#"{"model":"m","max_tokens":1,"messages":[]}"#,
+    )
+    .bearer("sk-wrong")
+    .send(r.http)
+    .expect("messages");
+    assert_eq!(resp.status, 401);
+    let v = resp.json();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+    assert_eq!(v["error"]["code"], "unauthorized", "{v}");
+    let t0 = std::time::Instant::now();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", r.http)).expect("connect");
+    let mut buf = Vec::new();
+    let flood = 300;
+    for _ in 0..flood {
+        write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer sk-wrong\r\nContent-Length: 0\r\n\r\n").expect("send");
+        assert_eq!(read_response(&mut s, &mut buf).0, 401);
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            metric(r.metrics, "hivenet_audit_unauthorized_suppressed_total").unwrap_or(0.0)
+                + lines(&log).len() as f64
+                > f64::from(flood)
+        },
+        "every 401 (the flood's and the first) audited or counted",
+    );
+    let audited = lines(&log)
+        .iter()
+        .filter(|l| l["status_code"] == 401)
+        .count();
+    // One a 100 ms, plus the first (the messages 401 above).
+    let ceiling = (secs * 10.0).ceil() as usize + 2;
+    assert!(
+        audited >= 1 && audited <= ceiling,
+        "{audited} audited in {secs:.2} s"
+    );
+}

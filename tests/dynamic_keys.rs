@@ -380,3 +380,37 @@ fn put_runs_the_serverless_cross_check_on_reachable_policies() {
     );
     assert_eq!(st, 200, "{v}");
 }
+
+/// Issue 29 #15: versions compare as operators mean them (`j10` after
+/// `j2`, timestamps by instant), and `?force=true` is the way out of a
+/// version pushed too far ahead.
+#[test]
+fn versions_in_natural_order_and_a_forced_way_out() {
+    let dir = tmpdir("dyn-keys-versions");
+    let r = start_router(&dir, &[], &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")]);
+    let put = |path: &str, v: &str| admin(r.http, "PUT", path, key(v, "sk-v"));
+    assert_eq!(put("/admin/api-keys/k", "j2").0, 200);
+    assert_eq!(put("/admin/api-keys/k", "j10").0, 200, "j10 follows j2");
+    assert_eq!(put("/admin/api-keys/k", "j9").0, 409, "j9 is before j10");
+    // A version far ahead blocks every later push...
+    assert_eq!(put("/admin/api-keys/k", "j999999").0, 200);
+    assert_eq!(put("/admin/api-keys/k", "j11").0, 409);
+    // ...until a forced push; a failing forced push changes nothing.
+    let mut bad = key("j12", "sk-v");
+    bad["key_hash"] = json!("abc");
+    assert_eq!(
+        admin(r.http, "PUT", "/admin/api-keys/k?force=true", bad).0,
+        400
+    );
+    assert_eq!(put("/admin/api-keys/k", "j12").0, 409, "still blocked");
+    let (st, v) = put("/admin/api-keys/k?force=true", "j12");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(put("/admin/api-keys/k", "j13").0, 200, "unblocked");
+    let (_, v) = admin(
+        r.http,
+        "GET",
+        "/admin/api-keys/version",
+        serde_json::Value::Null,
+    );
+    assert_eq!(v["version"], "j13");
+}

@@ -313,3 +313,27 @@ fn scopes_and_hints_decide() {
         .expect("count");
     assert_eq!(st, 404);
 }
+
+/// Issue 29 #15: sibling-map versions in natural order, and `?force=true`
+/// past a version pushed too far ahead.
+#[test]
+fn map_versions_in_natural_order_and_forced_pushes() {
+    let dir = tmpdir("sites-versions");
+    let a = site_router(&dir, "a", &[]);
+    let p = r#"{"site_id":"a","model":"m","kind":"chat"}"#;
+    let push_v = |v: &str, q: &str| {
+        let (st, b) = Req::new("PUT", &format!("/admin/sibling-map{q}"))
+            .body(map_json(v, None, a.http, 1, p).as_bytes())
+            .raw_headers(&format!("Authorization: Bearer {ADMIN}\r\n"))
+            .send(a.http)
+            .map(Resp::pair)
+            .expect("push");
+        (st, String::from_utf8_lossy(&b).to_string())
+    };
+    assert_eq!(push_v("j2", "").0, 200);
+    assert_eq!(push_v("j10", "").0, 200, "j10 follows j2");
+    assert_eq!(push_v("j9", "").0, 409);
+    let (st, body) = push_v("j9", "?force=true");
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(push_v("j9", "").0, 200, "a replay of the forced version");
+}

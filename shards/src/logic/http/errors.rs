@@ -34,6 +34,8 @@ pub enum ErrorCode {
     ClientTimeout,
     /// 403: the key may not use the model.
     ModelForbidden,
+    /// 403: a cross-origin request to an admin route.
+    Forbidden,
     /// 429: requests per minute (or no quota declared for the model).
     RateLimitExceeded,
     /// 429: daily token budget.
@@ -69,6 +71,7 @@ impl ErrorCode {
             ErrorCode::HeadersTooLarge => "request_invalid",
             ErrorCode::ClientTimeout => "request_timeout",
             ErrorCode::ModelForbidden => "model_forbidden",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::RateLimitExceeded => "rate_limit_exceeded",
             ErrorCode::TokenLimitExceeded => "token_limit_exceeded",
             ErrorCode::InputTooLong => "input_too_long",
@@ -87,7 +90,7 @@ impl ErrorCode {
             | ErrorCode::ContextLengthExceeded
             | ErrorCode::InvalidParameter => 400,
             ErrorCode::Unauthorized => 401,
-            ErrorCode::ModelForbidden => 403,
+            ErrorCode::ModelForbidden | ErrorCode::Forbidden => 403,
             ErrorCode::RateLimitExceeded
             | ErrorCode::TokenLimitExceeded
             | ErrorCode::ConcurrencyLimitExceeded => 429,
@@ -171,6 +174,25 @@ impl ApiError {
         }
     }
 
+    /// The envelope on `/v1/messages`: Anthropic's (`type: "error"`,
+    /// `error.type`), with the spec's `code` and `source` beside, so both
+    /// SDKs read it.
+    pub fn body_anthropic(&self) -> Vec<u8> {
+        let v = serde_json::json!({
+            "type": "error",
+            "error": {
+                "type": anthropic_type(self.status),
+                "message": self.message,
+                "code": self.code.as_str(),
+                "source": match self.source {
+                    Source::Router => "router",
+                    Source::Backend => "backend",
+                },
+            },
+        });
+        serde_json::to_vec(&v).unwrap_or_else(|_| b"{}".to_vec())
+    }
+
     /// The JSON envelope bytes.
     pub fn body(&self) -> Vec<u8> {
         let env = Envelope {
@@ -184,6 +206,19 @@ impl ApiError {
             },
         };
         serde_json::to_vec(&env).unwrap_or_else(|_| b"{}".to_vec())
+    }
+}
+
+/// Anthropic's error type for a status (spec 01 §8).
+pub fn anthropic_type(status: u16) -> &'static str {
+    match status {
+        400 | 413 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        503 => "overloaded_error",
+        _ => "api_error",
     }
 }
 

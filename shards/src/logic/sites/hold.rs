@@ -292,7 +292,7 @@ pub fn late_error(
         let v = Event {
             r#type: "error",
             error: Inner {
-                r#type: anthropic_type(e.status),
+                r#type: crate::logic::http::errors::anthropic_type(e.status),
                 message: format!("{}: {}", e.code.as_str(), e.message),
             },
         };
@@ -304,19 +304,6 @@ pub fn late_error(
     }
     out.extend_from_slice(b"\n\n");
     out
-}
-
-/// Anthropic's error type for a status (spec 01 §8).
-fn anthropic_type(status: u16) -> &'static str {
-    match status {
-        400 | 413 => "invalid_request_error",
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        429 => "rate_limit_error",
-        503 => "overloaded_error",
-        _ => "api_error",
-    }
 }
 
 #[cfg(test)]

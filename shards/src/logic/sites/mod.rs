@@ -153,20 +153,30 @@ pub fn parse_go_duration(s: &str) -> Option<std::time::Duration> {
     (total.is_finite() && total < 1e12).then(|| std::time::Duration::from_secs_f64(total))
 }
 
+/// An absolute http(s) URL of visible ASCII only, without query,
+/// fragment or user info: it is written into `Location` headers, so a
+/// control byte or raw non-ASCII must never get there (issue 29 #12).
 fn valid_base_url(u: &str) -> bool {
-    let rest = u
-        .strip_prefix("http://")
-        .or_else(|| u.strip_prefix("https://"));
-    match rest {
-        Some(r) => {
-            let host = r.split('/').next().unwrap_or("");
-            !host.is_empty()
-                && !u.contains('?')
-                && !u.contains('#')
-                && !u.contains(char::is_whitespace)
-        }
-        None => false,
+    crate::logic::http::provider::BaseUrl::parse(u).is_ok()
+}
+
+/// `s` with every byte a `Location` header must not carry raw (controls,
+/// space, non-ASCII, `"<>\^`{|}`) percent-encoded; `%` itself is kept,
+/// so an already encoded query stays as it was.
+fn url_safe(s: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |b: u8| !(0x21..=0x7e).contains(&b) || b"\"<>\\^`{|}".contains(&b);
+    if !s.bytes().any(bad) {
+        return s.into();
     }
+    let mut out = String::with_capacity(s.len() + 16);
+    for b in s.bytes() {
+        if bad(b) {
+            out.push_str(&format!("%{b:02X}"));
+        } else {
+            out.push(char::from(b));
+        }
+    }
+    out.into()
 }
 
 /// Validate a push for the router of `local` (spec 07 §4); the error is
@@ -248,10 +258,10 @@ pub fn validate(dto: MapDto, local: &str) -> Result<SiteMap, String> {
     })
 }
 
-/// The version rule (as the key registry): accepted when `next` sorts at
-/// or after `current` byte-wise (equal: a replay).
+/// The version rule (as the key registry): accepted when `next` is at or
+/// after `current` ([`crate::logic::system::version`]; equal: a replay).
 pub fn version_ok(current: Option<&str>, next: &str) -> bool {
-    current.is_none_or(|c| next.as_bytes() >= c.as_bytes())
+    crate::logic::system::version::at_or_after(current, next)
 }
 
 /// A placement of the map.
@@ -473,8 +483,10 @@ pub fn location(base_url: &str, target: &str, count: u32, local: &str) -> String
     let kept = strip_hn(target);
     let sep = if kept.contains('?') { '&' } else { '?' };
     format!(
-        "{}{kept}{sep}hn_redirects={count}&hn_from={local}",
-        base_url.trim_end_matches('/')
+        "{}{}{sep}hn_redirects={count}&hn_from={}",
+        base_url.trim_end_matches('/'),
+        url_safe(&kept),
+        url_safe(local)
     )
 }
 

@@ -535,3 +535,25 @@ mod serving_here {
         );
     }
 }
+
+/// Issue 29 #12: base URLs of visible ASCII only; whatever the client's
+/// target holds reaches `Location` percent-encoded.
+#[test]
+fn base_urls_are_plain_ascii_and_locations_are_encoded() {
+    for bad in [
+        "http://b\r\nX-Evil: 1",
+        "http://bé.example",
+        "http://b\u{1}",
+        "http://u@b",
+        "https://",
+    ] {
+        assert!(!valid_base_url(bad), "{bad:?} accepted");
+    }
+    assert!(valid_base_url("https://b.example:8443/base/"));
+    let l = location("http://b:81/", "/p?q=a b\"<\u{e9}>%41", 1, "a");
+    assert_eq!(
+        l,
+        "http://b:81/p?q=a%20b%22%3C%C3%A9%3E%41&hn_redirects=1&hn_from=a"
+    );
+    assert!(l.bytes().all(|b| (0x21..=0x7e).contains(&b)), "{l}");
+}

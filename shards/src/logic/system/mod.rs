@@ -6,3 +6,4 @@ pub mod core_plan;
 pub mod log_gate;
 pub mod procfs;
 pub mod timefmt;
+pub mod version;

@@ -103,6 +103,9 @@ pub enum RegistryError {
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     version: String,
+    /// The next mutations skip the version order (an operator's forced
+    /// push, `?force=true`: the way out of a version pushed too far).
+    pub force: bool,
     entries: BTreeMap<String, Entry>,
 }
 
@@ -168,6 +171,7 @@ fn validate(id: &str, dto: KeyDto) -> Result<Entry, String> {
 
 impl Registry {
     /// The current version (`""` before the first mutation).
+    /// The current version.
     pub fn version(&self) -> &str {
         &self.version
     }
@@ -176,7 +180,8 @@ impl Registry {
         if version.is_empty() {
             return Err(RegistryError::Invalid("version is required".into()));
         }
-        if version.as_bytes() < self.version.as_bytes() {
+        if !self.force && !crate::logic::system::version::at_or_after(Some(&self.version), version)
+        {
             return Err(RegistryError::Stale {
                 current: self.version.clone(),
             });

@@ -108,6 +108,27 @@ pub fn keys_api(
         Err(p) => p.into_inner(),
     };
     let id = rest.trim_start_matches('/');
+    // The way out of a version pushed too far ahead (issue 29 #15).
+    let before = reg.version().to_string();
+    reg.force = method != "GET" && query_param(target, "force").as_deref() == Some("true");
+    let out = keys_call(router, &mut reg, method, id, path, target, body);
+    if reg.force && out.0 == 200 {
+        tracing::warn!(from = %before, to = %reg.version(), "key registry: forced version push");
+    }
+    reg.force = false;
+    Some(out)
+}
+
+/// One call of the key API on the locked registry.
+fn keys_call(
+    router: &Router,
+    reg: &mut crate::logic::tenancy::registry::Registry,
+    method: &str,
+    id: &str,
+    path: &str,
+    target: &str,
+    body: &[u8],
+) -> AdminReply {
     let out = match (method, id) {
         // The spec's shapes (02 §9); `version` beside them is additive.
         ("GET", "") => {
@@ -127,7 +148,7 @@ pub fn keys_api(
                 Err(e) => reply(400, json!({"error": format!("invalid JSON: {e}")})),
                 Ok(b) => match reg.replace(&b.version, b.keys) {
                     Ok(n) => {
-                        router.publish_registry(&reg);
+                        router.publish_registry(reg);
                         reply(
                             200,
                             json!({"ok": true, "count": n, "version": reg.version()}),
@@ -149,7 +170,7 @@ pub fn keys_api(
         ),
         (m, raw_id) => {
             let Some(id) = decode(raw_id).filter(|i| !i.is_empty()) else {
-                return Some(reply(400, json!({"error": "id is required"})));
+                return reply(400, json!({"error": "id is required"}));
             };
             match m {
                 "GET" => match reg.get(&id) {
@@ -163,11 +184,11 @@ pub fn keys_api(
                         dto.id.clone_from(&id);
                         let set = router.policies.load();
                         if let Err(e) = serverless_reach_check(&dto, &set) {
-                            return Some(reply(400, json!({ "error": e })));
+                            return reply(400, json!({ "error": e }));
                         }
                         match reg.put(&id, dto) {
                             Ok(()) => {
-                                router.publish_registry(&reg);
+                                router.publish_registry(reg);
                                 reply(200, json!({"ok": true, "id": id, "version": reg.version()}))
                             }
                             Err(e) => stale_or_invalid(e),
@@ -177,11 +198,11 @@ pub fn keys_api(
                 "DELETE" => {
                     let Some(version) = query_param(target, "version").filter(|v| !v.is_empty())
                     else {
-                        return Some(reply(400, json!({"error": "version is required"})));
+                        return reply(400, json!({"error": "version is required"}));
                     };
                     match reg.delete(&id, &version) {
                         Ok(existed) => {
-                            router.publish_registry(&reg);
+                            router.publish_registry(reg);
                             reply(
                                 200,
                                 json!({"ok": true, "deleted": existed, "id": id, "version": reg.version()}),
@@ -197,7 +218,7 @@ pub fn keys_api(
             }
         }
     };
-    Some(out)
+    out
 }
 
 #[cfg(test)]

@@ -50,6 +50,8 @@ pub fn sites_api(
         ));
     };
     let now = clock::unix_secs();
+    // `?force=true`: the way out of a version pushed too far ahead.
+    let force = query_value(target, "force") == Some("true");
     Some(match method {
         "GET" => {
             let s = router.sites.load();
@@ -82,7 +84,7 @@ pub fn sites_api(
             let placements = map.dto.placements.len();
             let version = map.dto.version.clone();
             let r = router.sites.update(|s| {
-                if !sites::version_ok(s.version.as_deref(), &version) {
+                if !force && !sites::version_ok(s.version.as_deref(), &version) {
                     return reply(
                         409,
                         json!({"error": "stale version", "current_version": s.version}),
@@ -110,7 +112,7 @@ pub fn sites_api(
             };
             let v = v.to_string();
             let r = router.sites.update(|s| {
-                if !sites::version_ok(s.version.as_deref(), &v) {
+                if !force && !sites::version_ok(s.version.as_deref(), &v) {
                     return reply(
                         409,
                         json!({"error": "stale version", "current_version": s.version}),

@@ -195,6 +195,18 @@ async fn linger(conn: &mut Conn) {
     let _ = monoio::time::timeout(LINGER_TIME, drain).await;
 }
 
+/// Whether a browser's `Origin` names the host the request was sent to
+/// (`http(s)://<Host>`; `null` and anything else are foreign).
+fn same_origin(origin: &[u8], host: Option<&[u8]>) -> bool {
+    let Some(host) = host else {
+        return false;
+    };
+    let rest = origin
+        .strip_prefix(b"http://")
+        .or_else(|| origin.strip_prefix(b"https://"));
+    rest.is_some_and(|r| r.eq_ignore_ascii_case(host))
+}
+
 /// Route one request by its path.
 async fn route(shard: &Rc<Shard>, c: &mut Client, head: RequestHead) -> Next {
     let path = c.scope.path.clone();
@@ -202,6 +214,23 @@ async fn route(shard: &Rc<Shard>, c: &mut Client, head: RequestHead) -> Next {
     // Requests other than inference ones carry no body we want: close
     // rather than drain when one is declared.
     let keep = head.keep_alive && head.framing == BodyFraming::None;
+    let admin = path.starts_with("/admin/") || path == "/admin";
+    if admin {
+        // No CORS on admin routes, and a browser request from another
+        // origin is refused outright (issue 29 #13): with insecure admin
+        // mode a page elsewhere could otherwise reset metrics.
+        c.scope.no_cors = true;
+        c.scope.principal = Some(Principal::Admin);
+        if let Some(origin) = head.header("origin") {
+            if !same_origin(origin, head.header("host")) {
+                let e = ApiError::new(
+                    ErrorCode::Forbidden,
+                    "cross-origin admin requests are refused",
+                );
+                return respond::send_error(c, &e, false).await.into();
+            }
+        }
+    }
     if head.method == "OPTIONS" {
         c.scope.quiet = true;
         return respond::send_no_content(c, keep).await.into();
@@ -228,8 +257,7 @@ async fn route(shard: &Rc<Shard>, c: &mut Client, head: RequestHead) -> Next {
         };
         return read_inference(shard, c, head, ep, p).await;
     }
-    if path.starts_with("/admin/") || path == "/admin" {
-        c.scope.principal = Some(Principal::Admin);
+    if admin {
         return crate::runtime::admin::serve(shard, c, &head, path)
             .await
             .into();

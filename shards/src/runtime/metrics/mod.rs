@@ -450,6 +450,16 @@ fn render_shards(o: &mut String, snaps: &[ShardSnapshot]) {
     for s in snaps {
         f.series([&s.shard], s.links_rejected);
     }
+    let mut f = Family::new(
+        o,
+        "hivenet_audit_unauthorized_suppressed_total",
+        Counter,
+        "401 answers left out of the audit log (at most 10 audited a second per shard).",
+        ["shard"],
+    );
+    for s in snaps {
+        f.series([&s.shard], s.audit_401_suppressed);
+    }
 }
 
 /// The labels of the routing table's agent series.

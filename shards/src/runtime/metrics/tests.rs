@@ -94,6 +94,7 @@ pub(super) fn snapshots() -> Vec<ShardSnapshot> {
             handoffs_in: 0,
             link_handoffs_out: 0,
             links_rejected: 2,
+            audit_401_suppressed: 5,
             agents: vec![
                 agent("12D3KooWa", "m1", Some(12.5)),
                 agent("12D3KooWb", "m1", None),
@@ -117,6 +118,7 @@ pub(super) fn snapshots() -> Vec<ShardSnapshot> {
             handoffs_in: 1,
             link_handoffs_out: 0,
             links_rejected: 0,
+            audit_401_suppressed: 0,
             agents: vec![agent("12D3KooWc", "m2", Some(40.0))],
             models: vec![("m2".into(), model_stats("default"))],
             redirects: vec![],
@@ -446,6 +448,12 @@ const FAMILIES: &[Want] = &[
         "counter",
         4,
         Some(("direction", "in", 0.0)),
+    ),
+    (
+        "hivenet_audit_unauthorized_suppressed_total",
+        "counter",
+        2,
+        Some(("shard", "0", 5.0)),
     ),
     (
         "hivenet_agent_links_rejected_total",

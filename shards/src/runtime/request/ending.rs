@@ -12,6 +12,9 @@ use crate::runtime::state::shard::Shard;
 use crate::runtime::state::tenancy::{Principal, Settle};
 use crate::runtime::wire::clock;
 
+/// At most one audited 401 per this period on a shard (issue 29 #14).
+const AUDIT_401_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Settle, count and audit the request of the client's scope (once: the
 /// ticket and the agent are taken out of it).
 pub fn finish(shard: &Shard, c: &mut Client) {
@@ -48,6 +51,16 @@ pub fn finish(shard: &Shard, c: &mut Client) {
     let Some(log) = &shard.router.audit else {
         return;
     };
+    if scope.ending.status == 401
+        && shard
+            .audit_401_gate
+            .borrow_mut()
+            .hit(clock::now(), AUDIT_401_PERIOD)
+            .is_none()
+    {
+        crate::runtime::state::shard::inc(&shard.counters.audit_401_suppressed);
+        return;
+    }
     let principal = scope.principal.as_ref();
     log.send(AuditRecord {
         started: audit::started_at(elapsed),

@@ -29,7 +29,9 @@ fn each_extra<'a>(
     more: &[(&'static str, &'a [u8])],
     mut put: impl FnMut((&'static str, &'a [u8])),
 ) {
-    CORS.iter().copied().for_each(&mut put);
+    if !scope.no_cors {
+        CORS.iter().copied().for_each(&mut put);
+    }
     if !scope.request_id.is_empty() {
         put(("X-Request-ID", scope.request_id.as_bytes()));
     }
@@ -105,6 +107,8 @@ pub async fn send_error_with(
     }
     let body = match waking_retry {
         Some(secs) => crate::logic::sites::hold::waking_body(err, secs),
+        // Anthropic's clients read Anthropic's envelope (issue 29 #14).
+        None if c.scope.path.as_str().starts_with("/v1/messages") => err.body_anthropic(),
         None => err.body(),
     };
     let mut digits = itoa::Buffer::new();

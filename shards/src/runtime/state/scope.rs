@@ -137,6 +137,9 @@ pub struct RequestScope {
     pub model: InlineStr,
     /// Not audited (`/health`, CORS preflight).
     pub quiet: bool,
+    /// An admin route: no CORS headers (a browser page of another origin
+    /// must not reach it).
+    pub no_cors: bool,
     /// Counted in `http_server_active_requests` while the scope lives.
     pub active: Option<crate::runtime::state::model::stats::ActiveRequest>,
     /// How it ended.
@@ -192,6 +195,7 @@ impl RequestScope {
             principal: None,
             model: InlineStr::from(""),
             quiet: false,
+            no_cors: false,
             active: None,
             ending: Ending::default(),
         }

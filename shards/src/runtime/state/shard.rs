@@ -44,6 +44,8 @@ pub struct Counters {
     pub link_handoffs_out: Cell<u64>,
     /// Agent links refused (bad preamble, handshake, registration).
     pub links_rejected: Cell<u64>,
+    /// 401s answered but not audited (past the audit's 401 rate).
+    pub audit_401_suppressed: Cell<u64>,
 }
 
 /// Add one to a counter.
@@ -63,6 +65,9 @@ pub struct Shard {
     pub counters: Counters,
     /// Link refusals logged at most once a second per reason.
     pub refusal_log: RefCell<HashMap<&'static str, LogGate>>,
+    /// Paces the audit lines of 401s (an unauthenticated flood must not
+    /// grow the audit file at its own rate).
+    pub audit_401_gate: RefCell<LogGate>,
     next_agent: Cell<u64>,
     directory: Cached<Directory>,
     policies: Cached<PolicySet>,
@@ -99,6 +104,7 @@ impl Shard {
             models: RefCell::new(HashMap::new()),
             counters: Counters::default(),
             refusal_log: RefCell::new(HashMap::new()),
+            audit_401_gate: RefCell::default(),
             next_agent: Cell::new(1),
             directory: Cached::default(),
             policies: Cached::default(),
@@ -298,6 +304,7 @@ impl Shard {
             handoffs_in: self.counters.handoffs_in.get(),
             link_handoffs_out: self.counters.link_handoffs_out.get(),
             links_rejected: self.counters.links_rejected.get(),
+            audit_401_suppressed: self.counters.audit_401_suppressed.get(),
             agents: models
                 .values()
                 .flat_map(|m| m.agents.iter())

@@ -100,6 +100,8 @@ pub struct ShardSnapshot {
     pub link_handoffs_out: u64,
     /// Links refused.
     pub links_rejected: u64,
+    /// 401s not audited.
+    pub audit_401_suppressed: u64,
     /// Agents owned here.
     pub agents: Vec<AgentView>,
     /// Routing counters per model owned here.
