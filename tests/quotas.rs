@@ -294,3 +294,97 @@ fn daily_tokens_refund_failures_and_survive_reload_and_restart() {
     }
     drop(router);
 }
+
+/// Issue 29 #3: an agent is a peer, not trusted code. A backend claiming
+/// 10^15 prompt tokens is clamped to what the request could produce (the
+/// tenant is not locked out for the day, the clamp is counted), and an
+/// engine signal out of its range is absent, not believed.
+#[test]
+fn lying_usage_is_clamped_and_wild_signals_are_dropped() {
+    let dir = tmpdir("lying-agent");
+    std::fs::write(
+        dir.join("auth.yaml"),
+        yaml(&[("sk-l", "lied-to", "{tokens_per_day: 100000}")]),
+    )
+    .expect("auth");
+    let r = start_router(
+        &dir,
+        &["--auth-config-file", "auth.yaml", "--shards", "1"],
+        &[],
+    );
+    let (_s, port) = start_sim(
+        &dir,
+        "liar",
+        &[
+            "--claim-prompt-tokens",
+            "1000000000000000",
+            "--kv-cache-usage",
+            "7",
+            "--output-tokens",
+            "4",
+        ],
+    );
+    let _a = start_agent(
+        &dir,
+        &r,
+        port,
+        "a.key",
+        &["--engine-sample-interval", "100ms"],
+    );
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            Req::get("/v1/models")
+                .bearer("sk-l")
+                .send(r.http)
+                .map(|x| x.json()["data"][0]["agents"]["healthy"] == 1)
+                .unwrap_or(false)
+        },
+        "agent",
+    );
+    for _ in 0..3 {
+        let (st, _, body) = Req::chat("liar")
+            .bearer("sk-l")
+            .send(r.http)
+            .map(Resp::triple)
+            .expect("chat");
+        assert_eq!(
+            st,
+            200,
+            "not locked out: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    let m = metrics_text(r.metrics);
+    let value = |prefix: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(
+        value("hivenet_usage_clamped_total{model=\"liar\"}"),
+        3.0,
+        "{m}"
+    );
+    let used = value("hivenet_tenant_tokens_used_today{tenant_id=\"lied-to\"");
+    assert!(used > 0.0 && used < 100_000.0, "tokens used today {used}");
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            metrics_text(r.metrics).lines().any(|l| {
+                l.starts_with("hivenet_agent_signals_dropped_total{") && !l.ends_with(" 0")
+            })
+        },
+        "the wild KV signal dropped and counted",
+    );
+    let t = routing_table(r.http);
+    assert!(
+        t["agents"][0]["engine"]["kv_cache_utilization"].is_null(),
+        "{t}"
+    );
+    assert!(
+        t["agents"][0]["engine"]["running_requests"].is_number(),
+        "the sane ones stay: {t}"
+    );
+}

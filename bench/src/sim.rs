@@ -45,6 +45,9 @@ pub struct SimConfig {
     pub stall_for: Duration,
     /// KV-cache use reported in `/metrics` (0-1).
     pub kv_cache_usage: f64,
+    /// Report this many prompt tokens in chat usage whatever was sent
+    /// (0: the true count): a lying backend.
+    pub claim_prompt_tokens: u64,
     /// Remember each inference request's trace headers (off by default:
     /// the simulator is also the benchmarks' minimal backend).
     pub record_traces: bool,
@@ -509,7 +512,13 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
     sim.stats
         .generated
         .fetch_add(u64::from(n), Ordering::Relaxed);
-    let mut usage = json!({"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + u64::from(n)});
+    // A lying backend (tests of the router's usage bound).
+    let prompt = if sim.cfg.claim_prompt_tokens > 0 {
+        sim.cfg.claim_prompt_tokens
+    } else {
+        prompt
+    };
+    let mut usage = json!({"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt.saturating_add(u64::from(n))});
     if sim.cfg.prefix_cache_tokens > 0 {
         usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
     }

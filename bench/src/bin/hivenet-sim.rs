@@ -43,6 +43,9 @@ struct Flags {
     /// KV-cache use reported in /metrics, 0-1 (default 0)
     #[argh(option, default = "0.0")]
     kv_cache_usage: f64,
+    /// claim this many prompt tokens in chat usage (default 0: the true count)
+    #[argh(option, default = "0")]
+    claim_prompt_tokens: u64,
     /// remember the trace headers (traceparent, tracestate, baggage) of the
     /// last 256 inference requests, served at GET /sim/trace_headers
     #[argh(switch)]
@@ -122,6 +125,7 @@ fn main() {
         stall_after: f.stall_after,
         stall_for: dur("stall-for", &f.stall_for),
         kv_cache_usage: f.kv_cache_usage,
+        claim_prompt_tokens: f.claim_prompt_tokens,
         record_traces: f.record_traces,
         prefix_cache_tokens: f.prefix_cache_tokens,
         prefill_per_token: dur("prefill-per-token", &f.prefill_per_token),

@@ -54,6 +54,59 @@ pub struct Tokens {
     pub cached: u64,
 }
 
+/// The most a request could have used, from what it sent (issue 29 #3):
+/// a backend's usage beyond it is a lie or a bug, and must not lock a
+/// tenant out for the day.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageBound {
+    /// Bytes it sent (its prompt's text is within them).
+    pub text_bytes: u64,
+    /// Its messages.
+    pub messages: u64,
+    /// Its images.
+    pub images: u64,
+    /// Its declared `max_tokens` (0: none).
+    pub declared_output: u64,
+}
+
+/// Output tokens allowed when the request declared none (more than any
+/// engine's context today).
+pub const UNDECLARED_OUTPUT_MAX: u64 = 1 << 20;
+
+impl UsageBound {
+    /// Input tokens at most: four per text byte (a token is at least one
+    /// byte of text; the factor covers templates), 4,096 per image and 64
+    /// per message, plus 4,096.
+    pub fn input(&self) -> u64 {
+        self.text_bytes
+            .saturating_mul(4)
+            .saturating_add(self.images.saturating_mul(4096))
+            .saturating_add(self.messages.saturating_mul(64))
+            .saturating_add(4096)
+    }
+
+    /// Output tokens at most: the declared maximum plus 16 (end tokens),
+    /// else [`UNDECLARED_OUTPUT_MAX`].
+    pub fn output(&self) -> u64 {
+        if self.declared_output > 0 {
+            self.declared_output.saturating_add(16)
+        } else {
+            UNDECLARED_OUTPUT_MAX
+        }
+    }
+
+    /// `t` within the bound; whether anything was cut.
+    pub fn clamp(&self, t: Tokens) -> (Tokens, bool) {
+        let input = t.input.min(self.input());
+        let out = Tokens {
+            input,
+            output: t.output.min(self.output()),
+            cached: t.cached.min(input),
+        };
+        (out, out != t)
+    }
+}
+
 fn tokens_of(u: &Usage) -> Tokens {
     let cached_openai = u
         .prompt_tokens_details
@@ -243,6 +296,50 @@ fn content_len(line: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_is_clamped_to_what_the_request_could_produce() {
+        let b = UsageBound {
+            text_bytes: 100,
+            messages: 2,
+            images: 0,
+            declared_output: 50,
+        };
+        let honest = Tokens {
+            input: 30,
+            output: 50,
+            cached: 10,
+        };
+        assert_eq!(b.clamp(honest), (honest, false));
+        let lie = Tokens {
+            input: 1_000_000_000_000_000,
+            output: u64::MAX,
+            cached: u64::MAX,
+        };
+        let (t, cut) = b.clamp(lie);
+        assert!(cut);
+        assert_eq!(
+            t,
+            Tokens {
+                input: 400 + 128 + 4096,
+                output: 66,
+                cached: 400 + 128 + 4096
+            }
+        );
+        let open = UsageBound {
+            declared_output: 0,
+            ..b
+        };
+        assert_eq!(
+            open.clamp(Tokens {
+                input: 1,
+                output: 5000,
+                cached: 0
+            })
+            .1,
+            false
+        );
+    }
 
     #[test]
     fn bodies() {

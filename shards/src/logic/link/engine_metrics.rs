@@ -31,6 +31,42 @@ pub struct EngineSignals {
     pub p90_itl_seconds: Option<f64>,
 }
 
+/// Keep `v` when finite and within `lo..=hi`, else drop it (counted).
+fn in_range(v: &mut Option<f64>, lo: f64, hi: f64, dropped: &mut u32) {
+    if let Some(x) = *v {
+        if !(x.is_finite() && (lo..=hi).contains(&x)) {
+            *v = None;
+            *dropped += 1;
+        }
+    }
+}
+
+impl EngineSignals {
+    /// Drop every signal out of its range (an agent is a peer, not trusted
+    /// code: `kv_cache_utilization` 1e308 or negative running requests
+    /// are absent, not believed); returns how many were dropped.
+    pub fn sanitize(&mut self) -> u32 {
+        let mut n = 0;
+        in_range(&mut self.kv_cache_utilization, 0.0, 1.0, &mut n);
+        in_range(&mut self.running_requests, 0.0, 1e6, &mut n);
+        in_range(&mut self.waiting_requests, 0.0, 1e6, &mut n);
+        for t in [
+            &mut self.avg_ttft_seconds,
+            &mut self.p90_ttft_seconds,
+            &mut self.avg_itl_seconds,
+            &mut self.p90_itl_seconds,
+        ] {
+            in_range(t, 0.0, 3600.0, &mut n);
+        }
+        n
+    }
+}
+
+/// Keep a host signal in range (see [`EngineSignals::sanitize`]).
+pub fn keep_in_range(v: &mut Option<f64>, lo: f64, hi: f64, dropped: &mut u32) {
+    in_range(v, lo, hi, dropped);
+}
+
 /// Metric names per engine (`""`: the engine does not export it; the
 /// signal stays absent, never 0).
 struct Names {
@@ -238,6 +274,23 @@ pub fn kv_from_slots_endpoint(engine: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signals_out_of_range_are_absent() {
+        let mut s = EngineSignals {
+            kv_cache_utilization: Some(1e308),
+            running_requests: Some(-3.0),
+            waiting_requests: Some(f64::NAN),
+            avg_ttft_seconds: Some(0.2),
+            ..Default::default()
+        };
+        assert_eq!(s.sanitize(), 3);
+        assert_eq!(s.kv_cache_utilization, None);
+        assert_eq!(s.running_requests, None);
+        assert_eq!(s.waiting_requests, None);
+        assert_eq!(s.avg_ttft_seconds, Some(0.2));
+        assert_eq!(s.sanitize(), 0);
+    }
     use proptest::prelude::*;
 
     /// What llama-server build 11434 exports on `/metrics` (abridged from

@@ -26,6 +26,21 @@ pub struct HardwareSignals {
     pub gpu_temperature_c: Option<f64>,
 }
 
+impl HardwareSignals {
+    /// Drop every host signal out of its range (fractions 0-1, °C within
+    /// -50..200); returns how many.
+    pub fn sanitize(&mut self) -> u32 {
+        use super::engine_metrics::keep_in_range;
+        let mut n = 0;
+        keep_in_range(&mut self.cpu_usage_percent, 0.0, 1.0, &mut n);
+        keep_in_range(&mut self.memory_used_percent, 0.0, 1.0, &mut n);
+        keep_in_range(&mut self.gpu_util_percent, 0.0, 1.0, &mut n);
+        keep_in_range(&mut self.gpu_vram_used_percent, 0.0, 1.0, &mut n);
+        keep_in_range(&mut self.gpu_temperature_c, -50.0, 200.0, &mut n);
+        n
+    }
+}
+
 /// The command line whose output [`nvidia_smi`] reads.
 pub const NVIDIA_SMI_ARGS: [&str; 2] = [
     "--query-gpu=name,utilization.gpu,memory.used,memory.total,temperature.gpu",

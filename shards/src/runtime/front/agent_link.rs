@@ -475,8 +475,17 @@ fn on_frame(agent: &Agent, msg: ControlMsg) -> bool {
             }
             true
         }
-        ControlMsg::RoutingSignals { engine, hardware } => {
+        ControlMsg::RoutingSignals {
+            mut engine,
+            mut hardware,
+        } => {
             agent.live.set(true);
+            let dropped = engine.sanitize() + hardware.sanitize();
+            if dropped > 0 {
+                agent
+                    .signals_dropped
+                    .set(agent.signals_dropped.get() + u64::from(dropped));
+            }
             agent.signals.set(engine);
             agent.hardware.set(hardware);
             true

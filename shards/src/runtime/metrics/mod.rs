@@ -255,7 +255,7 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
         }
     }
     type PGet = fn(&ModelStats) -> f64;
-    let pm: [(&'static str, Kind, &str, PGet); 5] = [
+    let pm: [(&'static str, Kind, &str, PGet); 6] = [
         (
             "hivenet_policy_primary_routed_total",
             Counter,
@@ -273,6 +273,12 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
             Counter,
             "Requests for which every policy step was exhausted.",
             |s| s.exhausted as f64,
+        ),
+        (
+            "hivenet_usage_clamped_total",
+            Counter,
+            "Responses whose usage claimed more tokens than the request could produce (clamped before counting).",
+            |s| s.usage_clamped as f64,
         ),
         (
             "hivenet_policy_provider_fallback_total",
@@ -528,7 +534,7 @@ fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
         f.series(routing_labels(a), a.last_seen.saturating_mul(1000));
     }
     type Get = fn(&AgentView) -> Option<f64>;
-    let per_agent: [(&'static str, Kind, &str, Get); 23] = [
+    let per_agent: [(&'static str, Kind, &str, Get); 24] = [
         (
             "hivenet_agent_capacity_utilization",
             Gauge,
@@ -620,6 +626,12 @@ fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
             Counter,
             "Requests the agent turned away unserved, its backend busy or unavailable (429, 503), since registration.",
             |a| Some(a.rejected as f64),
+        ),
+        (
+            "hivenet_agent_signals_dropped_total",
+            Counter,
+            "Routing signals the agent sent out of their range (treated as absent), since registration.",
+            |a| Some(a.signals_dropped as f64),
         ),
         (
             "hivenet_agent_disconnections_total",

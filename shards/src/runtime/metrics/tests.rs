@@ -35,6 +35,7 @@ fn agent(peer: &str, model: &str, srtt: Option<f64>) -> AgentView {
         cached_prompt_tokens: 40,
         disconnections: 1,
         rejected: 2,
+        signals_dropped: 4,
         agent_failures: 2,
         backend_failures: 3,
         signals: EngineSignals {
@@ -64,6 +65,7 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.fallback_routed = 1;
     s.exhausted = 2;
     s.provider_fallback = 3;
+    s.usage_clamped = 1;
     s.provider_calls.insert(
         ("openai", 200),
         hist(&crate::runtime::state::model::stats::CLIENT_BUCKETS, &[0.3]),
@@ -364,6 +366,12 @@ const FAMILIES: &[Want] = &[
         Some(("model", "m2", 2.0)),
     ),
     (
+        "hivenet_usage_clamped_total",
+        "counter",
+        2,
+        Some(("model", "m1", 1.0)),
+    ),
+    (
         "hivenet_policy_provider_fallback_total",
         "counter",
         2,
@@ -538,6 +546,12 @@ const FAMILIES: &[Want] = &[
         "counter",
         3,
         Some(("peer_id", "12D3KooWa", 40.0)),
+    ),
+    (
+        "hivenet_agent_signals_dropped_total",
+        "counter",
+        3,
+        Some(("peer_id", "12D3KooWa", 4.0)),
     ),
     (
         "hivenet_agent_rejected_requests_total",

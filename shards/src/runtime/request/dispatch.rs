@@ -428,7 +428,28 @@ impl Run<'_> {
             deadline,
             held: reserved,
         };
-        let (outcome, sample) = attempt(shard, c, p, &agent, ask, &mut self.last_backend).await;
+        let (mut outcome, sample) = attempt(shard, c, p, &agent, ask, &mut self.last_backend).await;
+        // A backend's usage is bounded by what the request could produce
+        // (issue 29 #3): a claim of 10^15 tokens must not lock the tenant out.
+        if let Outcome::Served {
+            tokens: Some(t), ..
+        } = &mut outcome
+        {
+            let bound = crate::logic::http::usage::UsageBound {
+                // The whole request's bytes: every endpoint's text is in
+                // them (embedding inputs, rerank documents too).
+                text_bytes: self.request.len() as u64,
+                messages: p.meta.messages,
+                images: p.meta.images,
+                declared_output: p.meta.declared_output,
+            };
+            let (kept, cut) = bound.clamp(*t);
+            if cut {
+                warn!(model = self.model, peer_id = %agent.reg.peer_id, claimed_input = t.input, claimed_output = t.output, "usage beyond what the request could produce: clamped");
+                *t = kept;
+                with_stats(shard, self.model, |s| s.usage_clamped += 1);
+            }
+        }
         let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
         served(shard, c, p, &agent, &outcome, &mut self.admitted, self.llm);
         let tenant = p.principal.tenant_arc();

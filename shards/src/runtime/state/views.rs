@@ -46,6 +46,8 @@ pub struct AgentView {
     pub disconnections: u64,
     /// Busy answers (429, 503) of its backend since registration.
     pub rejected: u64,
+    /// Out-of-range signals dropped since registration.
+    pub signals_dropped: u64,
     /// Missed-heartbeat transitions.
     pub agent_failures: u64,
     /// Backend-unhealthy transitions.
@@ -77,6 +79,7 @@ impl AgentView {
             cached_prompt_tokens: a.cached_prompt_tokens.get(),
             disconnections: a.disconnections.get(),
             rejected: a.rejected.get(),
+            signals_dropped: a.signals_dropped.get(),
             agent_failures: a.agent_failures.get(),
             backend_failures: a.backend_failures.get(),
             signals: a.signals.get(),

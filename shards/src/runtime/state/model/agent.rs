@@ -58,6 +58,8 @@ pub struct Agent {
     /// Requests its backend turned away as busy (429 or 503) since
     /// registration.
     pub rejected: Cell<u64>,
+    /// Signals it sent out of range (dropped: absent, not believed).
+    pub signals_dropped: Cell<u64>,
     /// Healthy -> unhealthy transitions from missed heartbeats.
     pub agent_failures: Cell<u64>,
     /// Healthy -> unhealthy transitions of reported backend health.
@@ -209,6 +211,7 @@ impl Agent {
             cached_prompt_tokens: Cell::new(0),
             disconnections: Cell::new(h.disconnections),
             rejected: Cell::new(0),
+            signals_dropped: Cell::new(0),
             agent_failures: Cell::new(h.agent_failures),
             backend_failures: Cell::new(h.backend_failures),
             consecutive_failures: Cell::new(0),

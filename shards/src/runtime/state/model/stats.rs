@@ -261,6 +261,8 @@ pub struct ModelStats {
     pub connection_resets: BTreeMap<&'static str, u64>,
     /// Requests sent to the policy's fallback provider (spec 04 §7).
     pub provider_fallback: u64,
+    /// Responses whose usage was clamped to the request's bound.
+    pub usage_clamped: u64,
     /// `http_client_request_duration_seconds{provider,status_code}`:
     /// provider calls, status 0 on a transport error.
     pub provider_calls: BTreeMap<(&'static str, u16), Histogram>,
@@ -285,6 +287,7 @@ impl ModelStats {
             *self.connection_resets.entry(reason).or_default() += n;
         }
         self.provider_fallback += st.provider_fallback;
+        self.usage_clamped += st.usage_clamped;
         for (k, h) in &st.provider_calls {
             self.provider_calls.entry(*k).or_default().merge(h);
         }
