@@ -289,7 +289,8 @@ fn daily_tokens_refund_failures_and_survive_reload_and_restart() {
         .expect("n");
     match st {
         429 => assert_eq!(left, 120 - used),
-        200 => assert_eq!(left, 120 - used - 4, "charged the cold estimate"),
+        // Reserved: the cold estimate and max_tokens 4 (issue 29 #8).
+        200 => assert_eq!(left, 120 - used - 4 - 4, "reserved estimate and max_tokens"),
         other => panic!("{other}"),
     }
     drop(router);
@@ -387,4 +388,59 @@ fn lying_usage_is_clamped_and_wild_signals_are_dropped() {
         t["agents"][0]["engine"]["running_requests"].is_number(),
         "the sane ones stay: {t}"
     );
+}
+
+/// Issue 29 #8 (the probe's figure: 40 concurrent requests on a
+/// 3,000-token budget used 9,040, 3.0x): with the declared output
+/// reserved at admission, the same burst stays within the budget plus
+/// one request's reservation.
+#[test]
+fn a_concurrent_burst_cannot_overshoot_the_daily_budget() {
+    let dir = tmpdir("daily-burst");
+    std::fs::write(
+        dir.join("auth.yaml"),
+        yaml(&[("sk-burst", "burst", "{tokens_per_day: 3000}")]),
+    )
+    .expect("auth");
+    let r = start_router(&dir, &["--auth-config-file", "auth.yaml"], &[]);
+    let (_s, port) = start_sim(&dir, "m", &["--ttft", "300ms", "--output-tokens", "200"]);
+    let _a = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            Req::get("/v1/models")
+                .bearer("sk-burst")
+                .send(r.http)
+                .map(|x| x.json()["data"][0]["agents"]["healthy"] == 1)
+                .unwrap_or(false)
+        },
+        "agent",
+    );
+    let body =
+        r#"{"model":"m","max_tokens":200,"messages":[{"role":"user","content":"hello there"}]}"#;
+    let http = r.http;
+    let burst: Vec<_> = (0..40)
+        .map(|_| {
+            std::thread::spawn(move || {
+                Req::post("/v1/chat/completions", body)
+                    .bearer("sk-burst")
+                    .send(http)
+                    .map(|x| x.status)
+                    .unwrap_or(0)
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = burst.into_iter().map(|h| h.join().unwrap_or(0)).collect();
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!(ok + refused, 40, "{statuses:?}");
+    let used: f64 = metrics_text(r.metrics)
+        .lines()
+        .filter(|l| l.starts_with("hivenet_tenant_tokens_used_today{tenant_id=\"burst\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    // One reservation: a cold estimate of a few tokens plus 200.
+    eprintln!("burst: {ok} served, {refused} refused, {used} tokens used of 3000");
+    assert!(used <= 3000.0 + 220.0, "used {used} with {ok} served");
+    assert!(ok >= 10 && refused >= 10, "{ok} served, {refused} refused");
 }

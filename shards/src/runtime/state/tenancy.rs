@@ -287,7 +287,9 @@ pub use crate::logic::routing::refusal::{QuotaLimit, QuotaRefusal};
 pub struct Ticket {
     /// Headers for the response (`X-RateLimit-*`).
     pub headers: Vec<(&'static str, Vec<u8>)>,
-    daily: Option<(Arc<Bucket>, u64, u64)>,
+    /// The daily bucket, the day, what was charged (estimate plus the
+    /// declared output: reserved, issue 29 #8) and the input estimate.
+    daily: Option<(Arc<Bucket>, u64, u64, u64)>,
     /// The bucket and daily limit the token charge uses (after admission).
     pending: Option<(Arc<Bucket>, u64)>,
 }
@@ -462,12 +464,15 @@ pub fn take_daily(
     if metered {
         let need = f.estimate.saturating_add(f.declared_output);
         let day = day();
-        match take_tokens(&bucket, day, tpd, need, f.estimate) {
+        // The whole footprint is reserved, not only the input estimate:
+        // concurrent requests then overshoot the budget by at most one
+        // reservation (issue 29 #8). The end trues it up.
+        match take_tokens(&bucket, day, tpd, need, need) {
             Daily::Charged { remaining, .. } => {
                 ticket
                     .headers
                     .push(("X-RateLimit-Remaining-Tokens", num(remaining)));
-                ticket.daily = Some((bucket, day, f.estimate));
+                ticket.daily = Some((bucket, day, need, f.estimate));
             }
             Daily::Refused { remaining } => {
                 let msg = if f.declared_output > 0 {
@@ -493,7 +498,7 @@ impl Ticket {
     /// usage when the response reported it, refunded in full when the
     /// request failed before any output reached the client, else kept.
     pub fn settle(mut self, end: Settle) {
-        let Some((bucket, day, charged)) = self.daily.take() else {
+        let Some((bucket, day, charged, estimate)) = self.daily.take() else {
             return;
         };
         let charged = i64::try_from(charged).unwrap_or(i64::MAX);
@@ -502,7 +507,9 @@ impl Ticket {
                 i64::try_from(t.input.saturating_add(t.output)).unwrap_or(i64::MAX) - charged
             }
             Settle::NothingSent => -charged,
-            Settle::Unknown => 0,
+            // Served without usage: the input estimate stands, the
+            // reserved output is given back.
+            Settle::Unknown => i64::try_from(estimate).unwrap_or(i64::MAX) - charged,
         };
         if delta != 0 {
             adjust_tokens(&bucket, day, delta);

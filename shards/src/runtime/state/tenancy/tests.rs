@@ -50,10 +50,12 @@ fn rpm_then_daily_then_settle() {
     let s = state("{requests_per_minute: 2, tokens_per_day: 40}");
     let p = s.authenticate(Some(b"sk-test-1"), None, 0).expect("valid");
     let t1 = admit(&p, facts("m"), 1_000, || 7).expect("first");
-    assert!(t1
-        .headers
-        .iter()
-        .any(|(n, v)| *n == "X-RateLimit-Remaining-Tokens" && v == b"30"));
+    assert!(
+        t1.headers
+            .iter()
+            .any(|(n, v)| *n == "X-RateLimit-Remaining-Tokens" && v == b"25"),
+        "estimate 10 and declared output 5 reserved"
+    );
     let t2 = admit(&p, facts("m"), 1_000, || 7).expect("second");
     let r = admit(&p, facts("m"), 1_000, || 7).expect_err("third: rpm");
     assert_eq!(r.limit, QuotaLimit::Requests);
@@ -106,4 +108,30 @@ fn per_model_scales_with_replicas_and_refuses_undeclared() {
     let mut zero = facts("m");
     zero.replicas = &|| 0;
     assert!(admit(&p, zero, 5, || 1).is_err());
+}
+
+/// Issue 29 #8: the daily charge reserves estimate plus declared output,
+/// so concurrent requests cannot all pass on the estimate alone; an
+/// answer without usage keeps only the estimate.
+#[test]
+fn the_declared_output_is_reserved_then_given_back() {
+    let s = state("{tokens_per_day: 45}");
+    let p = s.authenticate(Some(b"sk-test-1"), None, 0).expect("valid");
+    // 15 each (10 + 5): three fit in 45, a fourth does not, whatever
+    // order they settle in.
+    let held: Vec<_> = (0..3)
+        .map(|i| admit(&p, facts("m"), i, || 7).expect("fits"))
+        .collect();
+    let r = admit(&p, facts("m"), 4, || 7).expect_err("over");
+    assert_eq!(r.limit, QuotaLimit::Tokens);
+    let b = s.buckets.values().next().expect("bucket").clone();
+    assert_eq!(quota::used_on(b.daily.load(Ordering::Relaxed), 7), 45);
+    for t in held {
+        t.settle(Settle::Unknown);
+    }
+    assert_eq!(
+        quota::used_on(b.daily.load(Ordering::Relaxed), 7),
+        30,
+        "estimates stand"
+    );
 }
