@@ -440,3 +440,23 @@ fn gpu_signals_from_nvidia_smi_gate_and_match() {
     send(4);
     assert_eq!((served(true), served(false)), (4, 6));
 }
+
+/// Issue 29 #10 (the probe: 5 of 5 sequential requests went to the hung
+/// backend and timed out): after one timeout on a hung backend, the
+/// healthy agent takes the sequential traffic.
+#[test]
+fn a_hung_backend_does_not_capture_sequential_traffic() {
+    let dir = tmpdir("hung-backend");
+    let r = start_router(&dir, &["--shards", "1", "--request-timeout", "1s"], &[]);
+    let (_hung, ph) = start_sim(&dir, "hm", &["--ttft", "3600s"]);
+    let (_ok, po) = start_sim(&dir, "hm", &[]);
+    let _ah = start_agent(&dir, &r, ph, "hung.key", &["--machine", "hung"]);
+    let _ao = start_agent(&dir, &r, po, "ok.key", &["--machine", "ok"]);
+    wait_agents(r.http, "hm", 2);
+    let statuses: Vec<u16> = (0..8)
+        .map(|_| Req::chat("hm").send(r.http).map(|x| x.status).unwrap_or(0))
+        .collect();
+    let timeouts = statuses.iter().filter(|s| **s == 504).count();
+    let served = statuses.iter().filter(|s| **s == 200).count();
+    assert!(timeouts <= 1 && served >= 7, "{statuses:?}");
+}

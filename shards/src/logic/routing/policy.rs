@@ -386,7 +386,10 @@ pub fn select<'a>(
         pool: n,
         ..GateCounts::default()
     };
-    let mut best: Option<(usize, u64, u64)> = None;
+    // (index, active, capacity, failing): at equal load, an agent whose
+    // last request failed (a timeout on a hung backend among them) is
+    // not preferred over one that answered (issue 29 #10).
+    let mut best: Option<(usize, u64, u64, bool)> = None;
     let start = if n == 0 { 0 } else { rotation % n };
     for k in 0..n {
         let i = (start + k) % n;
@@ -420,16 +423,19 @@ pub fn select<'a>(
             continue;
         }
         let (act, capy) = (u64::from(a.active), u64::from(a.capacity));
+        let failing = a.consecutive_failures.unwrap_or(0) > 0;
         let better = match best {
             None => true,
-            Some((_, ba, bc)) => act * bc < ba * capy,
+            Some((_, ba, bc, bf)) => {
+                act * bc < ba * capy || (act * bc == ba * capy && bf && !failing)
+            }
         };
         if better {
-            best = Some((i, act, capy));
+            best = Some((i, act, capy, failing));
         }
     }
     match best {
-        Some((i, _, _)) => StepPick::Agent(i),
+        Some((i, ..)) => StepPick::Agent(i),
         None if c.at_capacity > 0 && c.excluded == 0 && c.unmatched == 0 && c.capability == 0 => {
             StepPick::Full(c)
         }

@@ -77,11 +77,10 @@ fn decide(shard: &Shard, model: &str, d: &mut Decision) -> Next {
         };
         (action, agent)
     };
-    let routing = !matches!(
-        action,
-        Action::TakeQuota | Action::Admit(_) | Action::ChargeDaily
-    );
-    if routing {
+    // The tie rotation moves on once per forward, never on a wait or a
+    // refusal: a request that timed out must not move it twice and send
+    // the next one back to the same (hung) agent (issue 29 #10).
+    if matches!(action, Action::Forward { .. }) {
         if let Some(m) = shard.models.borrow_mut().get_mut(model) {
             m.rotation = m.rotation.wrapping_add(1);
         }

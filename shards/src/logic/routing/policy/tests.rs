@@ -342,3 +342,37 @@ fn fallback_provider_is_parsed_and_checked() {
     let typo = "routing_policy:\n  strategy: least-loaded\nfallback_provider:\n  engine: openai\n  model: m\n  modle: n\n";
     assert!(parse("p.yaml", typo).is_err());
 }
+
+/// Issue 29 #10: at equal load, an agent whose last request failed (a
+/// timeout on a hung backend) loses the tie whatever the rotation; a
+/// lighter failing agent still wins on load.
+#[test]
+fn a_failing_agent_loses_ties_not_load() {
+    let mut hung = facts(1, true, 0, 10, None, "vllm");
+    hung.consecutive_failures = Some(1);
+    let ok = facts(2, true, 0, 10, None, "vllm");
+    let step = Policy::default().steps[0].clone();
+    for rot in 0..4 {
+        let agents = [hung, ok];
+        let pick = select(
+            &step,
+            Capability::Llm,
+            2,
+            |i| agents.get(i).copied(),
+            &[],
+            rot,
+        );
+        assert_eq!(pick, StepPick::Agent(1), "rotation {rot}");
+    }
+    let busy_ok = facts(2, true, 5, 10, None, "vllm");
+    let agents = [hung, busy_ok];
+    let pick = select(
+        &step,
+        Capability::Llm,
+        2,
+        |i| agents.get(i).copied(),
+        &[],
+        0,
+    );
+    assert_eq!(pick, StepPick::Agent(0), "load first");
+}
