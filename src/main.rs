@@ -57,6 +57,12 @@ struct Flags {
     /// most client connections open at once; beyond it a connection gets 503 with Retry-After (default 4096; 0 disables)
     #[argh(option, default = "4096")]
     max_client_connections: usize,
+    /// most agent links open at once; beyond it a link is refused at accept, counted (default 1024; 0 disables)
+    #[argh(option, default = "1024")]
+    max_agent_links: usize,
+    /// most agent links from one source address (default 128; 0 disables)
+    #[argh(option, default = "128")]
+    max_agent_links_per_address: usize,
     /// most request-body bytes buffered at once, all connections together; beyond it a request gets 503 with Retry-After (default 268435456; 0 disables)
     #[argh(option, default = "268435456")]
     max_buffered_body_bytes: u64,
@@ -208,6 +214,8 @@ fn build() -> Result<Startup, String> {
         return Err("--heartbeat-interval must be greater than 0".into());
     }
     cfg.max_client_connections = f.max_client_connections;
+    cfg.max_agent_links = f.max_agent_links;
+    cfg.max_agent_links_per_address = f.max_agent_links_per_address;
     cfg.max_buffered_body_bytes = f.max_buffered_body_bytes;
     cfg.stream_idle_timeout = cli::parse_duration("--stream-idle-timeout", &f.stream_idle_timeout)?;
     if cfg.stream_idle_timeout.is_zero() {
@@ -693,6 +701,10 @@ fn run(startup: Startup) -> Result<(), String> {
         budget: shards::runtime::wire::budget::Budget::new(
             cfg.max_buffered_body_bytes,
             cfg.max_client_connections,
+        ),
+        links: shards::runtime::wire::link_budget::LinkBudget::new(
+            cfg.max_agent_links,
+            cfg.max_agent_links_per_address,
         ),
         storage_errors,
         admin_keys,

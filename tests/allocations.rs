@@ -172,6 +172,7 @@ fn start_router(dir: &std::path::Path) -> (SocketAddr, u16) {
             cfg.max_buffered_body_bytes,
             cfg.max_client_connections,
         ),
+        links: shards::runtime::wire::link_budget::LinkBudget::new(0, 0),
         storage_errors,
         admin_keys: Vec::new(),
         insecure_admin: false,

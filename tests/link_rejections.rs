@@ -230,3 +230,58 @@ fn garbage_after_a_valid_preamble_is_cut_at_once_and_refusals_are_rate_logged() 
         .count();
     assert!(lines <= 10, "{lines} log lines for 300 refusals");
 }
+
+/// Issue 29 #1: agent links are capped in total and per source address,
+/// at accept (silent connections count too), refused and counted beyond,
+/// and a closed link gives its place back.
+#[test]
+fn links_are_capped_in_total_and_per_address() {
+    let dir = tmpdir("link-caps");
+    for (flags, kind) in [
+        (
+            [
+                "--max-agent-links",
+                "0",
+                "--max-agent-links-per-address",
+                "2",
+            ],
+            "address_cap",
+        ),
+        (
+            [
+                "--max-agent-links",
+                "2",
+                "--max-agent-links-per-address",
+                "0",
+            ],
+            "link_cap",
+        ),
+    ] {
+        let mut args = vec!["--shards", "2"];
+        args.extend(flags);
+        let r = start_router(&dir, &args, &[]);
+        // Two silent connections fill the cap...
+        let s1 = std::net::TcpStream::connect(("127.0.0.1", r.p2p)).expect("c1");
+        let s2 = std::net::TcpStream::connect(("127.0.0.1", r.p2p)).expect("c2");
+        // ...so a third is closed at once, counted and logged.
+        let before = rejected(&r);
+        let third = raw(r.p2p, b"", Duration::from_secs(2));
+        assert!(third.is_empty());
+        wait_until(
+            Duration::from_secs(5),
+            || rejected(&r) > before,
+            "cap counted",
+        );
+        assert!(
+            r.proc.log_text().contains(kind),
+            "{kind}: {}",
+            r.proc.log_text()
+        );
+        // Places come back: with the silent ones gone, a real agent registers.
+        drop((s1, s2));
+        std::thread::sleep(Duration::from_millis(300));
+        let (_s, port) = start_sim(&dir, "capped", &[]);
+        let _a = start_agent(&dir, &r, port, &format!("{kind}.key"), &[]);
+        wait_agents(r.http, "capped", 1);
+    }
+}

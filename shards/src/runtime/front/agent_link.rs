@@ -19,11 +19,31 @@ use crate::runtime::wire::clock;
 use crate::runtime::wire::conn::Conn;
 use crate::runtime::wire::handoff;
 use crate::runtime::wire::link::{self, LinkStream};
+use crate::runtime::wire::link_budget::{LinkCap, LinkPermit};
 
 /// Read the preamble, reserve the model's shard, then serve the link here
 /// or hand it to the owner.
 pub async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream) {
     let peer = stream.peer_addr().ok();
+    // The caps first, before a byte is read (issue 29 #1).
+    let permit = match shard.router.links.take(peer.map(|p| p.ip())) {
+        Ok(p) => p,
+        Err(cap) => {
+            let (kind, why) = match cap {
+                LinkCap::Total(n) => (
+                    "link_cap",
+                    format!("{n} agent links open (--max-agent-links)"),
+                ),
+                LinkCap::Address(n) => (
+                    "address_cap",
+                    format!(
+                        "{n} agent links open from this address (--max-agent-links-per-address)"
+                    ),
+                ),
+            };
+            return refused(&shard, peer, "", kind, &why);
+        }
+    };
     let mut conn = Conn::new(stream, Vec::new());
     let timeout = shard.router.cfg.preamble_timeout;
     let read = async {
@@ -62,6 +82,7 @@ pub async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream) {
                 stream: handoff::into_std(stream),
                 prefix: buf,
                 model,
+                permit,
             };
             match tx.unbounded_send(msg) {
                 Ok(()) => inc(&shard.counters.link_handoffs_out),
@@ -74,7 +95,7 @@ pub async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream) {
             return;
         }
     }
-    serve_link(shard, stream, buf, model).await;
+    serve_link(shard, stream, buf, model, permit).await;
 }
 
 /// Count a refused link and log it: at most one line per second per
@@ -307,6 +328,8 @@ pub async fn serve_link(
     stream: monoio::net::TcpStream,
     prefix: Vec<u8>,
     model: String,
+    // Held until the link ends, whichever way.
+    _permit: LinkPermit,
 ) {
     let peer_addr = stream.peer_addr().ok();
     let cfg = shard.router.cfg.clone();

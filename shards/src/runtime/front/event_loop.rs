@@ -139,6 +139,7 @@ fn on_message(shard: &Rc<Shard>, msg: ShardMsg) {
             stream,
             prefix,
             model,
+            permit,
         } => match handoff::adopt(stream) {
             Ok(s) => {
                 monoio::spawn(super::agent_link::serve_link(
@@ -146,6 +147,7 @@ fn on_message(shard: &Rc<Shard>, msg: ShardMsg) {
                     s,
                     prefix,
                     model,
+                    permit,
                 ));
             }
             Err(e) => {

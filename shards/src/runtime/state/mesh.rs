@@ -18,6 +18,8 @@ pub enum ShardMsg {
         prefix: Vec<u8>,
         /// The model the preamble named (reserved in the directory).
         model: String,
+        /// Its place under the link caps.
+        permit: crate::runtime::wire::link_budget::LinkPermit,
     },
     /// Clear every agent's lifetime metrics (admin reset).
     ResetMetrics {

@@ -61,6 +61,10 @@ pub struct RouterConfig {
     pub max_buffered_body_bytes: u64,
     /// Client connections open at once (`--max-client-connections`; 0: unlimited).
     pub max_client_connections: usize,
+    /// Most agent links open at once (0: no cap).
+    pub max_agent_links: usize,
+    /// Most agent links from one source address (0: no cap).
+    pub max_agent_links_per_address: usize,
     /// `HIVENET_ROUTER_RPM_BURST_SECONDS` (0: a bucket's burst is the
     /// whole minute).
     pub rpm_burst_secs: u64,
@@ -105,6 +109,8 @@ impl Default for RouterConfig {
             queue_depth: 30,
             max_buffered_body_bytes: 256 * 1024 * 1024,
             max_client_connections: 4096,
+            max_agent_links: 1024,
+            max_agent_links_per_address: 128,
             rpm_burst_secs: 0,
             admit_fraction: 0.9,
             admit_park_timeout: Duration::from_millis(250),
@@ -133,6 +139,8 @@ pub struct Router {
     pub store: Option<super::store_api::StoreTx>,
     /// Router-wide memory bounds (body bytes, client connections).
     pub budget: std::sync::Arc<crate::runtime::wire::budget::Budget>,
+    /// Caps on agent links, in total and per source address.
+    pub links: std::sync::Arc<crate::runtime::wire::link_budget::LinkBudget>,
     /// Failed store operations.
     pub storage_errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// SHA-256 of each admin key; empty with `insecure_admin`.

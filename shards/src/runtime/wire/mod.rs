@@ -14,5 +14,6 @@ pub mod handoff;
 pub mod http_stream;
 pub mod io;
 pub mod link;
+pub mod link_budget;
 pub mod link_socket;
 pub mod mux;
