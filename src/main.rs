@@ -216,6 +216,30 @@ fn build() -> Result<Startup, String> {
     cfg.max_client_connections = f.max_client_connections;
     cfg.max_agent_links = f.max_agent_links;
     cfg.max_agent_links_per_address = f.max_agent_links_per_address;
+    // The caps must fit the descriptor limit, or silent connections
+    // starve everything else of descriptors (issue 29 #4).
+    if let Some(nofile) = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| shards::logic::system::procfs::open_files_limit(&t))
+    {
+        let (clients, links, lowered) = shards::logic::system::procfs::fit_connection_caps(
+            nofile,
+            cfg.max_client_connections,
+            cfg.max_agent_links,
+        );
+        if lowered {
+            warn!(
+                nofile,
+                from_clients = cfg.max_client_connections,
+                from_links = cfg.max_agent_links,
+                clients,
+                links,
+                "the descriptor limit (ulimit -n) is below the connection caps: caps lowered to fit (raise LimitNOFILE to keep them)"
+            );
+            cfg.max_client_connections = clients;
+            cfg.max_agent_links = links;
+        }
+    }
     cfg.max_buffered_body_bytes = f.max_buffered_body_bytes;
     cfg.stream_idle_timeout = cli::parse_duration("--stream-idle-timeout", &f.stream_idle_timeout)?;
     if cfg.stream_idle_timeout.is_zero() {

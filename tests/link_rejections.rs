@@ -285,3 +285,67 @@ fn links_are_capped_in_total_and_per_address() {
         wait_agents(r.http, "capped", 1);
     }
 }
+
+/// Issue 29 #4 (the probe: with a lowered descriptor limit, 3,000 silent
+/// p2p connections starved HTTP): the caps are fitted to `ulimit -n` at
+/// start (said in the log), so a flood of silent agent connections is
+/// refused past the link cap and HTTP keeps answering.
+#[test]
+fn connection_caps_fit_the_descriptor_limit() {
+    let dir = tmpdir("nofile");
+    let (http, metrics, p2p) = (free_port(), free_port(), free_port());
+    let log = dir.join("router.log");
+    let cmd = format!(
+        "ulimit -n 600 && exec {} --shards 1 --http-port 127.0.0.1:{http} --metrics-port 127.0.0.1:{metrics} --p2p-port {p2p} >{} 2>&1",
+        bin("hivenet-router").display(),
+        log.display()
+    );
+    let child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&cmd)
+        .current_dir(&dir)
+        .env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")
+        .spawn()
+        .expect("sh");
+    let _router = Proc {
+        child,
+        name: "hivenet-router".into(),
+        log: log.clone(),
+    };
+    wait_until(
+        Duration::from_secs(20),
+        || {
+            Req::get("/health")
+                .send(http)
+                .map(|r| r.status == 200)
+                .unwrap_or(false)
+        },
+        "router up",
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(text.contains("caps lowered to fit"), "{text}");
+    // 400 silent agent connections: the link cap (a quarter of 472) takes
+    // some, the rest are closed at once.
+    let silent: Vec<_> = (0..400)
+        .filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", p2p)).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..20 {
+        assert_eq!(
+            Req::get("/health")
+                .send(http)
+                .map(|r| r.status)
+                .unwrap_or(0),
+            200,
+            "HTTP starved"
+        );
+    }
+    let m = metrics_text(metrics);
+    let refused: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("hivenet_agent_links_rejected_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(refused >= 250.0, "refused {refused}");
+    drop(silent);
+}

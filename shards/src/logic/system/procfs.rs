@@ -6,6 +6,39 @@
 /// fixed by the kernel ABI).
 pub const USER_HZ: f64 = 100.0;
 
+/// From `/proc/self/limits`: the soft limit on open files (None:
+/// unlimited or unreadable).
+pub fn open_files_limit(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line.trim_start_matches("Max open files")
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Descriptors kept for everything but connections: listeners, the
+/// store, the audit log, provider calls, logs.
+pub const FD_RESERVE: u64 = 128;
+
+/// Connection caps that fit `nofile` descriptors (issue 29 #4): when
+/// clients + links + [`FD_RESERVE`] exceed it, links get at most a quarter
+/// of what is left and clients the rest (a cap of 0, none, counts as the
+/// whole room). Returns (clients, links, whether they were lowered).
+pub fn fit_connection_caps(nofile: u64, clients: usize, links: usize) -> (usize, usize, bool) {
+    let room = usize::try_from(nofile.saturating_sub(FD_RESERVE))
+        .unwrap_or(usize::MAX)
+        .max(2);
+    let c = if clients == 0 { usize::MAX } else { clients };
+    let l = if links == 0 { usize::MAX } else { links };
+    if c.saturating_add(l) <= room {
+        return (clients, links, false);
+    }
+    let l2 = l.min(room / 4).max(1);
+    let c2 = c.min(room - l2).max(1);
+    (c2, l2, true)
+}
+
 /// From `/proc/self/stat`: (CPU seconds user + system, start time in ticks
 /// since boot).
 pub fn stat(text: &str) -> Option<(f64, u64)> {
@@ -70,5 +103,27 @@ mod tests {
         assert_eq!(max_open_files(lim), Some(20000));
         assert_eq!(boot_time("cpu 1 2\nbtime 1764547200\n"), Some(1764547200));
         assert_eq!(boot_time("cpu 1 2\n"), None);
+    }
+}
+
+#[cfg(test)]
+mod fd_tests {
+    use super::*;
+
+    #[test]
+    fn caps_fit_the_descriptor_limit() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \nMax open files            1024                 524288               files     \n";
+        assert_eq!(open_files_limit(limits), Some(1024));
+        assert_eq!(
+            open_files_limit("Max open files            unlimited  unlimited  files\n"),
+            None
+        );
+        // Defaults (4096 clients, 1024 links) in 1024 descriptors: 896 of
+        // room, a quarter to links.
+        assert_eq!(fit_connection_caps(1024, 4096, 1024), (672, 224, true));
+        assert_eq!(fit_connection_caps(20_000, 4096, 1024), (4096, 1024, false));
+        // No caps at all still get bounded.
+        let (c, l, lowered) = fit_connection_caps(1024, 0, 0);
+        assert!(lowered && c + l <= 1024 - 128);
     }
 }

@@ -44,6 +44,9 @@ where
     };
     let shard = shard.clone();
     monoio::spawn(async move {
+        // Accept errors come in floods (out of descriptors): one line a
+        // second, with how many it stands for (issue 29 #4).
+        let mut gate = crate::logic::system::log_gate::LogGate::default();
         loop {
             match listener.accept().await {
                 Ok((s, _)) => {
@@ -51,7 +54,14 @@ where
                 }
                 Err(e) => {
                     // Out of descriptors and the like: back off, keep serving.
-                    warn!(shard = shard.id, "{what} accept: {e}");
+                    let now = crate::runtime::wire::clock::now();
+                    if let Some(n) = gate.hit(now, std::time::Duration::from_secs(1)) {
+                        warn!(
+                            shard = shard.id,
+                            errors = n,
+                            "{what} accept: {e} ({n} accept error(s) since the previous line)"
+                        );
+                    }
                     monoio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             }
