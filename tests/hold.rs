@@ -997,3 +997,49 @@ fn released_requests_wait_for_admission_room_until_the_hold_budget() {
         assert!(head.starts_with("HTTP/1.1 200"), "{head} {body}");
     }
 }
+
+/// Issue 29 #9 (the probe: 27 anonymous held requests of 10 MB filled the
+/// 256 MiB body budget and every awake request over 100 bytes got 503 for
+/// the whole hold): held bodies count under --wake-hold-max-total only.
+/// Here the awake budget is 1 MiB and three held bodies of 600 KB are
+/// held at once; an awake model's 600 KB request is still served.
+#[test]
+fn held_bodies_never_take_the_awake_models_body_budget() {
+    let dir = tmpdir("hold-body-budget");
+    let r = site_router(
+        &dir,
+        &[
+            "--wake-keepalive",
+            "0",
+            "--max-buffered-body-bytes",
+            "1048576",
+            "--wake-hold-max-total",
+            "67108864",
+        ],
+        &[],
+    );
+    push_map(&r, "20s");
+    let (_s, port) = start_sim(&dir, "awake", &[]);
+    let _a = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_agents(r.http, "awake", 1);
+    let big = |model: &str| {
+        let pad = "x".repeat(600_000);
+        format!(
+            r#"{{"model":"{model}","max_tokens":4,"messages":[{{"role":"user","content":"{pad}"}}]}}"#
+        )
+    };
+    // One after another: each body is read under the awake budget, then
+    // leaves it when held.
+    let mut held = Vec::new();
+    for n in 1..=3 {
+        held.push(send(r.http, "/v1/chat/completions", &big("m"), ""));
+        wait_until(
+            Duration::from_secs(10),
+            || demand(&r) == Some(f64::from(n)),
+            "a big body held",
+        );
+    }
+    let (head, body) = read_all(send(r.http, "/v1/chat/completions", &big("awake"), ""));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{body}");
+    drop(held);
+}

@@ -58,9 +58,13 @@ pub fn hold_shard(router: &crate::runtime::state::router::Router, model: &str) -
     )
 }
 
-fn identity(p: &Principal) -> String {
-    match p {
-        Principal::Key(c) => c.key.key_id.to_string(),
+/// Whose share of the per-key hold limit a request takes: its key, or
+/// without one its client address (one anonymous client cannot take the
+/// whole hold room, issue 29 #9).
+fn identity(p: &Principal, addr: Option<std::net::IpAddr>) -> String {
+    match (p, addr) {
+        (Principal::Key(c), _) => c.key.key_id.to_string(),
+        (_, Some(a)) => format!("addr:{a}"),
         _ => "anonymous".into(),
     }
 }
@@ -90,6 +94,10 @@ pub async fn hold(
     };
     c.conn.trim();
     p.body.shrink_to_fit();
+    // A held body counts under --wake-hold-max-total, never under the
+    // awake models' body budget: held requests cannot starve them
+    // (issue 29 #9).
+    p.body_permit.release();
     start_keepalives(shard, c, &p, started);
     let waited = wait_for_wake(shard, c, &model, p.endpoint.capability(), until).await;
     book.lock().ledger.unhold(&ticket);
@@ -210,7 +218,7 @@ async fn enter_ledger(
 ) -> Result<(Ticket, DemandGuard), HoldEnd> {
     let book = &shard.router.holds;
     let ticket = Ticket {
-        identity: identity(&p.principal),
+        identity: identity(&p.principal, c.conn.stream.peer_addr().ok().map(|a| a.ip())),
         model: model.to_string(),
         bytes: p.body.len() as u64,
         client_id: pure::client_id(

@@ -93,6 +93,15 @@ impl BodyPermit {
         true
     }
 
+    /// Give every byte back (the body is accounted elsewhere from now
+    /// on: a held request's, by the hold limits).
+    pub fn release(&mut self) {
+        self.budget
+            .body_bytes
+            .fetch_sub(self.bytes, Ordering::AcqRel);
+        self.bytes = 0;
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> u64 {
         self.bytes
