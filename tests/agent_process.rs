@@ -460,3 +460,93 @@ fn a_hung_backend_does_not_capture_sequential_traffic() {
     let served = statuses.iter().filter(|s| **s == 200).count();
     assert!(timeouts <= 1 && served >= 7, "{statuses:?}");
 }
+
+/// A backend that answers `/health` and `/v1/models` and misbehaves on
+/// everything else as `mode` says: 0 resets, 1 a garbage status line, 2 a
+/// 100 KiB header.
+fn misbehaving_backend(mode: std::sync::Arc<std::sync::atomic::AtomicU8>) -> u16 {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let mode = mode.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65536];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&got).to_string();
+                let ok = |s: &mut std::net::TcpStream, body: &str| {
+                    let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                };
+                if head.starts_with("GET /health") {
+                    ok(&mut s, "{}");
+                } else if head.starts_with("GET /v1/models") {
+                    ok(
+                        &mut s,
+                        r#"{"object":"list","data":[{"id":"odd","object":"model"}]}"#,
+                    );
+                } else {
+                    match mode.load(std::sync::atomic::Ordering::Relaxed) {
+                        0 => {}
+                        1 => {
+                            let _ = s.write_all(b"HTTTP/9 OK maybe\r\n\r\n");
+                        }
+                        _ => {
+                            let big = "x".repeat(100 * 1024);
+                            let _ = write!(
+                                s,
+                                "HTTP/1.1 200 OK\r\nX-Big: {big}\r\nContent-Length: 2\r\n\r\n{{}}"
+                            );
+                        }
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Issue 29 #11: the backend's failure reaches the client named (a reset,
+/// a garbage status line, an oversized head: each `502 backend_error`
+/// with its own message, never a generic `503 no_agents_available`), and
+/// is counted by status.
+#[test]
+fn backend_failures_are_named_and_counted() {
+    let dir = tmpdir("odd-backend");
+    let mode = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
+    let port = misbehaving_backend(mode.clone());
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let _a = start_agent(&dir, &r, port, "a.key", &["--model", "odd"]);
+    wait_agents(r.http, "odd", 1);
+    for (m, says) in [
+        (0u8, "closed the connection before answering"),
+        (1, "malformed response"),
+        (2, "malformed response"),
+    ] {
+        mode.store(m, std::sync::atomic::Ordering::Relaxed);
+        let (st, _, body) = Req::chat("odd")
+            .send(r.http)
+            .map(Resp::triple)
+            .expect("chat");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        assert_eq!(st, 502, "mode {m}: {v}");
+        assert_eq!(v["error"]["code"], "backend_error", "mode {m}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap_or("");
+        assert!(msg.contains(says), "mode {m}: {msg}");
+    }
+    let n: f64 = metrics_text(r.metrics)
+        .lines()
+        .filter(|l| {
+            l.starts_with("hivenet_backend_errors_total{model=\"odd\",status_code=\"502\"}")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(n, 3.0);
+}

@@ -63,6 +63,34 @@ async fn write_error(s: &mut HttpStream, err: &ApiError) {
     let _ = s.close().await;
 }
 
+/// What the router is told when the backend failed before its head
+/// (issue 29 #11): a backend that cannot be reached is unavailable (503);
+/// one that closed or reset the connection, or answered with a malformed
+/// or oversized head, is a backend error (502), each with its own
+/// message. Both stay retryable on another agent.
+fn before_head_error(e: &io::Error) -> ApiError {
+    use io::ErrorKind as K;
+    match e.kind() {
+        K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe => {
+            backend_error_502(format!(
+                "backend closed the connection before answering: {e}"
+            ))
+        }
+        K::InvalidData => backend_error_502(format!("backend sent a malformed response: {e}")),
+        _ => backend_error(503, format!("backend unreachable: {e}")),
+    }
+}
+
+fn backend_error_502(message: String) -> ApiError {
+    ApiError {
+        code: ErrorCode::BackendError,
+        status: 502,
+        message,
+        source: Source::Backend,
+        retry_after: None,
+    }
+}
+
 fn backend_error(status: u16, message: String) -> ApiError {
     let code = if status == 504 {
         ErrorCode::RequestTimeout
@@ -117,11 +145,7 @@ pub async fn serve_stream(cfg: Rc<AgentConfig>, s: mux::Stream) {
     match monoio::time::timeout(cfg.http_timeout, run).await {
         Ok(Ok(())) => {}
         Ok(Err(ProxyError::BeforeHead(e))) => {
-            write_error(
-                &mut s,
-                &backend_error(503, format!("backend unreachable: {e}")),
-            )
-            .await;
+            write_error(&mut s, &before_head_error(&e)).await;
         }
         Ok(Err(ProxyError::AfterHead(e))) => {
             // Headers already sent: drop the stream without the last chunk

@@ -310,6 +310,18 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
     }
     let mut f = Family::new(
         o,
+        "hivenet_backend_errors_total",
+        Counter,
+        "Backend failures agents reported, by status: 502 closed or malformed answer, 503 unreachable or busy, 504 timed out.",
+        ["model", "status_code"],
+    );
+    for (m, st) in &t.models {
+        for (status, n) in &st.backend_errors {
+            f.series([m, status], n);
+        }
+    }
+    let mut f = Family::new(
+        o,
         "http_client_request_duration_seconds",
         Histogram,
         "Provider fallback calls, to the end of the answer, by provider and status (0: transport error).",

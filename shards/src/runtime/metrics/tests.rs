@@ -66,6 +66,7 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.exhausted = 2;
     s.provider_fallback = 3;
     s.usage_clamped = 1;
+    s.backend_errors.insert(502, 2);
     s.provider_calls.insert(
         ("openai", 200),
         hist(&crate::runtime::state::model::stats::CLIENT_BUCKETS, &[0.3]),
@@ -364,6 +365,12 @@ const FAMILIES: &[Want] = &[
         "counter",
         2,
         Some(("model", "m2", 2.0)),
+    ),
+    (
+        "hivenet_backend_errors_total",
+        "counter",
+        2,
+        Some(("model", "m1", 2.0)),
     ),
     (
         "hivenet_usage_clamped_total",

@@ -139,6 +139,9 @@ pub async fn attempt(
         if head.head.status == 503 {
             agent.rejected.set(agent.rejected.get() + 1);
         }
+        with_stats(shard, p.meta.model.as_str(), |s| {
+            *s.backend_errors.entry(head.head.status).or_default() += 1;
+        });
         let why = format!("backend answered {}", head.head.status);
         // Its body (bounded, briefly) is what the client gets if every
         // try ends like this (issue 28 #8).

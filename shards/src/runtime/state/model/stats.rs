@@ -263,6 +263,9 @@ pub struct ModelStats {
     pub provider_fallback: u64,
     /// Responses whose usage was clamped to the request's bound.
     pub usage_clamped: u64,
+    /// Backend failures reported by agents, by status (502 closed or
+    /// malformed, 503 unreachable or busy, 504 timed out).
+    pub backend_errors: BTreeMap<u16, u64>,
     /// `http_client_request_duration_seconds{provider,status_code}`:
     /// provider calls, status 0 on a transport error.
     pub provider_calls: BTreeMap<(&'static str, u16), Histogram>,
@@ -288,6 +291,9 @@ impl ModelStats {
         }
         self.provider_fallback += st.provider_fallback;
         self.usage_clamped += st.usage_clamped;
+        for (k, n) in &st.backend_errors {
+            *self.backend_errors.entry(*k).or_default() += n;
+        }
         for (k, h) in &st.provider_calls {
             self.provider_calls.entry(*k).or_default().merge(h);
         }
