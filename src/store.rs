@@ -112,13 +112,21 @@ impl Stamp {
     }
 }
 
-/// The file beside the store that remembers the last persisted flush.
+/// The files that remember the last persisted flush, both written after
+/// every flush: one inside the store's directory, so that a volume
+/// mounted at the store path carries it across restarts (issue 29 #7;
+/// fjall ignores files it does not own), one beside it, so that an older
+/// copy restored over the store is still noticed. The newest counts.
 fn stamp_file(store: &Path) -> PathBuf {
+    store.join("hivenet-flush-stamp")
+}
+
+/// The stamp beside the store (the only one of earlier versions).
+fn beside_stamp_file(store: &Path) -> PathBuf {
     PathBuf::from(format!("{}.flush-stamp", store.display()))
 }
 
-fn read_stamp_file(store: &Path) -> Option<Stamp> {
-    let text = std::fs::read_to_string(stamp_file(store)).ok()?;
+fn parse_stamp(text: &str) -> Option<Stamp> {
     let mut it = text.split_whitespace();
     Some(Stamp {
         seq: it.next()?.parse().ok()?,
@@ -126,14 +134,27 @@ fn read_stamp_file(store: &Path) -> Option<Stamp> {
     })
 }
 
-fn write_stamp_file(store: &Path, s: Stamp) -> std::io::Result<()> {
+/// The newest of the two stamp files.
+fn read_stamp_file(store: &Path) -> Option<Stamp> {
+    [stamp_file(store), beside_stamp_file(store)]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .filter_map(|t| parse_stamp(&t))
+        .max_by_key(|s| s.seq)
+}
+
+fn write_one_stamp(path: &Path, s: Stamp) -> std::io::Result<()> {
     use std::io::Write;
-    let path = stamp_file(store);
     let tmp = PathBuf::from(format!("{}.tmp", path.display()));
     let mut f = std::fs::File::create(&tmp)?;
     writeln!(f, "{} {}", s.seq, s.unix)?;
     f.sync_all()?;
-    std::fs::rename(&tmp, &path)
+    std::fs::rename(&tmp, path)
+}
+
+fn write_stamp_file(store: &Path, s: Stamp) -> std::io::Result<()> {
+    write_one_stamp(&stamp_file(store), s)?;
+    write_one_stamp(&beside_stamp_file(store), s)
 }
 
 /// Compare the store's stamp with the file's on open; log loudly and count
@@ -179,7 +200,10 @@ fn check_stamps(path: &Path, o: &Open, errors: &AtomicU64) -> u64 {
 enum OpenError {
     /// Another process holds the store's lock: never touch its files.
     Locked,
-    /// Anything else (corruption and the like).
+    /// The environment refuses (permission, read-only or full filesystem):
+    /// the data may be fine; never move it aside (issue 29 #6).
+    Environment(std::io::ErrorKind, String),
+    /// Checksums, formats, unreadable records: corruption.
     Other(String),
 }
 
@@ -187,17 +211,56 @@ impl std::fmt::Display for OpenError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             OpenError::Locked => f.write_str("locked by another process"),
-            OpenError::Other(e) => f.write_str(e),
+            OpenError::Environment(_, e) | OpenError::Other(e) => f.write_str(e),
         }
     }
 }
 
+/// An I/O error the environment causes (not the data): permission,
+/// read-only or full filesystem.
+fn environmental(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        e.kind(),
+        K::PermissionDenied | K::ReadOnlyFilesystem | K::StorageFull | K::QuotaExceeded
+    )
+}
+
+fn classify(e: fjall::Error) -> OpenError {
+    let env_kind = match &e {
+        fjall::Error::Io(io) | fjall::Error::Storage(fjall::LsmError::Io(io)) => {
+            environmental(io).then(|| io.kind())
+        }
+        _ => None,
+    };
+    match (e, env_kind) {
+        (fjall::Error::Locked, _) => OpenError::Locked,
+        (e, Some(kind)) => OpenError::Environment(kind, e.to_string()),
+        (e, None) => OpenError::Other(e.to_string()),
+    }
+}
+
+/// The one line that stops the start on an environment error.
+fn environment_refusal(path: &Path, kind: std::io::ErrorKind, e: &str) -> String {
+    use std::io::ErrorKind as K;
+    let cure = match kind {
+        K::PermissionDenied => {
+            "give the router's user ownership of it (chown -R <user> it) or run as its owner"
+        }
+        K::ReadOnlyFilesystem => {
+            "mount it read-write or point --disk-db-path to a writable directory"
+        }
+        _ => "free space on its filesystem or point --disk-db-path elsewhere",
+    };
+    format!(
+        "the history store {} cannot be opened ({e}); its data is left as it is: {cure}",
+        path.display()
+    )
+}
+
 fn try_open(path: &Path) -> Result<Open, OpenError> {
-    let db = Database::builder(path).open().map_err(|e| match e {
-        fjall::Error::Locked => OpenError::Locked,
-        other => OpenError::Other(other.to_string()),
-    })?;
-    let db_err = |e: fjall::Error| OpenError::Other(e.to_string());
+    let db = Database::builder(path).open().map_err(classify)?;
+    let db_err = classify;
     let ks = db
         .keyspace(KEYSPACE, KeyspaceCreateOptions::default)
         .map_err(db_err)?;
@@ -236,7 +299,7 @@ fn open(cfg: &StoreConfig, errors: &AtomicU64) -> Result<Option<Open>, String> {
         if let Err(OpenError::Locked) = try_open(&cfg.path) {
             return Err(in_use(&cfg.path));
         }
-        let _ = std::fs::remove_file(stamp_file(&cfg.path));
+        let _ = std::fs::remove_file(beside_stamp_file(&cfg.path));
         match std::fs::remove_dir_all(&cfg.path) {
             Ok(()) => info!(path = %cfg.path.display(), "--reset-disk-db: store emptied"),
             Err(e) => {
@@ -247,6 +310,9 @@ fn open(cfg: &StoreConfig, errors: &AtomicU64) -> Result<Option<Open>, String> {
     match try_open(&cfg.path) {
         Ok(o) => return Ok(Some(o)),
         Err(OpenError::Locked) => return Err(in_use(&cfg.path)),
+        Err(OpenError::Environment(kind, e)) => {
+            return Err(environment_refusal(&cfg.path, kind, &e))
+        }
         Err(e) => {
             let aside = PathBuf::from(format!(
                 "{}.corrupt-{}",
@@ -261,13 +327,15 @@ fn open(cfg: &StoreConfig, errors: &AtomicU64) -> Result<Option<Open>, String> {
             if let Err(e) = std::fs::rename(&cfg.path, &aside) {
                 error!("cannot move the corrupt store aside: {e}");
             }
-            // Already reported loudly: the fresh store starts a new count.
-            let _ = std::fs::remove_file(stamp_file(&cfg.path));
+            // Already reported loudly: the fresh store starts a new count
+            // (the stamp inside moved aside with the store).
+            let _ = std::fs::remove_file(beside_stamp_file(&cfg.path));
         }
     }
     match try_open(&cfg.path) {
         Ok(o) => Ok(Some(o)),
         Err(OpenError::Locked) => Err(in_use(&cfg.path)),
+        Err(OpenError::Environment(kind, e)) => Err(environment_refusal(&cfg.path, kind, &e)),
         Err(e) => {
             error!(path = %cfg.path.display(), "cannot create a fresh store ({e}); running WITHOUT persistence");
             errors.fetch_add(1, Ordering::Relaxed);

@@ -427,3 +427,110 @@ fn a_rolled_back_or_emptied_store_is_reported() {
     assert!(log.contains("STORE EMPTY"), "{log}");
     assert!(metric(ports.1, "hivenet_storage_errors_total").unwrap_or(0.0) >= 1.0);
 }
+
+/// Issue 29 #6: a store the environment refuses (here immutable: even
+/// root cannot write it, as a store left root-owned is to a service
+/// user) stops the start with one line naming the path and the cure; it
+/// is never taken for corruption and moved aside.
+#[test]
+fn an_unwritable_store_stops_the_start_and_is_left_alone() {
+    let dir = tmpdir("store-eperm");
+    let ports = (free_port(), free_port(), free_port());
+    let mut first = router_on(&dir, ports, &["--shards", "1"]);
+    sigterm(&mut first);
+    let db = dir.join("hivenet-data");
+    let lock = |flag: &str| {
+        Command::new("chattr")
+            .arg("-R")
+            .arg(flag)
+            .arg(&db)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    assert!(
+        lock("+i"),
+        "chattr +i failed: run as root on ext4 with e2fsprogs (scripts/test.sh installs it)"
+    );
+    let child = Command::new(bin("hivenet-router"))
+        .current_dir(&dir)
+        .env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")
+        .args([
+            "--http-port",
+            &format!("127.0.0.1:{}", ports.0),
+            "--metrics-port",
+            &format!("127.0.0.1:{}", ports.1),
+            "--p2p-port",
+            &ports.2.to_string(),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::fs::File::create(dir.join("out.log")).expect("log"))
+        .spawn()
+        .expect("spawn");
+    let (code, err) = exit_within(child, Duration::from_secs(20));
+    let err = err + &std::fs::read_to_string(dir.join("out.log")).unwrap_or_default();
+    lock("-i");
+    assert!(code.is_some_and(|c| c != 0), "refused: {code:?} {err}");
+    assert!(
+        err.contains("cannot be opened") && err.contains("left as it is"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("STORE CORRUPT"),
+        "never taken for corruption: {err}"
+    );
+    let aside = std::fs::read_dir(&dir)
+        .expect("ls")
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().contains("corrupt"));
+    assert!(!aside, "nothing moved aside");
+    // Writable again: it opens with its data.
+    let mut again = router_on(&dir, ports, &["--shards", "1"]);
+    assert!(!again.log_text().contains("STORE"), "{}", again.log_text());
+    sigterm(&mut again);
+}
+
+/// Issue 29 #7: the flush stamp also lives inside the store's directory,
+/// so a store on a volume whose surroundings are lost at each restart (the
+/// stamp beside it gone) still has its rollback noticed.
+#[test]
+fn a_rollback_is_noticed_with_only_the_stamp_inside_the_store() {
+    let dir = tmpdir("stamp-inside");
+    let ports = (free_port(), free_port(), free_port());
+    let fast = ["--universal-flush-interval", "200ms"];
+    let (_s, port) = start_sim(&dir, "si-model", &[]);
+    let db = dir.join("hivenet-data");
+    let old = dir.join("old-copy");
+    let generation = || {
+        let mut router = router_on(&dir, ports, &fast);
+        let _a = agent_to(&dir, ports.2, port, "si.key", &["--machine", "si"]);
+        wait_agents(ports.0, "si-model", 1);
+        chat(ports.0, "si-model", false, 2);
+        std::thread::sleep(Duration::from_millis(600));
+        sigterm(&mut router);
+    };
+    generation();
+    let cp = |from: &Path, to: &Path| {
+        let _ = std::fs::remove_dir_all(to);
+        assert!(Command::new("cp")
+            .arg("-a")
+            .arg(from)
+            .arg(to)
+            .status()
+            .expect("cp")
+            .success());
+    };
+    cp(&db, &old);
+    generation();
+    let inside = db.join("hivenet-flush-stamp");
+    let newest = std::fs::read(&inside).expect("the stamp inside the store");
+    // The volume's data rolls back, its stamp stays; the file beside is
+    // gone with the container.
+    cp(&old, &db);
+    std::fs::write(&inside, newest).expect("stamp");
+    let _ = std::fs::remove_file(dir.join("hivenet-data.flush-stamp"));
+    let mut third = router_on(&dir, ports, &fast);
+    let log = third.log_text();
+    assert!(log.contains("STORE ROLLED BACK"), "{log}");
+    sigterm(&mut third);
+}
