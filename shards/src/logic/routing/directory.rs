@@ -258,6 +258,24 @@ impl Directory {
         }
     }
 
+    /// Forget `model` when it has neither registered nor arriving links
+    /// (issue 29 #2: names of models whose agents all left must not stay
+    /// until restart); returns whether it was forgotten.
+    pub fn forget(&mut self, model: &str) -> bool {
+        let Some(e) = self.owners.get(model) else {
+            return false;
+        };
+        if !e.confirmed || e.links > 0 || e.pending > 0 {
+            return false;
+        }
+        let shard = e.shard;
+        self.owners.remove(model);
+        if let Some(c) = self.counts.get_mut(shard) {
+            *c = c.saturating_sub(1);
+        }
+        true
+    }
+
     /// Names held, by state.
     pub fn stats(&self) -> DirectoryStats {
         let mut s = DirectoryStats::default();
@@ -293,6 +311,21 @@ pub fn pick_fewest(counts: &[usize]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_without_links_is_forgotten_and_its_shard_count_given_back() {
+        let mut d = Directory::new(2);
+        let s = d.register("m", 0, Capability::Llm);
+        assert!(!d.forget("m"), "a live model stays");
+        d.unregister("m", Capability::Llm, true);
+        d.reserve_preferring("m", None);
+        assert!(!d.forget("m"), "a link arriving for it keeps it");
+        d.release("m");
+        assert!(d.forget("m"));
+        assert_eq!(d.counts().get(s), Some(&0));
+        assert_eq!(d.stats(), DirectoryStats::default());
+        assert!(!d.forget("m"), "once");
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -116,6 +116,26 @@ pub async fn run(
             }
         });
     }
+    {
+        // Names of models whose agents all left are forgotten after
+        // --remove-after (issue 29 #2).
+        let shard = shard.clone();
+        monoio::spawn(async move {
+            let after = shard.router.cfg.remove_after;
+            let every = (after / 2).max(std::time::Duration::from_secs(1));
+            loop {
+                monoio::time::sleep(every).await;
+                let n = shard.forget_idle_models(after);
+                if n > 0 {
+                    tracing::info!(
+                        shard = shard.id,
+                        forgotten = n,
+                        "models without agents forgotten"
+                    );
+                }
+            }
+        });
+    }
     while let Some(msg) = rx.next().await {
         on_message(&shard, msg);
     }

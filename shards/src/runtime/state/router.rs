@@ -200,6 +200,11 @@ impl Router {
         self.directory.update(|d| d.release(model));
     }
 
+    /// Forget a model without links (see [`crate::logic::routing::directory::Directory::forget`]).
+    pub fn forget(&self, model: &str) -> bool {
+        self.directory.update(|d| d.forget(model))
+    }
+
     /// A link of `model` (capability `cap`) registered on shard
     /// `preferred`; returns the owner.
     pub fn register(&self, model: &str, preferred: usize, cap: Capability) -> usize {

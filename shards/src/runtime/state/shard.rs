@@ -246,6 +246,35 @@ impl Shard {
 
     /// Take an agent out of routing; returns whether it was still the
     /// registered one for its peer (false: a newer registration replaced it).
+    /// Forget the models that have had no agent for `after` and nothing
+    /// waiting: their state and series go, and their directory name
+    /// (issue 29 #2). Held or placed models keep their demand series (the
+    /// hold book's, not the model's). Returns how many were forgotten.
+    pub fn forget_idle_models(&self, after: std::time::Duration) -> usize {
+        let now = crate::runtime::wire::clock::now();
+        let idle: Vec<String> = self
+            .models
+            .borrow()
+            .iter()
+            .filter(|(_, m)| {
+                m.agents.is_empty()
+                    && m.queue.borrow().is_empty()
+                    && m.empty_since
+                        .is_some_and(|t| now.saturating_duration_since(t) >= after)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut n = 0;
+        for model in idle {
+            // The directory first: a link arriving for the model keeps it.
+            if self.router.forget(&model) {
+                self.models.borrow_mut().remove(&model);
+                n += 1;
+            }
+        }
+        n
+    }
+
     pub fn remove_agent(&self, agent: &Agent) -> bool {
         self.models
             .borrow_mut()

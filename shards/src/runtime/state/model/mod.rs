@@ -61,6 +61,8 @@ pub struct ModelState {
     /// Admission: reservations, parked requests, key rate buckets, the
     /// learned tokens per byte.
     pub admission: self::admission::Shared,
+    /// Since when it has had no agent (None: it has some).
+    pub empty_since: Option<crate::runtime::wire::clock::Instant>,
 }
 
 // === impl ModelState ===
@@ -71,6 +73,7 @@ impl ModelState {
     pub fn add(&mut self, agent: Rc<Agent>) {
         self.agents.retain(|a| a.reg.peer_id != agent.reg.peer_id);
         self.agents.push(agent);
+        self.empty_since = None;
         wake_all(&self.queue);
         self.replicas_changed();
     }
@@ -87,6 +90,9 @@ impl ModelState {
         let before = self.agents.len();
         self.agents.retain(|a| a.id != id);
         self.stats.durations.retain(|(a, _, _), _| *a != id);
+        if self.agents.is_empty() && self.empty_since.is_none() {
+            self.empty_since = Some(crate::runtime::wire::clock::now());
+        }
         self.agents.len() != before
     }
 
