@@ -6,7 +6,9 @@
 //!   one is created; if even that fails the router runs without
 //!   persistence.
 //! - Writes: batched per flush, each flush ends with a persist (fsync); a
-//!   failed write keeps the router serving and counts a storage error.
+//!   failed write keeps the router serving and counts a storage error, its
+//!   records stay in memory and the store is reopened at the next flush
+//!   (a full disk recovers without a restart).
 //! - Retention: records older than `--disk-db-ttl` days read as absent and
 //!   are swept at open and hourly.
 
@@ -132,6 +134,18 @@ fn parse_stamp(text: &str) -> Option<Stamp> {
         seq: it.next()?.parse().ok()?,
         unix: it.next()?.parse().ok()?,
     })
+}
+
+/// When writes began to fail, if a stamp file says they never recovered.
+fn unflushed_marker(store: &Path) -> Option<u64> {
+    [stamp_file(store), beside_stamp_file(store)]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .find_map(|t| {
+            let mut it = t.split_whitespace();
+            let (_, since, mark) = (it.next()?, it.next()?, it.next()?);
+            (mark == "unflushed").then(|| since.parse().ok()).flatten()
+        })
 }
 
 /// The newest of the two stamp files.
@@ -400,11 +414,140 @@ pub fn start(cfg: StoreConfig, errors: Arc<AtomicU64>) -> Result<Started, String
     Ok((tx, h, restored))
 }
 
+/// What failed to reach the disk, kept in memory (the newest value per
+/// key) and written again with the next flush (issue 29 #5: a disk that
+/// was full must not lose what was counted meanwhile).
+#[derive(Default)]
+struct Unflushed {
+    history: std::collections::HashMap<String, History>,
+    quota: std::collections::HashMap<(String, String), u64>,
+    /// When writes began to fail (Unix seconds), while they do.
+    since: Option<u64>,
+}
+
+impl Unflushed {
+    fn is_empty(&self) -> bool {
+        self.history.is_empty() && self.quota.is_empty()
+    }
+}
+
+/// Write `u` (all of it) and the flush stamp; on failure everything stays
+/// in `u`. Returns the new stamp when written.
+fn write_all(o: &Open, u: &mut Unflushed, seq: u64) -> Result<Stamp, fjall::Error> {
+    let now = clock::unix_secs();
+    let mut b = o.db.batch();
+    for (peer, h) in &u.history {
+        let mut h = *h;
+        h.written_at = now;
+        b.insert(&o.ks, peer.as_bytes(), h.encode());
+    }
+    for ((t, m), state) in &u.quota {
+        b.insert(&o.quota, quota_key(t, m), state.to_be_bytes());
+    }
+    let stamp = Stamp {
+        seq: seq + 1,
+        unix: now,
+    };
+    b.insert(&o.meta, FLUSH_STAMP, stamp.encode());
+    b.commit()?;
+    o.db.persist(PersistMode::SyncAll)?;
+    u.history.clear();
+    u.quota.clear();
+    Ok(stamp)
+}
+
+/// Mark the stamp files "writes failing since `since`" in place (no new
+/// block on a full disk): a restart then says what was lost.
+fn mark_unflushed(store: &Path, last: u64, since: u64) {
+    for p in [stamp_file(store), beside_stamp_file(store)] {
+        if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(&p) {
+            use std::io::Write;
+            let line = format!("{last} {since} unflushed");
+            let _ = f.write_all(format!("{line:<63}\n").as_bytes());
+        }
+    }
+}
+
+/// Write what is pending; after a failure, reopen the store first (a
+/// poisoned fjall keyspace refuses every later write until reopened) and
+/// say so; what cannot be written stays pending.
+fn flush_pending(
+    cfg: &StoreConfig,
+    store: &mut Option<Open>,
+    pending: &mut Unflushed,
+    seq: &mut u64,
+    errors: &AtomicU64,
+) {
+    if pending.is_empty() {
+        return;
+    }
+    if pending.since.is_some() {
+        // Drop the broken handle (and its lock) before opening again.
+        if store.take().is_some() {
+            match try_open(&cfg.path) {
+                Ok(o) => {
+                    info!(path = %cfg.path.display(), "history store reopened after failed writes");
+                    *seq = check_stamps(&cfg.path, &o, errors).max(*seq);
+                    *store = Some(o);
+                }
+                Err(e) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    warn!("history store still cannot be reopened ({e}); keeping {} records and {} usage buckets in memory", pending.history.len(), pending.quota.len());
+                }
+            }
+        } else if let Ok(o) = try_open(&cfg.path) {
+            *seq = check_stamps(&cfg.path, &o, errors).max(*seq);
+            *store = Some(o);
+        }
+    }
+    let Some(o) = store.as_ref() else {
+        return;
+    };
+    match write_all(o, pending, *seq) {
+        Ok(stamp) => {
+            *seq = stamp.seq;
+            if let Some(since) = pending.since.take() {
+                info!(
+                    failing_since_unix = since,
+                    flush = stamp.seq,
+                    "history store writes succeed again: everything kept in memory is on disk"
+                );
+            }
+            tracing::debug!(flush = stamp.seq, "store flushed");
+            if let Err(e) = write_stamp_file(&cfg.path, stamp) {
+                errors.fetch_add(1, Ordering::Relaxed);
+                warn!("cannot write the flush stamp file: {e}");
+            }
+        }
+        Err(e) => {
+            errors.fetch_add(1, Ordering::Relaxed);
+            let since = *pending.since.get_or_insert_with(clock::unix_secs);
+            error!(
+                failing_since_unix = since,
+                "store write failed ({e}); still serving, {} history records and {} usage buckets kept in memory until it succeeds",
+                pending.history.len(),
+                pending.quota.len()
+            );
+            mark_unflushed(&cfg.path, *seq, since);
+        }
+    }
+}
+
 fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Arc<AtomicU64>) {
+    let mut store = store;
+    let mut pending = Unflushed::default();
     let mut seq = store
         .as_ref()
         .map(|o| check_stamps(&cfg.path, o, &errors))
         .unwrap_or(0);
+    // The previous run could not write what it counted: say so at once.
+    if let Some(since) = unflushed_marker(&cfg.path) {
+        errors.fetch_add(1, Ordering::Relaxed);
+        error!(
+            path = %cfg.path.display(), failing_since_unix = since,
+            "STORE BEHIND: writes failed from {since} (Unix) until the router stopped; latency history and token usage counted since then were lost"
+        );
+    }
     if let Some(o) = &store {
         sweep(o, cfg.ttl_days, &errors);
         info!(path = %cfg.path.display(), records = o.ks.iter().count(), ttl_days = cfg.ttl_days, "history store open");
@@ -426,55 +569,19 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
         };
         match msg {
             StoreMsg::Flush { records, done } => {
-                if let Some(o) = &store {
-                    let now = clock::unix_secs();
-                    let mut b = o.db.batch();
-                    let n = records.len();
-                    for (peer, mut h) in records {
-                        h.written_at = now;
-                        b.insert(&o.ks, peer.into_bytes(), h.encode());
-                    }
-                    let stamp = Stamp {
-                        seq: seq + 1,
-                        unix: now,
-                    };
-                    b.insert(&o.meta, FLUSH_STAMP, stamp.encode());
-                    match b.commit().and_then(|_| o.db.persist(PersistMode::SyncAll)) {
-                        Ok(()) => {
-                            seq = stamp.seq;
-                            tracing::debug!(records = n, flush = seq, "history flushed");
-                            if let Err(e) = write_stamp_file(&cfg.path, stamp) {
-                                errors.fetch_add(1, Ordering::Relaxed);
-                                warn!("cannot write the flush stamp file: {e}");
-                            }
-                        }
-                        Err(e) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                            error!("history flush failed ({e}); still serving from memory");
-                        }
-                    }
+                for (peer, h) in records {
+                    pending.history.insert(peer, h);
                 }
+                flush_pending(&cfg, &mut store, &mut pending, &mut seq, &errors);
                 if let Some(d) = done {
                     let _ = d.send(());
                 }
             }
             StoreMsg::QuotaFlush { states, done } => {
-                if let Some(o) = &store {
-                    let mut b = o.db.batch();
-                    let n = states.len();
-                    for ((t, m), state) in states {
-                        b.insert(&o.quota, quota_key(&t, &m), state.to_be_bytes());
-                    }
-                    match b.commit().and_then(|_| o.db.persist(PersistMode::SyncAll)) {
-                        Ok(()) => tracing::debug!(buckets = n, "daily token usage flushed"),
-                        Err(e) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                            error!(
-                                "daily token usage flush failed ({e}); still counting in memory"
-                            );
-                        }
-                    }
+                for (k, state) in states {
+                    pending.quota.insert(k, state);
                 }
+                flush_pending(&cfg, &mut store, &mut pending, &mut seq, &errors);
                 if let Some(d) = done {
                     let _ = d.send(());
                 }
@@ -515,6 +622,15 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
                 let _ = reply.send(r);
             }
             StoreMsg::Shutdown { done } => {
+                flush_pending(&cfg, &mut store, &mut pending, &mut seq, &errors);
+                if !pending.is_empty() {
+                    error!(
+                        failing_since_unix = pending.since,
+                        "STORE BEHIND at shutdown: {} history records and {} usage buckets could not be written and are lost",
+                        pending.history.len(),
+                        pending.quota.len()
+                    );
+                }
                 if let Some(o) = &store {
                     if let Err(e) = o.db.persist(PersistMode::SyncAll) {
                         errors.fetch_add(1, Ordering::Relaxed);
