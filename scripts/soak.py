@@ -7,11 +7,18 @@ usage: scripts/soak.py BIN_DIR SECONDS [OUT_DIR]
 Traffic (threads, random mix): non-streaming chats, streams read to the end,
 streams dropped mid-way, requests abandoned while queued, slow clients
 (body trickled byte by byte). Every ~5 s an agent is killed with SIGKILL and
-restarted. Checks at the end (exit 1 on any failure):
+restarted. Every ~0.7 s an agent with a fresh identity registers a fresh
+model name and is killed a second later (issue 29: links and names must
+not pile up). The history store lives on a 16 MiB tmpfs (root, as CI) that
+is filled for a few seconds mid-run (a full disk). Checks at the end
+(exit 1 on any failure):
 - every response read to its end was complete or an error: a stream that
   ended cleanly (last chunk) carried [DONE]; no clean end of a cut stream;
 - no slot, queue entry, buffered body or client connection left over;
-- router RSS back within 32 MiB of its level after warm-up.
+- router RSS back within 32 MiB of its level after warm-up;
+- every churned model name forgotten (no series left, no idle name);
+- the store's writes failed while the disk was full and succeeded again
+  without a restart.
 """
 import json, os, random, signal, socket, subprocess, sys, tempfile, threading, time
 
@@ -24,6 +31,10 @@ WORK = tempfile.mkdtemp(prefix="hivenet-soak-")
 ENV = dict(os.environ, HIVENET_ROUTER_ADMIN_API_KEYS="soak-key", RUST_LOG="info")
 
 HTTP, METRICS, P2P = free_port(), free_port(), free_port()
+STORE_FS = os.path.join(WORK, "store-fs")
+os.makedirs(STORE_FS)
+if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16M", "tmpfs", STORE_FS]).returncode != 0:
+    sys.exit("soak: mount -t tmpfs failed: the disk-full episode needs root (CI runs as root)")
 procs = []
 def spawn(args, name):
     log = open(os.path.join(WORK, name + ".log"), "ab")
@@ -32,7 +43,9 @@ def spawn(args, name):
 
 router = spawn([f"{BIN}/hivenet-router", "--http-port", f"127.0.0.1:{HTTP}", "--metrics-port", f"127.0.0.1:{METRICS}",
                 "--p2p-port", str(P2P), "--shards", "2", "--queue-depth", "20", "--request-timeout", "20s",
-                "--body-timeout", "10s", "--heartbeat-interval", "500ms", "--stream-idle-timeout", "5s"], "router")
+                "--body-timeout", "10s", "--heartbeat-interval", "500ms", "--stream-idle-timeout", "5s",
+                "--remove-after", "2s", "--universal-flush-interval", "500ms",
+                "--disk-db-path", os.path.join(STORE_FS, "db")], "router")
 
 wait(lambda: get(HTTP, "/health")[0] == 200, "router")
 sims = {}
@@ -171,6 +184,27 @@ def worker():
         except OSError:
             count("conn_errors")
 
+churned = 0
+def churn():
+    global churned
+    while time.time() < stop - 3:
+        n = churned; churned += 1
+        p = spawn([f"{BIN}/hivenet-agent", "--router-p2p", f"/ip4/127.0.0.1/tcp/{P2P}", "--backend-url",
+                   f"http://127.0.0.1:{sims['fast']}", "--identity-path", os.path.join(WORK, f"churn{n}.key"),
+                   "--model", f"churn-{n}"], f"churn{n}")
+        time.sleep(1.0)
+        p.send_signal(signal.SIGKILL); p.wait()
+        time.sleep(random.uniform(0.0, 0.4))
+
+full_episode = {}
+def disk_full():
+    time.sleep(SECONDS / 3)
+    filler = os.path.join(STORE_FS, "filler")
+    subprocess.run(["dd", "if=/dev/zero", "bs=64k", f"of={filler}"], stderr=subprocess.DEVNULL)
+    time.sleep(3)
+    os.remove(filler)
+    full_episode["freed_at"] = time.time()
+
 kills = 0
 def chaos():
     global kills
@@ -188,7 +222,8 @@ for _ in range(50):
 time.sleep(1)
 rss_start = rss()
 stop = time.time() + SECONDS
-threads = [threading.Thread(target=worker) for _ in range(12)] + [threading.Thread(target=chaos)]
+threads = ([threading.Thread(target=worker) for _ in range(12)]
+           + [threading.Thread(target=f) for f in (chaos, churn, disk_full)])
 for t in threads: t.start()
 peak = rss_start
 while any(t.is_alive() for t in threads):
@@ -205,9 +240,19 @@ try:
     leftovers = "none"
 except SystemExit as e:
     leftovers = str(e)
+def names_forgotten():
+    m = metrics()
+    return 'model="churn-' not in m and 'hivenet_directory_models{state="idle"} 0' in m
+try:
+    wait(names_forgotten, "every churned name forgotten", 15)
+    names = "forgotten"
+except SystemExit as e:
+    names = str(e)
+log = open(os.path.join(WORK, "router.log"), "rb").read().decode(errors="replace")
+disk = dict(write_failures="store write failed" in log, recovered="writes succeed again" in log)
 time.sleep(2)
 rss_end = rss()
-result = dict(seconds=SECONDS, agent_kills=kills, stats=stats, rss_mib=dict(after_warmup=rss_start, peak=peak, end=rss_end),
+result = dict(seconds=SECONDS, agent_kills=kills, churned_names=churned, names=names, disk_full=disk, stats=stats, rss_mib=dict(after_warmup=rss_start, peak=peak, end=rss_end),
               leftovers=leftovers, violations=violations)
 print(json.dumps(result, indent=1))
 if OUT:
@@ -216,5 +261,7 @@ if OUT:
 for p in procs:
     try: p.kill()
     except OSError: pass
-failed = stats["violations"] > 0 or leftovers != "none" or rss_end > rss_start + 32
+subprocess.run(["umount", "-l", STORE_FS])
+failed = (stats["violations"] > 0 or leftovers != "none" or rss_end > rss_start + 32 or names != "forgotten"
+          or not (disk["write_failures"] and disk["recovered"]))
 sys.exit(1 if failed else 0)
