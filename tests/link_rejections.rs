@@ -277,6 +277,12 @@ fn links_are_capped_in_total_and_per_address() {
             "{kind}: {}",
             r.proc.log_text()
         );
+        let by_reason = metric(
+            r.metrics,
+            &format!("hivenet_agent_link_refusals_total{{reason=\"{kind}\"}}"),
+        )
+        .unwrap_or(0.0);
+        assert!(by_reason >= 1.0, "{kind} counted by reason");
         // Places come back: with the silent ones gone, a real agent registers.
         drop((s1, s2));
         std::thread::sleep(Duration::from_millis(300));

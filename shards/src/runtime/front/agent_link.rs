@@ -109,6 +109,7 @@ fn refused(
     reason: &dyn std::fmt::Display,
 ) {
     inc(&shard.counters.links_rejected);
+    *shard.refusals.borrow_mut().entry(kind).or_default() += 1;
     let lines = shard
         .refusal_log
         .borrow_mut()

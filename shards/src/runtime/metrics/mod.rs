@@ -468,6 +468,22 @@ fn render_shards(o: &mut String, snaps: &[ShardSnapshot]) {
     for s in snaps {
         f.series([&s.shard], s.links_rejected);
     }
+    let mut by_reason: std::collections::BTreeMap<&str, u64> = Default::default();
+    for s in snaps {
+        for (r, n) in &s.link_refusals {
+            *by_reason.entry(r).or_default() += n;
+        }
+    }
+    let mut f = Family::new(
+        o,
+        "hivenet_agent_link_refusals_total",
+        Counter,
+        "Agent links refused, by reason (link_cap, address_cap, preamble_*, handshake, registration ...).",
+        ["reason"],
+    );
+    for (r, n) in &by_reason {
+        f.series([r], n);
+    }
     let mut f = Family::new(
         o,
         "hivenet_audit_unauthorized_suppressed_total",

@@ -97,6 +97,7 @@ pub(super) fn snapshots() -> Vec<ShardSnapshot> {
             handoffs_in: 0,
             link_handoffs_out: 0,
             links_rejected: 2,
+            link_refusals: vec![("link_cap", 1), ("handshake", 1)],
             audit_401_suppressed: 5,
             agents: vec![
                 agent("12D3KooWa", "m1", Some(12.5)),
@@ -121,6 +122,7 @@ pub(super) fn snapshots() -> Vec<ShardSnapshot> {
             handoffs_in: 1,
             link_handoffs_out: 0,
             links_rejected: 0,
+            link_refusals: vec![("link_cap", 2)],
             audit_401_suppressed: 0,
             agents: vec![agent("12D3KooWc", "m2", Some(40.0))],
             models: vec![("m2".into(), model_stats("default"))],
@@ -463,6 +465,12 @@ const FAMILIES: &[Want] = &[
         "counter",
         4,
         Some(("direction", "in", 0.0)),
+    ),
+    (
+        "hivenet_agent_link_refusals_total",
+        "counter",
+        2,
+        Some(("reason", "link_cap", 3.0)),
     ),
     (
         "hivenet_audit_unauthorized_suppressed_total",

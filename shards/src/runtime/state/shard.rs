@@ -65,6 +65,9 @@ pub struct Shard {
     pub counters: Counters,
     /// Link refusals logged at most once a second per reason.
     pub refusal_log: RefCell<HashMap<&'static str, LogGate>>,
+    /// Agent links refused here, by reason (`link_cap`, `address_cap`,
+    /// `handshake`, ...): a bounded set of static names.
+    pub refusals: RefCell<std::collections::BTreeMap<&'static str, u64>>,
     /// Paces the audit lines of 401s (an unauthenticated flood must not
     /// grow the audit file at its own rate).
     pub audit_401_gate: RefCell<LogGate>,
@@ -105,6 +108,7 @@ impl Shard {
             counters: Counters::default(),
             refusal_log: RefCell::new(HashMap::new()),
             audit_401_gate: RefCell::default(),
+            refusals: RefCell::default(),
             next_agent: Cell::new(1),
             directory: Cached::default(),
             policies: Cached::default(),
@@ -333,6 +337,12 @@ impl Shard {
             handoffs_in: self.counters.handoffs_in.get(),
             link_handoffs_out: self.counters.link_handoffs_out.get(),
             links_rejected: self.counters.links_rejected.get(),
+            link_refusals: self
+                .refusals
+                .borrow()
+                .iter()
+                .map(|(k, v)| (*k, *v))
+                .collect(),
             audit_401_suppressed: self.counters.audit_401_suppressed.get(),
             agents: models
                 .values()

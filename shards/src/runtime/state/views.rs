@@ -103,6 +103,8 @@ pub struct ShardSnapshot {
     pub link_handoffs_out: u64,
     /// Links refused.
     pub links_rejected: u64,
+    /// Of those, by reason.
+    pub link_refusals: Vec<(&'static str, u64)>,
     /// 401s not audited.
     pub audit_401_suppressed: u64,
     /// Agents owned here.
