@@ -32,20 +32,31 @@ pub trait Transport {
     /// Write all of `data` (and flush where the stream buffers).
     async fn write_owned(&mut self, data: Vec<u8>) -> io::Result<()>;
     /// Reads need an initialized slice (`futures::AsyncRead`): they go
-    /// through [`Transport::read_into`] and a reused zero-filled scratch
-    /// buffer instead of zero-filling a fresh reserve on every read (that
-    /// memset was ~10 % of the router's instructions per request).
+    /// through [`Transport::poll_read_init`] and a reused zero-filled
+    /// scratch buffer instead of zero-filling a fresh reserve on every
+    /// read (that memset was ~10 % of the router's instructions per
+    /// request).
     const NEEDS_INIT: bool = false;
-    /// Read once into the whole of `buf` (initialized, its length kept).
-    async fn read_into(&mut self, buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
-        self.read_owned(buf).await
+    /// Poll one read into the whole of `buf` (initialized). Only for
+    /// [`Transport::NEEDS_INIT`] streams; the others never get here.
+    fn poll_read_init(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+        _buf: &mut [u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::task::Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "completion-based stream: use read_owned",
+        )))
     }
 }
 
 thread_local! {
     /// Zero-filled read buffers of [`READ_RESERVE`] bytes for streams
     /// whose reads need initialized memory, reused across requests on
-    /// this thread (never borrowed across an await).
+    /// this thread. Taken and given back within one poll, never held
+    /// across an await: an idle link's control stream waits for its next
+    /// frame without one (it held 16 KiB per link before).
     static SCRATCH: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -87,9 +98,12 @@ macro_rules! futures_io_transport {
         impl $crate::runtime::wire::conn::Transport for $t {
             const NEEDS_INIT: bool = true;
 
-            async fn read_into(&mut self, mut buf: Vec<u8>) -> (std::io::Result<usize>, Vec<u8>) {
-                let res = futures::AsyncReadExt::read(self, &mut buf[..]).await;
-                (res, buf)
+            fn poll_read_init(
+                &mut self,
+                cx: &mut std::task::Context<'_>,
+                buf: &mut [u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                futures::AsyncRead::poll_read(std::pin::Pin::new(self), cx, buf)
             }
 
             async fn read_owned(&mut self, mut buf: Vec<u8>) -> (std::io::Result<usize>, Vec<u8>) {
@@ -205,12 +219,17 @@ impl<S: Transport> Conn<S> {
     /// Read once, appending; returns bytes read (0 = EOF).
     pub async fn fill(&mut self) -> io::Result<usize> {
         if S::NEEDS_INIT {
-            let (res, scratch) = self.stream.read_into(take_scratch()).await;
-            if let Ok(n) = &res {
-                self.buf.extend_from_slice(scratch.get(..*n).unwrap_or(&[]));
-            }
-            give_scratch(scratch);
-            return res;
+            let (stream, buf) = (&mut self.stream, &mut self.buf);
+            return futures::future::poll_fn(|cx| {
+                let mut scratch = take_scratch();
+                let res = stream.poll_read_init(cx, &mut scratch);
+                if let std::task::Poll::Ready(Ok(n)) = &res {
+                    buf.extend_from_slice(scratch.get(..*n).unwrap_or(&[]));
+                }
+                give_scratch(scratch);
+                res
+            })
+            .await;
         }
         let mut rbuf = std::mem::take(&mut self.rbuf);
         rbuf.clear();

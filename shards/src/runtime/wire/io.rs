@@ -27,6 +27,12 @@ pub struct Prefixed<T> {
 impl<T> Prefixed<T> {
     /// Wrap `inner`, replaying `prefix` first.
     pub fn new(prefix: Vec<u8>, inner: T) -> Self {
+        // An empty prefix may still hold a read buffer's room.
+        let prefix = if prefix.is_empty() {
+            Vec::new()
+        } else {
+            prefix
+        };
         Prefixed {
             prefix,
             pos: 0,
@@ -48,6 +54,12 @@ impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
                 dst.copy_from_slice(src);
             }
             self.pos += n;
+            if self.pos >= self.prefix.len() {
+                // Replayed: let the buffer go (it is often a whole read
+                // buffer that would otherwise live as long as the link).
+                self.prefix = Vec::new();
+                self.pos = 0;
+            }
             return Poll::Ready(Ok(n));
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)

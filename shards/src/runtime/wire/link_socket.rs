@@ -26,8 +26,14 @@ use monoio::io::{
 };
 use monoio::net::TcpStream;
 
-/// One read asks for up to this much (a yamux data frame is at most
-/// 256 KiB; most reads are one response or a few frames).
+/// A link's first reads ask for this much: an idle link (heartbeats,
+/// signals) keeps only this buffer, so a thousand links cost 4 MiB here
+/// instead of 64 (measured: 250 -> 129 KiB per registered link with the
+/// mux's buffer, `perf/2026-12-03-registered-links`).
+const READ_MIN: usize = 4 * 1024;
+/// A read that fills its buffer doubles the next one, up to this (a yamux
+/// data frame is at most 256 KiB; most reads are one response or a few
+/// frames): a busy link reads in as few calls as before.
 const READ_CAP: usize = 64 * 1024;
 /// Past this many unsent bytes a write waits for the send in flight.
 const HIGH_WATER: usize = 1024 * 1024;
@@ -171,6 +177,8 @@ pub struct LinkSocket {
     read_op: ReadSlot,
     /// Read bytes not yet handed out, from `pos`.
     rbuf: Vec<u8>,
+    /// The next read's size: [`READ_MIN`], doubled by full reads up to [`READ_CAP`].
+    read_size: usize,
     pos: usize,
     eof: bool,
     writing: Rc<RefCell<Writing>>,
@@ -225,6 +233,7 @@ impl LinkSocket {
             reading: Reading::Idle(r),
             read_op: read_slot(),
             rbuf: Vec::new(),
+            read_size: READ_MIN,
             pos: 0,
             eof: false,
             writing: writing.clone(),
@@ -258,8 +267,8 @@ impl AsyncRead for LinkSocket {
                 Reading::Idle(half) => {
                     let mut buf = std::mem::take(&mut this.rbuf);
                     buf.clear();
-                    if buf.capacity() < READ_CAP {
-                        buf.reserve(READ_CAP);
+                    if buf.capacity() < this.read_size {
+                        buf.reserve_exact(this.read_size);
                     }
                     this.read_op.as_mut().start(half, buf);
                     this.reading = Reading::Busy;
@@ -272,6 +281,9 @@ impl AsyncRead for LinkSocket {
                     Poll::Ready(None) => return Poll::Ready(Err(closed())),
                     Poll::Ready(Some((res, buf, half))) => {
                         this.reading = Reading::Idle(half);
+                        if buf.len() >= buf.capacity() && this.read_size < READ_CAP {
+                            this.read_size = (buf.capacity() * 2).min(READ_CAP);
+                        }
                         this.rbuf = buf;
                         this.pos = 0;
                         match res {

@@ -44,8 +44,12 @@ pub use stream::{Inbound, Opener, Stream};
 const MAX_LAZY: usize = 64 * 12;
 /// Past this many queued bytes a stream's write waits for the driver.
 const OUT_HIGH_WATER: usize = 1024 * 1024;
-/// One read from the secured socket asks for up to this much.
-const READ_CHUNK: usize = 64 * 1024;
+/// One read from the secured socket asks for up to this much: one
+/// largest send frame. Reads from noise copy out of its decrypted frame
+/// (no system call), so a smaller chunk costs copies, not calls; every
+/// link holds this buffer, idle or not (64 KiB made a thousand idle
+/// links cost 64 MiB).
+const READ_CHUNK: usize = 16 * 1024;
 
 /// Stream IDs are handed out in order; hashing them is wasted work.
 #[derive(Default)]
