@@ -17,7 +17,8 @@ PER_ADDR = sys.argv[4] if len(sys.argv) > 4 else "100000"
 H, M, P = free_port(), free_port(), free_port()
 env = dict(os.environ, HIVENET_ROUTER_ADMIN_API_KEYS="k")
 work = f"/tmp/probe/links-{os.getpid()}"; os.makedirs(work, exist_ok=True)
-r = subprocess.Popen([f"{BIN}/hivenet-router", "--http-port", f"127.0.0.1:{H}", "--metrics-port", f"127.0.0.1:{M}",
+ROUTER = os.environ.get("ROUTER_BIN", f"{BIN}/hivenet-router")
+r = subprocess.Popen([ROUTER, "--http-port", f"127.0.0.1:{H}", "--metrics-port", f"127.0.0.1:{M}",
                       "--p2p-port", str(P), "--max-agent-links-per-address", PER_ADDR, "--remove-after", "2s"],
                      env=env, cwd=work, stdout=open(work + "/r.log", "w"), stderr=subprocess.STDOUT)
 for _ in range(100):
