@@ -63,6 +63,9 @@ struct Flags {
     /// most agent links from one source address (default 128; 0 disables)
     #[argh(option, default = "128")]
     max_agent_links_per_address: usize,
+    /// entries of the cache-affinity index of prefix-aware policies, all shards together, 40 bytes each, allocated on the first prefix-aware request (default 1048576 = 40 MiB; at least 1024)
+    #[argh(option, default = "1048576")]
+    affinity_table_entries: usize,
     /// most request-body bytes buffered at once, all connections together; beyond it a request gets 503 with Retry-After (default 268435456; 0 disables)
     #[argh(option, default = "268435456")]
     max_buffered_body_bytes: u64,
@@ -216,6 +219,13 @@ fn build() -> Result<Startup, String> {
     cfg.max_client_connections = f.max_client_connections;
     cfg.max_agent_links = f.max_agent_links;
     cfg.max_agent_links_per_address = f.max_agent_links_per_address;
+    if f.affinity_table_entries < 1024 {
+        return Err(format!(
+            "--affinity-table-entries must be at least 1024, not {}",
+            f.affinity_table_entries
+        ));
+    }
+    cfg.affinity_table_entries = f.affinity_table_entries;
     // The caps must fit the descriptor limit, or silent connections
     // starve everything else of descriptors (issue 29 #4).
     if let Some(nofile) = std::fs::read_to_string("/proc/self/limits")

@@ -161,18 +161,39 @@ fn chat(s: &mut TcpStream, buf: &mut Vec<u8>) -> (u16, Vec<u8>) {
     common::read_response(s, buf)
 }
 
+/// One test at a time: the counters are the process's.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_proxied_request_allocates_a_fixed_handful_on_router_and_agent() {
+    proxied_requests_allocate_a_fixed_handful(None);
+}
+
+/// The same with `strategy: prefix-aware` (issue 30): the index lookup
+/// and its records cost the request no allocation (the table is made once,
+/// during the warm-up).
+#[test]
+fn prefix_aware_routing_allocates_nothing_more() {
+    proxied_requests_allocate_a_fixed_handful(Some("routing_policy:\n  strategy: prefix-aware\n"));
+}
+
+fn proxied_requests_allocate_a_fixed_handful(policy: Option<&str>) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     ROLE.with(|r| r.set(CLIENT));
     hivenet_router::cli::init_logging();
-    let dir = tmpdir("allocations");
+    let dir = tmpdir(if policy.is_some() {
+        "allocations-prefix"
+    } else {
+        "allocations"
+    });
     let (_sim, sim_port) = start_sim(&dir, MODEL, &[]);
-    let (http, p2p) = common::in_process::start_router(
+    let (http, p2p) = common::in_process::start_router_with(
         &dir,
         // Heartbeats and removal checks far apart: the count is the
         // request path's, not the control stream's.
         Duration::from_secs(60),
         || ROLE.with(|r| r.set(ROUTER)),
+        policy,
     );
     start_agent(p2p, sim_port, &dir);
     wait_until(

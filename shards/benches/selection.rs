@@ -9,7 +9,12 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use shards::logic::link::control::Capability;
-use shards::logic::routing::policy::{select, AgentFacts, Field, Match, Op, Rule, Step, StepPick};
+use shards::logic::routing::affinity::{
+    model_salt, AffinityCfg, AffinityIndex, PrefixHasher, RequestKeys,
+};
+use shards::logic::routing::policy::{
+    select, select_with, AgentFacts, Field, Match, Op, Rule, Step, StepPick,
+};
 
 struct Agent {
     id: u64,
@@ -94,6 +99,7 @@ fn step(gates: usize) -> Step {
         matcher: Match::default(),
         exclude_if: all.iter().take(gates).copied().collect(),
         max_tries: 0,
+        affinity: None,
     }
 }
 
@@ -172,6 +178,97 @@ fn main() {
             println!(
                 "{n:>7} {gates:>6} {ours:>14.1} {base:>14.1} {:>8.1}",
                 base / ours
+            );
+        }
+    }
+    prefix_aware();
+}
+
+/// What `prefix-aware` adds to a decision (issue 30 target: at most 2 us
+/// at 1,000 agents): the index lookup over a long prompt's marks and the
+/// holder check in the pass, against least-loaded's pass alone. Cases: a
+/// miss (every mark looked up, none held: the worst case), and a hit on
+/// the longest mark.
+fn prefix_aware() {
+    println!();
+    println!(
+        "{:>7} {:>10} {:>18} {:>18} {:>12}",
+        "agents", "case", "least-loaded ns", "prefix-aware ns", "added ns"
+    );
+    // A 40-turn conversation with a long system prompt: the ring is full.
+    let mut h = PrefixHasher::default();
+    h.token(b"system");
+    h.text("You are a careful assistant. ".repeat(200).as_bytes());
+    h.message_end();
+    for t in 0..40 {
+        h.token(b"user");
+        h.text(format!("question number {t} about the document").as_bytes());
+        h.message_end();
+    }
+    let marks = h.finish(0, 0, false);
+    let cfg = AffinityCfg::default();
+    let keys = RequestKeys {
+        salt: model_salt("m"),
+        key: None,
+        marks: &marks,
+    };
+    for n in [10usize, 100, 1000] {
+        let a = agents(n);
+        let ll = step(2);
+        let pa = Step {
+            affinity: Some(cfg),
+            ..step(2)
+        };
+        // A full-size table (the default share of one of two shards).
+        let mut ix = AffinityIndex::new(1 << 19);
+        for ag in &a {
+            ix.join(ag.id);
+        }
+        for (case, held) in [("miss", false), ("hit", true)] {
+            if held {
+                ix.record_request(&keys, cfg.block_bytes, (n / 2) as u64, 1000);
+            }
+            // Alternating rounds, medians: this machine's noise between
+            // two long blocks is larger than the difference measured.
+            let iters = (200_000 / n).clamp(50, 20_000) as u32;
+            let mut rot = 0usize;
+            let (mut bases, mut ourss) = (Vec::new(), Vec::new());
+            for _ in 0..31 {
+                bases.push(time(iters, || {
+                    rot = rot.wrapping_add(1);
+                    let p = select(
+                        &ll,
+                        Capability::Llm,
+                        a.len(),
+                        |i| a.get(i).map(facts),
+                        &[],
+                        rot,
+                    );
+                    black_box(matches!(p, StepPick::Agent(_)));
+                }));
+                ourss.push(time(iters, || {
+                    rot = rot.wrapping_add(1);
+                    let holders = ix.lookup(&keys, &cfg, 1001);
+                    let p = select_with(
+                        &pa,
+                        Capability::Llm,
+                        a.len(),
+                        |i| a.get(i).map(facts),
+                        &[],
+                        rot,
+                        &holders,
+                    );
+                    black_box(p);
+                }));
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let (base, ours) = (median(&mut bases), median(&mut ourss));
+            println!(
+                "{n:>7} {case:>10} {base:>18.1} {ours:>18.1} {:>12.1}",
+                ours - base
             );
         }
     }

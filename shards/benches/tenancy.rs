@@ -85,6 +85,7 @@ fn main() {
                     input: 18,
                     output: 16,
                     cached: 0,
+                    cache_reported: false,
                 }));
             }
         }
@@ -104,6 +105,7 @@ fn main() {
                         input: 18,
                         output: 16,
                         cached: 0,
+                        cache_reported: false,
                     }));
                 }
             }
@@ -129,6 +131,7 @@ fn main() {
                                 input: 18,
                                 output: 16,
                                 cached: 0,
+                                cache_reported: false,
                             }));
                         }
                     }

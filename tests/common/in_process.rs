@@ -23,6 +23,21 @@ pub fn start_router(
     heartbeat_interval: Duration,
     on_shard_thread: fn(),
 ) -> (SocketAddr, u16) {
+    start_router_with(dir, heartbeat_interval, on_shard_thread, None)
+}
+
+/// [`start_router`] with a global policy (`--policy-file` of this text).
+pub fn start_router_with(
+    dir: &std::path::Path,
+    heartbeat_interval: Duration,
+    on_shard_thread: fn(),
+    policy: Option<&str>,
+) -> (SocketAddr, u16) {
+    let policy_file = policy.map(|text| {
+        let path = dir.join("policy.yaml");
+        std::fs::write(&path, text).expect("policy file");
+        path
+    });
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let bind = |what| {
         executor::bind_reuseport(any, 1)
@@ -47,7 +62,7 @@ pub fn start_router(
     .expect("default auth");
     let policies =
         hivenet_router::policy_files::load(&hivenet_router::policy_files::PolicySources {
-            file: None,
+            file: policy_file,
             dir: None,
         })
         .expect("default policies");

@@ -13,8 +13,11 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use xxhash_rust::xxh64::Xxh64;
+
 use super::errors::{ApiError, ErrorCode};
 use super::inline_str::InlineStr;
+use crate::logic::routing::affinity::{raw_key_hash, seed_of, PrefixHasher, PrefixMarks};
 
 /// Longest accepted model name (spec 01 §3).
 pub const MAX_MODEL_BYTES: usize = 256;
@@ -50,6 +53,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for BodyStr<'a> {
 struct Probe<'a> {
     #[serde(borrow, default)]
     model: Option<BodyStr<'a>>,
+    #[serde(borrow, default)]
+    prompt_cache_key: Option<LenientStr<'a>>,
+    #[serde(default)]
+    metadata: Option<UserId>,
     #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
@@ -81,6 +88,137 @@ pub struct RequestMeta {
     pub images: u64,
     /// `max_completion_tokens`, else `max_tokens` (negative: 0).
     pub declared_output: u64,
+    /// What cache affinity reads: the prompt's prefix marks and the
+    /// body's session key.
+    pub affinity: AffinityProbe,
+}
+
+/// The cache-affinity part of a probe (issue 30).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AffinityProbe {
+    /// Marks of the canonical prompt (system and tools in their seed; the
+    /// model is mixed in where the index is asked).
+    pub marks: PrefixMarks,
+    /// Hash of `prompt_cache_key`, else of `metadata.user_id`.
+    pub body_key: Option<u64>,
+}
+
+thread_local! {
+    /// The prompt hashes of the body being probed: fed by the visitors of
+    /// `messages` and `system` as serde walks them (a derived
+    /// `Deserialize` cannot carry state), taken when the probe ends.
+    /// One probe at a time per thread; no allocation.
+    static HASH: std::cell::RefCell<ProbeHash> = std::cell::RefCell::new(ProbeHash::default());
+}
+
+#[derive(Default)]
+struct ProbeHash {
+    prefix: PrefixHasher,
+    system: Option<Xxh64>,
+    system_bytes: u32,
+}
+
+fn with_hash(f: impl FnOnce(&mut ProbeHash)) {
+    HASH.with(|h| {
+        if let Ok(mut h) = h.try_borrow_mut() {
+            f(&mut h);
+        }
+    });
+}
+
+/// A string when the value is one, else nothing (the field is optional
+/// and was never validated: a request must not fail on it now).
+struct LenientStr<'a>(Option<Cow<'a, str>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for LenientStr<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = LenientStr<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<LenientStr<'a>, E> {
+                Ok(LenientStr(Some(Cow::Borrowed(v))))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<LenientStr<'a>, E> {
+                Ok(LenientStr(Some(Cow::Owned(v.to_owned()))))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<LenientStr<'a>, E> {
+                Ok(LenientStr(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<LenientStr<'a>, E> {
+                Ok(LenientStr(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<LenientStr<'a>, E> {
+                Ok(LenientStr(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<LenientStr<'a>, E> {
+                Ok(LenientStr(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<LenientStr<'a>, E> {
+                Ok(LenientStr(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<LenientStr<'a>, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(LenientStr(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LenientStr<'a>, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(LenientStr(None))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
+}
+
+/// `metadata.user_id` (Anthropic) as a hash, when `metadata` is an
+/// object with a string there; anything else is ignored.
+struct UserId(Option<u64>);
+
+impl<'de> Deserialize<'de> for UserId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = UserId;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UserId, A::Error> {
+                let mut out = None;
+                while let Some(k) = map.next_key::<LenientStr<'de>>()? {
+                    let v = map.next_value::<LenientStr<'de>>()?;
+                    if k.0.as_deref() == Some("user_id") {
+                        out = v.0.map(|s| raw_key_hash(s.as_bytes()));
+                    }
+                }
+                Ok(UserId(out))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<UserId, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(UserId(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<UserId, E> {
+                Ok(UserId(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<UserId, E> {
+                Ok(UserId(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<UserId, E> {
+                Ok(UserId(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<UserId, E> {
+                Ok(UserId(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<UserId, E> {
+                Ok(UserId(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<UserId, E> {
+                Ok(UserId(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// Tokens per byte before anything is learned (spec 04 §9: 1/3.2).
@@ -124,6 +262,20 @@ impl<'de> Deserialize<'de> for Messages {
                         out.text += c.text;
                         out.images += c.images;
                     }
+                    // The content's text was hashed as it was read; the
+                    // rest of the message closes it.
+                    with_hash(|h| {
+                        if let Some(BodyStr(r)) = &m.role {
+                            h.prefix.token(r.as_bytes());
+                        }
+                        if let Some(BodyStr(n)) = &m.name {
+                            h.prefix.token(n.as_bytes());
+                        }
+                        for raw in [m.tool_calls, m.tool_call_id].into_iter().flatten() {
+                            h.prefix.token(raw.get().as_bytes());
+                        }
+                        h.prefix.message_end();
+                    });
                 }
                 Ok(out)
             }
@@ -133,9 +285,18 @@ impl<'de> Deserialize<'de> for Messages {
 }
 
 #[derive(Deserialize)]
-struct Message {
+struct Message<'a> {
     #[serde(default)]
     content: Option<Content>,
+    // BodyStr, not Cow: serde's Cow allocates inside an Option.
+    #[serde(borrow, default)]
+    role: Option<BodyStr<'a>>,
+    #[serde(borrow, default)]
+    name: Option<BodyStr<'a>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_call_id: Option<&'a RawValue>,
 }
 
 /// A message's content: a string, or an array of parts.
@@ -154,6 +315,7 @@ impl<'de> Deserialize<'de> for Content {
                 f.write_str("message content as a string or an array of parts")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Content, E> {
+                with_hash(|h| h.prefix.text(v.as_bytes()));
                 Ok(Content {
                     text: v.len() as u64,
                     images: 0,
@@ -165,6 +327,17 @@ impl<'de> Deserialize<'de> for Content {
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
                 let mut out = Content::default();
                 while let Some(p) = seq.next_element::<Part<'de>>()? {
+                    with_hash(|h| {
+                        if let Some(k) = &p.kind {
+                            h.prefix.token(k.as_bytes());
+                        }
+                        if let Some(t) = &p.text {
+                            h.prefix.text(t.as_bytes());
+                        }
+                        for raw in [p.image_url, p.source].into_iter().flatten() {
+                            h.prefix.token(raw.get().as_bytes());
+                        }
+                    });
                     match p.kind.as_deref() {
                         Some("text") => out.text += p.text.map_or(0, |t| t.len() as u64),
                         Some("image_url" | "image") => out.images += 1,
@@ -184,6 +357,12 @@ struct Part<'a> {
     kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     text: Option<Cow<'a, str>>,
+    /// OpenAI's image (hashed raw: another image is another prompt).
+    #[serde(borrow, default)]
+    image_url: Option<&'a RawValue>,
+    /// Anthropic's image or document.
+    #[serde(borrow, default)]
+    source: Option<&'a RawValue>,
 }
 
 /// Text bytes of Anthropic's `system`: a string or `[{type, text}]`.
@@ -198,6 +377,7 @@ impl<'de> Deserialize<'de> for TextLen {
                 f.write_str("a string or an array of text blocks")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<TextLen, E> {
+                system_text(v.as_bytes());
                 Ok(TextLen(v.len() as u64))
             }
             fn visit_unit<E: de::Error>(self) -> Result<TextLen, E> {
@@ -206,6 +386,9 @@ impl<'de> Deserialize<'de> for TextLen {
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TextLen, A::Error> {
                 let mut n = 0u64;
                 while let Some(p) = seq.next_element::<Part<'de>>()? {
+                    if let Some(t) = &p.text {
+                        system_text(t.as_bytes());
+                    }
                     n += p.text.map_or(0, |t| t.len() as u64);
                 }
                 Ok(TextLen(n))
@@ -219,9 +402,20 @@ impl<'de> Deserialize<'de> for TextLen {
     }
 }
 
+/// Hash Anthropic `system` text into the probe's seed.
+fn system_text(t: &[u8]) {
+    with_hash(|h| {
+        h.system.get_or_insert_with(|| Xxh64::new(4)).update(t);
+        h.system_bytes = h.system_bytes.saturating_add(t.len() as u32);
+    });
+}
+
 /// Probe a JSON body. Errors carry the spec's messages.
 pub fn probe(body: &[u8]) -> Result<RequestMeta, ApiError> {
-    let p: Probe<'_> = serde_json::from_slice(body)
+    with_hash(|h| *h = ProbeHash::default());
+    let parsed: Result<Probe<'_>, _> = serde_json::from_slice(body);
+    let hashed = HASH.with(|h| h.try_borrow_mut().map(|mut h| std::mem::take(&mut *h)).ok());
+    let p = parsed
         .map_err(|e| ApiError::new(ErrorCode::RequestInvalid, format!("Invalid request: {e}")))?;
     let model = match p.model {
         Some(BodyStr(m)) if !m.is_empty() => m,
@@ -244,6 +438,27 @@ pub fn probe(body: &[u8]) -> Result<RequestMeta, ApiError> {
     text += p.system.map_or(0, |s| s.0);
     text += p.tools.map_or(0, |t| t.get().len() as u64);
     let declared = p.max_completion_tokens.or(p.max_tokens).unwrap_or(0);
+    let tools_raw = p.tools.map(|t| t.get().as_bytes()).unwrap_or(&[]);
+    let marks = match hashed {
+        Some(h) => {
+            let system = h.system.as_ref().map_or(0, Xxh64::digest);
+            let tools = if tools_raw.is_empty() {
+                0
+            } else {
+                xxhash_rust::xxh64::xxh64(tools_raw, 5)
+            };
+            let seed_bytes = h.system_bytes.saturating_add(tools_raw.len() as u32);
+            h.prefix
+                .finish(seed_of(system, tools), seed_bytes, seed_bytes > 0)
+        }
+        None => PrefixMarks::default(),
+    };
+    let body_key = p
+        .prompt_cache_key
+        .and_then(|k| k.0)
+        .filter(|k| !k.is_empty())
+        .map(|k| raw_key_hash(k.as_bytes()))
+        .or(p.metadata.and_then(|m| m.0));
     Ok(RequestMeta {
         model: InlineStr::from(&*model),
         stream: p.stream.unwrap_or(false),
@@ -251,6 +466,7 @@ pub fn probe(body: &[u8]) -> Result<RequestMeta, ApiError> {
         messages,
         images,
         declared_output: u64::try_from(declared).unwrap_or(0),
+        affinity: AffinityProbe { marks, body_key },
     })
 }
 

@@ -52,6 +52,10 @@ pub struct Tokens {
     pub output: u64,
     /// Of `input`, the tokens the engine read from its prompt cache.
     pub cached: u64,
+    /// The engine reported a cached count (OpenAI
+    /// `prompt_tokens_details.cached_tokens`, Anthropic
+    /// `cache_read_input_tokens`); without it `cached` is unknown, not 0.
+    pub cache_reported: bool,
 }
 
 /// The most a request could have used, from what it sent (issue 29 #3):
@@ -102,6 +106,7 @@ impl UsageBound {
             input,
             output: t.output.min(self.output()),
             cached: t.cached.min(input),
+            cache_reported: t.cache_reported,
         };
         (out, out != t)
     }
@@ -129,6 +134,7 @@ fn tokens_of(u: &Usage) -> Tokens {
             .or(u.cache_read_input_tokens)
             .unwrap_or(0)
             .min(input),
+        cache_reported: cached_openai.is_some() || u.cache_read_input_tokens.is_some(),
     }
 }
 
@@ -257,6 +263,7 @@ impl SseUsage {
             self.tokens.input = self.tokens.input.max(t.input);
             self.tokens.output = self.tokens.output.max(t.output);
             self.tokens.cached = self.tokens.cached.max(t.cached);
+            self.tokens.cache_reported |= t.cache_reported;
             self.seen = true;
         }
     }
@@ -309,12 +316,14 @@ mod tests {
             input: 30,
             output: 50,
             cached: 10,
+            cache_reported: false,
         };
         assert_eq!(b.clamp(honest), (honest, false));
         let lie = Tokens {
             input: 1_000_000_000_000_000,
             output: u64::MAX,
             cached: u64::MAX,
+            cache_reported: false,
         };
         let (t, cut) = b.clamp(lie);
         assert!(cut);
@@ -323,7 +332,8 @@ mod tests {
             Tokens {
                 input: 400 + 128 + 4096,
                 output: 66,
-                cached: 400 + 128 + 4096
+                cached: 400 + 128 + 4096,
+                cache_reported: false,
             }
         );
         let open = UsageBound {
@@ -334,6 +344,7 @@ mod tests {
             input: 1,
             output: 5000,
             cached: 0,
+            cache_reported: false,
         };
         assert!(!open.clamp(long).1, "undeclared output up to 2^20");
     }
@@ -345,7 +356,8 @@ mod tests {
             Some(Tokens {
                 input: 3,
                 output: 5,
-                cached: 0
+                cached: 0,
+                cache_reported: false,
             })
         );
         assert_eq!(
@@ -353,7 +365,8 @@ mod tests {
             Some(Tokens {
                 input: 4,
                 output: 6,
-                cached: 0
+                cached: 0,
+                cache_reported: false,
             })
         );
         assert_eq!(from_body(br#"{"x":1}"#), None);
@@ -377,7 +390,8 @@ mod tests {
             Some(Tokens {
                 input: 39,
                 output: 5,
-                cached: 27
+                cached: 27,
+                cache_reported: true,
             })
         );
         // The request of issue 27: 39 input tokens in all, counted as 12.
@@ -388,7 +402,8 @@ mod tests {
             Some(Tokens {
                 input: 39,
                 output: 5,
-                cached: 27
+                cached: 27,
+                cache_reported: true,
             })
         );
         let written =
@@ -398,7 +413,8 @@ mod tests {
             Some(Tokens {
                 input: 32,
                 output: 1,
-                cached: 0
+                cached: 0,
+                cache_reported: false,
             })
         );
         // A cached count over the input is capped at it.
@@ -413,7 +429,8 @@ mod tests {
             Tokens {
                 input: 39,
                 output: 5,
-                cached: 27
+                cached: 27,
+                cache_reported: true,
             }
         );
         // OpenAI streams: the last chunk.
@@ -451,6 +468,7 @@ mod tests {
                 input: 2,
                 output: 3,
                 cached: 0,
+                cache_reported: false,
             })
         );
     }
@@ -540,6 +558,7 @@ mod tests {
                     input: 7,
                     output: 9,
                     cached: 0,
+                    cache_reported: false,
                 },
             ),
             (
@@ -548,6 +567,7 @@ mod tests {
                     input: 11,
                     output: 12,
                     cached: 0,
+                    cache_reported: false,
                 },
             ),
         ] {

@@ -28,6 +28,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::affinity::{AffinityPick, AffinitySource};
 use super::failure::{Failure, Side};
 use super::policy::{self, AgentFacts, GateCounts, Policy, Session, StepPick};
 pub use super::refusal::Rejection;
@@ -51,6 +52,9 @@ pub struct ModelFacts<'p, P: Pool + ?Sized> {
     pub rotation: usize,
     /// Requests waiting in the model's capacity queue.
     pub queue_len: usize,
+    /// The request's cache holders, asked by `prefix-aware` steps (None:
+    /// no index on this shard, or no prefix-aware step).
+    pub affinity: Option<&'p dyn AffinitySource>,
 }
 
 /// The request's facts.
@@ -161,6 +165,8 @@ pub enum Action {
         step: usize,
         /// Time spent in the capacity queue, once, when the request waited.
         waited: Option<Duration>,
+        /// A `prefix-aware` step's outcome and what it predicted.
+        affinity: Option<AffinityPick>,
     },
     /// Wait in the model's capacity queue until woken or `until`.
     Wait {
@@ -388,13 +394,18 @@ impl Decision {
         let cap = self.request.endpoint.capability();
         let n = model.pool.agent_count();
         while let Some(step) = self.policy.steps.get(self.session.step) {
-            let mut pick = policy::select(
+            let holders = match (&step.affinity, model.affinity) {
+                (Some(cfg), Some(src)) => src.lookup(cfg),
+                _ => Default::default(),
+            };
+            let (mut pick, outcome) = policy::select_with(
                 step,
                 cap,
                 n,
                 |i| model.pool.facts(i),
                 &self.session.failed,
                 model.rotation,
+                &holders,
             );
             let mut wake_head_first = false;
             if matches!(pick, StepPick::Agent(_))
@@ -418,11 +429,26 @@ impl Decision {
                         .queued_at
                         .take()
                         .map(|t| now.saturating_duration_since(t));
+                    let affinity = match (outcome, &step.affinity) {
+                        (Some(outcome), Some(cfg)) => Some(AffinityPick {
+                            outcome,
+                            block_bytes: cfg.block_bytes,
+                            hit: holders.find(agent_id).copied().filter(|_| {
+                                matches!(
+                                    outcome,
+                                    super::affinity::Outcome::KeyHit
+                                        | super::affinity::Outcome::PrefixHit
+                                )
+                            }),
+                        }),
+                        _ => None,
+                    };
                     return Action::Forward {
                         agent: i,
                         agent_id,
                         step: self.session.step,
                         waited,
+                        affinity,
                     };
                 }
                 StepPick::Full(counts) => {

@@ -7,6 +7,7 @@
 //! record), [`refusal`] (the one refusal type).
 
 pub mod admission;
+pub mod affinity;
 pub mod decision;
 pub mod directory;
 pub mod failure;

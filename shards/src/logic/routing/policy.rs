@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::logic::link::control::Capability;
+pub use crate::logic::routing::affinity::AffinityCfg;
+use crate::logic::routing::affinity::{Holders, Outcome};
 
 /// A comparison in an `exclude_if` rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -157,6 +159,9 @@ pub struct Step {
     pub exclude_if: Vec<Rule>,
     /// Tries in this step (0: the router's `--max-tries-per-step`).
     pub max_tries: u32,
+    /// `strategy: prefix-aware` and its settings (None: least-loaded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<AffinityCfg>,
 }
 
 impl Step {
@@ -256,6 +261,7 @@ impl Default for Policy {
                 matcher: Match::default(),
                 exclude_if: Vec::new(),
                 max_tries: 0,
+                affinity: None,
             }],
             aliases: BTreeMap::new(),
             admission: AdmissionPolicy::default(),
@@ -382,6 +388,28 @@ pub fn select<'a>(
     failed: &[u64],
     rotation: usize,
 ) -> StepPick {
+    select_with(step, cap, n, get, failed, rotation, &Holders::default()).0
+}
+
+/// [`select`], and for a `prefix-aware` step the cache holders of the
+/// request: the least loaded eligible holder is chosen when it carries at
+/// most `load_band` of its capacity more than the least-loaded eligible
+/// agent (never a full, excluded or failed one: the gates run first);
+/// otherwise least-loaded, as [`Outcome::Overloaded`] when a holder was
+/// there and [`Outcome::Miss`] when none. `None` for least-loaded steps.
+pub fn select_with<'a>(
+    step: &Step,
+    cap: Capability,
+    n: usize,
+    get: impl Fn(usize) -> Option<AgentFacts<'a>>,
+    failed: &[u64],
+    rotation: usize,
+    holders: &Holders,
+) -> (StepPick, Option<Outcome>) {
+    let cfg = step.affinity.as_ref();
+    let look = cfg.is_some() && !holders.is_empty();
+    // (index, active, capacity) of the least loaded eligible holder.
+    let mut held: Option<(usize, u64, u64)> = None;
     let mut c = GateCounts {
         pool: n,
         ..GateCounts::default()
@@ -423,6 +451,15 @@ pub fn select<'a>(
             continue;
         }
         let (act, capy) = (u64::from(a.active), u64::from(a.capacity));
+        if look && holders.find(a.id).is_some() {
+            let less = match held {
+                None => true,
+                Some((_, ha, hc)) => act * hc < ha * capy,
+            };
+            if less {
+                held = Some((i, act, capy));
+            }
+        }
         let failing = a.consecutive_failures.unwrap_or(0) > 0;
         let better = match best {
             None => true,
@@ -435,11 +472,33 @@ pub fn select<'a>(
         }
     }
     match best {
-        Some((i, ..)) => StepPick::Agent(i),
-        None if c.at_capacity > 0 && c.excluded == 0 && c.unmatched == 0 && c.capability == 0 => {
-            StepPick::Full(c)
+        Some((i, ba, bc, _)) => {
+            let Some(cfg) = cfg else {
+                return (StepPick::Agent(i), None);
+            };
+            if holders.is_empty() {
+                return (StepPick::Agent(i), Some(Outcome::Miss));
+            }
+            match held {
+                // util(holder) <= util(best) + band, in integers where it
+                // can be: ha/hc <= ba/bc + band.
+                Some((h, ha, hc))
+                    if (ha as f64) / (hc as f64) <= (ba as f64) / (bc as f64) + cfg.load_band =>
+                {
+                    let hit = match holders.kind {
+                        crate::logic::routing::affinity::HitKind::Key => Outcome::KeyHit,
+                        crate::logic::routing::affinity::HitKind::Prefix => Outcome::PrefixHit,
+                    };
+                    (StepPick::Agent(h), Some(hit))
+                }
+                _ => (StepPick::Agent(i), Some(Outcome::Overloaded)),
+            }
         }
-        None => StepPick::Empty(c),
+        None if c.at_capacity > 0 && c.excluded == 0 && c.unmatched == 0 && c.capability == 0 => {
+            // A wait, not a decision: the outcome is counted when it is sent.
+            (StepPick::Full(c), None)
+        }
+        None => (StepPick::Empty(c), None),
     }
 }
 

@@ -255,7 +255,13 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
         }
     }
     type PGet = fn(&ModelStats) -> f64;
-    let pm: [(&'static str, Kind, &str, PGet); 6] = [
+    let pm: [(&'static str, Kind, &str, PGet); 7] = [
+        (
+            "hivenet_affinity_stale_total",
+            Counter,
+            "Prefix-aware hits whose engine reported under a quarter of the predicted prefix as cached (the entry was stale).",
+            |s| s.affinity_stale as f64,
+        ),
         (
             "hivenet_policy_primary_routed_total",
             Counter,
@@ -293,6 +299,24 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
             |s| s.queue_depth as f64,
         ),
     ];
+    {
+        let mut f = Family::new(
+            o,
+            "hivenet_affinity_decisions_total",
+            Counter,
+            "Prefix-aware routing decisions by outcome: key_hit, prefix_hit, miss (no live holder), overloaded (a holder full, excluded or outside the load band: least-loaded instead).",
+            ["model", "outcome"],
+        );
+        for (m, st) in &t.models {
+            if st.affinity.iter().all(|n| *n == 0) {
+                continue;
+            }
+            for o in crate::logic::routing::affinity::Outcome::ALL {
+                let outcome = o.as_str();
+                f.series([m, &outcome], st.affinity[o.index()] as f64);
+            }
+        }
+    }
     for (name, kind, help, get) in pm {
         let mut f = Family::new(o, name, kind, help, ["model"]);
         for (m, st) in &t.models {
@@ -562,7 +586,7 @@ fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
         f.series(routing_labels(a), a.last_seen.saturating_mul(1000));
     }
     type Get = fn(&AgentView) -> Option<f64>;
-    let per_agent: [(&'static str, Kind, &str, Get); 24] = [
+    let per_agent: [(&'static str, Kind, &str, Get); 25] = [
         (
             "hivenet_agent_capacity_utilization",
             Gauge,
@@ -644,9 +668,15 @@ fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
             |a| Some(a.output_tokens as f64),
         ),
         (
+            "hivenet_agent_prompt_tokens_total",
+            Counter,
+            "Prompt tokens of the responses whose engine reported a cached count (the denominator of the cached share; responses without one are unknown, not 0), since registration.",
+            |a| Some(a.prompt_tokens as f64),
+        ),
+        (
             "hivenet_agent_cached_prompt_tokens_total",
             Counter,
-            "Of the input tokens, those the engine read from its prompt cache (since registration).",
+            "Of hivenet_agent_prompt_tokens_total, those the engine read from its prompt cache (since registration).",
             |a| Some(a.cached_prompt_tokens as f64),
         ),
         (

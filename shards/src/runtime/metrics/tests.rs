@@ -33,6 +33,7 @@ fn agent(peer: &str, model: &str, srtt: Option<f64>) -> AgentView {
         input_tokens: 100,
         output_tokens: 50,
         cached_prompt_tokens: 40,
+        prompt_tokens: 100,
         disconnections: 1,
         rejected: 2,
         signals_dropped: 4,
@@ -66,6 +67,8 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.exhausted = 2;
     s.provider_fallback = 3;
     s.usage_clamped = 1;
+    s.affinity = [3, 5, 7, 1];
+    s.affinity_stale = 2;
     s.backend_errors.insert(502, 2);
     s.provider_calls.insert(
         ("openai", 200),
@@ -381,6 +384,18 @@ const FAMILIES: &[Want] = &[
         Some(("model", "m1", 1.0)),
     ),
     (
+        "hivenet_affinity_decisions_total",
+        "counter",
+        8,
+        Some(("outcome", "prefix_hit", 5.0)),
+    ),
+    (
+        "hivenet_affinity_stale_total",
+        "counter",
+        2,
+        Some(("model", "m1", 2.0)),
+    ),
+    (
         "hivenet_policy_provider_fallback_total",
         "counter",
         2,
@@ -561,6 +576,12 @@ const FAMILIES: &[Want] = &[
         "counter",
         3,
         Some(("peer_id", "12D3KooWa", 40.0)),
+    ),
+    (
+        "hivenet_agent_prompt_tokens_total",
+        "counter",
+        3,
+        Some(("peer_id", "12D3KooWa", 100.0)),
     ),
     (
         "hivenet_agent_signals_dropped_total",

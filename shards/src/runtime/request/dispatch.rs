@@ -19,6 +19,10 @@ use super::respond;
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
+use crate::logic::routing::affinity::{
+    model_salt, raw_key_hash, AffinityCfg, AffinityIndex, AffinityPick, AffinitySource, Holders,
+    RequestKeys,
+};
 use crate::logic::routing::decision::{
     Action, AdmitEnd, Decision, Entry, Limits, ModelFacts, Park, Rejection, Released, RequestFacts,
     WaitEnd,
@@ -45,6 +49,7 @@ enum Next {
         agent: Rc<Agent>,
         step: usize,
         waited: Option<Duration>,
+        affinity: Option<AffinityPick>,
     },
     Wait {
         until: clock::Instant,
@@ -54,11 +59,40 @@ enum Next {
     Reject(Refusal),
 }
 
+/// The shard's affinity index asked for one request (the decision
+/// machine's [`AffinitySource`]).
+struct IndexView<'a> {
+    index: &'a AffinityIndex,
+    keys: RequestKeys<'a>,
+    now: u32,
+}
+
+impl AffinitySource for IndexView<'_> {
+    fn lookup(&self, cfg: &AffinityCfg) -> Holders {
+        self.index.lookup(&self.keys, cfg, self.now)
+    }
+}
+
 /// Ask the machine with the model's current facts (one short borrow);
-/// a routing decision moves the model's tie-break rotation on.
-fn decide(shard: &Shard, model: &str, d: &mut Decision) -> Next {
+/// a routing decision moves the model's tie-break rotation on. `keys`:
+/// the request's cache-affinity keys when its policy has a prefix-aware
+/// step (the index is then made on first use).
+fn decide(shard: &Shard, model: &str, d: &mut Decision, keys: Option<&RequestKeys<'_>>) -> Next {
     let now = clock::now();
+    let unix = clock::unix_secs() as u32;
+    if keys.is_some() && shard.affinity.borrow().is_none() {
+        drop(shard.affinity_index());
+    }
     let (action, agent) = {
+        let index = keys.and_then(|_| shard.affinity.try_borrow().ok());
+        let view = match (keys, index.as_ref().and_then(|i| i.as_ref())) {
+            (Some(keys), Some(index)) => Some(IndexView {
+                index,
+                keys: *keys,
+                now: unix,
+            }),
+            _ => None,
+        };
         let models = shard.models.borrow();
         let (pool, rotation, queue_len): (&[Rc<Agent>], usize, usize) = match models.get(model) {
             Some(m) => (&m.agents, m.rotation, m.queue.borrow().len()),
@@ -69,6 +103,7 @@ fn decide(shard: &Shard, model: &str, d: &mut Decision) -> Next {
             pool,
             rotation,
             queue_len,
+            affinity: view.as_ref().map(|v| v as &dyn AffinitySource),
         };
         let action = d.next(&facts, now);
         let agent = match &action {
@@ -80,20 +115,38 @@ fn decide(shard: &Shard, model: &str, d: &mut Decision) -> Next {
     // The tie rotation moves on once per forward, never on a wait or a
     // refusal: a request that timed out must not move it twice and send
     // the next one back to the same (hung) agent (issue 29 #10).
-    if matches!(action, Action::Forward { .. }) {
+    if let Action::Forward {
+        agent_id, affinity, ..
+    } = &action
+    {
         if let Some(m) = shard.models.borrow_mut().get_mut(model) {
             m.rotation = m.rotation.wrapping_add(1);
+            if let Some(pick) = affinity {
+                m.stats.affinity[pick.outcome.index()] += 1;
+            }
+        }
+        // The agent now holds the request's key and prefixes.
+        if let (Some(pick), Some(keys)) = (affinity, keys) {
+            if let Some(ix) = shard.affinity.borrow_mut().as_mut() {
+                ix.record_request(keys, pick.block_bytes, *agent_id, unix);
+            }
         }
     }
     match action {
         Action::TakeQuota => Next::TakeQuota,
         Action::Admit(park) => Next::Admit(park),
         Action::ChargeDaily => Next::ChargeDaily,
-        Action::Forward { step, waited, .. } => match agent {
+        Action::Forward {
+            step,
+            waited,
+            affinity,
+            ..
+        } => match agent {
             Some(agent) => Next::Forward {
                 agent,
                 step,
                 waited,
+                affinity,
             },
             None => Next::Reject(Rejection::Exhausted.into()),
         },
@@ -236,9 +289,25 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
         queue_depth: limits.queue_depth,
         last_backend: None,
     };
+    // Cache affinity: the session key (header first, then the body's) and
+    // the probe's marks, read by prefix-aware steps only.
+    let keys = run
+        .policy
+        .steps
+        .iter()
+        .any(|s| s.affinity.is_some())
+        .then(|| RequestKeys {
+            salt: model_salt(model),
+            key: SESSION_HEADERS
+                .iter()
+                .find_map(|h| p.head.header(h).filter(|v| !v.is_empty()))
+                .map(raw_key_hash)
+                .or(p.meta.affinity.body_key),
+            marks: &p.meta.affinity.marks,
+        });
     debug!(shard = shard.id, model, "serving request");
     loop {
-        match decide(shard, model, &mut d) {
+        match decide(shard, model, &mut d, keys.as_ref()) {
             Next::TakeQuota => d.quota_taken(run.take_quota()),
             Next::Admit(park) => d.admitted(run.admit(c, park).await),
             Next::ChargeDaily => d.daily_charged(run.charge_daily(c), clock::now()),
@@ -246,8 +315,9 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                 agent,
                 step,
                 waited,
+                affinity,
             } => {
-                if let Some(keep) = run.forward(c, &mut d, agent, step, waited).await {
+                if let Some(keep) = run.forward(c, &mut d, agent, step, waited, affinity).await {
                     return keep;
                 }
             }
@@ -278,9 +348,49 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
     }
 }
 
+/// Headers that carry a session key, first found wins (then the body's
+/// `prompt_cache_key`, then `metadata.user_id`).
+pub const SESSION_HEADERS: [&str; 1] = ["x-session-id"];
+
+/// A predicted hit is stale when the engine read less than this share of
+/// the predicted prefix from its cache.
+const STALE_SHARE: f64 = 0.25;
+
 // === impl Run ===
 
 impl Run<'_> {
+    /// A key or prefix hit came back: did the engine's cache hold what
+    /// the index predicted? An engine that reports no cached count tells
+    /// nothing. Few cached tokens: the entry was stale, and the agent's
+    /// engine keeps prefixes for less time than the entry's age.
+    fn check_prediction(
+        &self,
+        agent: &Agent,
+        hit: crate::logic::routing::affinity::Holder,
+        t: &crate::logic::http::usage::Tokens,
+    ) {
+        if !t.cache_reported {
+            return;
+        }
+        let predicted = if hit.depth > 0 {
+            (f64::from(hit.depth) * tokens_per_byte(self.shard, self.model)).min(t.input as f64)
+        } else {
+            // A key hit predicts the previous turn's prompt: at least half.
+            t.input as f64 / 2.0
+        };
+        let stale = (t.cached as f64) < predicted * STALE_SHARE;
+        if let Some(ix) = self.shard.affinity.borrow_mut().as_mut() {
+            if stale {
+                ix.stale(agent.id, hit.age);
+            } else {
+                ix.confirmed(agent.id, hit.age);
+            }
+        }
+        if stale {
+            with_stats(self.shard, self.model, |s| s.affinity_stale += 1);
+        }
+    }
+
     /// Every local step exhausted: the policy's fallback provider, for a
     /// chat or messages request not yet expired (spec 04 §7). `None`:
     /// no provider applies, the refusal stands.
@@ -411,6 +521,7 @@ impl Run<'_> {
         agent: Rc<Agent>,
         step: usize,
         waited: Option<Duration>,
+        affinity: Option<AffinityPick>,
     ) -> Option<bool> {
         let (shard, p) = (self.shard, self.p);
         if let Some(w) = waited {
@@ -448,6 +559,15 @@ impl Run<'_> {
                 *t = kept;
                 with_stats(shard, self.model, |s| s.usage_clamped += 1);
             }
+        }
+        if let (
+            Some(hit),
+            Outcome::Served {
+                tokens: Some(t), ..
+            },
+        ) = (affinity.and_then(|a| a.hit), &outcome)
+        {
+            self.check_prediction(&agent, hit, t);
         }
         let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
         served(shard, c, p, &agent, &outcome, &mut self.admitted, self.llm);

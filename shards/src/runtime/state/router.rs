@@ -65,6 +65,10 @@ pub struct RouterConfig {
     pub max_agent_links: usize,
     /// Most agent links from one source address (0: no cap).
     pub max_agent_links_per_address: usize,
+    /// Entries of the cache-affinity index, all shards together
+    /// (`--affinity-table-entries`; each shard allocates its share on
+    /// its first prefix-aware decision).
+    pub affinity_table_entries: usize,
     /// `HIVENET_ROUTER_RPM_BURST_SECONDS` (0: a bucket's burst is the
     /// whole minute).
     pub rpm_burst_secs: u64,
@@ -111,6 +115,7 @@ impl Default for RouterConfig {
             max_client_connections: 4096,
             max_agent_links: 1024,
             max_agent_links_per_address: 128,
+            affinity_table_entries: 1 << 20,
             rpm_burst_secs: 0,
             admit_fraction: 0.9,
             admit_park_timeout: Duration::from_millis(250),

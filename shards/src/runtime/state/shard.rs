@@ -23,6 +23,7 @@ use super::store_api::StoreMsg;
 use super::tenancy::{AuthFailure, AuthState, Principal};
 use super::views::{AgentView, ShardSnapshot};
 use crate::logic::link::control::Registration;
+use crate::logic::routing::affinity::AffinityIndex;
 use crate::logic::routing::directory::Directory;
 use crate::logic::routing::history::History;
 use crate::logic::routing::policy::Policy;
@@ -83,6 +84,9 @@ pub struct Shard {
     pub redirects: RefCell<std::collections::BTreeMap<(String, String), u64>>,
     /// `http_server_request_duration_seconds` of the requests answered here.
     pub http: RefCell<super::model::stats::HttpDurations>,
+    /// The cache-affinity index of the models owned here (issue 30),
+    /// allocated at its full size on the first prefix-aware decision.
+    pub affinity: RefCell<Option<AffinityIndex>>,
 }
 
 /// How a registration's warm-start lookup went.
@@ -115,9 +119,33 @@ impl Shard {
             sites: Cached::default(),
             redirects: RefCell::default(),
             http: RefCell::default(),
+            affinity: RefCell::default(),
             held: RefCell::default(),
             auth: Cached::default(),
         }
+    }
+
+    /// This shard's affinity index, made (at its share of
+    /// `--affinity-table-entries`) with every agent here joined.
+    pub fn affinity_index(&self) -> std::cell::RefMut<'_, AffinityIndex> {
+        let mut slot = self.affinity.borrow_mut();
+        if slot.is_none() {
+            let shards = self.router.mesh.len().max(1);
+            let mut ix = AffinityIndex::new(self.router.cfg.affinity_table_entries / shards);
+            for m in self.models.borrow().values() {
+                for a in &m.agents {
+                    ix.join(a.id);
+                }
+            }
+            tracing::info!(
+                shard = self.id,
+                entries = ix.capacity(),
+                bytes = ix.table_bytes(),
+                "cache-affinity index allocated"
+            );
+            *slot = Some(ix);
+        }
+        std::cell::RefMut::map(slot, |s| s.get_or_insert_with(|| AffinityIndex::new(1)))
     }
 
     /// Authenticate from this shard's copy of the key snapshot.
@@ -234,6 +262,9 @@ impl Shard {
         ));
         model.add(agent.clone());
         drop(models);
+        if let Some(ix) = self.affinity.borrow_mut().as_mut() {
+            ix.join(id);
+        }
         // Requests held at zero on any shard are released (seed step 6).
         self.wake_held(&agent.reg.model);
         agent
@@ -280,6 +311,10 @@ impl Shard {
     }
 
     pub fn remove_agent(&self, agent: &Agent) -> bool {
+        // Never named again by the affinity index, from this moment.
+        if let Some(ix) = self.affinity.borrow_mut().as_mut() {
+            ix.leave(agent.id);
+        }
         self.models
             .borrow_mut()
             .get_mut(&agent.reg.model)

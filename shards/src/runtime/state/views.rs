@@ -42,6 +42,8 @@ pub struct AgentView {
     pub output_tokens: u64,
     /// Cached prompt tokens since registration.
     pub cached_prompt_tokens: u64,
+    /// Prompt tokens of responses that reported a cached count.
+    pub prompt_tokens: u64,
     /// Lifetime disconnections.
     pub disconnections: u64,
     /// Busy answers (429, 503) of its backend since registration.
@@ -77,6 +79,7 @@ impl AgentView {
             input_tokens: a.input_tokens.get(),
             output_tokens: a.output_tokens.get(),
             cached_prompt_tokens: a.cached_prompt_tokens.get(),
+            prompt_tokens: a.prompt_tokens.get(),
             disconnections: a.disconnections.get(),
             rejected: a.rejected.get(),
             signals_dropped: a.signals_dropped.get(),

@@ -68,6 +68,7 @@ fn step(name: &str, srtt_gt: Option<f64>, max_tries: u32) -> Step {
             })
             .unwrap_or_default(),
         max_tries,
+        affinity: None,
     }
 }
 
@@ -101,6 +102,7 @@ fn facts(pool: &Vec<Agent>, queue_len: usize) -> ModelFacts<'_, Vec<Agent>> {
         pool,
         rotation: 0,
         queue_len,
+        affinity: None,
     }
 }
 
@@ -198,7 +200,8 @@ fn full_waits_then_forwards_with_its_wait_and_keeps_its_place() {
             agent: 0,
             agent_id: 7,
             step: 0,
-            waited: Some(Duration::from_millis(30))
+            waited: Some(Duration::from_millis(30)),
+            affinity: None,
         }
     );
 }
@@ -320,6 +323,7 @@ fn run_all_failing(
                 pool,
                 rotation: k as usize,
                 queue_len,
+                affinity: None,
             },
             now,
         );
@@ -617,7 +621,7 @@ proptest! {
         let (mut attempts, mut waits) = (o.attempts.iter(), o.waits.iter());
         for k in 0..100u64 {
             let now = t0 + Duration::from_millis(k);
-            let a = d.next(&ModelFacts { pool: &pool, rotation: k as usize, queue_len: 0 }, now);
+            let a = d.next(&ModelFacts { pool: &pool, rotation: k as usize, queue_len: 0, affinity: None }, now);
             actions.push(a.clone());
             match a {
                 Action::TakeQuota => d.quota_taken(if o.quota_ok {
@@ -654,7 +658,7 @@ proptest! {
                 }
                 Action::Reject(ref r) => {
                     // Sticky: asked again, the same refusal.
-                    let again = d.next(&ModelFacts { pool: &pool, rotation: 0, queue_len: 0 }, now);
+                    let again = d.next(&ModelFacts { pool: &pool, rotation: 0, queue_len: 0, affinity: None }, now);
                     prop_assert_eq!(&again, &Action::Reject(r.clone()));
                     ended = Some("refused");
                     break;

@@ -54,6 +54,20 @@ struct RawStep {
     strategy: Option<String>,
     #[serde(default)]
     max_tries: Option<i64>,
+    #[serde(default)]
+    affinity: Option<RawAffinity>,
+}
+
+/// A `prefix-aware` step's `affinity:` fields.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAffinity {
+    #[serde(default)]
+    load_band: Option<f64>,
+    #[serde(default)]
+    ttl_seconds: Option<i64>,
+    #[serde(default)]
+    block_bytes: Option<i64>,
 }
 
 /// A validation error: file, line, field path and message.
@@ -247,14 +261,27 @@ fn step(
     default_name: &str,
     raw: RawStep,
 ) -> Result<Step, PolicyError> {
-    match raw.strategy.as_deref() {
-        Some("least-loaded") => {}
+    let prefix_aware = match raw.strategy.as_deref() {
+        Some("least-loaded") => false,
+        Some("prefix-aware") => true,
         Some("lowest-srtt") => {
-            return Err(err(file, text, &format!("{path}.strategy"), "strategy \"lowest-srtt\" is not supported: SRTT is a gate (exclude_if: {srtt: ...}), not a ranking; the only strategy is least-loaded"))
+            return Err(err(file, text, &format!("{path}.strategy"), "strategy \"lowest-srtt\" is not supported: SRTT is a gate (exclude_if: {srtt: ...}), not a ranking; strategies are least-loaded and prefix-aware"))
         }
-        Some(other) => return Err(err(file, text, &format!("{path}.strategy"), format!("unknown strategy {other:?}; the only strategy is least-loaded"))),
-        None => return Err(err(file, text, path, "strategy is required (least-loaded)")),
-    }
+        Some(other) => return Err(err(file, text, &format!("{path}.strategy"), format!("unknown strategy {other:?}; strategies are least-loaded and prefix-aware"))),
+        None => return Err(err(file, text, path, "strategy is required (least-loaded or prefix-aware)")),
+    };
+    let affinity = match (prefix_aware, raw.affinity) {
+        (false, Some(_)) => {
+            return Err(err(
+                file,
+                text,
+                &format!("{path}.affinity"),
+                "affinity applies to strategy prefix-aware only",
+            ))
+        }
+        (false, None) => None,
+        (true, a) => Some(affinity(file, text, &format!("{path}.affinity"), a)?),
+    };
     let rules = rules(
         file,
         text,
@@ -294,7 +321,56 @@ fn step(
         matcher,
         exclude_if: rules,
         max_tries,
+        affinity,
     })
+}
+
+/// Validate a prefix-aware step's `affinity:` (absent: the defaults).
+fn affinity(
+    file: &str,
+    text: &str,
+    path: &str,
+    raw: Option<RawAffinity>,
+) -> Result<AffinityCfg, PolicyError> {
+    let mut cfg = AffinityCfg::default();
+    let Some(raw) = raw else { return Ok(cfg) };
+    if let Some(b) = raw.load_band {
+        if !(b.is_finite() && (0.0..=1.0).contains(&b)) {
+            return Err(err(
+                file,
+                text,
+                &format!("{path}.load_band"),
+                format!("load_band must be between 0 and 1 (a fraction of an agent's capacity), not {b}"),
+            ));
+        }
+        cfg.load_band = b;
+    }
+    if let Some(t) = raw.ttl_seconds {
+        if !(1..=86_400).contains(&t) {
+            return Err(err(
+                file,
+                text,
+                &format!("{path}.ttl_seconds"),
+                format!("ttl_seconds must be between 1 and 86400, not {t}"),
+            ));
+        }
+        cfg.ttl_seconds = t as u32;
+    }
+    if let Some(b) = raw.block_bytes {
+        let base = i64::from(crate::logic::routing::affinity::BASE_BLOCK);
+        if !(base..=65_536).contains(&b) || b % base != 0 {
+            return Err(err(
+                file,
+                text,
+                &format!("{path}.block_bytes"),
+                format!(
+                    "block_bytes must be a multiple of {base} between {base} and 65536, not {b}"
+                ),
+            ));
+        }
+        cfg.block_bytes = b as u32;
+    }
+    Ok(cfg)
 }
 
 /// Parse and validate one policy document (`file` names it in errors).

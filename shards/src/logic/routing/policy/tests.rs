@@ -146,6 +146,7 @@ fn gate(th: f64) -> Step {
             value: th,
         }],
         max_tries: 0,
+        affinity: None,
     }
 }
 
@@ -293,6 +294,7 @@ fn gpu_signals_gate_and_gpu_model_matches() {
         matcher: m,
         exclude_if: rules,
         max_tries: 1,
+        affinity: None,
     };
     let picks = |s: &Step, a: &AgentFacts<'static>| {
         let a = *a;
@@ -375,4 +377,163 @@ fn a_failing_agent_loses_ties_not_load() {
         0,
     );
     assert_eq!(pick, StepPick::Agent(0), "load first");
+}
+
+/// The load guard of `prefix-aware`: a holder within the band wins, one
+/// beyond it or full loses to least-loaded, and a holder outside the pool
+/// changes nothing.
+#[test]
+fn prefix_aware_picks_a_holder_within_the_load_band_only() {
+    use crate::logic::routing::affinity::{HitKind, Holder, Holders, Outcome};
+    let step = |band: f64| Step {
+        name: "s".into(),
+        matcher: Match::default(),
+        exclude_if: Vec::new(),
+        max_tries: 1,
+        affinity: Some(AffinityCfg {
+            load_band: band,
+            ..AffinityCfg::default()
+        }),
+    };
+    // Agent 2 holds the prefix with 2 of 4 slots busy; agent 1 is idle.
+    let pool = [
+        facts(1, true, 0, 4, None, "vllm"),
+        facts(2, true, 2, 4, None, "vllm"),
+    ];
+    let get = |i: usize| pool.get(i).copied();
+    let held_by = |id: u32| {
+        Holders::of(
+            HitKind::Prefix,
+            &[Holder {
+                agent: id,
+                depth: 100,
+                age: 1,
+                hash: 9,
+            }],
+        )
+    };
+    let run = |band, h: &Holders| select_with(&step(band), Capability::Llm, 2, get, &[], 0, h);
+    assert_eq!(
+        run(0.5, &held_by(2)),
+        (StepPick::Agent(1), Some(Outcome::PrefixHit))
+    );
+    assert_eq!(
+        run(0.25, &held_by(2)),
+        (StepPick::Agent(0), Some(Outcome::Overloaded))
+    );
+    assert_eq!(
+        run(0.25, &held_by(1)),
+        (StepPick::Agent(0), Some(Outcome::PrefixHit))
+    );
+    assert_eq!(
+        run(0.25, &Holders::default()),
+        (StepPick::Agent(0), Some(Outcome::Miss))
+    );
+    // A holder that is not in the pool (gone) is an overloaded holder at
+    // worst, never a pick.
+    assert_eq!(
+        run(1.0, &held_by(9)),
+        (StepPick::Agent(0), Some(Outcome::Overloaded))
+    );
+    // Full holder: skipped whatever the band.
+    let full = [
+        facts(1, true, 3, 4, None, "vllm"),
+        facts(2, true, 4, 4, None, "vllm"),
+    ];
+    let got = select_with(
+        &step(1.0),
+        Capability::Llm,
+        2,
+        |i| full.get(i).copied(),
+        &[],
+        0,
+        &held_by(2),
+    );
+    assert_eq!(got, (StepPick::Agent(0), Some(Outcome::Overloaded)));
+    // A key hit is named as such; least-loaded steps report nothing.
+    let key = Holders::of(
+        HitKind::Key,
+        &[Holder {
+            agent: 2,
+            depth: 0,
+            age: 1,
+            hash: 3,
+        }],
+    );
+    assert_eq!(run(0.5, &key).1, Some(Outcome::KeyHit));
+    let ll = Step {
+        affinity: None,
+        ..step(0.5)
+    };
+    assert_eq!(
+        select_with(&ll, Capability::Llm, 2, get, &[], 0, &key),
+        (StepPick::Agent(0), None)
+    );
+}
+
+#[test]
+fn prefix_aware_fields_are_validated() {
+    let p = parse(
+        "p.yaml",
+        "routing_policy:\n  strategy: prefix-aware\n  affinity:\n    load_band: 0.5\n    ttl_seconds: 60\n    block_bytes: 4096\n",
+    )
+    .expect("accepted");
+    assert_eq!(
+        p.steps[0].affinity,
+        Some(AffinityCfg {
+            load_band: 0.5,
+            ttl_seconds: 60,
+            block_bytes: 4096
+        })
+    );
+    let d = parse("p.yaml", "routing_policy:\n  strategy: prefix-aware\n").expect("defaults");
+    assert_eq!(d.steps[0].affinity, Some(AffinityCfg::default()));
+    for (text, path, msg) in [
+        (
+            "  affinity:\n    load_band: 1.5\n",
+            "routing_policy.affinity.load_band",
+            "between 0 and 1",
+        ),
+        (
+            "  affinity:\n    load_band: .nan\n",
+            "routing_policy.affinity.load_band",
+            "between 0 and 1",
+        ),
+        (
+            "  affinity:\n    ttl_seconds: 0\n",
+            "routing_policy.affinity.ttl_seconds",
+            "between 1 and 86400",
+        ),
+        (
+            "  affinity:\n    ttl_seconds: 100000\n",
+            "routing_policy.affinity.ttl_seconds",
+            "between 1 and 86400",
+        ),
+        (
+            "  affinity:\n    block_bytes: 100\n",
+            "routing_policy.affinity.block_bytes",
+            "multiple of 512",
+        ),
+        (
+            "  affinity:\n    block_bytes: 1536\n    x: 1\n",
+            "x",
+            "unknown field",
+        ),
+    ] {
+        let e = parse(
+            "p.yaml",
+            &format!("routing_policy:\n  strategy: prefix-aware\n{text}"),
+        )
+        .expect_err(text);
+        assert!(
+            e.path.contains(path) && e.message.contains(msg),
+            "{text:?}: {e}"
+        );
+    }
+    let e = parse(
+        "p.yaml",
+        "routing_policy:\n  strategy: least-loaded\n  affinity: {}\n",
+    )
+    .expect_err("affinity without prefix-aware");
+    assert_eq!(e.path, "routing_policy.affinity");
 }

@@ -50,9 +50,11 @@ pub struct Agent {
     pub input_tokens: Cell<u64>,
     /// Lifetime output tokens.
     pub output_tokens: Cell<u64>,
-    /// Of the input tokens, those the engine read from its prompt cache
+    /// Of `prompt_tokens`, those the engine read from its prompt cache
     /// (since registration: not in the persisted history).
     pub cached_prompt_tokens: Cell<u64>,
+    /// Input tokens of the responses that reported a cached count.
+    pub prompt_tokens: Cell<u64>,
     /// Times the agent left routing (restored from history).
     pub disconnections: Cell<u64>,
     /// Requests its backend turned away as busy (429 or 503) since
@@ -209,6 +211,7 @@ impl Agent {
             input_tokens: Cell::new(h.input_tokens),
             output_tokens: Cell::new(h.output_tokens),
             cached_prompt_tokens: Cell::new(0),
+            prompt_tokens: Cell::new(0),
             disconnections: Cell::new(h.disconnections),
             rejected: Cell::new(0),
             signals_dropped: Cell::new(0),
@@ -261,8 +264,11 @@ impl Agent {
     pub fn add_tokens(&self, t: Tokens) {
         self.input_tokens.set(self.input_tokens.get() + t.input);
         self.output_tokens.set(self.output_tokens.get() + t.output);
-        self.cached_prompt_tokens
-            .set(self.cached_prompt_tokens.get() + t.cached);
+        if t.cache_reported {
+            self.prompt_tokens.set(self.prompt_tokens.get() + t.input);
+            self.cached_prompt_tokens
+                .set(self.cached_prompt_tokens.get() + t.cached);
+        }
     }
 
     /// The record to persist.
@@ -291,6 +297,7 @@ impl Agent {
             &self.input_tokens,
             &self.output_tokens,
             &self.cached_prompt_tokens,
+            &self.prompt_tokens,
             &self.disconnections,
             &self.rejected,
             &self.agent_failures,

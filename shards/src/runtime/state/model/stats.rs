@@ -263,6 +263,11 @@ pub struct ModelStats {
     pub provider_fallback: u64,
     /// Responses whose usage was clamped to the request's bound.
     pub usage_clamped: u64,
+    /// `hivenet_affinity_decisions_total{outcome}`, in
+    /// [`crate::logic::routing::affinity::Outcome::ALL`] order.
+    pub affinity: [u64; 4],
+    /// Predicted cache hits that came back with few cached tokens.
+    pub affinity_stale: u64,
     /// Backend failures reported by agents, by status (502 closed or
     /// malformed, 503 unreachable or busy, 504 timed out).
     pub backend_errors: BTreeMap<u16, u64>,
@@ -291,6 +296,10 @@ impl ModelStats {
         }
         self.provider_fallback += st.provider_fallback;
         self.usage_clamped += st.usage_clamped;
+        for (a, b) in self.affinity.iter_mut().zip(st.affinity) {
+            *a += b;
+        }
+        self.affinity_stale += st.affinity_stale;
         for (k, n) in &st.backend_errors {
             *self.backend_errors.entry(*k).or_default() += n;
         }

@@ -67,6 +67,7 @@ fn rpm_then_daily_then_settle() {
         input: 3,
         output: 4,
         cached: 0,
+        cache_reported: false,
     }));
     let b = s.buckets.values().next().expect("bucket");
     assert_eq!(quota::used_on(b.daily.load(Ordering::Relaxed), 7), 7);

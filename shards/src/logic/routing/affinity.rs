@@ -1,0 +1,657 @@
+//! Cache affinity (issue 30), pure: where an engine's prefix cache most
+//! likely holds a request's prompt.
+//!
+//! - [`PrefixHasher`]: fed by the body probe as it parses, it hashes the
+//!   canonical prompt (roles and text, not JSON formatting) and marks a
+//!   hash at every message end and every [`BASE_BLOCK`] bytes of text
+//!   inside long messages; [`PrefixMarks`] keeps the first mark and the
+//!   newest ones (the longest prefixes), with no allocation.
+//! - [`AffinityIndex`]: a fixed-size set-associative table, hash -> up to
+//!   [`HOLDERS`] agents with their last use; entries expire by TTL, the
+//!   oldest is replaced when a bucket is full, and an agent that left is
+//!   never returned ([`AffinityIndex::leave`]). It also learns, per agent,
+//!   how long its engine keeps a prefix ([`AffinityIndex::stale`]).
+//! - [`AffinityCfg`]: a `prefix-aware` step's load band, TTL and block.
+//!
+//! The choice itself (holder within the load band, else least-loaded) is
+//! made in [`super::policy::select_with`]. Time comes in as seconds.
+
+use std::collections::HashMap;
+
+use xxhash_rust::xxh64::Xxh64;
+
+/// The probe's finest block of text: a step's `block_bytes` is a multiple.
+pub const BASE_BLOCK: u32 = 512;
+/// Marks a request keeps: the first and the newest `MAX_MARKS - 1`.
+pub const MAX_MARKS: usize = 48;
+/// Agents one entry remembers.
+pub const HOLDERS: usize = 4;
+/// Entries per bucket (one bucket is searched per lookup).
+pub const WAYS: usize = 8;
+/// Bytes one entry takes in the table (exact: see [`Slot`]).
+pub const ENTRY_BYTES: usize = std::mem::size_of::<Slot>();
+
+/// A prefix-aware step's settings (policy fields under `affinity:`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct AffinityCfg {
+    /// A cache holder may carry this much more of its capacity in flight
+    /// than the least-loaded eligible agent and still be chosen (0.25:
+    /// one request more out of four).
+    pub load_band: f64,
+    /// Seconds an entry stays usable after its last use.
+    pub ttl_seconds: u32,
+    /// Bytes of text between marks inside a long message (a multiple of
+    /// [`BASE_BLOCK`]).
+    pub block_bytes: u32,
+}
+
+impl Default for AffinityCfg {
+    fn default() -> Self {
+        AffinityCfg {
+            load_band: 0.25,
+            ttl_seconds: 600,
+            block_bytes: 2048,
+        }
+    }
+}
+
+/// The hash of the canonical prompt up to one boundary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Mark {
+    /// Hash of everything before the boundary (model, system, tools included).
+    pub hash: u64,
+    /// Text bytes before the boundary.
+    pub offset: u32,
+    /// The boundary is a message's end (else a block inside one).
+    pub message_end: bool,
+}
+
+/// A request's marks, oldest first: the first one (the system prompt or
+/// the first message: what applications share) and the newest ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixMarks {
+    first: Option<Mark>,
+    ring: [Mark; MAX_MARKS - 1],
+    /// Marks in the ring (at most its length).
+    len: usize,
+    /// Next ring position to write.
+    head: usize,
+}
+
+impl Default for PrefixMarks {
+    fn default() -> Self {
+        PrefixMarks {
+            first: None,
+            ring: [Mark::default(); MAX_MARKS - 1],
+            len: 0,
+            head: 0,
+        }
+    }
+}
+
+impl PrefixMarks {
+    fn push(&mut self, m: Mark) {
+        if self.first.is_none() {
+            self.first = Some(m);
+            return;
+        }
+        if let Some(slot) = self.ring.get_mut(self.head) {
+            *slot = m;
+        }
+        self.head = (self.head + 1) % self.ring.len();
+        self.len = (self.len + 1).min(self.ring.len());
+    }
+
+    /// Number of marks.
+    pub fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.len
+    }
+
+    /// No marks at all (no prompt text).
+    pub fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    /// Marks a step with `block_bytes` uses, longest prefix first.
+    pub fn longest_first(&self, block_bytes: u32) -> impl Iterator<Item = Mark> + '_ {
+        let n = self.ring.len();
+        let ring = (0..self.len).filter_map(move |k| self.ring.get((self.head + n - 1 - k) % n));
+        ring.copied()
+            .chain(self.first)
+            .filter(move |m| m.message_end || block_bytes == 0 || m.offset % block_bytes == 0)
+    }
+
+    /// Apply the request's seed (model, system, tools) to every mark and
+    /// move offsets past the seed's text.
+    fn seed(&mut self, seed: u64, seed_bytes: u32) {
+        for m in self.first.iter_mut().chain(self.ring.iter_mut()) {
+            m.hash = mix(seed, m.hash);
+            m.offset = m.offset.saturating_add(seed_bytes);
+        }
+    }
+}
+
+/// Combine two 64-bit hashes (order matters).
+fn mix(a: u64, b: u64) -> u64 {
+    let x = a.rotate_left(23) ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    // splitmix64's finalizer.
+    let x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Hash of a session key's text (`X-Session-ID`, `prompt_cache_key`,
+/// `metadata.user_id`); [`model_salt`] places it under a model.
+pub fn raw_key_hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh64::xxh64(key, 2)
+}
+
+/// What makes one model's hashes its own in a shard's shared table.
+pub fn model_salt(model: &str) -> u64 {
+    xxhash_rust::xxh64::xxh64(model.as_bytes(), 1)
+}
+
+/// A hash under a model's salt.
+pub fn salted(salt: u64, hash: u64) -> u64 {
+    mix(salt, hash)
+}
+
+/// Hash of a session key under its model (tests).
+pub fn key_hash(model: &str, key: &str) -> u64 {
+    salted(model_salt(model), raw_key_hash(key.as_bytes()))
+}
+
+/// Fed by the body probe while it parses `messages` (roles and text in
+/// order); `finish` seeds the marks with the model, system and tools,
+/// which JSON may place anywhere in the body.
+#[derive(Clone)]
+pub struct PrefixHasher {
+    state: Xxh64,
+    in_block: u32,
+    offset: u32,
+    marks: PrefixMarks,
+}
+
+impl Default for PrefixHasher {
+    fn default() -> Self {
+        PrefixHasher {
+            state: Xxh64::new(0),
+            in_block: 0,
+            offset: 0,
+            marks: PrefixMarks::default(),
+        }
+    }
+}
+
+impl PrefixHasher {
+    /// A role, a part type or another structural token: hashed, not counted
+    /// as text.
+    pub fn token(&mut self, t: &[u8]) {
+        self.state.update(&[0xff]);
+        self.state.update(t);
+        self.state.update(&[0xfe]);
+    }
+
+    /// Text of the prompt: a mark every [`BASE_BLOCK`] bytes.
+    pub fn text(&mut self, s: &[u8]) {
+        let mut rest = s;
+        while !rest.is_empty() {
+            let room = (BASE_BLOCK - self.in_block) as usize;
+            let n = room.min(rest.len());
+            let (now, later) = rest.split_at(n);
+            self.state.update(now);
+            self.in_block += n as u32;
+            self.offset = self.offset.saturating_add(n as u32);
+            rest = later;
+            if self.in_block >= BASE_BLOCK {
+                self.in_block = 0;
+                self.marks.push(Mark {
+                    hash: self.state.digest(),
+                    offset: self.offset,
+                    message_end: false,
+                });
+            }
+        }
+    }
+
+    /// A message ended.
+    pub fn message_end(&mut self) {
+        self.state.update(&[0xfd]);
+        self.marks.push(Mark {
+            hash: self.state.digest(),
+            offset: self.offset,
+            message_end: true,
+        });
+    }
+
+    /// The marks under `seed` ([`seed_of`]); `seed_bytes` of text come
+    /// before the messages (system and tools). With a system prompt, its
+    /// own mark comes first.
+    pub fn finish(mut self, seed: u64, seed_bytes: u32, system: bool) -> PrefixMarks {
+        self.marks.seed(seed, seed_bytes);
+        if !system {
+            return self.marks;
+        }
+        let mut out = PrefixMarks::default();
+        out.push(Mark {
+            hash: mix(seed, 0),
+            offset: seed_bytes,
+            message_end: true,
+        });
+        // The messages' marks follow, oldest first; the ring keeps the newest.
+        let old = self.marks;
+        let n = old.ring.len();
+        let ring = (0..old.len)
+            .rev()
+            .filter_map(|k| old.ring.get((old.head + n - 1 - k) % n));
+        for m in old.first.iter().chain(ring) {
+            out.push(*m);
+        }
+        out
+    }
+}
+
+/// The seed of a request's marks: its system text and raw tools (the
+/// model is mixed in where the index is asked: an alias resolves after
+/// the probe).
+pub fn seed_of(system: u64, tools: u64) -> u64 {
+    mix(mix(0x5EED, system), tools)
+}
+
+/// One table entry: a prefix hash and the agents that last served it.
+/// `seen[k] == 0`: holder `k` is empty.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    hash: u64,
+    agents: [u32; HOLDERS],
+    seen: [u32; HOLDERS],
+}
+
+/// An agent the index names for a request, with the depth of its match.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Holder {
+    /// The agent (its shard-local id, truncated).
+    pub agent: u32,
+    /// Text bytes of the matched prefix.
+    pub depth: u32,
+    /// Seconds since the entry was last used by this agent.
+    pub age: u32,
+    /// The matched entry.
+    pub hash: u64,
+}
+
+/// What matched: a session key or a prompt prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HitKind {
+    /// `X-Session-ID`, `prompt_cache_key` or `metadata.user_id`.
+    #[default]
+    Key,
+    /// The longest prompt prefix with a live holder.
+    Prefix,
+}
+
+/// The holders of a request's best match (all of one entry).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Holders {
+    /// Key or prefix.
+    pub kind: HitKind,
+    items: [Holder; HOLDERS],
+    len: usize,
+}
+
+impl Holders {
+    /// Holders of one entry, most recent first (at most [`HOLDERS`] kept).
+    pub fn of(kind: HitKind, items: &[Holder]) -> Self {
+        let mut h = Holders {
+            kind,
+            ..Holders::default()
+        };
+        for x in items {
+            h.push(*x);
+        }
+        h
+    }
+
+    /// No holder.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The holders, most recently used first.
+    pub fn iter(&self) -> impl Iterator<Item = &Holder> {
+        self.items.iter().take(self.len)
+    }
+
+    /// The holder that is `agent`.
+    pub fn find(&self, agent: u64) -> Option<&Holder> {
+        self.iter()
+            .find(|h| u64::from(h.agent) == agent & 0xffff_ffff)
+    }
+
+    fn push(&mut self, h: Holder) {
+        if let Some(s) = self.items.get_mut(self.len) {
+            *s = h;
+            self.len += 1;
+        }
+    }
+
+    fn sort_recent_first(&mut self) {
+        if let Some(items) = self.items.get_mut(..self.len) {
+            items.sort_unstable_by_key(|h| h.age);
+        }
+    }
+}
+
+/// Where the decision machine asks for a request's holders (the shard's
+/// index with the request's key and marks; a table in tests).
+pub trait AffinitySource {
+    /// The best match under a step's settings.
+    fn lookup(&self, cfg: &AffinityCfg) -> Holders;
+}
+
+/// A prefix-aware forward: how it was decided and what it predicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AffinityPick {
+    /// The outcome counted.
+    pub outcome: Outcome,
+    /// The step's block (which marks to record for the agent).
+    pub block_bytes: u32,
+    /// The holder chosen, on a hit (its depth predicts cached tokens).
+    pub hit: Option<Holder>,
+}
+
+/// How one prefix-aware decision went (`hivenet_affinity_decisions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Sent where its session key last went.
+    KeyHit,
+    /// Sent to a holder of its longest cached prefix.
+    PrefixHit,
+    /// No live holder: least-loaded.
+    Miss,
+    /// A holder exists but is full, excluded or outside the load band:
+    /// least-loaded.
+    Overloaded,
+}
+
+impl Outcome {
+    /// Every outcome, in metric order.
+    pub const ALL: [Outcome; 4] = [
+        Outcome::KeyHit,
+        Outcome::PrefixHit,
+        Outcome::Miss,
+        Outcome::Overloaded,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::KeyHit => "key_hit",
+            Outcome::PrefixHit => "prefix_hit",
+            Outcome::Miss => "miss",
+            Outcome::Overloaded => "overloaded",
+        }
+    }
+
+    /// Index in [`Outcome::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            Outcome::KeyHit => 0,
+            Outcome::PrefixHit => 1,
+            Outcome::Miss => 2,
+            Outcome::Overloaded => 3,
+        }
+    }
+}
+
+/// What the index reads of one request: its model's salt, its session key
+/// (raw hash) and its prompt's marks.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestKeys<'a> {
+    /// [`model_salt`] of the (resolved) model.
+    pub salt: u64,
+    /// [`raw_key_hash`] of its session key.
+    pub key: Option<u64>,
+    /// Its prompt's marks.
+    pub marks: &'a PrefixMarks,
+}
+
+/// The fixed-size table of one shard (every model it owns; the model is in
+/// each hash). Allocated once, at its full size, on first use.
+pub struct AffinityIndex {
+    buckets: Vec<[Slot; WAYS]>,
+    /// Agents routable now (joined, not left): nothing else is returned.
+    live: HashMap<u32, Horizon>,
+    /// Entries in use (for the gauge).
+    used: usize,
+}
+
+/// How long an agent's engine has been seen to keep a prefix.
+#[derive(Debug, Clone, Copy)]
+struct Horizon {
+    /// Seconds; entries older than this are not offered for the agent.
+    seconds: u32,
+}
+
+impl AffinityIndex {
+    /// A table of at least `entries` entries (rounded up to whole buckets
+    /// and a power of two; at least one bucket).
+    pub fn new(entries: usize) -> Self {
+        let buckets = entries.div_ceil(WAYS).max(1).next_power_of_two();
+        AffinityIndex {
+            buckets: vec![[Slot::default(); WAYS]; buckets],
+            live: HashMap::new(),
+            used: 0,
+        }
+    }
+
+    /// Entries the table holds at most.
+    pub fn capacity(&self) -> usize {
+        self.buckets.len() * WAYS
+    }
+
+    /// Bytes of its table.
+    pub fn table_bytes(&self) -> usize {
+        self.buckets.len() * std::mem::size_of::<[Slot; WAYS]>()
+    }
+
+    /// Entries in use.
+    pub fn used(&self) -> usize {
+        self.used
+    }
+
+    /// `agent` may be named from now on.
+    pub fn join(&mut self, agent: u64) {
+        self.live
+            .insert(agent as u32, Horizon { seconds: u32::MAX });
+    }
+
+    /// `agent` left: never named again (its entries are reused lazily).
+    pub fn leave(&mut self, agent: u64) {
+        self.live.remove(&(agent as u32));
+    }
+
+    fn bucket_of(&self, hash: u64) -> usize {
+        ((hash >> 17) as usize) & (self.buckets.len() - 1)
+    }
+
+    /// `agent` now holds `hash` (it was just sent a request with it).
+    pub fn record(&mut self, hash: u64, agent: u64, now: u32) {
+        let agent = agent as u32;
+        let now = now.max(1);
+        let b = self.bucket_of(hash);
+        let Some(bucket) = self.buckets.get_mut(b) else {
+            return;
+        };
+        // The entry, else an empty one, else the least recently used.
+        let pos = bucket
+            .iter()
+            .position(|s| s.hash == hash && s.seen.iter().any(|t| *t > 0))
+            .or_else(|| {
+                bucket
+                    .iter()
+                    .position(|s| s.seen.iter().all(|t| *t == 0))
+                    .inspect(|_| self.used += 1)
+            })
+            .unwrap_or_else(|| {
+                let last_use = |s: &Slot| s.seen.iter().copied().max().unwrap_or(0);
+                let mut oldest = 0;
+                for (i, s) in bucket.iter().enumerate() {
+                    if bucket.get(oldest).map(last_use).unwrap_or(0) > last_use(s) {
+                        oldest = i;
+                    }
+                }
+                oldest
+            });
+        let Some(slot) = bucket.get_mut(pos) else {
+            return;
+        };
+        if slot.hash != hash || slot.seen.iter().all(|t| *t == 0) {
+            *slot = Slot {
+                hash,
+                ..Slot::default()
+            };
+        }
+        // This agent's holder, else an empty or departed one, else the oldest.
+        let k = slot
+            .agents
+            .iter()
+            .zip(slot.seen.iter())
+            .position(|(a, t)| *a == agent && *t > 0)
+            .or_else(|| {
+                (0..HOLDERS).find(|&k| {
+                    slot.seen.get(k).copied().unwrap_or(0) == 0
+                        || slot
+                            .agents
+                            .get(k)
+                            .is_some_and(|a| !self.live.contains_key(a))
+                })
+            })
+            .unwrap_or_else(|| {
+                let mut oldest = 0;
+                for k in 0..HOLDERS {
+                    if slot.seen.get(k) < slot.seen.get(oldest) {
+                        oldest = k;
+                    }
+                }
+                oldest
+            });
+        if let (Some(a), Some(t)) = (slot.agents.get_mut(k), slot.seen.get_mut(k)) {
+            *a = agent;
+            *t = now;
+        }
+    }
+
+    /// The live, unexpired holders of `hash` (at most [`HOLDERS`]), most
+    /// recent first; `depth` is copied into each.
+    pub fn holders(&self, hash: u64, depth: u32, now: u32, ttl: u32) -> Holders {
+        let mut out = Holders::default();
+        let Some(bucket) = self.buckets.get(self.bucket_of(hash)) else {
+            return out;
+        };
+        let Some(slot) = bucket
+            .iter()
+            .find(|s| s.hash == hash && s.seen.iter().any(|t| *t > 0))
+        else {
+            return out;
+        };
+        for (a, t) in slot.agents.iter().zip(slot.seen.iter()) {
+            if *t == 0 {
+                continue;
+            }
+            let Some(h) = self.live.get(a) else { continue };
+            let age = now.saturating_sub(*t);
+            if age > ttl || age > h.seconds {
+                continue;
+            }
+            out.push(Holder {
+                agent: *a,
+                depth,
+                age,
+                hash,
+            });
+        }
+        out.sort_recent_first();
+        out
+    }
+
+    /// The best match of a request: its key's holders (most recent only),
+    /// else the longest prefix among `marks` with a live holder.
+    pub fn lookup(&self, req: &RequestKeys<'_>, cfg: &AffinityCfg, now: u32) -> Holders {
+        if let Some(k) = req.key {
+            let mut h = self.holders(salted(req.salt, k), 0, now, cfg.ttl_seconds);
+            if !h.is_empty() {
+                h.len = 1;
+                h.kind = HitKind::Key;
+                return h;
+            }
+        }
+        // Every forward records the first mark with the rest: when it has
+        // no live holder, no longer prefix has one (short of a bucket's
+        // eviction), and a miss costs one lookup instead of one per mark.
+        if let Some(first) = req.marks.first {
+            if self
+                .holders(salted(req.salt, first.hash), 0, now, cfg.ttl_seconds)
+                .is_empty()
+            {
+                return Holders::default();
+            }
+        }
+        for m in req.marks.longest_first(cfg.block_bytes) {
+            let mut h = self.holders(salted(req.salt, m.hash), m.offset, now, cfg.ttl_seconds);
+            if !h.is_empty() {
+                h.kind = HitKind::Prefix;
+                return h;
+            }
+        }
+        Holders::default()
+    }
+
+    /// Record a forward to `agent`: its key and every mark the step uses.
+    pub fn record_request(
+        &mut self,
+        req: &RequestKeys<'_>,
+        block_bytes: u32,
+        agent: u64,
+        now: u32,
+    ) {
+        if let Some(k) = req.key {
+            self.record(salted(req.salt, k), agent, now);
+        }
+        // Oldest first, so that the longest prefixes are the freshest.
+        let all: [Option<Mark>; MAX_MARKS] = {
+            let mut a = [None; MAX_MARKS];
+            for (slot, m) in a.iter_mut().zip(req.marks.longest_first(block_bytes)) {
+                *slot = Some(m);
+            }
+            a
+        };
+        for m in all.iter().rev().flatten() {
+            self.record(salted(req.salt, m.hash), agent, now);
+        }
+    }
+
+    /// A predicted hit on `agent`, `age` seconds old, came back with few
+    /// cached tokens: its engine keeps prefixes for less than that. Its
+    /// entries older than half of `age` are not offered any more (a true
+    /// hit widens it again: [`AffinityIndex::confirmed`]).
+    pub fn stale(&mut self, agent: u64, age: u32) {
+        if let Some(h) = self.live.get_mut(&(agent as u32)) {
+            h.seconds = h.seconds.min((age / 2).max(1));
+        }
+    }
+
+    /// A predicted hit `age` seconds old was served from the cache: the
+    /// agent's horizon grows back (by an eighth, and at least to `age`).
+    pub fn confirmed(&mut self, agent: u64, age: u32) {
+        if let Some(h) = self.live.get_mut(&(agent as u32)) {
+            if h.seconds != u32::MAX {
+                let grown = h.seconds.saturating_add(h.seconds / 8 + 1);
+                h.seconds = grown.max(age);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,206 @@
+use super::*;
+use proptest::prelude::*;
+
+fn marks_of(messages: &[(&str, &str)], system: &str) -> PrefixMarks {
+    let mut h = PrefixHasher::default();
+    for (role, text) in messages {
+        h.token(role.as_bytes());
+        h.text(text.as_bytes());
+        h.message_end();
+    }
+    let sys = xxhash_rust::xxh64::xxh64(system.as_bytes(), 0);
+    h.finish(seed_of(sys, 0), system.len() as u32, !system.is_empty())
+}
+
+fn cfg() -> AffinityCfg {
+    AffinityCfg::default()
+}
+
+#[test]
+fn a_next_turn_shares_the_previous_turns_marks() {
+    let t1 = marks_of(&[("system", "be brief"), ("user", "hello")], "");
+    let t2 = marks_of(
+        &[
+            ("system", "be brief"),
+            ("user", "hello"),
+            ("assistant", "hi!"),
+            ("user", "and then?"),
+        ],
+        "",
+    );
+    let longest_t1 = t1.longest_first(2048).next().expect("a mark");
+    assert!(t2.longest_first(2048).any(|m| m == longest_t1));
+    // Another system prompt shares nothing.
+    let other = marks_of(&[("system", "be long"), ("user", "hello")], "");
+    assert!(!other.longest_first(2048).any(|m| m == longest_t1));
+}
+
+#[test]
+fn long_messages_get_block_marks_and_the_step_block_filters_them() {
+    let doc = "x".repeat(10 * 1024);
+    let m = marks_of(&[("user", &doc)], "");
+    let base: Vec<_> = m.longest_first(BASE_BLOCK).collect();
+    let coarse: Vec<_> = m.longest_first(4096).collect();
+    // 20 block marks + the message end at 512; at 4096: 8192, 4096, end.
+    assert_eq!(base.len(), 21);
+    assert_eq!(coarse.len(), 3);
+    assert!(coarse.iter().all(|k| k.message_end || k.offset % 4096 == 0));
+    // Longest first.
+    assert!(base.windows(2).all(|w| w[0].offset >= w[1].offset));
+}
+
+#[test]
+fn the_first_mark_survives_a_long_prompt() {
+    let turns: Vec<(&str, String)> = (0..200).map(|i| ("user", format!("turn {i}"))).collect();
+    let msgs: Vec<(&str, &str)> = turns.iter().map(|(r, t)| (*r, t.as_str())).collect();
+    let m = marks_of(&msgs, "shared app prompt");
+    assert_eq!(m.len(), MAX_MARKS);
+    let all: Vec<_> = m.longest_first(0).collect();
+    // The system prompt's own mark is the shortest and kept.
+    assert_eq!(all.last().map(|k| k.offset), Some(17));
+    let again = marks_of(&[("user", "other")], "shared app prompt");
+    assert_eq!(again.longest_first(0).last(), all.last().copied());
+}
+
+#[test]
+fn key_first_then_the_longest_prefix_with_a_live_holder() {
+    let mut ix = AffinityIndex::new(1024);
+    for a in [1, 2, 3] {
+        ix.join(a);
+    }
+    let t1 = marks_of(&[("user", "hello")], "sys");
+    let t2 = marks_of(
+        &[("user", "hello"), ("assistant", "hi"), ("user", "more")],
+        "sys",
+    );
+    let req = |key, marks| RequestKeys {
+        salt: model_salt("m"),
+        key,
+        marks,
+    };
+    ix.record_request(&req(None, &t1), 2048, 2, 100);
+    let h = ix.lookup(&req(None, &t2), &cfg(), 110);
+    assert_eq!(h.kind, HitKind::Prefix);
+    assert_eq!(h.iter().map(|x| x.agent).collect::<Vec<_>>(), vec![2]);
+    assert_eq!(h.iter().next().map(|x| x.age), Some(10));
+    // A key outranks the prefix.
+    let key = raw_key_hash(b"session-9");
+    let x = marks_of(&[("user", "x")], "");
+    ix.record_request(&req(Some(key), &x), 2048, 3, 105);
+    let h = ix.lookup(&req(Some(key), &t2), &cfg(), 110);
+    assert_eq!(
+        (h.kind, h.iter().next().map(|x| x.agent)),
+        (HitKind::Key, Some(3))
+    );
+    // An unknown key falls back to the prefix.
+    let h = ix.lookup(&req(Some(raw_key_hash(b"new")), &t2), &cfg(), 110);
+    assert_eq!(h.kind, HitKind::Prefix);
+}
+
+#[test]
+fn entries_expire_and_departed_agents_are_never_named() {
+    let mut ix = AffinityIndex::new(64);
+    ix.join(7);
+    ix.join(8);
+    let m = marks_of(&[("user", "q")], "");
+    let r = RequestKeys {
+        salt: 9,
+        key: None,
+        marks: &m,
+    };
+    ix.record_request(&r, 2048, 7, 10);
+    ix.record_request(&r, 2048, 8, 20);
+    let c = AffinityCfg {
+        ttl_seconds: 30,
+        ..cfg()
+    };
+    let names = |ix: &AffinityIndex, now| {
+        ix.lookup(&r, &c, now)
+            .iter()
+            .map(|h| h.agent)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(&ix, 25), vec![8, 7], "most recent first");
+    assert_eq!(names(&ix, 45), vec![8], "7's entry expired (35 s > 30 s)");
+    ix.leave(8);
+    assert!(names(&ix, 25).iter().all(|a| *a != 8), "8 left");
+    ix.join(8);
+    // A returning agent is the same id only if the shard reuses it (it
+    // does not); its old entries are not a reason to avoid it either.
+    assert_eq!(names(&ix, 25), vec![8, 7]);
+}
+
+#[test]
+fn a_stale_hit_shortens_the_agents_horizon_and_true_hits_widen_it() {
+    let mut ix = AffinityIndex::new(64);
+    ix.join(1);
+    let m = marks_of(&[("user", "q")], "");
+    let r = RequestKeys {
+        salt: 9,
+        key: None,
+        marks: &m,
+    };
+    ix.record_request(&r, 2048, 1, 100);
+    assert!(!ix.lookup(&r, &cfg(), 200).is_empty());
+    ix.stale(1, 100);
+    // Entries older than 50 s are not offered for agent 1 any more.
+    assert!(ix.lookup(&r, &cfg(), 200).is_empty());
+    assert!(!ix.lookup(&r, &cfg(), 140).is_empty());
+    ix.confirmed(1, 80);
+    assert!(!ix.lookup(&r, &cfg(), 175).is_empty());
+}
+
+#[test]
+fn the_table_is_allocated_once_at_its_bound() {
+    let ix = AffinityIndex::new(1_000_000);
+    assert_eq!(ix.capacity(), 1 << 20);
+    assert_eq!(ENTRY_BYTES, 40);
+    assert_eq!(ix.table_bytes(), (1 << 20) * 40);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Join(u64),
+    Leave(u64),
+    Record(u64, u64, u32),
+    Lookup(u64, u32),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u64..12).prop_map(Op::Join),
+        (0u64..12).prop_map(Op::Leave),
+        (0u64..400, 0u64..12, 0u32..50).prop_map(|(h, a, t)| Op::Record(h, a, t)),
+        (0u64..400, 0u32..50).prop_map(|(h, t)| Op::Lookup(h, t)),
+    ]
+}
+
+proptest! {
+    /// Whatever happens, the table stays at its size, an entry names at
+    /// most HOLDERS agents, and a departed agent is never named.
+    #[test]
+    fn the_index_never_grows_nor_names_a_departed_agent(ops in proptest::collection::vec(op(), 1..400)) {
+        let mut ix = AffinityIndex::new(64);
+        let bytes = ix.table_bytes();
+        let mut live = std::collections::HashSet::new();
+        let mut now = 1u32;
+        for o in ops {
+            match o {
+                Op::Join(a) => { ix.join(a); live.insert(a); }
+                Op::Leave(a) => { ix.leave(a); live.remove(&a); }
+                Op::Record(h, a, dt) => { now += dt; ix.record(h.wrapping_mul(0x9E37_79B9_7F4A_7C15), a, now); }
+                Op::Lookup(h, dt) => {
+                    now += dt;
+                    let hs = ix.holders(h.wrapping_mul(0x9E37_79B9_7F4A_7C15), 0, now, 600);
+                    prop_assert!(hs.iter().count() <= HOLDERS);
+                    for x in hs.iter() {
+                        prop_assert!(live.contains(&u64::from(x.agent)), "named departed {}", x.agent);
+                        prop_assert!(x.age <= 600);
+                    }
+                }
+            }
+            prop_assert_eq!(ix.table_bytes(), bytes);
+            prop_assert!(ix.used() <= ix.capacity());
+        }
+    }
+}

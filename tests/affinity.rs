@@ -1,0 +1,357 @@
+//! Cache affinity end to end (issue 30): `strategy: prefix-aware` in front
+//! of three simulated engines with prefix caches: conversations stay on the
+//! agent that holds their prefix, session keys (header and body) go where
+//! they went, a full holder is skipped (the load guard), a departed agent
+//! is never chosen, entries expire, and bad affinity fields are refused at
+//! start and on reload.
+
+mod common;
+use common::*;
+use std::collections::HashMap;
+use std::time::Duration;
+
+const MODEL: &str = "aff-model";
+
+fn policy(extra: &str) -> String {
+    format!("routing_policy:\n  strategy: prefix-aware\n{extra}")
+}
+
+/// Successful requests per agent (by its `--machine` label).
+fn served(http: u16) -> HashMap<String, u64> {
+    routing_table(http)["agents"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|a| {
+            (
+                a["metadata"]["machine"].as_str().unwrap_or("").to_string(),
+                a["universal"]["successful_requests_total"]
+                    .as_u64()
+                    .unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// Which agent served one request: the one whose count moved.
+fn send_and_see(http: u16, req: Req) -> String {
+    let before = served(http);
+    let (st, body) = req.send(http).map(Resp::pair).expect("request");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+    let mut moved = String::new();
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            let after = served(http);
+            match after
+                .iter()
+                .find(|(k, v)| before.get(*k).copied().unwrap_or(0) < **v)
+            {
+                Some((k, _)) => {
+                    moved = k.clone();
+                    true
+                }
+                None => false,
+            }
+        },
+        "the serving agent's count",
+    );
+    moved
+}
+
+/// The body of turn `turn` of conversation `conv`: its own long system
+/// prompt, every earlier turn and a new question.
+fn turn_body(conv: usize, turn: usize) -> String {
+    let system =
+        format!("You are assistant number {conv}. ") + &"Be precise and brief. ".repeat(40);
+    let mut msgs = vec![serde_json::json!({"role": "system", "content": system})];
+    for t in 0..=turn {
+        msgs.push(serde_json::json!({"role": "user", "content": format!("question {t} of conversation {conv}")}));
+        if t < turn {
+            msgs.push(serde_json::json!({"role": "assistant", "content": format!("answer {t}")}));
+        }
+    }
+    serde_json::json!({"model": MODEL, "max_tokens": 4, "messages": msgs}).to_string()
+}
+
+fn decisions(metrics: u16, outcome: &str) -> f64 {
+    metric(
+        metrics,
+        &format!("hivenet_affinity_decisions_total{{model=\"{MODEL}\",outcome=\"{outcome}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+struct Fleet {
+    r: Router,
+    _sims: Vec<Proc>,
+    agents: Vec<Proc>,
+}
+
+fn fleet(name: &str, policy_text: &str, sim_args: &[&str], capacity: &str) -> Fleet {
+    let dir = tmpdir(name);
+    let pf = dir.join("policy.yaml");
+    std::fs::write(&pf, policy_text).expect("policy");
+    let pfs = pf.to_string_lossy().to_string();
+    let r = start_router(
+        &dir,
+        &[
+            "--shards",
+            "1",
+            "--policy-file",
+            &pfs,
+            "--remove-after",
+            "2s",
+        ],
+        &[],
+    );
+    let mut sims = Vec::new();
+    let mut agents = Vec::new();
+    for k in 0..3 {
+        let mut args = Vec::new();
+        if !sim_args.contains(&"--prefix-cache-tokens") {
+            args.extend(["--prefix-cache-tokens", "8192"]);
+        }
+        args.extend_from_slice(sim_args);
+        let (s, port) = start_sim(&dir, MODEL, &args);
+        sims.push(s);
+        let m = format!("a{k}");
+        agents.push(start_agent(
+            &dir,
+            &r,
+            port,
+            &format!("{m}.key"),
+            &["--machine", &m, "--capacity", capacity],
+        ));
+    }
+    wait_agents(r.http, MODEL, 3);
+    Fleet {
+        r,
+        _sims: sims,
+        agents,
+    }
+}
+
+#[test]
+fn conversations_and_session_keys_stay_on_their_agent() {
+    let f = fleet("affinity-stay", &policy(""), &[], "4");
+    let http = f.r.http;
+    // Four conversations, turns interleaved.
+    let mut home: HashMap<usize, String> = HashMap::new();
+    for turn in 0..4 {
+        for conv in 0..4 {
+            let who = send_and_see(
+                http,
+                Req::post("/v1/chat/completions", turn_body(conv, turn)),
+            );
+            if let Some(h) = home.get(&conv) {
+                assert_eq!(&who, h, "conversation {conv} turn {turn} left its agent");
+            } else {
+                home.insert(conv, who);
+            }
+        }
+    }
+    // Turns 1-3 of each hit its prefix (turn 0 shares no conversation
+    // prefix; its system prompt is its own).
+    let hits = decisions(f.r.metrics, "prefix_hit");
+    assert!(hits >= 12.0, "prefix hits {hits}");
+    // The engines say so too: most prompt tokens of later turns were cached.
+    let prompt = sum_metric(f.r.metrics, "hivenet_agent_prompt_tokens_total");
+    let cached = sum_metric(f.r.metrics, "hivenet_agent_cached_prompt_tokens_total");
+    assert!(
+        prompt > 0.0 && cached / prompt > 0.6,
+        "cached {cached} of {prompt}"
+    );
+
+    // A session key (header) goes where it went, whatever the prompt.
+    let mut first = None;
+    for i in 0..5 {
+        let body = format!(
+            r#"{{"model":"{MODEL}","max_tokens":2,"messages":[{{"role":"user","content":"unrelated prompt {i}"}}]}}"#
+        );
+        let who = send_and_see(
+            http,
+            Req::post("/v1/chat/completions", body).header("X-Session-ID", "sess-42"),
+        );
+        assert_eq!(first.get_or_insert(who.clone()), &who, "session moved");
+    }
+    // The body's prompt_cache_key does the same.
+    let mut first = None;
+    for i in 0..5 {
+        let body = format!(
+            r#"{{"model":"{MODEL}","prompt_cache_key":"app-7","max_tokens":2,"messages":[{{"role":"user","content":"other {i}"}}]}}"#
+        );
+        let who = send_and_see(http, Req::post("/v1/chat/completions", body));
+        assert_eq!(first.get_or_insert(who.clone()), &who, "cache key moved");
+    }
+    assert!(decisions(f.r.metrics, "key_hit") >= 8.0);
+}
+
+fn sum_metric(port: u16, name: &str) -> f64 {
+    let (_, body) = Req::get("/metrics")
+        .send(port)
+        .map(Resp::pair)
+        .expect("metrics");
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_full_holder_is_skipped_and_a_departed_one_forgotten() {
+    // One slot per agent and a slow first token: a request in flight
+    // fills its agent.
+    let mut f = fleet("affinity-guard", &policy(""), &["--ttft", "1500ms"], "1");
+    let http = f.r.http;
+    let first = send_and_see(http, Req::post("/v1/chat/completions", turn_body(1, 0)));
+    // Its next turn, sent while another request of the same prefix keeps
+    // the holder busy: the holder is full, another agent serves it.
+    let busy = std::thread::spawn(move || {
+        Req::post("/v1/chat/completions", turn_body(1, 1))
+            .send(http)
+            .map(Resp::pair)
+            .map(|(s, _)| s)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let over = decisions(f.r.metrics, "overloaded");
+    let second = send_and_see(http, Req::post("/v1/chat/completions", turn_body(1, 2)));
+    assert_eq!(busy.join().expect("thread").expect("request"), 200);
+    assert_ne!(second, first, "the full holder was chosen");
+    assert_eq!(decisions(f.r.metrics, "overloaded"), over + 1.0);
+
+    // The holder of conversation 2 leaves: its next turn is served, by
+    // another agent, as a miss for that agent (never named again).
+    let holder = send_and_see(http, Req::post("/v1/chat/completions", turn_body(2, 0)));
+    let k: usize = holder
+        .trim_start_matches('a')
+        .parse()
+        .expect("machine label");
+    f.agents[k].kill9();
+    wait_until(
+        Duration::from_secs(5),
+        || healthy_agents(http, MODEL) == 2,
+        "holder gone",
+    );
+    let next = send_and_see(http, Req::post("/v1/chat/completions", turn_body(2, 1)));
+    assert_ne!(next, holder);
+}
+
+#[test]
+fn entries_expire_after_their_ttl() {
+    let f = fleet(
+        "affinity-ttl",
+        &policy("  affinity:\n    ttl_seconds: 1\n    load_band: 1.0\n"),
+        &[],
+        "4",
+    );
+    let http = f.r.http;
+    send_and_see(http, Req::post("/v1/chat/completions", turn_body(3, 0)));
+    send_and_see(http, Req::post("/v1/chat/completions", turn_body(3, 1)));
+    assert_eq!(decisions(f.r.metrics, "prefix_hit"), 1.0);
+    std::thread::sleep(Duration::from_millis(2500));
+    let misses = decisions(f.r.metrics, "miss");
+    send_and_see(http, Req::post("/v1/chat/completions", turn_body(3, 2)));
+    assert_eq!(
+        decisions(f.r.metrics, "miss"),
+        misses + 1.0,
+        "expired entry still used"
+    );
+    assert_eq!(decisions(f.r.metrics, "prefix_hit"), 1.0);
+}
+
+#[test]
+fn bad_affinity_fields_are_refused_at_start_and_on_reload() {
+    let dir = tmpdir("affinity-bad");
+    let bad = [
+        (
+            "  affinity:\n    load_band: 2\n",
+            "routing_policy.affinity.load_band",
+        ),
+        (
+            "  affinity:\n    ttl_seconds: 0\n",
+            "routing_policy.affinity.ttl_seconds",
+        ),
+        (
+            "  affinity:\n    block_bytes: 1000\n",
+            "routing_policy.affinity.block_bytes",
+        ),
+        ("  affinity:\n    band: 0.1\n", "band"),
+    ];
+    for (extra, field) in bad {
+        let pf = dir.join("bad.yaml");
+        std::fs::write(&pf, policy(extra)).expect("policy");
+        let out = std::process::Command::new(bin("hivenet-router"))
+            .args([
+                "--policy-file",
+                &pf.to_string_lossy(),
+                "--http-port",
+                "127.0.0.1:0",
+            ])
+            .env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
+            .current_dir(&dir)
+            .output()
+            .expect("run router");
+        let err = String::from_utf8_lossy(&out.stderr).to_string()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{extra:?} accepted");
+        assert!(err.contains(field), "{extra:?}: {err}");
+    }
+    // affinity under least-loaded is refused too.
+    let pf = dir.join("ll.yaml");
+    std::fs::write(
+        &pf,
+        "routing_policy:\n  strategy: least-loaded\n  affinity:\n    ttl_seconds: 5\n",
+    )
+    .expect("policy");
+    let out = std::process::Command::new(bin("hivenet-router"))
+        .args(["--policy-file", &pf.to_string_lossy()])
+        .env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
+        .current_dir(&dir)
+        .output()
+        .expect("run router");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("prefix-aware only"));
+    // On reload (PUT /admin/policy): refused, the running policy kept.
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let (st, body) = Req::new("PUT", "/admin/policy")
+        .header("Authorization", &format!("Bearer {ADMIN_KEY}"))
+        .body(policy("  affinity:\n    load_band: -1\n"))
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("put");
+    assert_eq!(st, 400, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("load_band"));
+    let (st, body) = Req::new("PUT", "/admin/policy")
+        .header("Authorization", &format!("Bearer {ADMIN_KEY}"))
+        .body(policy(
+            "  affinity:\n    load_band: 0.5\n    ttl_seconds: 30\n",
+        ))
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("put");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+}
+
+#[test]
+fn a_hit_the_engine_did_not_cache_is_counted_stale() {
+    // Engines that keep 16 tokens: the index predicts the conversation's
+    // prefix, the engines report almost nothing cached.
+    let f = fleet(
+        "affinity-stale",
+        &policy(""),
+        &["--prefix-cache-tokens", "16"],
+        "4",
+    );
+    let http = f.r.http;
+    send_and_see(http, Req::post("/v1/chat/completions", turn_body(4, 0)));
+    send_and_see(http, Req::post("/v1/chat/completions", turn_body(4, 1)));
+    assert_eq!(decisions(f.r.metrics, "prefix_hit"), 1.0);
+    let stale = metric(
+        f.r.metrics,
+        &format!("hivenet_affinity_stale_total{{model=\"{MODEL}\"}}"),
+    );
+    assert_eq!(stale, Some(1.0));
+}
