@@ -172,6 +172,9 @@ pub struct Summary {
     pub p50: f64,
     /// 90th percentile.
     pub p90: f64,
+    /// 95th percentile.
+    #[serde(default)]
+    pub p95: f64,
     /// 99th percentile.
     pub p99: f64,
     /// 99.9th percentile.
@@ -194,6 +197,7 @@ pub fn summary(h: &Histogram<u64>) -> Summary {
         mean: h.mean() / 1000.0,
         p50: ms(h.value_at_quantile(0.5)),
         p90: ms(h.value_at_quantile(0.9)),
+        p95: ms(h.value_at_quantile(0.95)),
         p99: ms(h.value_at_quantile(0.99)),
         p999: ms(h.value_at_quantile(0.999)),
         max: ms(h.max()),

@@ -66,8 +66,8 @@ pub struct Mark {
     pub message_end: bool,
 }
 
-/// A request's marks, oldest first: the first one (the system prompt or
-/// the first message: what applications share) and the newest ones.
+/// A request's marks: the first message end (the system prompt or the
+/// first message: what applications share) and the newest others.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrefixMarks {
     first: Option<Mark>,
@@ -91,7 +91,10 @@ impl Default for PrefixMarks {
 
 impl PrefixMarks {
     fn push(&mut self, m: Mark) {
-        if self.first.is_none() {
+        // The first message end (the system prompt's, or the seed's) is
+        // kept whatever follows: every request of an application shares
+        // it, and a lookup that misses it can stop there.
+        if self.first.is_none() && m.message_end {
             self.first = Some(m);
             return;
         }
@@ -109,15 +112,24 @@ impl PrefixMarks {
 
     /// No marks at all (no prompt text).
     pub fn is_empty(&self) -> bool {
-        self.first.is_none()
+        self.first.is_none() && self.len == 0
     }
 
     /// Marks a step with `block_bytes` uses, longest prefix first.
     pub fn longest_first(&self, block_bytes: u32) -> impl Iterator<Item = Mark> + '_ {
         let n = self.ring.len();
-        let ring = (0..self.len).filter_map(move |k| self.ring.get((self.head + n - 1 - k) % n));
-        ring.copied()
+        let ring = move || {
+            (0..self.len)
+                .filter_map(move |k| self.ring.get((self.head + n - 1 - k) % n))
+                .copied()
+        };
+        // Block marks inside the first message come before its end.
+        let first = self.first.map(|f| f.offset);
+        let longer = ring().filter(move |m| first.is_none_or(|f| m.offset > f));
+        let shorter = ring().filter(move |m| first.is_some_and(|f| m.offset <= f));
+        longer
             .chain(self.first)
+            .chain(shorter)
             .filter(move |m| m.message_end || block_bytes == 0 || m.offset % block_bytes == 0)
     }
 

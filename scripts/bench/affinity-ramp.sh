@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Cache affinity on simulated engines (issue 30): prefix-aware against
+# least-loaded, side by side, on the calibrated hivenet-sim (the prefix
+# cache and timings of llama-server, perf/2026-12-02-sim-calibration),
+# N agents each (--capacity 4), a load ramp of open-loop multi-turn
+# conversations (many applications sharing system prompts, many users
+# with growing histories), from light load to past least-loaded's
+# saturation. Per step: asked and served rate, time to the first content
+# token (p50, p95), errors, and the cached share of prompt tokens from the
+# engines' own usage (the router's hivenet_agent_cached_prompt_tokens_total
+# / hivenet_agent_prompt_tokens_total, deltas per step).
+# The oracle: the same request sequence (same seeds, rates, durations)
+# sent straight to one sim with a cache that never evicts: every prefix
+# any earlier request sent is cached, more than any routing can reach.
+# Writes OUT/summary.md.
+# Usage: AGENTS="8 32" RAMP="0.5 1 2 4" DUR=30s scripts/bench/affinity-ramp.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+AGENTS="${AGENTS:-8 32}"; RAMP="${RAMP:-0.5 1 2 4}"; DUR="${DUR:-30s}"
+CONV_PER_AGENT="${CONV_PER_AGENT:-4}"
+SIM_FLAGS="${SIM_FLAGS:---ttft 5ms --prefill-per-token 9.65ms --itl 30.8ms --output-tokens 16 --prefix-cache-tokens 4096 --cache-block-tokens 1 --bytes-per-token 2.0}"
+BENCH_FLAGS="${BENCH_FLAGS:---apps 8 --system-tokens 256 --turns 8 --prompt-tokens 8-16 --max-tokens 16}"
+OUT="${OUT:-perf/$(date -u +%Y-%m-%d)-affinity-sim}"
+[ -n "${HN_BIN:-}" ] || { cargo build -q --release --workspace --bins; HN_BIN="$PWD/target/release"; }
+. scripts/lib.sh
+mkdir -p "$OUT/reports"
+rm -f "$OUT/reports/tokens.txt"
+POLICY="$(mktemp -t prefix-aware-XXXX.yaml)"
+printf 'routing_policy:\n  strategy: prefix-aware\n' >"$POLICY"
+{
+  echo "date: $(date -u +%FT%TZ)"; echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (dirty)')"
+  echo "nproc: $(nproc)"; echo "kernel: $(uname -r)"; echo "rustc: $(rustc --version)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+  echo "sim: $SIM_FLAGS"
+  echo "bench: $BENCH_FLAGS --conversations (agents x $CONV_PER_AGENT) --stream --rate (agents x step) --duration $DUR --seed (step)"
+  echo "prefix-aware policy: defaults (load_band 0.25, ttl_seconds 600, block_bytes 2048)"
+} >"$OUT/env.txt"
+echo "AGENTS=\"$AGENTS\" RAMP=\"$RAMP\" DUR=$DUR CONV_PER_AGENT=$CONV_PER_AGENT scripts/bench/affinity-ramp.sh" >"$OUT/cmd.txt"
+export HIVENET_ROUTER_ADMIN_API_KEYS=bench-admin
+metric_sum() {
+  curl -sf "http://127.0.0.1:$MET/metrics" | awk -v n="$1" 'index($0, n "{") == 1 {s += $NF} END {printf "%.0f", s}'
+}
+# The sim's own prefix-cache counters (tokens asked, tokens found).
+sim_counter() {
+  curl -sf "$1/metrics" | awk -v n="vllm:prefix_cache_$2_total" 'index($0, n "{") == 1 {printf "%.0f", $NF}'
+}
+run_steps() { # strategy n url [router]
+  local strategy="$1" n="$2" url="$3" step=0
+  for r in $RAMP; do
+    step=$((step + 1))
+    local rate p0=0 c0=0
+    rate=$(python3 -c "print($n * $r)")
+    if [ "$strategy" = oracle ]; then
+      p0=$(sim_counter "$url" queries); c0=$(sim_counter "$url" hits)
+    else
+      p0=$(metric_sum hivenet_agent_prompt_tokens_total); c0=$(metric_sum hivenet_agent_cached_prompt_tokens_total)
+    fi
+    # shellcheck disable=SC2086
+    "$HN_BIN/hivenet-bench" --url "$url" --model sim-model --stream --rate "$rate" --seed "$step" \
+      --duration "$DUR" --timeout 60s --quiet $BENCH_FLAGS --conversations $((n * CONV_PER_AGENT)) \
+      --out "$OUT/reports/$strategy-$n-$step.json" >"$OUT/reports/$strategy-$n-$step.txt" 2>&1 || true
+    if [ "$strategy" = oracle ]; then
+      echo "$strategy $n $step $r $(( $(sim_counter "$url" queries) - p0 )) $(( $(sim_counter "$url" hits) - c0 ))" >>"$OUT/reports/tokens.txt"
+    else
+      sleep 1
+      echo "$strategy $n $step $r $(( $(metric_sum hivenet_agent_prompt_tokens_total) - p0 )) $(( $(metric_sum hivenet_agent_cached_prompt_tokens_total) - c0 ))" >>"$OUT/reports/tokens.txt"
+    fi
+  done
+}
+for n in $AGENTS; do
+  for strategy in least-loaded prefix-aware; do
+    HN_WORK="$(mktemp -d -t hivenet-aff-XXXX)"; HN_PIDS=()
+    HTTP=$(hn_free_port); MET=$(hn_free_port); P2P=$(hn_free_port)
+    args=(--disk-db-path "$HN_WORK/db")
+    [ "$strategy" = prefix-aware ] && args+=(--policy-file "$POLICY")
+    hn_router "$HTTP" "$MET" "$P2P" "${args[@]}"
+    for i in $(seq 1 "$n"); do
+      port=$(hn_free_port)
+      # shellcheck disable=SC2086
+      hn_sim "$port" sim-model "sim-$i" $SIM_FLAGS
+      hn_agent "$P2P" "$port" "a$i.key" "agent-$i" --capacity 4 --warmup off
+    done
+    hn_wait_http "http://127.0.0.1:$HTTP/v1/models" 120 "\"healthy\":$n"
+    run_steps "$strategy" "$n" "http://127.0.0.1:$HTTP"
+    curl -sf "http://127.0.0.1:$MET/metrics" | grep '^hivenet_affinity' >"$OUT/reports/$strategy-$n-affinity.txt" || true
+    hn_stop_all
+    rm -rf "$HN_WORK"
+  done
+  # The oracle: one sim, a cache that never evicts, no waiting.
+  HN_WORK="$(mktemp -d -t hivenet-oracle-XXXX)"; HN_PIDS=()
+  port=$(hn_free_port)
+  hn_sim "$port" sim-model oracle --prefix-cache-tokens 1000000000 --cache-block-tokens 1 --bytes-per-token 2.0 --output-tokens 16 --threads 2
+  hn_wait_http "http://127.0.0.1:$port/v1/models" 20
+  run_steps oracle "$n" "http://127.0.0.1:$port"
+  hn_stop_all
+  rm -rf "$HN_WORK"
+done
+rm -f "$POLICY" "$OUT"/reports/*.svg
+python3 scripts/bench/affinity-summary.py "$OUT" | tee "$OUT/summary.md"
+rm -rf "$OUT/reports"/*.txt.gz
