@@ -212,12 +212,27 @@ proptest! {
 fn a_long_system_prompt_still_hits() {
     let system = "Be careful. ".repeat(100);
     let t1 = marks_of(&[("system", &system), ("user", "q1")], "");
-    let t2 = marks_of(&[("system", &system), ("user", "q1"), ("assistant", "a"), ("user", "q2")], "");
+    let t2 = marks_of(
+        &[
+            ("system", &system),
+            ("user", "q1"),
+            ("assistant", "a"),
+            ("user", "q2"),
+        ],
+        "",
+    );
     let mut ix = AffinityIndex::new(1024);
     ix.join(5);
-    let req = |m| RequestKeys { salt: 1, key: None, marks: m };
+    let req = |m| RequestKeys {
+        salt: 1,
+        key: None,
+        marks: m,
+    };
     ix.record_request(&req(&t1), 2048, 5, 10);
     let h = ix.lookup(&req(&t2), &cfg(), 11);
     assert_eq!(h.iter().map(|x| x.agent).collect::<Vec<_>>(), vec![5]);
-    assert!(h.iter().all(|x| x.depth > 1200), "the deepest shared mark: {h:?}");
+    assert!(
+        h.iter().all(|x| x.depth > 1200),
+        "the deepest shared mark: {h:?}"
+    );
 }

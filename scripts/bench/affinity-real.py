@@ -1,0 +1,185 @@
+"""Cache affinity on the real engine (issue 30): three llama-servers
+(SmolLM2-135M, one thread, one slot each, their default host prompt cache)
+behind the router with `least-loaded` and with `prefix-aware`, and the
+single-engine oracle (one llama-server alone, asked directly: every prefix
+is in its one cache). Workload: USERS conversations, each with its own long
+system prompt, TURNS turns each, the engine's own answers appended to the
+history (temperature 0), turns interleaved across users; CLIENTS clients
+at once (each one drives its share of the users). Fresh engines, router
+and agents for every configuration.
+
+Per configuration: the cached share of prompt tokens (from the engines'
+usage, prompt_tokens_details.cached_tokens), mean and p95 latency per
+request, and the mean per turn. Writes OUT/summary.md and OUT/raw.json.
+
+Usage: python3 scripts/bench/affinity-real.py BIN_DIR OUT [USERS TURNS CLIENTS...]
+(BIN_DIR: release binaries; the engine from scripts/install-llama.sh.)
+"""
+import json, os, shutil, statistics, subprocess, sys, tempfile, threading, time, urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from lib import free_port  # noqa: E402
+
+BIN, OUT = sys.argv[1], sys.argv[2]
+USERS = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+TURNS = int(sys.argv[4]) if len(sys.argv) > 4 else 4
+CLIENTS = [int(c) for c in sys.argv[5:]] or [1, 3]
+# The agents' --capacity: llama-server with one slot queues what it cannot
+# run yet, so an agent may take more than one request (CAPACITY=1: the
+# router never sends a busy engine a second one).
+CAPACITY = os.environ.get("CAPACITY", "4")
+env = dict(line.split("=", 1) for line in subprocess.check_output(["scripts/install-llama.sh"], text=True).split()
+           if "=" in line)
+SERVER, MODEL = env["LLAMA_SERVER"].strip("'\""), env["LLAMA_MODEL"].strip("'\"")
+os.makedirs(OUT, exist_ok=True)
+
+WORDS = ("river stone lantern orchard copper meadow harbor signal engine quiet ledger cobalt "
+         "thunder velvet marble summit glacier compass ember willow").split()
+
+
+def system_prompt(user):
+    # ~700 words of text unique to the user (its own application).
+    import random
+    r = random.Random(user)
+    rules = [f"Rule {i}: when asked about {r.choice(WORDS)} mention {r.choice(WORDS)} and {r.choice(WORDS)}."
+             for i in range(60)]
+    return f"You are assistant {user} of the {WORDS[user % len(WORDS)]} company. " + " ".join(rules)
+
+
+def post(port, body, timeout=600):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    t0 = time.time()
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        out = json.loads(r.read())
+    return time.time() - t0, out
+
+
+def wait_http(url, seconds=120, needle=None):
+    end = time.time() + seconds
+    while time.time() < end:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200 and (needle is None or needle in r.read().decode()):
+                    return
+        except Exception:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"timed out waiting for {url}")
+
+
+def engine(port, work):
+    log = open(f"{work}/llama-{port}.log", "w")
+    p = subprocess.Popen([SERVER, "-m", MODEL, "--alias", "smollm", "--host", "127.0.0.1", "--port", str(port),
+                          "-t", "1", "-c", "8192", "-np", "1", "--metrics"], stdout=log, stderr=subprocess.STDOUT)
+    return p
+
+
+def run_config(name, clients):
+    work = tempfile.mkdtemp(prefix=f"aff-real-{name}-")
+    procs = []
+    try:
+        n_engines = 1 if name == "oracle" else 3
+        ports = [free_port() for _ in range(n_engines)]
+        procs += [engine(p, work) for p in ports]
+        for p in ports:
+            wait_http(f"http://127.0.0.1:{p}/health")
+        if name == "oracle":
+            target = ports[0]
+        else:
+            http, met, p2p = free_port(), free_port(), free_port()
+            pol = f"{work}/policy.yaml"
+            open(pol, "w").write(f"routing_policy:\n  strategy: {name}\n")
+            e = dict(os.environ, HIVENET_ROUTER_ADMIN_API_KEYS="bench-admin")
+            procs.append(subprocess.Popen([f"{BIN}/hivenet-router", "--http-port", f"127.0.0.1:{http}",
+                                           "--metrics-port", f"127.0.0.1:{met}", "--p2p-port", str(p2p),
+                                           "--policy-file", pol, "--disk-db-path", f"{work}/db"],
+                                          env=e, cwd=work, stdout=open(f"{work}/router.log", "w"),
+                                          stderr=subprocess.STDOUT))
+            wait_http(f"http://127.0.0.1:{http}/health")
+            for k, p in enumerate(ports):
+                procs.append(subprocess.Popen([f"{BIN}/hivenet-agent", "--router-p2p", f"/ip4/127.0.0.1/tcp/{p2p}",
+                                               "--backend-url", f"http://127.0.0.1:{p}", "--engine", "llamacpp",
+                                               "--identity-path", f"{work}/a{k}.key", "--machine", f"llama-{k}",
+                                               "--capacity", CAPACITY, "--warmup", "off"],
+                                              cwd=work, stdout=open(f"{work}/agent-{k}.log", "w"),
+                                              stderr=subprocess.STDOUT))
+            wait_http(f"http://127.0.0.1:{http}/v1/models", 60, '"healthy":3')
+            target = http
+        results = []
+        lock = threading.Lock()
+        histories = {u: [{"role": "system", "content": system_prompt(u)}] for u in range(USERS)}
+
+        def client(c):
+            mine = [u for u in range(USERS) if u % clients == c]
+            for turn in range(TURNS):
+                for u in mine:
+                    h = histories[u]
+                    h.append({"role": "user", "content": f"Turn {turn}: which rule mentions {WORDS[(u + turn) % len(WORDS)]}?"})
+                    body = {"model": "smollm", "messages": h, "max_tokens": 16, "temperature": 0}
+                    secs, out = post(target, body)
+                    usage = out.get("usage") or {}
+                    text = ((out.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
+                    h.append({"role": "assistant", "content": text})
+                    with lock:
+                        results.append({"user": u, "turn": turn, "seconds": secs,
+                                        "prompt": usage.get("prompt_tokens", 0),
+                                        "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)})
+
+        ts = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+        t0 = time.time()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        wall = time.time() - t0
+        affinity = ""
+        if name != "oracle":
+            with urllib.request.urlopen(f"http://127.0.0.1:{met}/metrics") as r:
+                affinity = "\n".join(l for l in r.read().decode().splitlines() if l.startswith("hivenet_affinity_decisions"))
+        return {"config": name, "clients": clients, "wall": wall, "requests": results, "affinity": affinity}
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def summary(runs):
+    lines = ["| clients | config | requests | cached share | of the oracle's | mean s | p95 s | mean vs least-loaded | wall s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for clients in CLIENTS:
+        by = {r["config"]: r for r in runs if r["clients"] == clients}
+        def share(r):
+            p = sum(x["prompt"] for x in r["requests"])
+            return sum(x["cached"] for x in r["requests"]) / p if p else 0
+        oracle = share(by["oracle"]) if "oracle" in by else 0
+        ll_mean = statistics.mean(x["seconds"] for x in by["least-loaded"]["requests"]) if "least-loaded" in by else 0
+        for name in ("least-loaded", "prefix-aware", "oracle"):
+            r = by.get(name)
+            if not r:
+                continue
+            secs = sorted(x["seconds"] for x in r["requests"])
+            mean = statistics.mean(secs)
+            p95 = secs[min(len(secs) - 1, int(round(0.95 * (len(secs) - 1))))]
+            s = share(r)
+            lines.append(f"| {clients} | {name} | {len(secs)} | {s:.1%} | {(s / oracle if oracle else 0):.0%} | "
+                         f"{mean:.2f} | {p95:.2f} | {(mean / ll_mean if ll_mean else 0):.2f}x | {r['wall']:.0f} |")
+    return "\n".join(lines)
+
+
+runs = []
+for clients in CLIENTS:
+    for name in ("least-loaded", "prefix-aware", "oracle"):
+        r = run_config(name, clients)
+        runs.append(r)
+        print(f"{name} clients={clients}: {len(r['requests'])} requests in {r['wall']:.0f} s", flush=True)
+json.dump(runs, open(f"{OUT}/raw.json", "w"), indent=1)
+table = summary(runs)
+open(f"{OUT}/summary.md", "w").write(
+    f"# Cache affinity on llama-server: {USERS} users x {TURNS} turns, agent capacity {CAPACITY}\n\n{table}\n")
+print(table)
