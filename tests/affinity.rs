@@ -16,34 +16,16 @@ fn policy(extra: &str) -> String {
     format!("routing_policy:\n  strategy: prefix-aware\n{extra}")
 }
 
-/// Successful requests per agent (by its `--machine` label).
-fn served(http: u16) -> HashMap<String, u64> {
-    routing_table(http)["agents"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .map(|a| {
-            (
-                a["metadata"]["machine"].as_str().unwrap_or("").to_string(),
-                a["universal"]["successful_requests_total"]
-                    .as_u64()
-                    .unwrap_or(0),
-            )
-        })
-        .collect()
-}
-
 /// Which agent served one request: the one whose count moved.
 fn send_and_see(http: u16, req: Req) -> String {
-    let before = served(http);
+    let before = successes_by_machine(http);
     let (st, body) = req.send(http).map(Resp::pair).expect("request");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
     let mut moved = String::new();
     wait_until(
         Duration::from_secs(5),
         || {
-            let after = served(http);
+            let after = successes_by_machine(http);
             match after
                 .iter()
                 .find(|(k, v)| before.get(*k).copied().unwrap_or(0) < **v)

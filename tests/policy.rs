@@ -7,23 +7,6 @@ use common::*;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn successes(http: u16) -> std::collections::HashMap<String, u64> {
-    routing_table(http)["agents"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .map(|a| {
-            (
-                a["metadata"]["machine"].as_str().unwrap_or("").to_string(),
-                a["universal"]["successful_requests_total"]
-                    .as_u64()
-                    .unwrap_or(0),
-            )
-        })
-        .collect()
-}
-
 fn chat(http: u16, model: &str, stream: bool) -> (u16, Vec<u8>) {
     let body = format!(
         r#"{{"model":"{model}","stream":{stream},"max_tokens":2,"messages":[{{"role":"user","content":"hi"}}]}}"#
@@ -54,7 +37,7 @@ fn srtt_gate_with_relaxed_fallback() {
     for _ in 0..4 {
         assert_eq!(chat(r.http, "g-model", true).0, 200);
     }
-    let before = successes(r.http);
+    let before = successes_by_machine(r.http);
     assert!(
         before["slow"] >= 1 && before["fast"] >= 1,
         "both warmed up: {before:?}"
@@ -62,7 +45,7 @@ fn srtt_gate_with_relaxed_fallback() {
     for _ in 0..10 {
         assert_eq!(chat(r.http, "g-model", true).0, 200);
     }
-    let after = successes(r.http);
+    let after = successes_by_machine(r.http);
     assert_eq!(
         after["slow"], before["slow"],
         "the slow agent (SRTT > 100) gets nothing after warm-up"
@@ -472,11 +455,11 @@ fn engine_signal_gate_from_scraped_metrics() {
         },
         "engine signals in the routing table",
     );
-    let before = successes(r.http);
+    let before = successes_by_machine(r.http);
     for _ in 0..8 {
         assert_eq!(chat(r.http, "kv-model", false).0, 200);
     }
-    let after = successes(r.http);
+    let after = successes_by_machine(r.http);
     assert_eq!(
         after["busy"], before["busy"],
         "the agent reporting kv 0.95 is excluded"

@@ -142,6 +142,25 @@ impl Resp {
 }
 
 /// The routing table as JSON.
+/// Successful requests per agent, by its `--machine` label (from the
+/// routing table).
+pub fn successes_by_machine(http: u16) -> std::collections::HashMap<String, u64> {
+    routing_table(http)["agents"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|a| {
+            (
+                a["metadata"]["machine"].as_str().unwrap_or("").to_string(),
+                a["universal"]["successful_requests_total"]
+                    .as_u64()
+                    .unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
 pub fn routing_table(http: u16) -> serde_json::Value {
     let (st, b) = Req::get("/admin/routing-table")
         .bearer(ADMIN_KEY)
