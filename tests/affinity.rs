@@ -197,11 +197,39 @@ fn a_full_holder_is_skipped_and_a_departed_one_forgotten() {
             .map(Resp::pair)
             .map(|(s, _)| s)
     });
+    let before = successes_by_machine(http);
     std::thread::sleep(Duration::from_millis(300));
     let over = decisions(f.r.metrics, "overloaded");
-    let second = send_and_see(http, Req::post("/v1/chat/completions", turn_body(1, 2)));
+    let (st, body) = Req::post("/v1/chat/completions", turn_body(1, 2))
+        .send(http)
+        .map(Resp::pair)
+        .expect("second");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
     assert_eq!(busy.join().expect("thread").expect("request"), 200);
-    assert_ne!(second, first, "the full holder was chosen");
+    // Both end about together: who served which is read from the counts
+    // once both are done (the holder one, another agent the other), not
+    // from whichever count moved first.
+    let mut moved = Vec::new();
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            let after = successes_by_machine(http);
+            moved = after
+                .iter()
+                .filter(|(k, v)| before.get(*k).copied().unwrap_or(0) < **v)
+                .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+                .collect();
+            moved.iter().map(|(_, n)| n).sum::<u64>() == 2
+        },
+        "both requests counted",
+    );
+    moved.sort();
+    assert_eq!(
+        moved.len(),
+        2,
+        "the full holder was chosen twice: {moved:?}"
+    );
+    assert!(moved.iter().any(|(k, _)| *k == first), "{moved:?}");
     assert_eq!(decisions(f.r.metrics, "overloaded"), over + 1.0);
 
     // The holder of conversation 2 leaves: its next turn is served, by
@@ -217,8 +245,12 @@ fn a_full_holder_is_skipped_and_a_departed_one_forgotten() {
         || healthy_agents(http, MODEL) == 2,
         "holder gone",
     );
+    let misses = decisions(f.r.metrics, "miss");
     let next = send_and_see(http, Req::post("/v1/chat/completions", turn_body(2, 1)));
     assert_ne!(next, holder);
+    // Forgotten, not merely absent from the pool: the index names no
+    // holder (a miss), where a departed holder would read as overloaded.
+    assert_eq!(decisions(f.r.metrics, "miss"), misses + 1.0);
 }
 
 #[test]

@@ -309,10 +309,6 @@ pub struct Holders {
     pub kind: HitKind,
     items: [Holder; HOLDERS],
     len: usize,
-    /// Bit `id % 64` of every holder: the selection pass tests one bit
-    /// per agent and looks further only on a match (a hit at 1,000
-    /// agents cost 1-5 us of list scans without it).
-    mask: u64,
 }
 
 impl Holders {
@@ -340,9 +336,6 @@ impl Holders {
 
     /// The holder that is `agent`.
     pub fn find(&self, agent: u64) -> Option<&Holder> {
-        if self.mask & (1 << (agent % 64)) == 0 {
-            return None;
-        }
         self.iter()
             .find(|h| u64::from(h.agent) == agent & 0xffff_ffff)
     }
@@ -351,7 +344,6 @@ impl Holders {
         if let Some(s) = self.items.get_mut(self.len) {
             *s = h;
             self.len += 1;
-            self.mask |= 1 << (u64::from(h.agent) % 64);
         }
     }
 

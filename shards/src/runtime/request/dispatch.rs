@@ -80,12 +80,9 @@ impl AffinitySource for IndexView<'_> {
 fn decide(shard: &Shard, model: &str, d: &mut Decision, keys: Option<&RequestKeys<'_>>) -> Next {
     let now = clock::now();
     let unix = clock::unix_secs() as u32;
-    if keys.is_some() && shard.affinity.borrow().is_none() {
-        drop(shard.affinity_index());
-    }
     let (action, agent) = {
-        let index = keys.and_then(|_| shard.affinity.try_borrow().ok());
-        let view = match (keys, index.as_ref().and_then(|i| i.as_ref())) {
+        let index = keys.map(|_| shard.affinity_index());
+        let view = match (keys, index.as_deref()) {
             (Some(keys), Some(index)) => Some(IndexView {
                 index,
                 keys: *keys,
