@@ -369,3 +369,89 @@ fn a_hit_the_engine_did_not_cache_is_counted_stale() {
     );
     assert_eq!(stale, Some(1.0));
 }
+
+#[test]
+fn a_freed_slot_goes_to_a_waiter_its_agent_holds_the_prefix_of() {
+    // Three agents of one slot each, whose engines take 1 s, 1.5 s and 4 s
+    // to the first token: when all three are busy, a0 frees first, then a1.
+    let dir = tmpdir("affinity-wake");
+    let pf = dir.join("policy.yaml");
+    std::fs::write(&pf, policy("")).expect("policy");
+    let pfs = pf.to_string_lossy().to_string();
+    let r = start_router(&dir, &["--shards", "1", "--policy-file", &pfs], &[]);
+    let mut procs = Vec::new();
+    for (k, ttft) in ["1000ms", "1500ms", "4000ms"].iter().enumerate() {
+        let (s, port) = start_sim(
+            &dir,
+            MODEL,
+            &[
+                "--prefix-cache-tokens",
+                "8192",
+                "--ttft",
+                ttft,
+                "--output-tokens",
+                "2",
+            ],
+        );
+        procs.push(s);
+        let m = format!("a{k}");
+        procs.push(start_agent(
+            &dir,
+            &r,
+            port,
+            &format!("{m}.key"),
+            &["--machine", &m, "--capacity", "1"],
+        ));
+    }
+    wait_agents(r.http, MODEL, 3);
+    let http = r.http;
+    // Conversations held by a0 (p) and by a2 (q).
+    let (mut p, mut q) = (None, None);
+    for conv in 0..12 {
+        match send_and_see(http, Req::post("/v1/chat/completions", turn_body(conv, 0))).as_str() {
+            "a0" => p = p.or(Some(conv)),
+            "a2" => q = q.or(Some(conv)),
+            _ => {}
+        }
+        if p.is_some() && q.is_some() {
+            break;
+        }
+    }
+    let (Some(p), Some(q)) = (p, q) else {
+        panic!("no conversation landed on a0 and on a2")
+    };
+    let (hits, over) = (
+        decisions(r.metrics, "prefix_hit"),
+        decisions(r.metrics, "overloaded"),
+    );
+    let send = |body: String| {
+        std::thread::spawn(move || {
+            Req::post("/v1/chat/completions", body)
+                .send(http)
+                .map(Resp::pair)
+                .map(|(s, _)| s)
+        })
+    };
+    // Fill the three slots (unrelated prompts: least-loaded spreads them).
+    let fillers: Vec<_> = (0..3)
+        .map(|i| {
+            send(format!(
+                r#"{{"model":"{MODEL}","max_tokens":2,"messages":[{{"role":"user","content":"filler {i}"}}]}}"#
+            ))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(250));
+    // Queued in this order: q's next turn (a2 holds it), then p's (a0).
+    let wq = send(turn_body(q, 1));
+    std::thread::sleep(Duration::from_millis(250));
+    let wp = send(turn_body(p, 1));
+    for t in fillers.into_iter().chain([wq, wp]) {
+        assert_eq!(t.join().expect("thread").expect("request"), 200);
+    }
+    // a0 frees first: FIFO would give it to q's turn (a cold prefill, its
+    // holder a2 busy) and then p's turn would find a0 busy too (two
+    // overloaded). The slot goes to p's turn instead: a hit on a0; q's turn
+    // takes a1's slot, overloaded.
+    assert_eq!(decisions(r.metrics, "prefix_hit"), hits + 1.0);
+    assert_eq!(decisions(r.metrics, "overloaded"), over + 1.0);
+}

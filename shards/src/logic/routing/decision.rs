@@ -33,6 +33,7 @@ use super::failure::{Failure, Side};
 use super::policy::{self, AgentFacts, GateCounts, Policy, Session, StepPick};
 pub use super::refusal::Rejection;
 use super::refusal::{QuotaRefusal, Refusal};
+use super::wait_queue::Prefer;
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::ApiError;
 
@@ -174,8 +175,12 @@ pub enum Action {
         until: Instant,
         /// Go back to this original place (a waiter that lost a race).
         place: Option<u64>,
-        /// A slot is free but others wait: wake the head first (FIFO).
-        wake_head_first: bool,
+        /// A slot is free on this agent but others wait: wake one of them
+        /// first (the head, or a waiter it holds the prefix of).
+        wake_first: Option<u64>,
+        /// The holders of its prefix (prefix-aware steps): a slot freed
+        /// on one of them may wake it ahead of its turn.
+        prefer: Prefer,
     },
     /// Answer with this refusal (nothing is written when the client is
     /// gone).
@@ -407,16 +412,15 @@ impl Decision {
                 model.rotation,
                 &holders,
             );
-            let mut wake_head_first = false;
-            if matches!(pick, StepPick::Agent(_))
-                && self.place.is_none()
-                && self.limits.queue_depth > 0
-                && model.queue_len > 0
-            {
-                // Requests already waiting came first: a newcomer joins the
-                // line and the free slot goes to the head (strict FIFO).
-                wake_head_first = true;
-                pick = StepPick::Full(GateCounts::default());
+            let mut wake_first = None;
+            if let StepPick::Agent(i) = pick {
+                if self.place.is_none() && self.limits.queue_depth > 0 && model.queue_len > 0 {
+                    // Requests already waiting came first: a newcomer joins
+                    // the line and the free slot goes to a waiter (the
+                    // head, or one that agent holds the prefix of).
+                    wake_first = model.pool.facts(i).map(|f| f.id);
+                    pick = StepPick::Full(GateCounts::default());
+                }
             }
             match pick {
                 StepPick::Agent(i) => {
@@ -460,7 +464,8 @@ impl Decision {
                         return Action::Wait {
                             until: self.request.deadline,
                             place: self.place,
-                            wake_head_first,
+                            wake_first,
+                            prefer: Prefer::of(holders.iter().map(|h| h.agent)),
                         };
                     }
                     self.session.trail.push((self.session.step, counts));

@@ -29,10 +29,11 @@ use crate::logic::routing::decision::{
 };
 use crate::logic::routing::policy::Policy;
 use crate::logic::routing::refusal::{QuotaLimit, QuotaRefusal, Refusal};
+use crate::logic::routing::wait_queue::Prefer;
 use crate::logic::tenancy::quota;
 use crate::runtime::state::model::admission::Admitted;
 use crate::runtime::state::model::agent::Agent;
-use crate::runtime::state::model::wake_head;
+use crate::runtime::state::model::{wake_for, Waiter};
 use crate::runtime::state::pending::{Held, PendingRequest};
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::{inc, Shard};
@@ -54,7 +55,8 @@ enum Next {
     Wait {
         until: clock::Instant,
         place: Option<u64>,
-        wake_head_first: bool,
+        wake_first: Option<u64>,
+        prefer: Prefer,
     },
     Reject(Refusal),
 }
@@ -150,11 +152,13 @@ fn decide(shard: &Shard, model: &str, d: &mut Decision, keys: Option<&RequestKey
         Action::Wait {
             until,
             place,
-            wake_head_first,
+            wake_first,
+            prefer,
         } => Next::Wait {
             until,
             place,
-            wake_head_first,
+            wake_first,
+            prefer,
         },
         Action::Reject(r) => Next::Reject(r),
     }
@@ -321,10 +325,11 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
             Next::Wait {
                 until,
                 place,
-                wake_head_first,
+                wake_first,
+                prefer,
             } => {
                 let at = (until, place, run.queue_depth);
-                let w = wait_for_capacity(shard, c, model, &mut d, at, wake_head_first).await;
+                let w = wait_for_capacity(shard, c, model, &mut d, at, (wake_first, prefer)).await;
                 d.wait_ended(w, clock::now());
             }
             Next::Reject(r) => {
@@ -669,23 +674,24 @@ async fn wait_for_capacity(
     model: &str,
     d: &mut Decision,
     (until, place, depth): (clock::Instant, Option<u64>, usize),
-    wake_head_first: bool,
+    (wake_first, prefer): (Option<u64>, Prefer),
 ) -> WaitEnd {
     use futures::future::{select, Either};
     let queue = shard.models.borrow().get(model).map(|m| m.queue.clone());
     let Some(queue) = queue else {
         return WaitEnd::TimedOut;
     };
-    if wake_head_first {
-        wake_head(&queue);
+    if let Some(agent) = wake_first {
+        wake_for(&queue, agent);
     }
     let (tx, mut rx) = futures::channel::oneshot::channel();
+    let w = Waiter { tx, prefer };
     let seq = match place {
         Some(seq) => {
-            queue.borrow_mut().requeue(seq, tx);
+            queue.borrow_mut().requeue(seq, w);
             seq
         }
-        None => match queue.borrow_mut().push(tx, depth) {
+        None => match queue.borrow_mut().push(w, depth) {
             Ok(seq) => seq,
             Err(_) => return WaitEnd::TimedOut,
         },

@@ -182,7 +182,8 @@ fn full_waits_then_forwards_with_its_wait_and_keeps_its_place() {
         Action::Wait {
             until: t0 + Duration::from_secs(60),
             place: None,
-            wake_head_first: false
+            wake_first: None,
+            prefer: Prefer::default(),
         }
     );
     d.queued(4, t0);
@@ -214,7 +215,7 @@ fn newcomer_joins_the_line_when_others_wait() {
     assert!(matches!(
         d.next(&facts(&pool, 2), t0),
         Action::Wait {
-            wake_head_first: true,
+            wake_first: Some(1),
             place: None,
             ..
         }

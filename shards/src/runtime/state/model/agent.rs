@@ -352,8 +352,9 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.0.active.set(self.0.active.get().saturating_sub(1));
-        // A freed slot wakes the head of the model's queue.
-        super::wake_head(&self.0.queue);
+        // A freed slot wakes a waiter of the model's queue: one this agent
+        // holds the prefix of when there is one near the head, else the head.
+        super::wake_for(&self.0.queue, self.0.id);
     }
 }
 

@@ -16,19 +16,45 @@ use self::agent::Agent;
 use self::stats::ModelStats;
 use crate::logic::routing::decision::Pool;
 use crate::logic::routing::policy::AgentFacts;
-use crate::logic::routing::wait_queue::WaitQueue;
+use crate::logic::routing::wait_queue::{Prefer, WaitQueue, LOOK_AHEAD, MAX_PASSES};
 use crate::logic::system::log_gate::LogGate;
 
-/// The capacity queue's waiters: each is woken through its channel.
-pub type Waiters = WaitQueue<futures::channel::oneshot::Sender<()>>;
+/// One request in the capacity queue.
+pub struct Waiter {
+    /// Woken through it.
+    pub tx: futures::channel::oneshot::Sender<()>,
+    /// The agents that hold its prefix (prefix-aware steps only).
+    pub prefer: Prefer,
+}
+
+/// The capacity queue's waiters.
+pub type Waiters = WaitQueue<Waiter>;
 
 /// Wake the oldest waiter still waiting (a cancelled one passes the signal on).
 pub fn wake_head(q: &RefCell<Waiters>) {
     loop {
         let next = q.borrow_mut().pop_head();
         match next {
-            Some((_, tx)) => {
-                if tx.send(()).is_ok() {
+            Some((_, w)) => {
+                if w.tx.send(()).is_ok() {
+                    return;
+                }
+            }
+            None => return,
+        }
+    }
+}
+
+/// A slot freed on `agent`: wake the waiter it serves from its cache
+/// (within the queue's bounded look-ahead), else the oldest.
+pub fn wake_for(q: &RefCell<Waiters>, agent: u64) {
+    loop {
+        let next = q.borrow_mut().pop_for(LOOK_AHEAD, MAX_PASSES, |w| {
+            !w.tx.is_canceled() && w.prefer.contains(agent)
+        });
+        match next {
+            Some((_, w)) => {
+                if w.tx.send(()).is_ok() {
                     return;
                 }
             }
@@ -40,8 +66,8 @@ pub fn wake_head(q: &RefCell<Waiters>) {
 /// Wake every waiter (a new or recovered agent).
 pub fn wake_all(q: &RefCell<Waiters>) {
     let all = q.borrow_mut().drain();
-    for (_, tx) in all {
-        let _ = tx.send(());
+    for (_, w) in all {
+        let _ = w.tx.send(());
     }
 }
 
