@@ -112,8 +112,9 @@ fn sizes(role: usize) -> String {
 /// The agent as `hivenet-agent` runs it, on a thread of its own.
 fn start_agent(p2p: u16, sim: u16, dir: &std::path::Path) {
     let cfg = AgentConfig {
-        router: agent::parse_router_addr(&format!("/ip4/127.0.0.1/tcp/{p2p}"))
-            .expect("router address"),
+        routers: vec![
+            agent::parse_router_addr(&format!("/ip4/127.0.0.1/tcp/{p2p}")).expect("router address"),
+        ],
         backend: agent::backend::BackendUrl::parse(&format!("http://127.0.0.1:{sim}"))
             .expect("backend url"),
         engine: agent::engine::Engine::Vllm,

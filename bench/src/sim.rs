@@ -91,6 +91,46 @@ pub struct SimStats {
     pub prefix_queries: AtomicU64,
     /// Of those, tokens found (`prefix_cache_hits`).
     pub prefix_hits: AtomicU64,
+    /// Most requests in flight at once (a capacity shared by several
+    /// routers is checked here, at the engine).
+    pub peak_running: AtomicU64,
+    /// The integral of requests in flight over time: (last change, slot
+    /// seconds). Its rate over a window is the mean occupancy.
+    pub busy: std::sync::Mutex<(Option<Instant>, f64)>,
+}
+
+impl SimStats {
+    /// Requests in flight change by `delta` (+1 or -1).
+    fn running_changed(&self, delta: i64) {
+        let now = Instant::now();
+        if let Ok(mut b) = self.busy.lock() {
+            let before = self.running.load(Ordering::Relaxed);
+            if let Some(last) = b.0 {
+                b.1 += before as f64 * now.saturating_duration_since(last).as_secs_f64();
+            }
+            b.0 = Some(now);
+            let after = if delta >= 0 {
+                self.running.fetch_add(1, Ordering::Relaxed) + 1
+            } else {
+                self.running
+                    .fetch_sub(1, Ordering::Relaxed)
+                    .saturating_sub(1)
+            };
+            self.peak_running.fetch_max(after, Ordering::Relaxed);
+        }
+    }
+
+    /// Slot seconds busy up to now.
+    fn busy_seconds(&self) -> f64 {
+        let now = Instant::now();
+        self.busy.lock().map_or(0.0, |b| {
+            let open = b.0.map_or(0.0, |last| {
+                self.running.load(Ordering::Relaxed) as f64
+                    * now.saturating_duration_since(last).as_secs_f64()
+            });
+            b.1 + open
+        })
+    }
 }
 
 /// How many requests' trace headers the simulator remembers.
@@ -405,12 +445,14 @@ async fn handle(
         ("GET", "/metrics") => {
             let s = &sim.stats;
             let text = format!(
-                "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{m}\"}} {}\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"{m}\"}} 0\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"{m}\"}} {kv}\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{{finished_reason=\"stop\",model_name=\"{m}\"}} {}\n# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{model_name=\"{m}\"}} {}\n# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total{{model_name=\"{m}\"}} {}\n# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{{model_name=\"{m}\"}} {}\n",
+                "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{m}\"}} {}\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"{m}\"}} 0\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name=\"{m}\"}} {kv}\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{{finished_reason=\"stop\",model_name=\"{m}\"}} {}\n# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{model_name=\"{m}\"}} {}\n# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total{{model_name=\"{m}\"}} {}\n# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{{model_name=\"{m}\"}} {}\n# TYPE hivenet_sim_peak_running gauge\nhivenet_sim_peak_running {}\n# TYPE hivenet_sim_busy_slot_seconds_total counter\nhivenet_sim_busy_slot_seconds_total {:.6}\n",
                 s.running.load(Ordering::Relaxed),
                 s.success.load(Ordering::Relaxed),
                 s.generated.load(Ordering::Relaxed),
                 s.prefix_queries.load(Ordering::Relaxed),
                 s.prefix_hits.load(Ordering::Relaxed),
+                s.peak_running.load(Ordering::Relaxed),
+                s.busy_seconds(),
                 m = sim.cfg.model,
                 kv = f64::from_bits(s.kv_bits.load(Ordering::Relaxed))
             );
@@ -439,7 +481,7 @@ async fn handle(
                 sim.stats.errors.fetch_add(1, Ordering::Relaxed);
                 return reply_json(conn, sim.cfg.error_status, &json!({"error": {"message": "simulated backend error", "type": "server_error"}}), keep).await;
             }
-            sim.stats.running.fetch_add(1, Ordering::Relaxed);
+            sim.stats.running_changed(1);
             let r = match path {
                 "/v1/chat/completions" => chat(sim, conn, body, keep).await,
                 "/v1/messages" => messages(sim, conn, body, keep).await,
@@ -455,7 +497,7 @@ async fn handle(
                 "/v1/embeddings" => embeddings(sim, conn, body, keep).await,
                 _ => rerank(sim, conn, body, keep).await,
             };
-            sim.stats.running.fetch_sub(1, Ordering::Relaxed);
+            sim.stats.running_changed(-1);
             if r {
                 sim.stats.success.fetch_add(1, Ordering::Relaxed);
             }

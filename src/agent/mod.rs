@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod engine;
+pub mod gate;
 pub mod gpu;
 pub mod serve;
 
@@ -22,12 +23,14 @@ use tracing::{info, warn};
 
 use backend::BackendUrl;
 use engine::Engine;
+use gate::Gate;
 
 /// Everything the agent was told.
 #[derive(Clone)]
 pub struct AgentConfig {
-    /// Router libp2p address.
-    pub router: RouterAddr,
+    /// The routers' libp2p addresses (one link to each; the capacity is
+    /// shared by all of them).
+    pub routers: Vec<RouterAddr>,
     /// Backend base URL.
     pub backend: BackendUrl,
     /// Engine.
@@ -121,6 +124,9 @@ pub fn parse_router_addr(s: &str) -> Result<RouterAddr, String> {
     Ok(RouterAddr { addr, peer: None })
 }
 
+/// Most routers one agent links to.
+pub const MAX_ROUTERS: usize = 16;
+
 /// Where the router is, and (when given) whom the agent expects there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RouterAddr {
@@ -213,9 +219,19 @@ async fn warm_up(cfg: &AgentConfig, model: &str) {
     }
 }
 
-/// Reconnect loop: never returns.
+/// One reconnect loop per router: never returns.
 pub async fn run(cfg: AgentConfig) {
     let cfg = Rc::new(cfg);
+    let gate = Gate::new(cfg.capacity, cfg.routers.len());
+    let loops = (0..cfg.routers.len()).map(|i| run_link(cfg.clone(), gate.clone(), i));
+    futures::future::join_all(loops).await;
+}
+
+/// The reconnect loop of the link to router `link`: never returns.
+async fn run_link(cfg: Rc<AgentConfig>, gate: Rc<Gate>, link: usize) {
+    let Some(router) = cfg.routers.get(link).copied() else {
+        return;
+    };
     let peer_id = cfg.keypair.public().to_peer_id();
     let mut backoff = FIRST_BACKOFF;
     let max_backoff = Duration::from_secs(30);
@@ -223,15 +239,28 @@ pub async fn run(cfg: AgentConfig) {
         wait_backend(&cfg).await;
         let model = discover_model(&cfg).await;
         if cfg.warmup && cfg.capability == Capability::Llm {
-            warm_up(&cfg, &model).await;
+            // One link warms up, the others wait for it; none does while a
+            // link is registered (its backend serves: warm), so the engine
+            // never sees a warm-up on top of the routed requests.
+            while gate.warming() {
+                monoio::time::sleep(Duration::from_millis(100)).await;
+            }
+            if let Some(_turn) = gate.warm_up_turn() {
+                warm_up(&cfg, &model).await;
+            }
         }
         // A registration resets the backoff: a router that restarts several
         // times in a row is rejoined at once each time.
-        match session(cfg.clone(), &model, peer_id.to_string(), &mut backoff).await {
-            Ok(()) => info!("router link closed"),
-            Err(e) => warn!("session ended: {e}"),
+        let to = Link {
+            router,
+            gate: gate.clone(),
+            index: link,
+        };
+        match session(cfg.clone(), to, &model, peer_id.to_string(), &mut backoff).await {
+            Ok(()) => info!(router = %router.addr, "router link closed"),
+            Err(e) => warn!(router = %router.addr, "session ended: {e}"),
         }
-        info!(retry_in = ?backoff, "reconnecting");
+        info!(router = %router.addr, retry_in = ?backoff, "reconnecting");
         monoio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(max_backoff);
     }
@@ -240,25 +269,38 @@ pub async fn run(cfg: AgentConfig) {
 /// Backoff before the first reconnect after a registered session.
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 
+/// One router link: where it goes and its share of the capacity.
+#[derive(Clone)]
+pub struct Link {
+    /// The router.
+    pub router: RouterAddr,
+    /// The capacity shared by every link.
+    pub gate: Rc<Gate>,
+    /// This link's index in it.
+    pub index: usize,
+}
+
 async fn session(
     cfg: Rc<AgentConfig>,
+    to: Link,
     model: &str,
     peer_id: String,
     backoff: &mut Duration,
 ) -> Result<(), String> {
+    let router = to.router;
     let (router_peer, conn) = monoio::time::timeout(
         Duration::from_secs(30),
-        link::dial(cfg.router.addr, model, cfg.psk, &cfg.keypair),
+        link::dial(router.addr, model, cfg.psk, &cfg.keypair),
     )
     .await
     .map_err(|_| "dial timed out".to_string())?
-    .map_err(|e| format!("dial {}: {e}", cfg.router.addr))?;
-    if let Some(want) = cfg.router.peer {
+    .map_err(|e| format!("dial {}: {e}", router.addr))?;
+    if let Some(want) = router.peer {
         if router_peer != want {
             // Noise proved who answered; it is not the router we were told.
             return Err(format!(
                 "router at {} has identity {router_peer}, not the expected {want}; refusing it",
-                cfg.router.addr
+                router.addr
             ));
         }
     }
@@ -300,17 +342,29 @@ async fn session(
         other => return Err(format!("unexpected registration reply {other:?}")),
     };
     let mut ctl = ctl_in.stream;
+    let _registered = to.gate.registered();
     info!(%router_peer, %model, %peer_id, "registered with the router");
     *backoff = FIRST_BACKOFF;
     // Serve request streams.
     let server = {
         let cfg = cfg.clone();
+        let to = to.clone();
         monoio::spawn(async move {
             while let Some(s) = inbound.next().await {
-                monoio::spawn(serve::serve_stream(cfg.clone(), s));
+                monoio::spawn(serve::serve_stream(cfg.clone(), to.clone(), s));
             }
         })
     };
+    // Load reports to this router when the agent's load changes (several
+    // routers only; none is due with one).
+    let mut load_due = to.gate.subscribe(to.index);
+    if to.gate.shared() {
+        let (active, own) = to.gate.report(to.index);
+        if let Err(e) = link::write_frame(&mut ctl, &ControlMsg::Load { active, own }).await {
+            drop(server);
+            return Err(format!("load report: {e}"));
+        }
+    }
     // Heartbeats with backend health: 3 consecutive failed checks = unhealthy.
     let mut failures = 0u32;
     let mut healthy = true;
@@ -335,8 +389,23 @@ async fn session(
     loop {
         let tick = monoio::time::sleep(tick_every);
         futures::pin_mut!(tick);
-        match futures::future::select(tick, &mut closed).await {
-            futures::future::Either::Left(_) => {}
+        let due = load_due.next();
+        match futures::future::select(futures::future::select(tick, due), &mut closed).await {
+            futures::future::Either::Left((futures::future::Either::Left(_), _)) => {
+                // A held place nobody claimed: every router hears of it.
+                if to.gate.expire(std::time::Instant::now()) {
+                    to.gate.changed();
+                }
+            }
+            futures::future::Either::Left((futures::future::Either::Right(_), _)) => {
+                let (active, own) = to.gate.report(to.index);
+                if let Err(e) = link::write_frame(&mut ctl, &ControlMsg::Load { active, own }).await
+                {
+                    drop(server);
+                    return Err(format!("load report: {e}"));
+                }
+                continue;
+            }
             futures::future::Either::Right(_) => break,
         }
         let mut engine = shards::logic::link::engine_metrics::EngineSignals::default();

@@ -14,6 +14,7 @@ use shards::logic::http::errors::{self, ApiError, ErrorCode, Source};
 use shards::logic::http::http_parse::{self, BodyFraming, ChunkedDecoder, Headers};
 use shards::logic::http::http_write::{self, OutFraming};
 use shards::logic::http::trace_context;
+use shards::logic::link::control::AGENT_FULL_HEADER;
 use shards::runtime::wire::bufpool::{self, Pooled};
 use shards::runtime::wire::conn::{Conn, HeadRead};
 use shards::runtime::wire::http_stream::{self, HttpStream};
@@ -106,8 +107,32 @@ fn backend_error(status: u16, message: String) -> ApiError {
     }
 }
 
-/// Serve one inbound stream.
-pub async fn serve_stream(cfg: Rc<AgentConfig>, s: mux::Stream) {
+/// The answer of an agent whose routers together hold its capacity: a 503
+/// the router reads as "full, try another agent or wait", not a failure.
+async fn write_full(s: &mut HttpStream, capacity: u32) {
+    let mut out = Vec::new();
+    let err = ApiError {
+        code: ErrorCode::BackendUnavailable,
+        status: 503,
+        message: format!("agent at its capacity of {capacity} (its routers together)"),
+        source: Source::Backend,
+        retry_after: None,
+    };
+    http_write::write_full_response(
+        &mut out,
+        err.status,
+        "application/json",
+        &err.body(),
+        true,
+        &[(AGENT_FULL_HEADER, b"1")],
+    );
+    let _ = s.write_all(&out).await;
+    let _ = s.flush().await;
+    let _ = s.close().await;
+}
+
+/// Serve one inbound stream from the router of `link`.
+pub async fn serve_stream(cfg: Rc<AgentConfig>, link: super::Link, s: mux::Stream) {
     // The protocol confirmation goes out with the first response bytes.
     let mut conn = match http_stream::accept(s).await {
         Ok(c) => c,
@@ -141,7 +166,11 @@ pub async fn serve_stream(cfg: Rc<AgentConfig>, s: mux::Stream) {
         write_error(&mut s, &e).await;
         return;
     }
-    let run = proxy(&cfg, &mut s, &head, &head.headers, &body);
+    let Some(admit) = link.gate.try_enter(link.index, std::time::Instant::now()) else {
+        write_full(&mut s, cfg.capacity).await;
+        return;
+    };
+    let run = proxy(&cfg, &mut s, &head, &head.headers, &body, admit);
     match monoio::time::timeout(cfg.http_timeout, run).await {
         Ok(Ok(())) => {}
         Ok(Err(ProxyError::BeforeHead(e))) => {
@@ -195,6 +224,7 @@ async fn proxy(
     head: &http_parse::RequestHead,
     headers: &Headers,
     body: &[u8],
+    admit: super::gate::Admit,
 ) -> Result<(), ProxyError> {
     let (mut conn, rh) = backend::request(&cfg.backend, &head.method, &head.path, headers, body)
         .await
@@ -207,6 +237,7 @@ async fn proxy(
             .await
             .map_err(ProxyError::BeforeHead)?;
         backend::release(&cfg.backend, conn, &rh);
+        drop(admit);
         let err = errors::classify_backend(rh.status, &answer);
         write_error(s, &err).await;
         return Ok(());
@@ -282,6 +313,9 @@ async fn proxy(
             }
         }
         backend::release(&cfg.backend, conn, &rh);
+        // The backend is done: the place is free before the router hears
+        // the end (a router that sends at once is not refused).
+        drop(admit);
         s.write_all(http_write::LAST_CHUNK)
             .await
             .map_err(ProxyError::AfterHead)?;
@@ -296,6 +330,7 @@ async fn proxy(
         .map_err(ProxyError::BeforeHead)?;
     let body = Pooled::from(body);
     backend::release(&cfg.backend, conn, &rh);
+    drop(admit);
     let mut out = Pooled::with_capacity(512 + body.len());
     http_write::write_response_head(
         &mut out,

@@ -20,9 +20,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Sidecar that registers one inference backend with a hivenet-router.
 #[derive(FromArgs)]
 struct Flags {
-    /// router libp2p address: /ip4/127.0.0.1/tcp/9000 or host:port (default /ip4/127.0.0.1/tcp/9000)
-    #[argh(option, default = "String::from(\"/ip4/127.0.0.1/tcp/9000\")")]
-    router_p2p: String,
+    /// router libp2p address: /ip4/127.0.0.1/tcp/9000[/p2p/<peer-id>] or host:port; repeat it for several routers, which then share --capacity (env HIVENET_AGENT_ROUTER_P2P, comma-separated; default /ip4/127.0.0.1/tcp/9000)
+    #[argh(option)]
+    router_p2p: Vec<String>,
     /// backend base URL (default http://localhost:8888)
     #[argh(option, default = "String::from(\"http://localhost:8888\")")]
     backend_url: String,
@@ -151,7 +151,7 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
         .or_else(|| first_gpu.map(|g| g.model))
         .unwrap_or_default();
     let cfg = AgentConfig {
-        router: agent::parse_router_addr(&f.router_p2p)?,
+        routers: router_addrs(f.router_p2p)?,
         backend: BackendUrl::parse(&f.backend_url).map_err(|e| format!("--backend-url: {e}"))?,
         engine,
         health_url,
@@ -190,6 +190,45 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
     Ok((cfg, driver))
 }
 
+/// Routers from `--router-p2p` (repeated), else the env's comma-separated
+/// list, else the default; the same address twice is refused.
+fn router_addrs(flags: Vec<String>) -> Result<Vec<agent::RouterAddr>, String> {
+    let given = if flags.is_empty() {
+        std::env::var("HIVENET_AGENT_ROUTER_P2P")
+            .ok()
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    } else {
+        flags
+    };
+    let given = if given.is_empty() {
+        vec!["/ip4/127.0.0.1/tcp/9000".to_string()]
+    } else {
+        given
+    };
+    if given.len() > agent::MAX_ROUTERS {
+        return Err(format!(
+            "--router-p2p: {} routers, at most {}",
+            given.len(),
+            agent::MAX_ROUTERS
+        ));
+    }
+    let mut out: Vec<agent::RouterAddr> = Vec::with_capacity(given.len());
+    for s in &given {
+        let r = agent::parse_router_addr(s)?;
+        if out.iter().any(|o| o.addr == r.addr) {
+            return Err(format!("--router-p2p: {s:?} is given twice"));
+        }
+        out.push(r);
+    }
+    Ok(out)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     shards::exit_on_version_flag("hivenet-agent", &args);
@@ -206,7 +245,8 @@ fn main() {
     // logs are labelled `peer_id`); the agent runs on this thread.
     let peer_id = cfg.keypair.public().to_peer_id();
     let _labelled = tracing::info_span!("agent", %peer_id).entered();
-    info!(peer_id = %peer_id, router = %cfg.router.addr, router_peer_id = ?cfg.router.peer, engine = cfg.engine.as_str(), "hivenet-agent starting");
+    let routers: Vec<String> = cfg.routers.iter().map(|r| r.addr.to_string()).collect();
+    info!(peer_id = %peer_id, routers = ?routers, engine = cfg.engine.as_str(), "hivenet-agent starting");
     executor::run_on_runtime(driver, |kind| {
         info!("agent runtime driver {kind}");
         agent::run(cfg)

@@ -115,7 +115,20 @@ pub enum ControlMsg {
         #[serde(default)]
         hardware: super::hardware::HardwareSignals,
     },
+    /// An agent that serves several routers: its requests in flight over
+    /// every link (`active`) and over this one (`own`), sent when they
+    /// change. The others' share counts against its capacity here.
+    Load {
+        /// In flight at the agent, every router's.
+        active: u32,
+        /// Of those, this link's.
+        own: u32,
+    },
 }
+
+/// The response header of an agent that serves several routers and is at
+/// its capacity (a 503): full, not failing; try another agent or wait.
+pub const AGENT_FULL_HEADER: &str = "x-hivenet-agent-full";
 
 /// Why a frame could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]

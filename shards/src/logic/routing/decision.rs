@@ -194,7 +194,16 @@ pub enum AttemptEnd {
     Responded,
     /// It failed.
     Failed(Failure),
+    /// The agent was full with other routers' requests (it serves
+    /// several): decide again; after [`MAX_FULL_REFUSALS`] of them the
+    /// agent counts as failed for this request.
+    Full,
 }
+
+/// Full refusals one request takes before the refusing agent is treated
+/// as failed for it (a bound for an agent that keeps refusing while it
+/// reports room).
+pub const MAX_FULL_REFUSALS: u32 = 64;
 
 /// How a wait in the capacity queue ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,6 +245,10 @@ pub struct Decision {
     queued_at: Option<Instant>,
     /// A refusal already decided (sticky).
     verdict: Option<Refusal>,
+    /// Full refusals taken so far.
+    full_refusals: u32,
+    /// The queue place it left for its last forward.
+    forwarded_from: Option<u64>,
 }
 
 // === impl Decision ===
@@ -256,6 +269,8 @@ impl Decision {
             place: None,
             queued_at: None,
             verdict: None,
+            full_refusals: 0,
+            forwarded_from: None,
         }
     }
 
@@ -428,7 +443,8 @@ impl Decision {
                         return self.reject(Rejection::Exhausted);
                     };
                     self.last_full = false;
-                    self.place = None;
+                    // Kept aside: a full refusal sends it back there.
+                    self.forwarded_from = self.place.take();
                     let waited = self
                         .queued_at
                         .take()
@@ -537,6 +553,16 @@ impl Decision {
     pub fn attempt_ended(&mut self, agent_id: u64, end: &AttemptEnd) -> bool {
         match end {
             AttemptEnd::Responded => false,
+            AttemptEnd::Full => {
+                // Another router took the slot first: back to its place in
+                // the line, not to the end of it.
+                self.place = self.forwarded_from.take();
+                self.full_refusals += 1;
+                if self.full_refusals >= MAX_FULL_REFUSALS {
+                    self.session.record_failure(&self.policy, agent_id);
+                }
+                true
+            }
             AttemptEnd::Failed(f) if f.retryable() => {
                 self.session.record_failure(&self.policy, agent_id);
                 true

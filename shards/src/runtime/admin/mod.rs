@@ -242,6 +242,8 @@ fn agent_json(a: &AgentView) -> Value {
             "healthy": a.live,
             "backend_healthy": a.backend_healthy,
             "active_requests": a.active,
+            // An agent serving several routers: the others' share of it.
+            "other_routers_active": a.others_active,
             "capacity_utilization": if r.capacity > 0 { f64::from(a.active) / f64::from(r.capacity) } else { 0.0 },
             "last_seen": a.last_seen,
         },

@@ -13,7 +13,7 @@ use crate::logic::link::control::{ControlMsg, Registration};
 use crate::logic::link::preamble;
 use crate::runtime::state::mesh::ShardMsg;
 use crate::runtime::state::model::agent::Agent;
-use crate::runtime::state::model::wake_all;
+use crate::runtime::state::model::{wake_all, wake_for};
 use crate::runtime::state::shard::{inc, Shard, WarmStart};
 use crate::runtime::wire::clock;
 use crate::runtime::wire::conn::Conn;
@@ -512,6 +512,16 @@ fn on_frame(agent: &Agent, msg: ControlMsg) -> bool {
             }
             agent.signals.set(engine);
             agent.hardware.set(hardware);
+            true
+        }
+        ControlMsg::Load { active, own } => {
+            // Never more than its capacity, whatever it claims.
+            let others = active.saturating_sub(own).min(agent.reg.capacity);
+            let was = agent.others.replace(others);
+            // Each slot another router freed may serve a request queued here.
+            for _ in others..was {
+                wake_for(&agent.queue, agent.id);
+            }
             true
         }
         other => {

@@ -586,7 +586,7 @@ fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
         f.series(routing_labels(a), a.last_seen.saturating_mul(1000));
     }
     type Get = fn(&AgentView) -> Option<f64>;
-    let per_agent: [(&'static str, Kind, &str, Get); 25] = [
+    let per_agent: [(&'static str, Kind, &str, Get); 26] = [
         (
             "hivenet_agent_capacity_utilization",
             Gauge,
@@ -684,6 +684,12 @@ fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
             Counter,
             "Requests the agent turned away unserved, its backend busy or unavailable (429, 503), since registration.",
             |a| Some(a.rejected as f64),
+        ),
+        (
+            "hivenet_agent_full_refusals_total",
+            Counter,
+            "Requests an agent serving several routers turned away because the other routers held its capacity (retried or queued, not failures), since registration.",
+            |a| Some(a.full_refusals as f64),
         ),
         (
             "hivenet_agent_signals_dropped_total",

@@ -36,6 +36,8 @@ fn agent(peer: &str, model: &str, srtt: Option<f64>) -> AgentView {
         prompt_tokens: 100,
         disconnections: 1,
         rejected: 2,
+        others_active: 1,
+        full_refusals: 5,
         signals_dropped: 4,
         agent_failures: 2,
         backend_failures: 3,
@@ -594,6 +596,12 @@ const FAMILIES: &[Want] = &[
         "counter",
         3,
         Some(("peer_id", "12D3KooWa", 2.0)),
+    ),
+    (
+        "hivenet_agent_full_refusals_total",
+        "counter",
+        3,
+        Some(("peer_id", "12D3KooWa", 5.0)),
     ),
     ("hivenet_agent_disconnections_total", "counter", 3, None),
     (

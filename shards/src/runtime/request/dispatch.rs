@@ -609,7 +609,7 @@ fn served(
             end.client_gone();
             end.relayed = true;
         }
-        Outcome::Failed(_) => {}
+        Outcome::Failed(_) | Outcome::Full => {}
     }
 }
 

@@ -11,6 +11,7 @@ use super::exchange::{self, Progress, RelayEnd};
 use crate::logic::http::errors::{self, ApiError};
 use crate::logic::http::http_write::{self, OutFraming};
 use crate::logic::http::usage::Tokens;
+use crate::logic::link::control::AGENT_FULL_HEADER;
 use crate::logic::routing::decision::AttemptEnd;
 use crate::logic::routing::failure::{Failure, Side, Stage};
 use crate::runtime::state::model::admission::Reservation;
@@ -71,6 +72,9 @@ pub enum Outcome {
     ClientGone,
     /// The exchange failed.
     Failed(Failure),
+    /// The agent serves several routers and was full (the others held
+    /// its capacity): not a failure; another agent, or a wait.
+    Full,
 }
 
 /// Most of a failing backend's body kept for the client.
@@ -134,6 +138,15 @@ pub async fn attempt(
     };
     let sample = Some(head.sample_ms);
     debug!(peer_id = %agent.reg.peer_id, status = head.head.status, sample_ms = head.sample_ms, "agent response head");
+    if head.head.status == 503 && head.head.header(AGENT_FULL_HEADER).is_some() {
+        // Other routers hold its capacity: it looks full here until its
+        // next load report (this slot is released on return).
+        let own = agent.active.get().saturating_sub(1);
+        let others = agent.reg.capacity.saturating_sub(own);
+        agent.others.set(agent.others.get().max(others));
+        agent.full_refusals.set(agent.full_refusals.get() + 1);
+        return (Outcome::Full, None);
+    }
     // Backend overloaded or unreachable behind this agent: retryable.
     if matches!(head.head.status, 502..=504) {
         if head.head.status == 503 {
@@ -241,6 +254,7 @@ pub fn record_attempt(
             AttemptEnd::Responded
         }
         Outcome::ClientGone => AttemptEnd::Responded,
+        Outcome::Full => AttemptEnd::Full,
         Outcome::Failed(f) => {
             agent.fail();
             // The transport's failures (not a backend's 502-504 answer).

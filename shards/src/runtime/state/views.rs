@@ -48,6 +48,10 @@ pub struct AgentView {
     pub disconnections: u64,
     /// Busy answers (429, 503) of its backend since registration.
     pub rejected: u64,
+    /// Requests other routers have in flight on it (it serves several).
+    pub others_active: u32,
+    /// Full refusals (its other routers held its capacity).
+    pub full_refusals: u64,
     /// Out-of-range signals dropped since registration.
     pub signals_dropped: u64,
     /// Missed-heartbeat transitions.
@@ -82,6 +86,8 @@ impl AgentView {
             prompt_tokens: a.prompt_tokens.get(),
             disconnections: a.disconnections.get(),
             rejected: a.rejected.get(),
+            others_active: a.others.get(),
+            full_refusals: a.full_refusals.get(),
             signals_dropped: a.signals_dropped.get(),
             agent_failures: a.agent_failures.get(),
             backend_failures: a.backend_failures.get(),

@@ -711,3 +711,53 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_full_refusal_is_no_failure_until_its_bound() {
+    let t0 = Instant::now();
+    let pool = vec![agent(7, 0, 2, None)];
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    for _ in 1..MAX_FULL_REFUSALS {
+        assert!(matches!(
+            d.next(&facts(&pool, 0), t0),
+            Action::Forward { agent_id: 7, .. }
+        ));
+        // Full, not failed: the same agent may be tried again.
+        assert!(d.attempt_ended(7, &AttemptEnd::Full));
+    }
+    assert!(matches!(
+        d.next(&facts(&pool, 0), t0),
+        Action::Forward { agent_id: 7, .. }
+    ));
+    // The bound: an agent that keeps refusing counts as failed for it.
+    assert!(d.attempt_ended(7, &AttemptEnd::Full));
+    assert!(!matches!(
+        d.next(&facts(&pool, 0), t0),
+        Action::Forward { .. }
+    ));
+}
+
+#[test]
+fn a_full_refusal_goes_back_to_its_place_in_the_line() {
+    let t0 = Instant::now();
+    let mut pool = vec![agent(7, 1, 1, None)];
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    assert!(matches!(
+        d.next(&facts(&pool, 0), t0),
+        Action::Wait { place: None, .. }
+    ));
+    d.queued(4, t0);
+    d.wait_ended(WaitEnd::Woken, t0);
+    pool[0].active = 0;
+    assert!(matches!(
+        d.next(&facts(&pool, 2), t0),
+        Action::Forward { agent_id: 7, .. }
+    ));
+    assert!(d.attempt_ended(7, &AttemptEnd::Full));
+    // The router now counts the other routers' requests: full again.
+    pool[0].active = 1;
+    assert!(matches!(
+        d.next(&facts(&pool, 2), t0),
+        Action::Wait { place: Some(4), .. }
+    ));
+}

@@ -38,6 +38,12 @@ pub struct Agent {
     pub counted_healthy: Cell<bool>,
     /// Requests in flight (slot held until the response ends).
     pub active: Cell<u32>,
+    /// Requests other routers have in flight on it (an agent serving
+    /// several routers reports them); they count against its capacity.
+    pub others: Cell<u32>,
+    /// Requests it turned away as full (its other routers held its
+    /// capacity) since registration.
+    pub full_refusals: Cell<u64>,
     /// Lifetime successful requests.
     pub success: Cell<u64>,
     /// Lifetime failed requests.
@@ -204,6 +210,8 @@ impl Agent {
             backend_healthy: Cell::new(true),
             counted_healthy: Cell::new(true),
             active: Cell::new(0),
+            others: Cell::new(0),
+            full_refusals: Cell::new(0),
             success: Cell::new(h.success),
             failed: Cell::new(h.failed),
             last_seen: Cell::new(now_unix),
@@ -325,7 +333,7 @@ impl Agent {
             organization: &self.reg.organization,
             machine: &self.reg.machine,
             tags: &self.reg.tags,
-            active: self.active.get(),
+            active: self.active.get().saturating_add(self.others.get()),
             capacity: self.reg.capacity,
             srtt: self.est.get().srtt(),
             success_rate: (total > 0).then(|| self.success.get() as f64 / total as f64),
