@@ -21,6 +21,9 @@ command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v chattr >/dev/null 2>&1 || need+=(e2fsprogs)
 # openssl makes the certificates of the provider-fallback TLS test.
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# redis-server: the routers sharing keys through --shared-state
+# (tests/shared_state.rs starts its own instances on free ports).
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"

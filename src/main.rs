@@ -90,6 +90,9 @@ struct Flags {
     /// history store directory (default ./hivenet-data; env HIVENET_ROUTER_DISK_DB_PATH)
     #[argh(option)]
     disk_db_path: Option<String>,
+    /// redis://[:password@]host:port/db shared with the other routers of the fleet: the dynamic key registry (env HIVENET_ROUTER_SHARED_STATE_URL; default: none, this router alone)
+    #[argh(option)]
+    shared_state: Option<String>,
     /// empty the history store at start
     #[argh(switch)]
     reset_disk_db: bool,
@@ -166,6 +169,10 @@ struct Startup {
     driver: DriverChoice,
     psk: Option<libp2p_pnet::PreSharedKey>,
     keypair: libp2p_identity::Keypair,
+    shared_state: Option<(
+        std::sync::Arc<shards::runtime::state::shared_state::SharedState>,
+        shards::runtime::state::shared_state::Pending,
+    )>,
 }
 
 fn build() -> Result<Startup, String> {
@@ -301,6 +308,13 @@ fn build() -> Result<Startup, String> {
     if cfg.flush_interval.is_zero() {
         return Err("--universal-flush-interval must be greater than 0".into());
     }
+    let shared_state = match cli::flag_or_env_opt(f.shared_state, "HIVENET_ROUTER_SHARED_STATE_URL")
+    {
+        Some(url) if !url.trim().is_empty() => Some(
+            shards::runtime::state::shared_state::SharedState::new(&url)?,
+        ),
+        _ => None,
+    };
     let store = hivenet_router::store::StoreConfig {
         path: std::path::PathBuf::from(cli::flag_or_env(
             f.disk_db_path,
@@ -469,6 +483,7 @@ fn build() -> Result<Startup, String> {
         driver,
         psk,
         keypair,
+        shared_state,
     })
 }
 
@@ -667,6 +682,7 @@ fn run(startup: Startup) -> Result<(), String> {
         driver,
         psk,
         keypair,
+        shared_state,
     } = startup;
     let n = plan.len();
     let http = executor::bind_reuseport(cfg.http_addr, n)
@@ -745,6 +761,7 @@ fn run(startup: Startup) -> Result<(), String> {
         insecure_admin,
         auth: Versioned::new(auth_state),
         registry: Default::default(),
+        shared_state: shared_state.as_ref().map(|(s, _)| s.clone()),
         audit,
         policies: Versioned::new(policies),
         policy_reloads: std::sync::Mutex::new(Default::default()),
@@ -762,6 +779,10 @@ fn run(startup: Startup) -> Result<(), String> {
         keys = key_count,
         "hivenet-router starting"
     );
+    if let Some((s, pending)) = shared_state {
+        info!(redis = %s.shown, "shared state on: the key registry is shared through Redis");
+        s.start(pending, shared.clone())?;
+    }
     let flusher = start_quota_flush(shared.clone(), store_tx.clone());
     let mut handles = Vec::new();
     let lists = http

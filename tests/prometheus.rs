@@ -86,7 +86,23 @@ fn prometheus_scrapes_the_router_and_the_alert_rules_use_real_series() {
     )
     .expect("policy");
     let pds = pdir.to_string_lossy().to_string();
-    let r = start_router(&dir, &["--shards", "1", "--policy-model-dir", &pds], &[]);
+    // With --shared-state on a real redis-server: its series are on the
+    // dashboard and in the alert rules.
+    let redis_port = free_port();
+    let _redis = start_redis(&dir, redis_port);
+    let redis_url = format!("redis://127.0.0.1:{redis_port}/0");
+    let r = start_router(
+        &dir,
+        &[
+            "--shards",
+            "1",
+            "--policy-model-dir",
+            &pds,
+            "--shared-state",
+            &redis_url,
+        ],
+        &[],
+    );
     let (_fast_sim, fast) = start_sim(&dir, "m", &["--ttft", "1ms"]);
     let (_slow_sim, slow) = start_sim(&dir, "m", &["--ttft", "300ms"]);
     let (_p_sim, p_port) = start_sim(&dir, "p", &["--prefix-cache-tokens", "4096"]);
@@ -209,7 +225,7 @@ fn prometheus_scrapes_the_router_and_the_alert_rules_use_real_series() {
         .flatten()
         .flat_map(|g| g["rules"].as_array().into_iter().flatten())
         .collect();
-    assert_eq!(rules.len(), 6, "{v}");
+    assert_eq!(rules.len(), 7, "{v}");
     for rule in &rules {
         assert_eq!(rule["health"], "ok", "rule failed to evaluate: {rule}");
     }

@@ -682,3 +682,37 @@ pub fn exit_within(mut child: std::process::Child, limit: Duration) -> (Option<i
         .unwrap_or_default();
     (code, err)
 }
+
+/// A `redis-server` of its own on a free port, nothing persisted.
+pub fn start_redis(dir: &std::path::Path, port: u16) -> Proc {
+    let log = dir.join(format!("redis-{port}.log"));
+    let f = std::fs::File::create(&log).expect("redis log");
+    let f2 = f.try_clone().expect("clone");
+    let child = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .current_dir(dir)
+        .stdout(f)
+        .stderr(f2)
+        .spawn()
+        .expect("redis-server (scripts/test.sh installs it)");
+    let p = Proc {
+        child,
+        name: "redis-server".into(),
+        log,
+    };
+    wait_until(
+        Duration::from_secs(10),
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        "redis-server up",
+    );
+    p
+}

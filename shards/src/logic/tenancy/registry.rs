@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::auth::{self, KeyRecord, Quota};
 
 /// One key as `PUT /admin/api-keys/{id}` and `replace` carry it.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyDto {
     /// Entry ID (the URL's wins for PUT).
@@ -85,6 +85,19 @@ struct Entry {
     hash: [u8; 32],
     record: KeyRecord,
     view: KeyView,
+    /// As it was put (what a shared store carries to the other routers).
+    dto: KeyDto,
+}
+
+/// The whole registry as routers sharing it exchange it (the key hashes
+/// included: never the keys).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Snapshot {
+    /// The registry's version.
+    pub version: String,
+    /// Every entry as it was put.
+    pub keys: Vec<KeyDto>,
 }
 
 /// Why a mutation was refused.
@@ -107,10 +120,16 @@ pub struct Registry {
     /// push, `?force=true`: the way out of a version pushed too far).
     pub force: bool,
     entries: BTreeMap<String, Entry>,
+    /// The generation of the shared store it mirrors (0: none).
+    pub epoch: u64,
 }
 
 /// Validate one entry into its hash, record and view.
 fn validate(id: &str, dto: KeyDto) -> Result<Entry, String> {
+    let kept = KeyDto {
+        id: id.to_string(),
+        ..dto.clone()
+    };
     if id.trim().is_empty() {
         return Err("id is required".into());
     }
@@ -164,6 +183,7 @@ fn validate(id: &str, dto: KeyDto) -> Result<Entry, String> {
             max_occupancy_share: share,
             site_scopes: dto.site_scopes,
         },
+        dto: kept,
     })
 }
 
@@ -255,6 +275,29 @@ impl Registry {
         Ok(n)
     }
 
+    /// Everything, as the other routers sharing it load it.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            version: self.version.clone(),
+            keys: self.entries.values().map(|e| e.dto.clone()).collect(),
+        }
+    }
+
+    /// The registry a shared store holds at `epoch` (validated like a
+    /// replace, without the version order: the store's word is final).
+    pub fn from_snapshot(snap: Snapshot, epoch: u64) -> Result<Self, RegistryError> {
+        let mut r = Registry {
+            force: true,
+            ..Registry::default()
+        };
+        if !snap.version.is_empty() {
+            r.replace(&snap.version, snap.keys)?;
+        }
+        r.force = false;
+        r.epoch = epoch;
+        Ok(r)
+    }
+
     /// Every entry, by ID.
     pub fn list(&self) -> Vec<&KeyView> {
         self.entries.values().map(|e| &e.view).collect()
@@ -289,6 +332,33 @@ mod tests {
             name: "prod".into(),
             ..KeyDto::default()
         }
+    }
+
+    #[test]
+    fn a_snapshot_carries_every_entry_to_another_router() {
+        let mut a = Registry::default();
+        a.put("k1", dto("rev_01", H1)).expect("k1");
+        a.put("k2", dto("rev_02", H2)).expect("k2");
+        a.delete("k1", "rev_03").expect("delete");
+        let wire = serde_json::to_string(&a.snapshot()).expect("json");
+        let snap: Snapshot = serde_json::from_str(&wire).expect("parse");
+        let b = Registry::from_snapshot(snap, 7).expect("load");
+        assert_eq!((b.version(), b.epoch), ("rev_03", 7));
+        assert_eq!(b.keys(), a.keys());
+        assert_eq!(b.list(), a.list());
+        // The store's word is final (no version order), and empty is empty.
+        let older = Snapshot {
+            version: "rev_00".into(),
+            keys: vec![],
+        };
+        let c = Registry::from_snapshot(older, 8).expect("older");
+        assert_eq!((c.version(), c.list().len()), ("rev_00", 0));
+        assert!(!c.force);
+        let bad = Snapshot {
+            version: "rev_09".into(),
+            keys: vec![dto("rev_09", "nothex")],
+        };
+        assert!(Registry::from_snapshot(bad, 9).is_err());
     }
 
     #[test]

@@ -85,38 +85,113 @@ fn serverless_reach_check(dto: &KeyDto, set: &PolicySet) -> Result<(), String> {
     cross_check(std::iter::once((dto.id.as_str(), itpm)), docs)
 }
 
+/// The ID part of a `/admin/api-keys` path; `None` for another path.
+fn keys_path(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/admin/api-keys")?;
+    (rest.is_empty() || rest.starts_with('/')).then(|| rest.trim_start_matches('/'))
+}
+
+/// Apply one call to `reg` (the force flag set and cleared around it).
+fn apply(
+    router: &Router,
+    reg: &mut crate::logic::tenancy::registry::Registry,
+    (method, id, path, target): (&str, &str, &str, &str),
+    body: &[u8],
+) -> AdminReply {
+    // The way out of a version pushed too far ahead (issue 29 #15).
+    let before = reg.version().to_string();
+    reg.force = method != "GET" && query_param(target, "force").as_deref() == Some("true");
+    let out = keys_call(router, reg, method, id, path, target, body);
+    if reg.force && out.0 == 200 {
+        tracing::warn!(from = %before, to = %reg.version(), "key registry: forced version push");
+    }
+    reg.force = false;
+    out
+}
+
 /// Serve a `/admin/api-keys` call; `None` when the path is another one.
-pub fn keys_api(
+pub async fn keys_api(
     router: &Router,
     method: &str,
     path: &str,
     target: &str,
     body: &[u8],
 ) -> Option<AdminReply> {
-    let rest = path.strip_prefix("/admin/api-keys")?;
-    if !(rest.is_empty() || rest.starts_with('/')) {
-        return None;
-    }
+    let id = keys_path(path)?;
     if router.auth.load().mode != ApiMode::Dynamic {
         return Some(reply(
             501,
             json!({"error": "dynamic key registry not active"}),
         ));
     }
+    let call = (method, id, path, target);
+    if let (Some(shared), true) = (&router.shared_state, method != "GET") {
+        return Some(shared_call(router, shared, call, body).await);
+    }
     let mut reg = match router.registry.lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
     };
-    let id = rest.trim_start_matches('/');
-    // The way out of a version pushed too far ahead (issue 29 #15).
-    let before = reg.version().to_string();
-    reg.force = method != "GET" && query_param(target, "force").as_deref() == Some("true");
-    let out = keys_call(router, &mut reg, method, id, path, target, body);
-    if reg.force && out.0 == 200 {
-        tracing::warn!(from = %before, to = %reg.version(), "key registry: forced version push");
+    let out = apply(router, &mut reg, call, body);
+    if out.0 == 200 && method != "GET" {
+        router.publish_registry(&reg);
     }
-    reg.force = false;
     Some(out)
+}
+
+/// Times a change is applied again after another router changed the
+/// registry first.
+const SHARED_TRIES: usize = 3;
+
+/// A change with `--shared-state`: applied to a copy, pushed to Redis as a
+/// compare-and-set on the copy's epoch, installed here only once it
+/// landed (every router sees the same order of changes, and the version
+/// rule holds across them); applied again on a conflict.
+async fn shared_call(
+    router: &Router,
+    shared: &crate::runtime::state::shared_state::SharedState,
+    call: (&str, &str, &str, &str),
+    body: &[u8],
+) -> AdminReply {
+    use crate::runtime::state::shared_state::PushError;
+    for _ in 0..SHARED_TRIES {
+        let mut next = match router.registry.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        let out = apply(router, &mut next, call, body);
+        if out.0 != 200 {
+            return out;
+        }
+        let data = serde_json::to_string(&next.snapshot()).unwrap_or_default();
+        match shared.push_keys(next.epoch, data).await {
+            Ok(epoch) => {
+                next.epoch = epoch;
+                let mut reg = match router.registry.lock() {
+                    Ok(g) => g,
+                    Err(p) => p.into_inner(),
+                };
+                // The poller may have loaded this very push already.
+                if reg.epoch != epoch {
+                    *reg = next;
+                }
+                router.publish_registry(&reg);
+                return out;
+            }
+            // The thread loaded the newer registry: apply the call again.
+            Err(PushError::Conflict) => continue,
+            Err(PushError::Down(m)) => {
+                return reply(
+                    503,
+                    json!({"error": format!("shared state unavailable ({m}): key changes are refused until it returns; the keys in force are unchanged")}),
+                )
+            }
+        }
+    }
+    reply(
+        409,
+        json!({"error": "the key registry changed on other routers during this call, three times; retry"}),
+    )
 }
 
 /// One call of the key API on the locked registry.
@@ -147,13 +222,10 @@ fn keys_call(
             match parsed {
                 Err(e) => reply(400, json!({"error": format!("invalid JSON: {e}")})),
                 Ok(b) => match reg.replace(&b.version, b.keys) {
-                    Ok(n) => {
-                        router.publish_registry(reg);
-                        reply(
-                            200,
-                            json!({"ok": true, "count": n, "version": reg.version()}),
-                        )
-                    }
+                    Ok(n) => reply(
+                        200,
+                        json!({"ok": true, "count": n, "version": reg.version()}),
+                    ),
                     Err(e) => stale_or_invalid(match e {
                         // replace answers a stale version with 400 (spec).
                         RegistryError::Stale { current } => {
@@ -188,7 +260,6 @@ fn keys_call(
                         }
                         match reg.put(&id, dto) {
                             Ok(()) => {
-                                router.publish_registry(reg);
                                 reply(200, json!({"ok": true, "id": id, "version": reg.version()}))
                             }
                             Err(e) => stale_or_invalid(e),
@@ -201,13 +272,10 @@ fn keys_call(
                         return reply(400, json!({"error": "version is required"}));
                     };
                     match reg.delete(&id, &version) {
-                        Ok(existed) => {
-                            router.publish_registry(reg);
-                            reply(
-                                200,
-                                json!({"ok": true, "deleted": existed, "id": id, "version": reg.version()}),
-                            )
-                        }
+                        Ok(existed) => reply(
+                            200,
+                            json!({"ok": true, "deleted": existed, "id": id, "version": reg.version()}),
+                        ),
                         Err(e) => stale_or_invalid(e),
                     }
                 }

@@ -98,6 +98,7 @@ pub async fn serve(shard: &Rc<Shard>, c: &mut Client, head: &RequestHead, path: 
     };
     if let Some((status, body)) =
         crate::runtime::admin::keys::keys_api(&shard.router, &head.method, path, &head.path, &body)
+            .await
     {
         return respond::send_json(c, status, &body, keep).await;
     }

@@ -192,6 +192,40 @@ fn render_router(
     .series([], storage_errors);
 }
 
+/// `--shared-state` (only when it is set): whether Redis answers, how old
+/// the last sync is, failed calls.
+fn render_shared_state(o: &mut String, st: &crate::runtime::state::shared_state::SharedState) {
+    use std::sync::atomic::Ordering::Relaxed;
+    Family::new(
+        o,
+        "hivenet_shared_state_up",
+        Gauge,
+        "Whether the last call to the shared state (Redis) succeeded.",
+        [],
+    )
+    .series([], u8::from(st.up.load(Relaxed)));
+    let (s, n) = crate::runtime::wire::clock::unix_nanos();
+    let now_ms = s.saturating_mul(1000) + u64::from(n / 1_000_000);
+    let mut f = Family::new(
+        o,
+        "hivenet_shared_state_last_sync_age_seconds",
+        Gauge,
+        "Seconds since the last successful sync with the shared state (absent before the first).",
+        [],
+    );
+    if let Some(age) = st.sync_age_secs(now_ms) {
+        f.series([], age);
+    }
+    Family::new(
+        o,
+        "hivenet_shared_state_errors_total",
+        Counter,
+        "Failed calls to the shared state (Redis).",
+        [],
+    )
+    .series([], st.errors.load(Relaxed));
+}
+
 /// (region, engine, model, tenant) of a routing counter.
 type RouteKey = (String, String, String, std::sync::Arc<str>);
 
@@ -807,6 +841,9 @@ pub async fn serve(shard: Rc<Shard>, conn: Conn) {
                 shard.router.audit.as_deref(),
                 &shard.router.holds.lock().quota_refused.clone(),
             );
+            if let Some(st) = &shard.router.shared_state {
+                render_shared_state(&mut body, st);
+            }
             crate::runtime::metrics::process::render(&mut body);
             let ct = "text/plain; version=0.0.4; charset=utf-8";
             respond::send_body(&mut c, 200, ct, body.as_bytes(), keep).await

@@ -15,6 +15,7 @@ pub mod pending;
 pub mod router;
 pub mod scope;
 pub mod shard;
+pub mod shared_state;
 pub mod snapshot;
 pub mod store_api;
 pub mod tenancy;

@@ -170,6 +170,9 @@ pub struct Router {
     pub sites: Versioned<Sites>,
     /// Hold at zero's books (limits, demand, outcomes, wake times).
     pub holds: Arc<super::hold_book::HoldBook>,
+    /// `--shared-state`: Redis shared with the other routers (None: this
+    /// router alone).
+    pub shared_state: Option<Arc<super::shared_state::SharedState>>,
 }
 
 /// The sibling map as this router holds it.

@@ -468,6 +468,7 @@ mod tests {
             admin_keys: Vec::new(),
             auth: Versioned::new(Default::default()),
             registry: Default::default(),
+            shared_state: None,
             audit: None,
             insecure_admin: false,
             policy_reloads: std::sync::Mutex::new(Default::default()),

@@ -1,0 +1,338 @@
+//! `--shared-state redis://host:port/db`: what several routers in front of
+//! one fleet share, through Redis or Valkey (issue 31). Today: the dynamic
+//! key registry.
+//!
+//! One thread of its own holds the synchronous connection; shards never
+//! call the network. They send it commands over a channel and await the
+//! answer (an admin call), or read what it last loaded (every request).
+//!
+//! The registry in Redis is one hash, `hivenet:keys`, with `epoch` (a
+//! generation counter) and `data` (the whole registry as
+//! [`Snapshot`] JSON: key hashes, never keys). A change is an atomic
+//! compare-and-set on the epoch (a Lua script): a router applies the admin
+//! call to its copy, pushes the result expecting the epoch that copy came
+//! from, and on a conflict reloads and applies the call again, so the
+//! version rule holds across routers as on one. Every [`POLL_EVERY`] the
+//! thread reads the epoch and loads the registry when it differs: a key
+//! pushed to one router is in force on the others within that (plus the
+//! load). Redis restarted empty is seeded back from the first router that
+//! sees it so.
+//!
+//! While Redis is unreachable the routers keep their last copy and serve;
+//! a change is refused with 503 (it could not be shared).
+//! `hivenet_shared_state_up`, the age of the last successful sync and the
+//! error count are exported.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::logic::tenancy::registry::{Registry, Snapshot};
+
+use super::router::Router;
+
+/// How often the thread reads the store's epoch.
+pub const POLL_EVERY: Duration = Duration::from_millis(200);
+/// Connect, read and write timeout of one Redis call (a slow Redis costs
+/// the sync this much, never a request).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// The registry's hash in Redis.
+pub const KEYS_HASH: &str = "hivenet:keys";
+
+/// Compare-and-set of the registry: KEYS[1] the hash, ARGV[1] the epoch the
+/// pushed copy came from, ARGV[2] its JSON. Returns the new epoch, or -1
+/// when another router changed it first.
+const CAS_SCRIPT: &str = r"
+local cur = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
+if cur ~= tonumber(ARGV[1]) then return -1 end
+redis.call('HSET', KEYS[1], 'epoch', cur + 1, 'data', ARGV[2])
+return cur + 1
+";
+
+/// Seeds an empty store: ARGV[1] the epoch to start from (unix
+/// milliseconds: never one a router already mirrors), ARGV[2] the JSON.
+/// Returns it, or -1 when the store is not empty any more.
+const SEED_SCRIPT: &str = r"
+if redis.call('HEXISTS', KEYS[1], 'epoch') == 1 then return -1 end
+redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'data', ARGV[2])
+return tonumber(ARGV[1])
+";
+
+/// Unix milliseconds.
+fn unix_millis() -> u64 {
+    let (s, n) = crate::runtime::wire::clock::unix_nanos();
+    s.saturating_mul(1000) + u64::from(n / 1_000_000)
+}
+
+/// Why a push did not land.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PushError {
+    /// Another router changed the registry first (the thread has loaded
+    /// it: apply the call again).
+    Conflict,
+    /// Redis could not be reached or answered an error.
+    Down(String),
+}
+
+enum Cmd {
+    PushKeys {
+        epoch: u64,
+        data: String,
+        reply: futures::channel::oneshot::Sender<Result<u64, PushError>>,
+    },
+}
+
+/// The shards' side of the shared state.
+pub struct SharedState {
+    tx: mpsc::Sender<Cmd>,
+    /// Where, with any password hidden (for logs).
+    pub shown: String,
+    /// Whether the last call to Redis succeeded.
+    pub up: AtomicBool,
+    /// Unix milliseconds of the last successful sync (0: never).
+    pub last_sync_ms: AtomicU64,
+    /// Failed calls to Redis.
+    pub errors: AtomicU64,
+}
+
+/// The thread's side, until it starts.
+pub struct Pending {
+    rx: mpsc::Receiver<Cmd>,
+    client: redis::Client,
+}
+
+impl SharedState {
+    /// Validate `url` (`redis://[:password@]host[:port][/db]`); nothing is
+    /// dialed before [`SharedState::start`].
+    pub fn new(url: &str) -> Result<(Arc<Self>, Pending), String> {
+        let url = url.trim();
+        if url.starts_with("rediss://") {
+            return Err("--shared-state: rediss:// (TLS) is not supported by this build; use redis:// on a private network or a TLS tunnel".into());
+        }
+        if !url.starts_with("redis://") {
+            return Err(format!(
+                "--shared-state: {:?} is not a redis://host:port/db URL",
+                shown(url)
+            ));
+        }
+        let client =
+            redis::Client::open(url).map_err(|e| format!("--shared-state: {}: {e}", shown(url)))?;
+        let (tx, rx) = mpsc::channel();
+        let me = Arc::new(SharedState {
+            tx,
+            shown: shown(url),
+            up: AtomicBool::new(false),
+            last_sync_ms: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        });
+        Ok((me, Pending { rx, client }))
+    }
+
+    /// Start the thread that talks to Redis for `router`.
+    pub fn start(self: &Arc<Self>, pending: Pending, router: Arc<Router>) -> Result<(), String> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("shared-state".into())
+            .spawn(move || me.run(pending, &router))
+            .map(|_| ())
+            .map_err(|e| format!("cannot start the shared-state thread: {e}"))
+    }
+
+    /// Push the registry `data` built on the copy of `epoch`; the new
+    /// epoch when it landed.
+    pub async fn push_keys(&self, epoch: u64, data: String) -> Result<u64, PushError> {
+        let (reply, rx) = futures::channel::oneshot::channel();
+        self.tx
+            .send(Cmd::PushKeys { epoch, data, reply })
+            .map_err(|_| PushError::Down("the shared-state thread is gone".into()))?;
+        rx.await.unwrap_or_else(|_| {
+            Err(PushError::Down(
+                "no answer from the shared-state thread".into(),
+            ))
+        })
+    }
+
+    /// Seconds since the last successful sync (None: never).
+    pub fn sync_age_secs(&self, now_ms: u64) -> Option<f64> {
+        match self.last_sync_ms.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(now_ms.saturating_sub(t) as f64 / 1000.0),
+        }
+    }
+
+    fn run(&self, p: Pending, router: &Router) {
+        let mut conn: Option<redis::Connection> = None;
+        let mut logged_down = false;
+        loop {
+            let cmd = match p.rx.recv_timeout(POLL_EVERY) {
+                Ok(c) => Some(c),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            };
+            if conn.is_none() {
+                match connect(&p.client) {
+                    Ok(c) => {
+                        tracing::info!(redis = %self.shown, "shared state: connected");
+                        logged_down = false;
+                        conn = Some(c);
+                    }
+                    Err(e) => {
+                        self.failed(&mut logged_down, &e);
+                    }
+                }
+            }
+            let Some(c) = conn.as_mut() else {
+                if let Some(Cmd::PushKeys { reply, .. }) = cmd {
+                    let _ = reply.send(Err(PushError::Down(format!(
+                        "Redis at {} is unreachable",
+                        self.shown
+                    ))));
+                }
+                continue;
+            };
+            let step = match cmd {
+                Some(Cmd::PushKeys { epoch, data, reply }) => {
+                    let r = push(c, epoch, &data);
+                    let answer = match &r {
+                        Ok(Some(e)) => Ok(*e),
+                        // Loaded below before the caller applies again.
+                        Ok(None) => Err(PushError::Conflict),
+                        Err(e) => Err(PushError::Down(e.to_string())),
+                    };
+                    let synced = r.map(|_| ()).and_then(|()| sync(c, router));
+                    let _ = reply.send(answer);
+                    synced
+                }
+                None => sync(c, router),
+            };
+            match step {
+                Ok(()) => {
+                    self.up.store(true, Ordering::Relaxed);
+                    self.last_sync_ms.store(unix_millis(), Ordering::Relaxed);
+                }
+                Err(e) => {
+                    conn = None;
+                    self.failed(&mut logged_down, &e);
+                }
+            }
+        }
+    }
+
+    fn failed(&self, logged: &mut bool, e: &redis::RedisError) {
+        self.up.store(false, Ordering::Relaxed);
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        if !*logged {
+            tracing::warn!(redis = %self.shown, "shared state unreachable: {e}; serving with the last copy, key changes refused until it returns");
+            *logged = true;
+        }
+        // No tight loop against a Redis that refuses at once.
+        std::thread::sleep(POLL_EVERY);
+    }
+}
+
+fn connect(client: &redis::Client) -> redis::RedisResult<redis::Connection> {
+    let c = client.get_connection_with_timeout(CALL_TIMEOUT)?;
+    c.set_read_timeout(Some(CALL_TIMEOUT))?;
+    c.set_write_timeout(Some(CALL_TIMEOUT))?;
+    Ok(c)
+}
+
+/// The compare-and-set; `Ok(None)`: another router was first.
+fn push(c: &mut redis::Connection, epoch: u64, data: &str) -> redis::RedisResult<Option<u64>> {
+    let n: i64 = redis::Script::new(CAS_SCRIPT)
+        .key(KEYS_HASH)
+        .arg(epoch)
+        .arg(data)
+        .invoke(c)?;
+    Ok(u64::try_from(n).ok())
+}
+
+/// Bring the local registry in line with the store's: load it when its
+/// epoch differs; seed an empty store from a registry that has entries.
+fn sync(c: &mut redis::Connection, router: &Router) -> redis::RedisResult<()> {
+    let (epoch, data): (Option<u64>, Option<String>) = redis::cmd("HMGET")
+        .arg(KEYS_HASH)
+        .arg("epoch")
+        .arg("data")
+        .query(c)?;
+    let local = match router.registry.lock() {
+        Ok(g) => g.clone(),
+        Err(p) => p.into_inner().clone(),
+    };
+    match (epoch, data) {
+        (Some(e), Some(d)) if e != local.epoch => {
+            let loaded = serde_json::from_str::<Snapshot>(&d)
+                .map_err(|e| e.to_string())
+                .and_then(|s| Registry::from_snapshot(s, e).map_err(|e| format!("{e:?}")));
+            match loaded {
+                Ok(reg) => install(router, reg),
+                // A store another build wrote, or damaged: keep ours, say so.
+                Err(m) => {
+                    tracing::warn!("shared state: the key registry in Redis (epoch {e}) does not load: {m}; kept the local copy");
+                }
+            }
+        }
+        (None, _) if local.epoch > 0 || !local.list().is_empty() => {
+            // Restarted empty (or never written by a router that has keys):
+            // seed it; the first router to do so wins, the others load it.
+            let data = serde_json::to_string(&local.snapshot()).unwrap_or_default();
+            let n: i64 = redis::Script::new(SEED_SCRIPT)
+                .key(KEYS_HASH)
+                .arg(unix_millis())
+                .arg(&data)
+                .invoke(c)?;
+            if let Ok(e) = u64::try_from(n) {
+                let mut seeded = local;
+                seeded.epoch = e;
+                install(router, seeded);
+                tracing::info!(
+                    "shared state: Redis had no key registry; seeded it from this router's"
+                );
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn install(router: &Router, reg: Registry) {
+    let mut g = match router.registry.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    *g = reg;
+    router.publish_registry(&g);
+}
+
+/// `url` with its password replaced by `***`.
+fn shown(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s + 3 => {
+            format!(
+                "{}***{}",
+                url.get(..s + 3).unwrap_or(""),
+                url.get(at..).unwrap_or("")
+            )
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_and_passwords_hidden() {
+        assert_eq!(shown("redis://:s3cret@h:6379/0"), "redis://***@h:6379/0");
+        assert_eq!(shown("redis://h:6379"), "redis://h:6379");
+        assert!(SharedState::new("rediss://h:6380").is_err());
+        assert!(SharedState::new("http://h").is_err());
+        let (s, _p) = SharedState::new(" redis://:pw@127.0.0.1:6379/2 ").expect("valid");
+        assert_eq!(s.shown, "redis://***@127.0.0.1:6379/2");
+        assert_eq!(s.sync_age_secs(5_000), None);
+        s.last_sync_ms.store(3_000, Ordering::Relaxed);
+        assert_eq!(s.sync_age_secs(5_000), Some(2.0));
+    }
+}

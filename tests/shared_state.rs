@@ -1,0 +1,199 @@
+//! Several routers sharing the dynamic key registry through a real
+//! `redis-server` (issue 31, `--shared-state`): a key pushed to one router
+//! is in force on the others, the version rule holds across them, a Redis
+//! that goes away leaves the keys in force and refuses changes (503), and a
+//! Redis restarted empty is seeded back from the routers.
+
+mod common;
+use common::*;
+use serde_json::json;
+use std::time::Duration;
+
+const MODEL: &str = "ss-model";
+
+fn admin(http: u16, method: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let b = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
+    let (st, _, out) = Req::new(method, path)
+        .body(b.as_bytes())
+        .raw_headers(&format!("Authorization: Bearer {ADMIN_KEY}\r\n"))
+        .send(http)
+        .map(Resp::triple)
+        .expect("admin");
+    (
+        st,
+        serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+fn key(version: &str, raw: &str) -> serde_json::Value {
+    json!({"version": version, "key_hash": sha256_hex(raw), "key_preview": "sk-...x",
+           "owner": "acme", "name": "prod", "allowed_models": [MODEL]})
+}
+
+/// A chat request with `raw` as its key: the status.
+fn with_key(http: u16, raw: &str) -> u16 {
+    let body = format!(
+        r#"{{"model":"{MODEL}","max_tokens":2,"messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
+    Req::post("/v1/chat/completions", body)
+        .header("Authorization", &format!("Bearer {raw}"))
+        .send(http)
+        .map(|r| r.status)
+        .unwrap_or(0)
+}
+
+struct Fleet {
+    routers: Vec<Router>,
+    _sim: Proc,
+    _agent: Proc,
+}
+
+/// `n` routers in dynamic key mode sharing Redis at `redis`, one sim and
+/// one agent linked to all of them.
+fn fleet(dir: &std::path::Path, n: usize, redis: u16) -> Fleet {
+    let url = format!("redis://127.0.0.1:{redis}/0");
+    let routers: Vec<Router> = (0..n)
+        .map(|i| {
+            let d = dir.join(format!("r{i}"));
+            std::fs::create_dir_all(&d).expect("router dir");
+            start_router(
+                &d,
+                &["--shards", "1", "--shared-state", &url],
+                &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")],
+            )
+        })
+        .collect();
+    let (sim, port) = start_sim(dir, MODEL, &[]);
+    let more: Vec<String> = routers
+        .iter()
+        .skip(1)
+        .map(|r| format!("/ip4/127.0.0.1/tcp/{}", r.p2p))
+        .collect();
+    let mut extra = vec!["--capacity", "8"];
+    for m in &more {
+        extra.extend(["--router-p2p", m.as_str()]);
+    }
+    let agent = start_agent(dir, &routers[0], port, "a.key", &extra);
+    for r in &routers {
+        // /v1/models wants a key in dynamic mode: the routing table says.
+        wait_until(
+            Duration::from_secs(30),
+            || {
+                routing_table(r.http)["agents"]
+                    .as_array()
+                    .map_or(0, Vec::len)
+                    == 1
+            },
+            "the agent on every router",
+        );
+        wait_until(
+            Duration::from_secs(10),
+            || metric(r.metrics, "hivenet_shared_state_up") == Some(1.0),
+            "shared state up",
+        );
+    }
+    Fleet {
+        routers,
+        _sim: sim,
+        _agent: agent,
+    }
+}
+
+#[test]
+fn a_key_put_on_one_router_is_in_force_on_every_router() {
+    let dir = tmpdir("shared-keys");
+    let rport = free_port();
+    let _redis = start_redis(&dir, rport);
+    let f = fleet(&dir, 3, rport);
+    let (a, b, c) = (f.routers[0].http, f.routers[1].http, f.routers[2].http);
+    assert_eq!(with_key(c, "sk-one"), 401, "no key yet");
+    let (st, out) = admin(a, "PUT", "/admin/api-keys/k1", key("v0002", "sk-one"));
+    assert_eq!(st, 200, "{out}");
+    wait_until(
+        Duration::from_secs(5),
+        || with_key(c, "sk-one") == 200 && with_key(b, "sk-one") == 200,
+        "the key in force on B and C",
+    );
+    // The version rule holds across routers: B refuses an older version.
+    let (st, out) = admin(b, "PUT", "/admin/api-keys/k2", key("v0001", "sk-two"));
+    assert_eq!(st, 409, "{out}");
+    assert_eq!(out["current_version"], "v0002");
+    // A delete on B ends the key on A.
+    let (st, out) = admin(b, "DELETE", "/admin/api-keys/k1?version=v0003", json!(null));
+    assert_eq!(st, 200, "{out}");
+    wait_until(
+        Duration::from_secs(5),
+        || with_key(a, "sk-one") == 401,
+        "the key gone on A",
+    );
+    // Every router lists the same registry.
+    for r in [a, b, c] {
+        wait_until(
+            Duration::from_secs(5),
+            || admin(r, "GET", "/admin/api-keys", json!(null)).1["version"] == "v0003",
+            "the same version everywhere",
+        );
+    }
+    // Changes on two routers at once: both land, in some order, none lost.
+    let t1 =
+        std::thread::spawn(move || admin(a, "PUT", "/admin/api-keys/k3", key("v0004", "sk-3")).0);
+    let t2 =
+        std::thread::spawn(move || admin(c, "PUT", "/admin/api-keys/k4", key("v0004", "sk-4")).0);
+    assert_eq!((t1.join().expect("t1"), t2.join().expect("t2")), (200, 200));
+    wait_until(
+        Duration::from_secs(5),
+        || with_key(b, "sk-3") == 200 && with_key(b, "sk-4") == 200,
+        "both concurrent keys on B",
+    );
+}
+
+#[test]
+fn redis_lost_keeps_the_keys_refuses_changes_and_is_seeded_back() {
+    let dir = tmpdir("shared-keys-chaos");
+    let rport = free_port();
+    let mut redis = start_redis(&dir, rport);
+    let f = fleet(&dir, 2, rport);
+    let (a, b) = (f.routers[0].http, f.routers[1].http);
+    let (st, out) = admin(a, "PUT", "/admin/api-keys/k1", key("v1", "sk-one"));
+    assert_eq!(st, 200, "{out}");
+    wait_until(
+        Duration::from_secs(5),
+        || with_key(b, "sk-one") == 200,
+        "the key on B",
+    );
+    redis.kill9();
+    wait_until(
+        Duration::from_secs(10),
+        || metric(f.routers[0].metrics, "hivenet_shared_state_up") == Some(0.0),
+        "Redis seen down",
+    );
+    // Keys in force stay; a change that could not be shared is refused.
+    assert_eq!(with_key(b, "sk-one"), 200);
+    let (st, out) = admin(a, "PUT", "/admin/api-keys/k2", key("v2", "sk-two"));
+    assert_eq!(st, 503, "{out}");
+    assert!(metric(f.routers[0].metrics, "hivenet_shared_state_errors_total").unwrap_or(0.0) > 0.0);
+    // Redis comes back empty: a router seeds it, and changes work again.
+    let _redis = start_redis(&dir, rport);
+    wait_until(
+        Duration::from_secs(10),
+        || metric(f.routers[1].metrics, "hivenet_shared_state_up") == Some(1.0),
+        "Redis seen up",
+    );
+    wait_until(
+        Duration::from_secs(10),
+        || admin(b, "PUT", "/admin/api-keys/k2", key("v2", "sk-two")).0 == 200,
+        "a change accepted again",
+    );
+    wait_until(
+        Duration::from_secs(5),
+        || with_key(a, "sk-two") == 200,
+        "the new key on A",
+    );
+    // The seed kept the key pushed before the loss.
+    assert_eq!(with_key(a, "sk-one"), 200);
+    assert_eq!(with_key(b, "sk-one"), 200);
+}
