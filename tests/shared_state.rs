@@ -197,3 +197,104 @@ fn redis_lost_keeps_the_keys_refuses_changes_and_is_seeded_back() {
     assert_eq!(with_key(a, "sk-one"), 200);
     assert_eq!(with_key(b, "sk-one"), 200);
 }
+
+/// Send a request on a raw socket and leave it open (held).
+fn held_request(http: u16, client_id: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let body = chat_body("z", false);
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", http)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok();
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nX-Client-Request-ID: {client_id}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .expect("write");
+    s
+}
+
+fn demand_sum(routers: &[Router]) -> f64 {
+    routers
+        .iter()
+        .map(|r| metric(r.metrics, "hivenet_pending_demand{model=\"z\"}").unwrap_or(-100.0))
+        .sum()
+}
+
+#[test]
+fn a_client_held_on_two_routers_is_one_pending_demand() {
+    let dir = tmpdir("shared-demand");
+    let rport = free_port();
+    let _redis = start_redis(&dir, rport);
+    let url = format!("redis://127.0.0.1:{rport}/0");
+    // Two routers of site "a", model "z" placed there at zero.
+    let routers: Vec<Router> = (0..2)
+        .map(|i| {
+            let d = dir.join(format!("r{i}"));
+            std::fs::create_dir_all(&d).expect("dir");
+            start_router(
+                &d,
+                &["--shards", "1", "--site-id", "a", "--shared-state", &url],
+                &[],
+            )
+        })
+        .collect();
+    for r in &routers {
+        let map = format!(
+            r#"{{"version":"1","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{}"}}],"placements":[{{"site_id":"a","model":"z","kind":"chat","scale_from_zero":true,"hold_budget":"30s"}}]}}"#,
+            r.http
+        );
+        let (st, b) = Req::new("PUT", "/admin/sibling-map")
+            .body(map.as_bytes())
+            .raw_headers(&format!("Authorization: Bearer {ADMIN_KEY}\r\n"))
+            .send(r.http)
+            .map(Resp::pair)
+            .expect("map");
+        assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    }
+    let u1 = "6f1c2a3e-0000-4000-8000-000000000001";
+    let u2 = "6f1c2a3e-0000-4000-8000-000000000002";
+    // The same client (no key: the same identity) retried on the other
+    // router: one demand over both.
+    let _a1 = held_request(routers[0].http, u1);
+    let _b1 = held_request(routers[1].http, u1);
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            let held: f64 = routers
+                .iter()
+                .map(|r| metric(r.metrics, "hivenet_held_requests").unwrap_or(0.0))
+                .sum();
+            held == 2.0 && demand_sum(&routers) == 1.0
+        },
+        "two held requests, one demand",
+    );
+    // Another client: two.
+    let _b2 = held_request(routers[1].http, u2);
+    wait_until(
+        Duration::from_secs(5),
+        || demand_sum(&routers) == 2.0,
+        "a second client",
+    );
+    // Whichever router counts u1, its request leaves: the other router
+    // takes the count over; still two in all.
+    let a_counts_u1 =
+        metric(routers[0].metrics, "hivenet_pending_demand{model=\"z\"}") == Some(1.0);
+    if a_counts_u1 {
+        drop(_a1);
+    } else {
+        drop(_b1);
+    }
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            let held: f64 = routers
+                .iter()
+                .map(|r| metric(r.metrics, "hivenet_held_requests").unwrap_or(0.0))
+                .sum();
+            held == 2.0 && demand_sum(&routers) == 2.0
+        },
+        "u1 still counted once, by the router that still holds it",
+    );
+}

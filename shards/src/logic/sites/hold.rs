@@ -78,6 +78,9 @@ struct Demand {
     alone: u64,
 }
 
+/// One distinct demanded request: (model, identity, client ID).
+pub type DemandId = (String, String, u128);
+
 /// Router-wide hold accounting.
 #[derive(Debug, Clone, Default)]
 pub struct Ledger {
@@ -85,6 +88,10 @@ pub struct Ledger {
     by_model: HashMap<String, u64>,
     bytes: u64,
     demand: HashMap<String, Demand>,
+    /// Demanded IDs another router counts (`--shared-state`: the router
+    /// that claimed one first counts it, so the sum over routers counts
+    /// each client once).
+    foreign: std::collections::HashSet<DemandId>,
 }
 
 impl Ledger {
@@ -137,11 +144,38 @@ impl Ledger {
         }
     }
 
-    /// `hivenet_pending_demand{model}`: distinct requests waiting.
+    /// `hivenet_pending_demand{model}`: distinct requests waiting (those
+    /// with a client ID another router counts left out).
     pub fn demand(&self, model: &str) -> u64 {
+        self.demand.get(model).map_or(0, |d| {
+            let ids = if self.foreign.is_empty() {
+                d.ids.len()
+            } else {
+                d.ids
+                    .keys()
+                    .filter(|(who, id)| {
+                        !self
+                            .foreign
+                            .contains(&(model.to_string(), who.clone(), *id))
+                    })
+                    .count()
+            };
+            ids as u64 + d.alone
+        })
+    }
+
+    /// Every demanded request with a client ID (what routers sharing state
+    /// deduplicate).
+    pub fn demanded_ids(&self) -> std::collections::HashSet<DemandId> {
         self.demand
-            .get(model)
-            .map_or(0, |d| d.ids.len() as u64 + d.alone)
+            .iter()
+            .flat_map(|(m, d)| d.ids.keys().map(|(who, id)| (m.clone(), who.clone(), *id)))
+            .collect()
+    }
+
+    /// The IDs other routers count from now on (replaces the last set).
+    pub fn set_foreign(&mut self, foreign: std::collections::HashSet<DemandId>) {
+        self.foreign = foreign;
     }
 
     /// Held requests and body bytes now (gauges, tests).

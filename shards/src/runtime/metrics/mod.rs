@@ -126,6 +126,14 @@ fn render_holds(
         for m in &models {
             f.series([m], books.ledger.demand(m));
         }
+        Family::new(
+            o,
+            "hivenet_held_requests",
+            Gauge,
+            "Requests held by this router now (every model; a client held on two routers is held by both, and counted once in hivenet_pending_demand with --shared-state).",
+            [],
+        )
+        .series([], books.ledger.held().0);
     }
     let mut f = Family::new(
         o,

@@ -1,6 +1,7 @@
 //! `--shared-state redis://host:port/db`: what several routers in front of
 //! one fleet share, through Redis or Valkey (issue 31). Today: the dynamic
-//! key registry.
+//! key registry, and the dedup of held requests in
+//! `hivenet_pending_demand`.
 //!
 //! One thread of its own holds the synchronous connection; shards never
 //! call the network. They send it commands over a channel and await the
@@ -18,6 +19,14 @@
 //! load). Redis restarted empty is seeded back from the first router that
 //! sees it so.
 //!
+//! Pending demand: a held request with a client ID (key and
+//! `X-Client-Request-ID`) is claimed in Redis by the first router that
+//! holds it (`hivenet:held:<model>:<identity>:<id>`, a [`CLAIM_TTL`]
+//! lease refreshed while held); another router holding the same client
+//! leaves it out of its gauge, so the sum over routers counts each client
+//! once. A router that dies frees its claims within the TTL; without
+//! Redis each router counts its own (over-counting, never under).
+//!
 //! While Redis is unreachable the routers keep their last copy and serve;
 //! a change is refused with 503 (it could not be shared).
 //! `hivenet_shared_state_up`, the age of the last successful sync and the
@@ -28,6 +37,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::logic::sites::hold::DemandId;
 use crate::logic::tenancy::registry::{Registry, Snapshot};
 
 use super::router::Router;
@@ -63,6 +73,96 @@ return tonumber(ARGV[1])
 fn unix_millis() -> u64 {
     let (s, n) = crate::runtime::wire::clock::unix_nanos();
     s.saturating_mul(1000) + u64::from(n / 1_000_000)
+}
+
+/// How long a claim on a held client lives unless refreshed.
+pub const CLAIM_TTL: Duration = Duration::from_secs(30);
+/// How often a router refreshes its claims.
+const CLAIM_REFRESH: Duration = Duration::from_secs(5);
+/// How often a router retries a client another router claimed (it may
+/// have let go).
+const FOREIGN_RETRY: Duration = Duration::from_secs(1);
+
+/// Claim (or refresh) a held client: KEYS[1] its key, ARGV[1] this
+/// router, ARGV[2] the TTL in ms. 1: ours; 0: another router's.
+const CLAIM_SCRIPT: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0
+";
+
+/// Let go of a claim if it is still ours.
+const RELEASE_SCRIPT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+/// This router's claims on held clients: (ours, when last claimed or
+/// tried).
+#[derive(Default)]
+struct Claims {
+    held: std::collections::HashMap<DemandId, (bool, std::time::Instant)>,
+}
+
+fn claim_key(id: &DemandId) -> String {
+    use xxhash_rust::xxh64::xxh64;
+    format!(
+        "hivenet:held:{:016x}:{:016x}:{:032x}",
+        xxh64(id.0.as_bytes(), 0),
+        xxh64(id.1.as_bytes(), 0),
+        id.2
+    )
+}
+
+/// Bring the claims in line with the requests held here now, and tell the
+/// ledger which clients other routers count.
+fn demand_cycle(
+    c: &mut redis::Connection,
+    router: &Router,
+    me: &str,
+    claims: &mut Claims,
+) -> redis::RedisResult<()> {
+    let now_ids = router.holds.lock().ledger.demanded_ids();
+    let now = std::time::Instant::now();
+    let gone: Vec<DemandId> = claims
+        .held
+        .keys()
+        .filter(|k| !now_ids.contains(*k))
+        .cloned()
+        .collect();
+    for k in gone {
+        if let Some((true, _)) = claims.held.remove(&k) {
+            let _: i64 = redis::Script::new(RELEASE_SCRIPT)
+                .key(claim_key(&k))
+                .arg(me)
+                .invoke(c)?;
+        }
+    }
+    let ttl_ms = CLAIM_TTL.as_millis() as u64;
+    for k in now_ids {
+        let due = match claims.held.get(&k) {
+            Some((true, t)) => now.saturating_duration_since(*t) >= CLAIM_REFRESH,
+            Some((false, t)) => now.saturating_duration_since(*t) >= FOREIGN_RETRY,
+            None => true,
+        };
+        if due {
+            let ours: i64 = redis::Script::new(CLAIM_SCRIPT)
+                .key(claim_key(&k))
+                .arg(me)
+                .arg(ttl_ms)
+                .invoke(c)?;
+            claims.held.insert(k, (ours == 1, now));
+        }
+    }
+    let foreign = claims
+        .held
+        .iter()
+        .filter(|(_, (ours, _))| !ours)
+        .map(|(k, _)| k.clone())
+        .collect();
+    router.holds.lock().ledger.set_foreign(foreign);
+    Ok(())
 }
 
 /// Why a push did not land.
@@ -162,6 +262,8 @@ impl SharedState {
     }
 
     fn run(&self, p: Pending, router: &Router) {
+        let me = router.keypair.public().to_peer_id().to_string();
+        let mut claims = Claims::default();
         let mut conn: Option<redis::Connection> = None;
         let mut logged_down = false;
         loop {
@@ -178,6 +280,8 @@ impl SharedState {
                         conn = Some(c);
                     }
                     Err(e) => {
+                        claims.held.clear();
+                        router.holds.lock().ledger.set_foreign(Default::default());
                         self.failed(&mut logged_down, &e);
                     }
                 }
@@ -206,6 +310,7 @@ impl SharedState {
                 }
                 None => sync(c, router),
             };
+            let step = step.and_then(|()| demand_cycle(c, router, &me, &mut claims));
             match step {
                 Ok(()) => {
                     self.up.store(true, Ordering::Relaxed);
@@ -213,6 +318,10 @@ impl SharedState {
                 }
                 Err(e) => {
                     conn = None;
+                    // Nobody to dedup with: count every client here
+                    // (over, never under); claim again when it returns.
+                    claims.held.clear();
+                    router.holds.lock().ledger.set_foreign(Default::default());
                     self.failed(&mut logged_down, &e);
                 }
             }

@@ -36,6 +36,34 @@ fn demand_counts_a_key_and_uuid_once() {
 }
 
 #[test]
+fn ids_another_router_counts_leave_the_demand_here() {
+    let mut l = Ledger::default();
+    let lim = Limits::default();
+    for x in [
+        t("k1", "m", 1, Some(7)),
+        t("k2", "m", 1, Some(8)),
+        t("k1", "n", 1, Some(7)),
+        t("k1", "m", 1, None),
+    ] {
+        l.hold(&x, lim).expect("room");
+    }
+    let ids = l.demanded_ids();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert!(ids.contains(&("m".into(), "k1".into(), 7)));
+    assert_eq!(l.demand("m"), 3);
+    // Another router counts k1/7 of m (not of n): one fewer here.
+    l.set_foreign(
+        [("m".to_string(), "k1".to_string(), 7u128)]
+            .into_iter()
+            .collect(),
+    );
+    assert_eq!((l.demand("m"), l.demand("n")), (2, 1));
+    // It left there: counted here again.
+    l.set_foreign(Default::default());
+    assert_eq!(l.demand("m"), 3);
+}
+
+#[test]
 fn limits_refuse_and_free() {
     let mut l = Ledger::default();
     let lim = Limits {
