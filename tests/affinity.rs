@@ -347,6 +347,50 @@ fn bad_affinity_fields_are_refused_at_start_and_on_reload() {
         .map(Resp::pair)
         .expect("put");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+    // On SIGHUP: a policy file rewritten with a bad field is refused
+    // (counted as an error), the running policy kept.
+    let hup = dir.join("hup");
+    std::fs::create_dir_all(&hup).expect("dir");
+    let pf = hup.join("policy.yaml");
+    std::fs::write(&pf, policy("  affinity:\n    ttl_seconds: 30\n")).expect("policy");
+    let pfs = pf.to_string_lossy().to_string();
+    let r = start_router(&hup, &["--shards", "1", "--policy-file", &pfs], &[]);
+    std::fs::write(&pf, policy("  affinity:\n    block_bytes: 100\n")).expect("bad policy");
+    let errors = "hivenet_policy_reload_total{trigger=\"sighup\",result=\"error\"}";
+    signal(&r.proc, "HUP");
+    wait_until(
+        std::time::Duration::from_secs(5),
+        || metric(r.metrics, errors) == Some(1.0),
+        "the bad reload counted",
+    );
+    let (st, body) = Req::get("/admin/policy")
+        .header("Authorization", &format!("Bearer {ADMIN_KEY}"))
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("get policy");
+    assert_eq!(st, 200);
+    let text = String::from_utf8_lossy(&body);
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(v["routing_policy"]["strategy"], "prefix-aware", "{text}");
+    assert_eq!(v["routing_policy"]["affinity"]["ttl_seconds"], 30, "{text}");
+    assert_eq!(
+        v["routing_policy"]["affinity"]["block_bytes"], 2048,
+        "{text}"
+    );
+    // What GET shows PUTs back unchanged (it said least-loaded before).
+    let (st, out) = Req::new("PUT", "/admin/policy")
+        .header("Authorization", &format!("Bearer {ADMIN_KEY}"))
+        .body(text.to_string())
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("put back");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&out));
+    let (_, again) = Req::get("/admin/policy")
+        .header("Authorization", &format!("Bearer {ADMIN_KEY}"))
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("get again");
+    assert_eq!(String::from_utf8_lossy(&again), text);
 }
 
 #[test]

@@ -20,6 +20,16 @@ fn rules_json(rules: &[crate::logic::routing::policy::Rule]) -> Value {
 
 fn step_json(s: &crate::logic::routing::policy::Step) -> Value {
     let mut v = json!({"match": s.matcher, "strategy": "least-loaded"});
+    // What GET shows must PUT back to the same policy: the strategy and
+    // its affinity settings too.
+    if let Some(a) = &s.affinity {
+        v["strategy"] = json!("prefix-aware");
+        v["affinity"] = json!({
+            "load_band": a.load_band,
+            "ttl_seconds": a.ttl_seconds,
+            "block_bytes": a.block_bytes,
+        });
+    }
     if !s.exclude_if.is_empty() {
         v["exclude_if"] = rules_json(&s.exclude_if);
     }
