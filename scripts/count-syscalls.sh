@@ -17,6 +17,7 @@
 #   REQS_16=20000      requests of each run at 16 connections
 #   REQS_STREAM=2000   streamed requests (16 events each)
 #   DUR=120s           cap on each run (a run cut short fails --check)
+#   ROUTER_EXTRA="--shared-state redis://127.0.0.1:6379/0"  more router flags
 #   --check            fail when a count passes its ceiling (CEIL_* below)
 # The ceilings are generous on purpose (about twice the figures recorded
 # in perf/ when they were set): a change that doubles a count fails, noise
@@ -103,7 +104,7 @@ SIM=$(free_port); HTTP=$(free_port); MET=$(free_port); P2P=$(free_port)
 "$BIN/hivenet-sim" --port "$SIM" --model sim-model --threads 1 >"$WORK/sim.log" 2>&1 & SIM_PID=$!; PIDS+=($!)
 wait_http "http://127.0.0.1:$SIM/health"
 "$BIN/hivenet-router" --http-port "127.0.0.1:$HTTP" --metrics-port "127.0.0.1:$MET" --p2p-port "$P2P" --shards 1 \
-  --disk-db-path "$WORK/db" >"$WORK/router.log" 2>&1 & ROUTER_PID=$!; PIDS+=($!)
+  --disk-db-path "$WORK/db" ${ROUTER_EXTRA:-} >"$WORK/router.log" 2>&1 & ROUTER_PID=$!; PIDS+=($!)
 wait_http "http://127.0.0.1:$HTTP/health"
 "$BIN/hivenet-agent" --router-p2p "127.0.0.1:$P2P" --backend-url "http://127.0.0.1:$SIM" --identity-path "$WORK/agent.key" \
   --capacity 1024 >"$WORK/agent.log" 2>&1 & AGENT_PID=$!; PIDS+=($!)
