@@ -11,11 +11,11 @@ use std::collections::BTreeMap;
 
 /// How many of the oldest waiters a freed slot looks at for one its
 /// agent holds the prefix of.
-pub const LOOK_AHEAD: usize = 16;
+pub const LOOK_AHEAD: usize = 64;
 
 /// How many times the head may be passed over before a freed slot goes
 /// to it whoever holds what.
-pub const MAX_PASSES: u32 = 8;
+pub const MAX_PASSES: u32 = 32;
 
 /// The agents a waiter would rather take a slot on (the holders of its
 /// cached prefix, at most four; none when it has no cache affinity).
@@ -175,15 +175,15 @@ mod tests {
             q.push(v, 100).expect("room");
         }
         // 5 wants it: it goes ahead of 0..4.
-        assert_eq!(q.pop_for(LOOK_AHEAD, 2, |&v| v == 5), Some((5, 5)));
+        assert_eq!(q.pop_for(16, 2, |&v| v == 5), Some((5, 5)));
         // 17 is beyond the look-ahead (the 16 oldest are 0..=16 without 5).
-        assert_eq!(q.pop_for(LOOK_AHEAD, 2, |&v| v == 17), Some((0, 0)));
+        assert_eq!(q.pop_for(16, 2, |&v| v == 17), Some((0, 0)));
         // 1 is the head now: passed twice, then served whoever wants what.
-        assert_eq!(q.pop_for(LOOK_AHEAD, 2, |&v| v == 6), Some((6, 6)));
-        assert_eq!(q.pop_for(LOOK_AHEAD, 2, |&v| v == 7), Some((7, 7)));
-        assert_eq!(q.pop_for(LOOK_AHEAD, 2, |&v| v == 8), Some((1, 1)));
+        assert_eq!(q.pop_for(16, 2, |&v| v == 6), Some((6, 6)));
+        assert_eq!(q.pop_for(16, 2, |&v| v == 7), Some((7, 7)));
+        assert_eq!(q.pop_for(16, 2, |&v| v == 8), Some((1, 1)));
         // The head itself wanting it is no pass.
-        assert_eq!(q.pop_for(LOOK_AHEAD, 0, |&v| v == 2), Some((2, 2)));
+        assert_eq!(q.pop_for(16, 0, |&v| v == 2), Some((2, 2)));
         let p = Prefer::of([3, 9, 4, 5, 6]);
         assert!(p.contains(9) && p.contains(5) && !p.contains(6) && !p.contains(1));
         assert!(p.contains((7u64 << 32) | 3), "ids are compared truncated");
