@@ -7,24 +7,6 @@ mod common;
 use common::*;
 use serde_json::json;
 
-fn admin(http: u16, method: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
-    let b = if body.is_null() {
-        String::new()
-    } else {
-        body.to_string()
-    };
-    let (st, _, out) = Req::new(method, path)
-        .body(b.as_bytes())
-        .raw_headers(&format!("Authorization: Bearer {ADMIN_KEY}\r\n"))
-        .send(http)
-        .map(Resp::triple)
-        .expect("admin");
-    (
-        st,
-        serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null),
-    )
-}
-
 fn key(version: &str, raw: &str) -> serde_json::Value {
     json!({"version": version, "key_hash": sha256_hex(raw), "key_preview": "sk-...x", "owner": "acme", "name": "prod",
            "allowed_models": ["m"], "quota": {"requests_per_minute": 1000}})

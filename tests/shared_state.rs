@@ -11,24 +11,6 @@ use std::time::Duration;
 
 const MODEL: &str = "ss-model";
 
-fn admin(http: u16, method: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
-    let b = if body.is_null() {
-        String::new()
-    } else {
-        body.to_string()
-    };
-    let (st, _, out) = Req::new(method, path)
-        .body(b.as_bytes())
-        .raw_headers(&format!("Authorization: Bearer {ADMIN_KEY}\r\n"))
-        .send(http)
-        .map(Resp::triple)
-        .expect("admin");
-    (
-        st,
-        serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null),
-    )
-}
-
 fn key(version: &str, raw: &str) -> serde_json::Value {
     json!({"version": version, "key_hash": sha256_hex(raw), "key_preview": "sk-...x",
            "owner": "acme", "name": "prod", "allowed_models": [MODEL]})
@@ -215,6 +197,13 @@ fn held_request(http: u16, client_id: &str) -> std::net::TcpStream {
     s
 }
 
+fn held_sum(routers: &[Router]) -> f64 {
+    routers
+        .iter()
+        .map(|r| metric(r.metrics, "hivenet_held_requests").unwrap_or(0.0))
+        .sum()
+}
+
 fn demand_sum(routers: &[Router]) -> f64 {
     routers
         .iter()
@@ -261,13 +250,7 @@ fn a_client_held_on_two_routers_is_one_pending_demand() {
     let _b1 = held_request(routers[1].http, u1);
     wait_until(
         Duration::from_secs(5),
-        || {
-            let held: f64 = routers
-                .iter()
-                .map(|r| metric(r.metrics, "hivenet_held_requests").unwrap_or(0.0))
-                .sum();
-            held == 2.0 && demand_sum(&routers) == 1.0
-        },
+        || held_sum(&routers) == 2.0 && demand_sum(&routers) == 1.0,
         "two held requests, one demand",
     );
     // Another client: two.
@@ -288,13 +271,7 @@ fn a_client_held_on_two_routers_is_one_pending_demand() {
     }
     wait_until(
         Duration::from_secs(10),
-        || {
-            let held: f64 = routers
-                .iter()
-                .map(|r| metric(r.metrics, "hivenet_held_requests").unwrap_or(0.0))
-                .sum();
-            held == 2.0 && demand_sum(&routers) == 2.0
-        },
+        || held_sum(&routers) == 2.0 && demand_sum(&routers) == 2.0,
         "u1 still counted once, by the router that still holds it",
     );
 }

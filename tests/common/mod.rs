@@ -716,3 +716,28 @@ pub fn start_redis(dir: &std::path::Path, port: u16) -> Proc {
     );
     p
 }
+
+/// An admin call with the test admin key: status and JSON body (Null
+/// when empty or not JSON).
+pub fn admin(
+    http: u16,
+    method: &str,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let b = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
+    let (st, _, out) = Req::new(method, path)
+        .body(b.as_bytes())
+        .raw_headers(&format!("Authorization: Bearer {ADMIN_KEY}\r\n"))
+        .send(http)
+        .map(Resp::triple)
+        .expect("admin");
+    (
+        st,
+        serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null),
+    )
+}
