@@ -175,6 +175,24 @@ pub struct Router {
     pub shared_state: Option<Arc<super::shared_state::SharedState>>,
 }
 
+impl super::shared_state::Host for Router {
+    fn name(&self) -> String {
+        self.keypair.public().to_peer_id().to_string()
+    }
+
+    fn registry(&self) -> &std::sync::Mutex<crate::logic::tenancy::registry::Registry> {
+        &self.registry
+    }
+
+    fn publish_registry(&self, reg: &crate::logic::tenancy::registry::Registry) {
+        Router::publish_registry(self, reg);
+    }
+
+    fn with_ledger<R>(&self, f: impl FnOnce(&mut crate::logic::sites::hold::Ledger) -> R) -> R {
+        f(&mut self.holds.lock().ledger)
+    }
+}
+
 /// The sibling map as this router holds it.
 #[derive(Debug, Clone, Default)]
 pub struct Sites {

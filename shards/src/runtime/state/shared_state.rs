@@ -40,7 +40,19 @@ use std::time::Duration;
 use crate::logic::sites::hold::DemandId;
 use crate::logic::tenancy::registry::{Registry, Snapshot};
 
-use super::router::Router;
+/// What the shared state reads and writes of its router (implemented by
+/// [`super::router::Router`]; a trait, so this module does not depend on
+/// the router's and no import runs back up).
+pub trait Host: Send + Sync + 'static {
+    /// This router's name on its claims (its peer ID).
+    fn name(&self) -> String;
+    /// The dynamic key registry.
+    fn registry(&self) -> &std::sync::Mutex<Registry>;
+    /// Publish the registry's keys as the lookup snapshot.
+    fn publish_registry(&self, reg: &Registry);
+    /// Run `f` on the hold ledger.
+    fn with_ledger<R>(&self, f: impl FnOnce(&mut crate::logic::sites::hold::Ledger) -> R) -> R;
+}
 
 /// How often the thread reads the store's epoch.
 pub const POLL_EVERY: Duration = Duration::from_millis(200);
@@ -119,11 +131,11 @@ fn claim_key(id: &DemandId) -> String {
 /// ledger which clients other routers count.
 fn demand_cycle(
     c: &mut redis::Connection,
-    router: &Router,
+    router: &impl Host,
     me: &str,
     claims: &mut Claims,
 ) -> redis::RedisResult<()> {
-    let now_ids = router.holds.lock().ledger.demanded_ids();
+    let now_ids = router.with_ledger(|l| l.demanded_ids());
     let now = std::time::Instant::now();
     let gone: Vec<DemandId> = claims
         .held
@@ -161,7 +173,7 @@ fn demand_cycle(
         .filter(|(_, (ours, _))| !ours)
         .map(|(k, _)| k.clone())
         .collect();
-    router.holds.lock().ledger.set_foreign(foreign);
+    router.with_ledger(|l| l.set_foreign(foreign));
     Ok(())
 }
 
@@ -230,11 +242,15 @@ impl SharedState {
     }
 
     /// Start the thread that talks to Redis for `router`.
-    pub fn start(self: &Arc<Self>, pending: Pending, router: Arc<Router>) -> Result<(), String> {
+    pub fn start<H: Host>(
+        self: &Arc<Self>,
+        pending: Pending,
+        router: Arc<H>,
+    ) -> Result<(), String> {
         let me = self.clone();
         std::thread::Builder::new()
             .name("shared-state".into())
-            .spawn(move || me.run(pending, &router))
+            .spawn(move || me.run(pending, &*router))
             .map(|_| ())
             .map_err(|e| format!("cannot start the shared-state thread: {e}"))
     }
@@ -261,8 +277,8 @@ impl SharedState {
         }
     }
 
-    fn run(&self, p: Pending, router: &Router) {
-        let me = router.keypair.public().to_peer_id().to_string();
+    fn run(&self, p: Pending, router: &impl Host) {
+        let me = router.name();
         let mut claims = Claims::default();
         let mut conn: Option<redis::Connection> = None;
         let mut logged_down = false;
@@ -281,7 +297,7 @@ impl SharedState {
                     }
                     Err(e) => {
                         claims.held.clear();
-                        router.holds.lock().ledger.set_foreign(Default::default());
+                        router.with_ledger(|l| l.set_foreign(Default::default()));
                         self.failed(&mut logged_down, &e);
                     }
                 }
@@ -321,7 +337,7 @@ impl SharedState {
                     // Nobody to dedup with: count every client here
                     // (over, never under); claim again when it returns.
                     claims.held.clear();
-                    router.holds.lock().ledger.set_foreign(Default::default());
+                    router.with_ledger(|l| l.set_foreign(Default::default()));
                     self.failed(&mut logged_down, &e);
                 }
             }
@@ -359,13 +375,13 @@ fn push(c: &mut redis::Connection, epoch: u64, data: &str) -> redis::RedisResult
 
 /// Bring the local registry in line with the store's: load it when its
 /// epoch differs; seed an empty store from a registry that has entries.
-fn sync(c: &mut redis::Connection, router: &Router) -> redis::RedisResult<()> {
+fn sync(c: &mut redis::Connection, router: &impl Host) -> redis::RedisResult<()> {
     let (epoch, data): (Option<u64>, Option<String>) = redis::cmd("HMGET")
         .arg(KEYS_HASH)
         .arg("epoch")
         .arg("data")
         .query(c)?;
-    let local = match router.registry.lock() {
+    let local = match router.registry().lock() {
         Ok(g) => g.clone(),
         Err(p) => p.into_inner().clone(),
     };
@@ -405,8 +421,8 @@ fn sync(c: &mut redis::Connection, router: &Router) -> redis::RedisResult<()> {
     Ok(())
 }
 
-fn install(router: &Router, reg: Registry) {
-    let mut g = match router.registry.lock() {
+fn install(router: &impl Host, reg: Registry) {
+    let mut g = match router.registry().lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
     };
