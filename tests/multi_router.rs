@@ -10,14 +10,7 @@ use std::time::Duration;
 const MODEL: &str = "mr-model";
 
 fn sim_metric(port: u16, name: &str) -> f64 {
-    let (_, body) = Req::get("/metrics")
-        .send(port)
-        .map(Resp::pair)
-        .expect("sim metrics");
-    String::from_utf8_lossy(&body)
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} "))?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} not in the sim's /metrics"))
+    metric(port, &format!("{name} ")).unwrap_or_else(|| panic!("{name} not in the sim's /metrics"))
 }
 
 fn chat(i: usize) -> String {

@@ -376,17 +376,26 @@ fn push(c: &mut redis::Connection, epoch: u64, data: &str) -> redis::RedisResult
 /// Bring the local registry in line with the store's: load it when its
 /// epoch differs; seed an empty store from a registry that has entries.
 fn sync(c: &mut redis::Connection, router: &impl Host) -> redis::RedisResult<()> {
-    let (epoch, data): (Option<u64>, Option<String>) = redis::cmd("HMGET")
-        .arg(KEYS_HASH)
-        .arg("epoch")
-        .arg("data")
-        .query(c)?;
-    let local = match router.registry().lock() {
-        Ok(g) => g.clone(),
-        Err(p) => p.into_inner().clone(),
+    // The epoch alone each poll; the registry only when it changed.
+    let epoch: Option<u64> = redis::cmd("HGET").arg(KEYS_HASH).arg("epoch").query(c)?;
+    let (local_epoch, local_has) = {
+        let g = match router.registry().lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        (g.epoch, g.epoch > 0 || !g.list().is_empty())
     };
-    match (epoch, data) {
-        (Some(e), Some(d)) if e != local.epoch => {
+    match epoch {
+        Some(e) if e != local_epoch => {
+            // Both fields at once: the data of exactly that epoch.
+            let (epoch, data): (Option<u64>, Option<String>) = redis::cmd("HMGET")
+                .arg(KEYS_HASH)
+                .arg("epoch")
+                .arg("data")
+                .query(c)?;
+            let (Some(e), Some(d)) = (epoch, data) else {
+                return Ok(());
+            };
             let loaded = serde_json::from_str::<Snapshot>(&d)
                 .map_err(|e| e.to_string())
                 .and_then(|s| Registry::from_snapshot(s, e).map_err(|e| format!("{e:?}")));
@@ -398,7 +407,11 @@ fn sync(c: &mut redis::Connection, router: &impl Host) -> redis::RedisResult<()>
                 }
             }
         }
-        (None, _) if local.epoch > 0 || !local.list().is_empty() => {
+        None if local_has => {
+            let local = match router.registry().lock() {
+                Ok(g) => g.clone(),
+                Err(p) => p.into_inner().clone(),
+            };
             // Restarted empty (or never written by a router that has keys):
             // seed it; the first router to do so wins, the others load it.
             let data = serde_json::to_string(&local.snapshot()).unwrap_or_default();
