@@ -90,9 +90,12 @@ struct Flags {
     /// history store directory (default ./hivenet-data; env HIVENET_ROUTER_DISK_DB_PATH)
     #[argh(option)]
     disk_db_path: Option<String>,
-    /// redis://[:password@]host:port/db shared with the other routers of the fleet: the dynamic key registry (env HIVENET_ROUTER_SHARED_STATE_URL; default: none, this router alone)
+    /// redis://[:password@]host:port/db shared with the other routers of the fleet: the dynamic key registry, quotas and daily token budgets, held-client dedup (env HIVENET_ROUTER_SHARED_STATE_URL; default: none, this router alone)
     #[argh(option)]
     shared_state: Option<String>,
+    /// while the shared state is unreachable: open admits quota-limited requests on this router's own limits (charged when it returns), closed refuses them with 429 (env HIVENET_ROUTER_SHARED_STATE_FAILURE_MODE; default open)
+    #[argh(option)]
+    shared_state_failure_mode: Option<String>,
     /// empty the history store at start
     #[argh(switch)]
     reset_disk_db: bool,
@@ -310,9 +313,26 @@ fn build() -> Result<Startup, String> {
     }
     let shared_state = match cli::flag_or_env_opt(f.shared_state, "HIVENET_ROUTER_SHARED_STATE_URL")
     {
-        Some(url) if !url.trim().is_empty() => Some(
-            shards::runtime::state::shared_state::SharedState::new(&url)?,
-        ),
+        Some(url) if !url.trim().is_empty() => {
+            let mode = cli::flag_or_env(
+                f.shared_state_failure_mode,
+                "HIVENET_ROUTER_SHARED_STATE_FAILURE_MODE",
+                "open",
+            );
+            let fail_closed = match mode.trim() {
+                "open" => false,
+                "closed" => true,
+                other => {
+                    return Err(format!(
+                        "--shared-state-failure-mode: {other:?} is neither open nor closed"
+                    ))
+                }
+            };
+            Some(shards::runtime::state::shared_state::SharedState::new(
+                &url,
+                fail_closed,
+            )?)
+        }
         _ => None,
     };
     let store = hivenet_router::store::StoreConfig {
@@ -712,7 +732,13 @@ fn run(startup: Startup) -> Result<(), String> {
     }
     let api_mode = auth.api;
     let key_count = auth.keys.len();
-    let auth_state = AuthState::build(auth.api, auth.keys, None, &restored);
+    let auth_state = AuthState::build_linked(
+        auth.api,
+        auth.keys,
+        None,
+        &restored,
+        shared_state.as_ref().map(|(s, _)| s.link.clone()),
+    );
     let audit = match &audit_path {
         Some((p, explicit, audit_max_bytes)) => {
             let audit_max_bytes = *audit_max_bytes;
@@ -780,7 +806,7 @@ fn run(startup: Startup) -> Result<(), String> {
         "hivenet-router starting"
     );
     if let Some((s, pending)) = shared_state {
-        info!(redis = %s.shown, "shared state on: the key registry is shared through Redis");
+        info!(redis = %s.shown, fail_closed = s.link.fail_closed, "shared state on: keys, quotas and held clients are shared through Redis");
         s.start(pending, shared.clone())?;
     }
     let flusher = start_quota_flush(shared.clone(), store_tx.clone());

@@ -2,7 +2,10 @@
 //! `redis-server` (issue 31, `--shared-state`): a key pushed to one router
 //! is in force on the others, the version rule holds across them, a Redis
 //! that goes away leaves the keys in force and refuses changes (503), and a
-//! Redis restarted empty is seeded back from the routers.
+//! Redis restarted empty is seeded back from the routers; quotas and
+//! daily token budgets are one across routers (leases), survive Redis
+//! restarted empty, and follow `--shared-state-failure-mode` while Redis
+//! is away.
 
 mod common;
 use common::*;
@@ -37,16 +40,19 @@ struct Fleet {
 /// `n` routers in dynamic key mode sharing Redis at `redis`, one sim and
 /// one agent linked to all of them.
 fn fleet(dir: &std::path::Path, n: usize, redis: u16) -> Fleet {
+    fleet_with(dir, n, redis, &[])
+}
+
+/// [`fleet`] with more router flags.
+fn fleet_with(dir: &std::path::Path, n: usize, redis: u16, extra: &[&str]) -> Fleet {
     let url = format!("redis://127.0.0.1:{redis}/0");
     let routers: Vec<Router> = (0..n)
         .map(|i| {
             let d = dir.join(format!("r{i}"));
             std::fs::create_dir_all(&d).expect("router dir");
-            start_router(
-                &d,
-                &["--shards", "1", "--shared-state", &url],
-                &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")],
-            )
+            let mut args = vec!["--shards", "1", "--shared-state", &url];
+            args.extend_from_slice(extra);
+            start_router(&d, &args, &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")])
         })
         .collect();
     let (sim, port) = start_sim(dir, MODEL, &[]);
@@ -274,4 +280,271 @@ fn a_client_held_on_two_routers_is_one_pending_demand() {
         || held_sum(&routers) == 2.0 && demand_sum(&routers) == 2.0,
         "u1 still counted once, by the router that still holds it",
     );
+}
+
+/// A key of tenant `owner` with `quota`.
+fn quota_key(version: &str, raw: &str, owner: &str, quota: serde_json::Value) -> serde_json::Value {
+    json!({"version": version, "key_hash": sha256_hex(raw), "key_preview": "sk-...q",
+           "owner": owner, "name": "q", "allowed_models": [MODEL], "quota": quota})
+}
+
+/// A chat request with `raw` as its key (the whole response).
+fn send_with_key(http: u16, raw: &str) -> Resp {
+    let body = format!(
+        r#"{{"model":"{MODEL}","max_tokens":2,"messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
+    Req::post("/v1/chat/completions", body)
+        .header("Authorization", &format!("Bearer {raw}"))
+        .send(http)
+        .expect("response")
+}
+
+/// Put `key` on the first router and wait until every router lists it.
+fn put_everywhere(f: &Fleet, id: &str, key: serde_json::Value) {
+    let version = key["version"].as_str().unwrap_or_default().to_string();
+    let (st, out) = admin(
+        f.routers[0].http,
+        "PUT",
+        &format!("/admin/api-keys/{id}"),
+        key,
+    );
+    assert_eq!(st, 200, "{out}");
+    for r in &f.routers {
+        wait_until(
+            Duration::from_secs(5),
+            || {
+                admin(r.http, "GET", "/admin/api-keys", json!(null)).1["version"]
+                    == version.as_str()
+            },
+            "the key on every router",
+        );
+    }
+}
+
+/// `redis-cli` against the test's server.
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli (scripts/test.sh installs redis-tools)");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Prompt plus completion tokens of a served response.
+fn used_tokens(r: &Resp) -> u64 {
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+    v["usage"]["prompt_tokens"].as_u64().unwrap_or(0)
+        + v["usage"]["completion_tokens"].as_u64().unwrap_or(0)
+}
+
+fn today() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() / 86_400)
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_quota_is_one_quota_across_routers() {
+    let dir = tmpdir("shared-quota");
+    let rport = free_port();
+    let _redis = start_redis(&dir, rport);
+    let f = fleet(&dir, 3, rport);
+    // 30 requests a minute (burst: the whole minute, lease 1 per router).
+    put_everywhere(
+        &f,
+        "k1",
+        quota_key("v1", "sk-rpm", "acme", json!({"requests_per_minute": 30})),
+    );
+    let (mut ok, mut refused) = (0u32, 0u32);
+    for i in 0..60 {
+        let r = send_with_key(f.routers[i % 3].http, "sk-rpm");
+        match r.status {
+            200 => ok += 1,
+            429 => {
+                refused += 1;
+                let secs: u64 = r
+                    .header("retry-after")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                assert!((1..=60).contains(&secs), "an honest Retry-After: {secs}");
+                assert!(String::from_utf8_lossy(&r.body).contains("rate_limit_exceeded"));
+            }
+            s => panic!("status {s}: {}", String::from_utf8_lossy(&r.body)),
+        }
+    }
+    // Alone, each router would admit its 20: 60. Shared: the 30 of the
+    // minute, plus one lease per router on credit, plus the refill of the
+    // seconds the test took (one every 2 s).
+    eprintln!("admitted {ok}, refused {refused}");
+    assert!(
+        (28..=30 + 3 + 5).contains(&ok),
+        "admitted {ok}, refused {refused}"
+    );
+
+    // Daily tokens: 300 a day over three routers.
+    put_everywhere(
+        &f,
+        "k2",
+        quota_key("v2", "sk-tpd", "beta", json!({"tokens_per_day": 300})),
+    );
+    let mut used = 0u64;
+    let mut need_max = 0u64;
+    let mut tries = 0;
+    let mut refused_in_a_row = 0;
+    while refused_in_a_row < 6 && tries < 400 {
+        tries += 1;
+        let r = send_with_key(f.routers[tries % 3].http, "sk-tpd");
+        match r.status {
+            200 => {
+                refused_in_a_row = 0;
+                let u = used_tokens(&r);
+                used += u;
+                need_max = need_max.max(u + 8);
+            }
+            429 => {
+                refused_in_a_row += 1;
+                assert!(String::from_utf8_lossy(&r.body).contains("token_limit_exceeded"));
+                // Let a draw land before the next try.
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            s => panic!("status {s}"),
+        }
+    }
+    assert!(
+        refused_in_a_row >= 6,
+        "the budget ran out ({used} used in {tries})"
+    );
+    // Alone: 900. Shared: 300, plus at most one request's need per router
+    // on credit.
+    eprintln!("tokens used {used} (need at most {need_max}) in {tries} tries");
+    assert!(
+        (250..=300 + 3 * need_max).contains(&used),
+        "used {used} (need {need_max})"
+    );
+    // The counter in Redis holds what the routers drew: every token used,
+    // plus at most one lease (1 token) per router unspent.
+    let key = format!("hivenet:quota:tokens:{}:beta:", today());
+    let counted: u64 = redis_cli(rport, &["GET", &key]).parse().unwrap_or(0);
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            let c: u64 = redis_cli(rport, &["GET", &key]).parse().unwrap_or(0);
+            c >= used && c <= used + 3 + 3 * need_max
+        },
+        "the shared counter matches the usage",
+    );
+    // Redis restarted empty: every router adds its usage back, once.
+    assert_eq!(redis_cli(rport, &["FLUSHALL"]), "OK");
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            let c: u64 = redis_cli(rport, &["GET", &key]).parse().unwrap_or(0);
+            c >= used && c <= counted.max(used) + 3 + 3 * need_max
+        },
+        "the usage added back after FLUSHALL",
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    let after: u64 = redis_cli(rport, &["GET", &key]).parse().unwrap_or(0);
+    assert!(
+        after <= counted.max(used) + 3 + 3 * need_max,
+        "added once: {after}"
+    );
+    // The budget stays spent: what routers still serve (from the refunds
+    // of true-ups left in their leases) keeps the total within the bound.
+    for i in 0..9 {
+        let r = send_with_key(f.routers[i % 3].http, "sk-tpd");
+        if r.status == 200 {
+            used += used_tokens(&r);
+        }
+    }
+    assert!(used <= 300 + 3 * need_max, "used {used} after FLUSHALL");
+}
+
+#[test]
+fn redis_away_fails_open_or_closed_as_told_and_open_usage_is_charged_after() {
+    let dir = tmpdir("shared-quota-fail");
+    let rport = free_port();
+    let mut redis = start_redis(&dir, rport);
+    let closed_dir = dir.join("closed");
+    std::fs::create_dir_all(&closed_dir).expect("dir");
+    let open = fleet(&dir, 1, rport);
+    let closed = fleet_with(
+        &closed_dir,
+        1,
+        rport,
+        &["--shared-state-failure-mode", "closed"],
+    );
+    let (o, c) = (&open.routers[0], &closed.routers[0]);
+    put_everywhere(
+        &open,
+        "k1",
+        quota_key(
+            "v1",
+            "sk-lim",
+            "acme",
+            json!({"tokens_per_day": 100000, "requests_per_minute": 1000}),
+        ),
+    );
+    wait_until(
+        Duration::from_secs(5),
+        || admin(c.http, "GET", "/admin/api-keys", json!(null)).1["version"] == "v1",
+        "the key on the closed router",
+    );
+    put_everywhere(&open, "k2", key("v2", "sk-free"));
+    wait_until(
+        Duration::from_secs(5),
+        || admin(c.http, "GET", "/admin/api-keys", json!(null)).1["version"] == "v2",
+        "the free key on the closed router",
+    );
+    let mut used = 0;
+    for r in [o, c] {
+        let resp = send_with_key(r.http, "sk-lim");
+        assert_eq!(resp.status, 200);
+        used += used_tokens(&resp);
+    }
+    redis.kill9();
+    for r in [o, c] {
+        wait_until(
+            Duration::from_secs(10),
+            || metric(r.metrics, "hivenet_shared_state_up") == Some(0.0),
+            "Redis seen down",
+        );
+    }
+    // Closed: the limited key is refused, a key without limits served.
+    let r = send_with_key(c.http, "sk-lim");
+    assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+    assert_eq!(with_key(c.http, "sk-free"), 200);
+    assert_eq!(
+        metric(c.metrics, "hivenet_shared_quota_fail_closed_total"),
+        Some(1.0)
+    );
+    // Open: served on local limits, counted.
+    for _ in 0..5 {
+        let resp = send_with_key(o.http, "sk-lim");
+        assert_eq!(resp.status, 200);
+        used += used_tokens(&resp);
+    }
+    assert!(metric(o.metrics, "hivenet_shared_quota_fail_open_total").unwrap_or(0.0) >= 5.0);
+    // Redis back, empty: the usage of both routers, including what the
+    // open one spent while it was away, lands in the counter, once.
+    let _redis = start_redis(&dir, rport);
+    let key = format!("hivenet:quota:tokens:{}:acme:", today());
+    // Each router may hold one lease (100 tokens) unspent.
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            let n: u64 = redis_cli(rport, &["GET", &key]).parse().unwrap_or(0);
+            n >= used && n <= used + 200
+        },
+        "the usage charged after Redis returned",
+    );
+    // The request bucket was charged too (its GCRA state exists again).
+    assert_ne!(
+        redis_cli(rport, &["EXISTS", "hivenet:quota:requests:acme:"]),
+        "0"
+    );
+    assert_eq!(send_with_key(c.http, "sk-lim").status, 200);
 }

@@ -211,7 +211,7 @@ fn render_shared_state(o: &mut String, st: &crate::runtime::state::shared_state:
         "Whether the last call to the shared state (Redis) succeeded.",
         [],
     )
-    .series([], u8::from(st.up.load(Relaxed)));
+    .series([], u8::from(st.link.up.load(Relaxed)));
     let (s, n) = crate::runtime::wire::clock::unix_nanos();
     let now_ms = s.saturating_mul(1000) + u64::from(n / 1_000_000);
     let mut f = Family::new(
@@ -232,6 +232,22 @@ fn render_shared_state(o: &mut String, st: &crate::runtime::state::shared_state:
         [],
     )
     .series([], st.errors.load(Relaxed));
+    Family::new(
+        o,
+        "hivenet_shared_quota_fail_open_total",
+        Counter,
+        "Requests of quota-limited keys admitted on this router's limits alone while the shared state was unreachable (--shared-state-failure-mode open); charged to the shared quota when it returns.",
+        [],
+    )
+    .series([], st.link.fail_open_admissions.load(Relaxed));
+    Family::new(
+        o,
+        "hivenet_shared_quota_fail_closed_total",
+        Counter,
+        "Requests of quota-limited keys refused (429) because the shared state was unreachable (--shared-state-failure-mode closed).",
+        [],
+    )
+    .series([], st.link.fail_closed_refusals.load(Relaxed));
 }
 
 /// (region, engine, model, tenant) of a routing counter.

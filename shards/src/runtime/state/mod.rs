@@ -5,7 +5,8 @@
 //! [`hold_book`] (pending demand), [`scope`] (one client request's
 //! context), [`pending`] and [`mesh`] (the messages between shards),
 //! [`views`] (snapshots for admin and metrics), [`audit`] (the audit
-//! writer thread), [`store_api`] (the store thread's messages).
+//! writer thread), [`store_api`] (the store thread's messages),
+//! [`shared_state`] and [`shared_quota`] (`--shared-state`: Redis).
 
 pub mod audit;
 pub mod hold_book;
@@ -15,6 +16,7 @@ pub mod pending;
 pub mod router;
 pub mod scope;
 pub mod shard;
+pub mod shared_quota;
 pub mod shared_state;
 pub mod snapshot;
 pub mod store_api;

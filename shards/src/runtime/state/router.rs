@@ -191,6 +191,10 @@ impl super::shared_state::Host for Router {
     fn with_ledger<R>(&self, f: impl FnOnce(&mut crate::logic::sites::hold::Ledger) -> R) -> R {
         f(&mut self.holds.lock().ledger)
     }
+
+    fn auth(&self) -> Arc<super::tenancy::AuthState> {
+        self.auth.load()
+    }
 }
 
 /// The sibling map as this router holds it.

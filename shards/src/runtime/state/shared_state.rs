@@ -27,18 +27,23 @@
 //! once. A router that dies frees its claims within the TTL; without
 //! Redis each router counts its own (over-counting, never under).
 //!
+//! Quotas: see [`super::shared_quota`] (leases drawn by this thread).
+//!
 //! While Redis is unreachable the routers keep their last copy and serve;
-//! a change is refused with 503 (it could not be shared).
+//! a change is refused with 503 (it could not be shared); quota-limited
+//! requests follow `--shared-state-failure-mode`.
 //! `hivenet_shared_state_up`, the age of the last successful sync and the
 //! error count are exported.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::logic::sites::hold::DemandId;
 use crate::logic::tenancy::registry::{Registry, Snapshot};
+use crate::runtime::state::shared_quota::{Drawer, QUOTA_EVERY};
+use crate::runtime::state::tenancy::{AuthState, QuotaLink};
 
 /// What the shared state reads and writes of its router (implemented by
 /// [`super::router::Router`]; a trait, so this module does not depend on
@@ -52,6 +57,8 @@ pub trait Host: Send + Sync + 'static {
     fn publish_registry(&self, reg: &Registry);
     /// Run `f` on the hold ledger.
     fn with_ledger<R>(&self, f: impl FnOnce(&mut crate::logic::sites::hold::Ledger) -> R) -> R;
+    /// The lookup snapshot (its quota buckets).
+    fn auth(&self) -> Arc<AuthState>;
 }
 
 /// How often the thread reads the store's epoch.
@@ -200,8 +207,9 @@ pub struct SharedState {
     tx: mpsc::Sender<Cmd>,
     /// Where, with any password hidden (for logs).
     pub shown: String,
-    /// Whether the last call to Redis succeeded.
-    pub up: AtomicBool,
+    /// Whether the last call to Redis succeeded (in the link the quota
+    /// buckets read), the failure mode and its counters.
+    pub link: Arc<QuotaLink>,
     /// Unix milliseconds of the last successful sync (0: never).
     pub last_sync_ms: AtomicU64,
     /// Failed calls to Redis.
@@ -217,7 +225,7 @@ pub struct Pending {
 impl SharedState {
     /// Validate `url` (`redis://[:password@]host[:port][/db]`); nothing is
     /// dialed before [`SharedState::start`].
-    pub fn new(url: &str) -> Result<(Arc<Self>, Pending), String> {
+    pub fn new(url: &str, fail_closed: bool) -> Result<(Arc<Self>, Pending), String> {
         let url = url.trim();
         if url.starts_with("rediss://") {
             return Err("--shared-state: rediss:// (TLS) is not supported by this build; use redis:// on a private network or a TLS tunnel".into());
@@ -234,7 +242,10 @@ impl SharedState {
         let me = Arc::new(SharedState {
             tx,
             shown: shown(url),
-            up: AtomicBool::new(false),
+            link: Arc::new(QuotaLink {
+                fail_closed,
+                ..QuotaLink::default()
+            }),
             last_sync_ms: AtomicU64::new(0),
             errors: AtomicU64::new(0),
         });
@@ -280,20 +291,29 @@ impl SharedState {
     fn run(&self, p: Pending, router: &impl Host) {
         let me = router.name();
         let mut claims = Claims::default();
+        let mut drawer = Drawer::new(me.clone());
         let mut conn: Option<redis::Connection> = None;
         let mut logged_down = false;
+        let mut synced_at: Option<std::time::Instant> = None;
+        let mut first = true;
         loop {
-            let cmd = match p.rx.recv_timeout(POLL_EVERY) {
+            // Quota leases in use are topped up every QUOTA_EVERY (a round
+            // without buckets in use calls nothing); the rest (key epoch,
+            // held claims) every POLL_EVERY. The first round dials at once.
+            let wait = if first { Duration::ZERO } else { QUOTA_EVERY };
+            first = false;
+            let cmd = match p.rx.recv_timeout(wait) {
                 Ok(c) => Some(c),
                 Err(mpsc::RecvTimeoutError::Timeout) => None,
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             };
             if conn.is_none() {
-                match connect(&p.client) {
+                match connect(&p.client).and_then(|mut c| drawer.connected(&mut c).map(|()| c)) {
                     Ok(c) => {
                         tracing::info!(redis = %self.shown, "shared state: connected");
                         logged_down = false;
                         conn = Some(c);
+                        synced_at = None;
                     }
                     Err(e) => {
                         claims.held.clear();
@@ -311,6 +331,7 @@ impl SharedState {
                 }
                 continue;
             };
+            let due = synced_at.is_none_or(|t| t.elapsed() >= POLL_EVERY);
             let step = match cmd {
                 Some(Cmd::PushKeys { epoch, data, reply }) => {
                     let r = push(c, epoch, &data);
@@ -324,12 +345,27 @@ impl SharedState {
                     let _ = reply.send(answer);
                     synced
                 }
-                None => sync(c, router),
+                None if due => sync(c, router),
+                None => Ok(()),
             };
-            let step = step.and_then(|()| demand_cycle(c, router, &me, &mut claims));
+            let step = step.and_then(|()| {
+                if due {
+                    synced_at = Some(std::time::Instant::now());
+                    demand_cycle(c, router, &me, &mut claims)?;
+                    drawer.check_generation(c)?;
+                }
+                let auth = router.auth();
+                drawer.cycle(
+                    c,
+                    &self.link,
+                    &auth.buckets,
+                    crate::runtime::wire::clock::mono_ns(),
+                    crate::runtime::wire::clock::unix_secs(),
+                )
+            });
             match step {
                 Ok(()) => {
-                    self.up.store(true, Ordering::Relaxed);
+                    self.link.up.store(true, Ordering::Relaxed);
                     self.last_sync_ms.store(unix_millis(), Ordering::Relaxed);
                 }
                 Err(e) => {
@@ -345,7 +381,7 @@ impl SharedState {
     }
 
     fn failed(&self, logged: &mut bool, e: &redis::RedisError) {
-        self.up.store(false, Ordering::Relaxed);
+        self.link.up.store(false, Ordering::Relaxed);
         self.errors.fetch_add(1, Ordering::Relaxed);
         if !*logged {
             tracing::warn!(redis = %self.shown, "shared state unreachable: {e}; serving with the last copy, key changes refused until it returns");
@@ -465,9 +501,9 @@ mod tests {
     fn urls_are_checked_and_passwords_hidden() {
         assert_eq!(shown("redis://:s3cret@h:6379/0"), "redis://***@h:6379/0");
         assert_eq!(shown("redis://h:6379"), "redis://h:6379");
-        assert!(SharedState::new("rediss://h:6380").is_err());
-        assert!(SharedState::new("http://h").is_err());
-        let (s, _p) = SharedState::new(" redis://:pw@127.0.0.1:6379/2 ").expect("valid");
+        assert!(SharedState::new("rediss://h:6380", false).is_err());
+        assert!(SharedState::new("http://h", false).is_err());
+        let (s, _p) = SharedState::new(" redis://:pw@127.0.0.1:6379/2 ", false).expect("valid");
         assert_eq!(s.shown, "redis://***@127.0.0.1:6379/2");
         assert_eq!(s.sync_age_secs(5_000), None);
         s.last_sync_ms.store(3_000, Ordering::Relaxed);

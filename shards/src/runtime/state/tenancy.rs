@@ -10,7 +10,7 @@
 //! a minute's requests; they are also restored from the store at start.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -19,6 +19,7 @@ use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::usage::Tokens;
 use crate::logic::tenancy::auth::{self, Access, ApiMode, KeyRecord, Limits};
+use crate::logic::tenancy::lease;
 use crate::logic::tenancy::quota::{self, Daily, Rate, Verdict};
 
 /// One bucket pair: requests per minute (GCRA state) and tokens today
@@ -27,8 +28,201 @@ use crate::logic::tenancy::quota::{self, Daily, Rate, Verdict};
 pub struct Bucket {
     /// GCRA theoretical arrival time (monotonic ns; 0 = full).
     pub rpm: AtomicU64,
-    /// [`quota::pack`]ed day index and tokens used.
+    /// [`quota::pack`]ed day index and tokens this router used.
     pub daily: AtomicU64,
+    /// The share of the global quota this router holds (`--shared-state`).
+    pub lease: Lease,
+    /// The shared state the lease is drawn from (None: this router alone).
+    pub link: Option<Arc<QuotaLink>>,
+}
+
+/// What the request path reads of `--shared-state` (written by its thread).
+#[derive(Debug, Default)]
+pub struct QuotaLink {
+    /// Whether the last call to Redis succeeded.
+    pub up: AtomicBool,
+    /// `--shared-state-failure-mode closed`: while Redis is away, refuse
+    /// the requests of quota-limited keys (429) instead of admitting them
+    /// on local limits.
+    pub fail_closed: bool,
+    /// Requests of quota-limited keys admitted on local limits only while
+    /// Redis was away (fail-open).
+    pub fail_open_admissions: AtomicU64,
+    /// Requests refused because Redis was away (fail-closed).
+    pub fail_closed_refusals: AtomicU64,
+    /// A bucket unused until now was spent from: the thread draws for it
+    /// at its next round (it looks at every bucket only while some are in
+    /// use).
+    pub fresh: AtomicBool,
+}
+
+/// A bucket's lease on the global quota (see [`lease`]): balances the
+/// request path spends and the shared-state thread tops up.
+#[derive(Debug, Default)]
+pub struct Lease {
+    /// Requests drawn and not spent (below 0: admitted on credit).
+    pub requests: AtomicI64,
+    /// Monotonic ns until which the global bucket has no request left (0:
+    /// not known empty).
+    pub requests_empty_until: AtomicU64,
+    /// Requests left in the global bucket at the last draw (`u64::MAX`:
+    /// not drawn yet).
+    pub requests_left: AtomicU64,
+    /// The rate the request path applied last (requests per minute, burst):
+    /// what the thread draws at.
+    pub rate: AtomicU64,
+    /// The burst of that rate.
+    pub burst: AtomicU64,
+    /// Tokens drawn from today's global budget and not spent.
+    pub tokens: AtomicI64,
+    /// The global budget said it has no more today.
+    pub tokens_exhausted: AtomicBool,
+    /// Tokens left in the global budget at the last draw.
+    pub tokens_left: AtomicU64,
+    /// The daily limit the request path applied last.
+    pub tokens_limit: AtomicU64,
+    /// Monotonic ns of the last spend (0: never): the thread draws for
+    /// buckets in use and gives back the leases of idle ones.
+    pub last_spend: AtomicU64,
+    /// Requests spent (the thread sizes the next top-up on the pace).
+    pub requests_spent: AtomicU64,
+    /// Tokens spent.
+    pub tokens_spent: AtomicU64,
+}
+
+impl Lease {
+    /// Nothing drawn yet: what the global quota has left is unknown.
+    fn undrawn() -> Self {
+        Lease {
+            requests_left: AtomicU64::new(u64::MAX),
+            tokens_left: AtomicU64::new(u64::MAX),
+            ..Lease::default()
+        }
+    }
+}
+
+/// Refresh an atomic only when it changed (no store, no cache-line
+/// ping-pong, on the common path).
+fn note(a: &AtomicU64, v: u64) {
+    if a.load(Ordering::Relaxed) != v {
+        a.store(v, Ordering::Relaxed);
+    }
+}
+
+/// Note a spend at `now_ns`; a bucket unused until now wakes the thread.
+fn note_spend(l: &Lease, link: &QuotaLink, now_ns: u64) {
+    let last = l.last_spend.load(Ordering::Relaxed);
+    if last != now_ns {
+        l.last_spend.store(now_ns, Ordering::Relaxed);
+        if last == 0 {
+            link.fresh.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Spend `need` from `balance` as [`lease::spend`] allows.
+fn spend_from(balance: &AtomicI64, need: i64, lease_size: i64, exhausted: bool) -> bool {
+    balance
+        .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |b| {
+            lease::spend(b, need, lease_size, exhausted)
+        })
+        .is_ok()
+}
+
+/// What the lease says about one request.
+enum LeaseAnswer {
+    /// Spent (or no lease: this router alone).
+    Spent,
+    /// The global quota has none for this router now.
+    Empty,
+    /// Redis is away and the failure mode is closed.
+    Closed,
+}
+
+impl Bucket {
+    /// Spend one request from the lease at `rate` (`now_ns` monotonic).
+    fn spend_request(&self, rate: Rate, now_ns: u64) -> LeaseAnswer {
+        let Some(link) = &self.link else {
+            return LeaseAnswer::Spent;
+        };
+        let l = &self.lease;
+        note(&l.rate, rate.per_minute);
+        note(&l.burst, rate.burst);
+        note_spend(l, link, now_ns);
+        if !link.up.load(Ordering::Relaxed) {
+            return self.away(link, &l.requests, 1);
+        }
+        let exhausted = l.requests_empty_until.load(Ordering::Relaxed) > now_ns;
+        if spend_from(&l.requests, 1, lease::request_lease(rate.burst), exhausted) {
+            l.requests_spent.fetch_add(1, Ordering::Relaxed);
+            LeaseAnswer::Spent
+        } else {
+            LeaseAnswer::Empty
+        }
+    }
+
+    /// Spend `need` tokens of today's lease under `limit`.
+    /// (Its time of use was noted when the request quota was taken.)
+    fn spend_tokens(&self, limit: u64, need: u64) -> LeaseAnswer {
+        let Some(link) = &self.link else {
+            return LeaseAnswer::Spent;
+        };
+        let l = &self.lease;
+        note(&l.tokens_limit, limit);
+        let need = i64::try_from(need).unwrap_or(i64::MAX);
+        if !link.up.load(Ordering::Relaxed) {
+            return self.away(link, &l.tokens, need);
+        }
+        let exhausted = l.tokens_exhausted.load(Ordering::Relaxed);
+        if spend_from(&l.tokens, need, lease::token_lease(limit), exhausted) {
+            l.tokens_spent
+                .fetch_add(need.unsigned_abs(), Ordering::Relaxed);
+            LeaseAnswer::Spent
+        } else {
+            LeaseAnswer::Empty
+        }
+    }
+
+    /// Redis is away: refuse (closed), or spend on local limits only and
+    /// keep the debt, charged to the global quota when Redis returns (open).
+    fn away(&self, link: &QuotaLink, balance: &AtomicI64, need: i64) -> LeaseAnswer {
+        if link.fail_closed {
+            link.fail_closed_refusals.fetch_add(1, Ordering::Relaxed);
+            return LeaseAnswer::Closed;
+        }
+        link.fail_open_admissions.fetch_add(1, Ordering::Relaxed);
+        balance.fetch_sub(need, Ordering::AcqRel);
+        LeaseAnswer::Spent
+    }
+
+    /// Give back what [`Bucket::spend_request`] took (the local bucket
+    /// refused after the lease agreed).
+    fn unspend_request(&self) {
+        if self.link.is_some() {
+            self.lease.requests.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Move `delta` tokens of usage through the lease (true-up > 0, refund < 0).
+    fn adjust_lease_tokens(&self, delta: i64) {
+        if self.link.is_some() {
+            self.lease.tokens.fetch_sub(delta, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The refusal of a quota-limited request while Redis is away and the
+/// failure mode is closed.
+fn closed(limit: QuotaLimit) -> QuotaRefusal {
+    QuotaRefusal {
+        error: ApiError::new(
+            ErrorCode::RateLimitExceeded,
+            "quota state unavailable (shared state unreachable); retry shortly",
+        )
+        .retry_after(1),
+        headers: vec![("retry-after-ms", b"1000".to_vec())],
+        limit,
+    }
 }
 
 /// A bucket's name: tenant, and model for per-model keys (`""` for flat).
@@ -139,6 +333,8 @@ pub struct AuthState {
     /// (key name, ITPM) of every key with an ITPM limit: the serverless
     /// cross-config check of a policy reload reads it.
     pub itpm_limits: Vec<(String, u64)>,
+    /// `--shared-state`: the link every bucket draws its lease through.
+    pub link: Option<Arc<QuotaLink>>,
 }
 
 /// A tenant's configured limits (gauges).
@@ -180,6 +376,19 @@ impl AuthState {
         prev: Option<&AuthState>,
         restored: &HashMap<BucketKey, u64>,
     ) -> AuthState {
+        let link = prev.and_then(|p| p.link.clone());
+        Self::build_linked(mode, keys, prev, restored, link)
+    }
+
+    /// [`AuthState::build`] with the shared state's link (`--shared-state`;
+    /// a rebuild from `prev` keeps its link).
+    pub fn build_linked(
+        mode: ApiMode,
+        keys: Vec<([u8; 32], KeyRecord)>,
+        prev: Option<&AuthState>,
+        restored: &HashMap<BucketKey, u64>,
+        link: Option<Arc<QuotaLink>>,
+    ) -> AuthState {
         let mut buckets: BTreeMap<BucketKey, Arc<Bucket>> = BTreeMap::new();
         let mut bucket = |name: BucketKey| -> Arc<Bucket> {
             buckets
@@ -187,7 +396,11 @@ impl AuthState {
                 .or_insert_with(|| {
                     prev.and_then(|p| p.buckets.get(&name).cloned())
                         .unwrap_or_else(|| {
-                            let b = Bucket::default();
+                            let b = Bucket {
+                                link: link.clone(),
+                                lease: Lease::undrawn(),
+                                ..Bucket::default()
+                            };
                             if let Some(s) = restored.get(&name) {
                                 b.daily.store(*s, Ordering::Relaxed);
                             }
@@ -242,6 +455,7 @@ impl AuthState {
             buckets,
             tenant_limits,
             itpm_limits,
+            link,
         }
     }
 
@@ -420,8 +634,27 @@ pub fn take_requests(
     let mut ticket = Ticket::default();
     if rpm > 0 {
         let rate = Rate::per_minute(rpm, f.burst_secs);
+        match bucket.spend_request(rate, now_ns) {
+            LeaseAnswer::Spent => {}
+            LeaseAnswer::Closed => return Err(closed(QuotaLimit::Requests)),
+            LeaseAnswer::Empty => {
+                // Honest: when the global bucket holds one again; when it
+                // did not say so (a draw in flight), one request interval
+                // or a second, whichever is shorter.
+                let until = bucket.lease.requests_empty_until.load(Ordering::Relaxed);
+                let wait = match until.checked_sub(now_ns) {
+                    Some(w) if w > 0 => w,
+                    _ => (60_000_000_000 / rate.per_minute.max(1)).min(1_000_000_000),
+                };
+                return Err(rate_refusal(rpm, wait));
+            }
+        }
         match take_request(bucket, rate, now_ns) {
             Verdict::Admit { remaining, .. } => {
+                let remaining = match &bucket.link {
+                    Some(_) => remaining.min(shared_left(&bucket.lease)),
+                    None => remaining,
+                };
                 ticket
                     .headers
                     .push(("X-RateLimit-Limit-Requests", num(rpm)));
@@ -430,25 +663,41 @@ pub fn take_requests(
                     .push(("X-RateLimit-Remaining-Requests", num(remaining)));
             }
             Verdict::Deny { retry_after_ns } => {
-                let secs = quota::retry_after_secs(retry_after_ns);
-                return Err(QuotaRefusal {
-                    error: ApiError::new(ErrorCode::RateLimitExceeded, "rate limit exceeded")
-                        .retry_after(secs),
-                    headers: vec![
-                        ("X-RateLimit-Limit-Requests", num(rpm)),
-                        ("X-RateLimit-Remaining-Requests", b"0".to_vec()),
-                        // Millisecond precision for the SDKs that read it.
-                        ("retry-after-ms", num(retry_after_ns.div_ceil(1_000_000))),
-                    ],
-                    limit: QuotaLimit::Requests,
-                });
+                bucket.unspend_request();
+                return Err(rate_refusal(rpm, retry_after_ns));
             }
         }
     }
     if tpd > 0 {
+        if let Some(link) = &bucket.link {
+            note_spend(&bucket.lease, link, now_ns);
+        }
         ticket.pending = Some((bucket.clone(), tpd));
     }
     Ok(ticket)
+}
+
+/// Requests this router may still admit from the global bucket: what it
+/// said was left at the last draw plus the unspent lease.
+fn shared_left(l: &Lease) -> u64 {
+    let left = l.requests_left.load(Ordering::Relaxed);
+    let held = u64::try_from(l.requests.load(Ordering::Relaxed)).unwrap_or(0);
+    left.saturating_add(held)
+}
+
+/// The 429 of the request quota, retrying in `retry_after_ns`.
+fn rate_refusal(rpm: u64, retry_after_ns: u64) -> QuotaRefusal {
+    let secs = quota::retry_after_secs(retry_after_ns);
+    QuotaRefusal {
+        error: ApiError::new(ErrorCode::RateLimitExceeded, "rate limit exceeded").retry_after(secs),
+        headers: vec![
+            ("X-RateLimit-Limit-Requests", num(rpm)),
+            ("X-RateLimit-Remaining-Requests", b"0".to_vec()),
+            // Millisecond precision for the SDKs that read it.
+            ("retry-after-ms", num(retry_after_ns.div_ceil(1_000_000))),
+        ],
+        limit: QuotaLimit::Requests,
+    }
 }
 
 /// The daily token charge of a request whose [`take_requests`] passed.
@@ -467,24 +716,45 @@ pub fn take_daily(
         // The whole footprint is reserved, not only the input estimate:
         // concurrent requests then overshoot the budget by at most one
         // reservation (issue 29 #8). The end trues it up.
+        let refusal = |remaining: u64| {
+            let msg = if f.declared_output > 0 {
+                "insufficient daily token budget for requested max_tokens"
+            } else {
+                "daily token budget exceeded"
+            };
+            QuotaRefusal {
+                error: ApiError::new(ErrorCode::TokenLimitExceeded, msg),
+                headers: vec![("X-RateLimit-Remaining-Tokens", num(remaining))],
+                limit: QuotaLimit::Tokens,
+            }
+        };
+        match bucket.spend_tokens(tpd, need) {
+            LeaseAnswer::Spent => {}
+            LeaseAnswer::Closed => return Err(closed(QuotaLimit::Tokens)),
+            LeaseAnswer::Empty => {
+                let held = u64::try_from(bucket.lease.tokens.load(Ordering::Relaxed)).unwrap_or(0);
+                let left = bucket.lease.tokens_left.load(Ordering::Relaxed);
+                return Err(refusal(left.saturating_add(held)));
+            }
+        }
         match take_tokens(&bucket, day, tpd, need, need) {
             Daily::Charged { remaining, .. } => {
+                let remaining = match &bucket.link {
+                    Some(_) => {
+                        let l = &bucket.lease;
+                        let held = u64::try_from(l.tokens.load(Ordering::Relaxed)).unwrap_or(0);
+                        remaining.min(l.tokens_left.load(Ordering::Relaxed).saturating_add(held))
+                    }
+                    None => remaining,
+                };
                 ticket
                     .headers
                     .push(("X-RateLimit-Remaining-Tokens", num(remaining)));
                 ticket.daily = Some((bucket, day, need, f.estimate));
             }
             Daily::Refused { remaining } => {
-                let msg = if f.declared_output > 0 {
-                    "insufficient daily token budget for requested max_tokens"
-                } else {
-                    "daily token budget exceeded"
-                };
-                return Err(QuotaRefusal {
-                    error: ApiError::new(ErrorCode::TokenLimitExceeded, msg),
-                    headers: vec![("X-RateLimit-Remaining-Tokens", num(remaining))],
-                    limit: QuotaLimit::Tokens,
-                });
+                bucket.adjust_lease_tokens(-i64::try_from(need).unwrap_or(i64::MAX));
+                return Err(refusal(remaining));
             }
         }
     }
@@ -513,6 +783,7 @@ impl Ticket {
         };
         if delta != 0 {
             adjust_tokens(&bucket, day, delta);
+            bucket.adjust_lease_tokens(delta);
         }
     }
 }

@@ -1,0 +1,491 @@
+//! Quotas shared by several routers (`--shared-state`, issue 31): the
+//! shared-state thread's side of the leases of [`crate::logic::tenancy::lease`].
+//!
+//! Every [`QUOTA_EVERY`] while some bucket is in use, the thread reads the
+//! balances the request path spends, and sends one pipeline of draws to
+//! Redis: for each bucket, its debt (charged whatever is left) and a
+//! top-up back to one lease (granted as far as the global quota has room).
+//!
+//! - Requests per minute: one GCRA state per bucket,
+//!   `hivenet:quota:requests:<tenant>:<model>`, in Redis's own clock
+//!   (`TIME`), so routers' clocks never matter.
+//! - Tokens per day: one counter per bucket and UTC day,
+//!   `hivenet:quota:tokens:<day>:<tenant>:<model>`, expiring a day after
+//!   the day ends. It counts what routers drew: their usage, true-ups and
+//!   refunds go through their leases.
+//!
+//! Nothing counted twice: every draw carries an ID unique to this process
+//! (`hivenet:quota:op:<router>:<boot>:<seq>`, kept 2 minutes with its
+//! answer); a draw whose answer was lost is sent again with the same ID
+//! and Redis answers what it did the first time.
+//!
+//! Nothing lost when Redis restarts empty: the token counters carry a
+//! generation (`hivenet:quota:gen`, set by the first router that finds it
+//! missing). A router that sees a generation it has not contributed to
+//! adds what it drew today (its usage plus its lease) to the new counters,
+//! once (a set of contributors per generation, checked in the same script).
+//!
+//! Usage spent while Redis was away (fail-open) is debt on the lease: the
+//! first draw after Redis returns charges it.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::logic::tenancy::lease;
+use crate::runtime::state::tenancy::{Bucket, BucketKey, QuotaLink};
+
+/// How often the thread draws while some bucket is in use.
+pub const QUOTA_EVERY: Duration = Duration::from_millis(20);
+/// A bucket unused this long gives its lease back.
+pub const IDLE_RETURN: Duration = Duration::from_secs(30);
+
+const GEN_KEY: &str = "hivenet:quota:gen";
+
+/// Weighted GCRA draw. KEYS[1] the state, KEYS[2] the op record. ARGV:
+/// charge (any sign: debt, or a lease given back), top-up, per minute,
+/// burst. Returns {granted top-up, requests left, µs until one fits}.
+const REQUESTS_SCRIPT: &str = r"
+local done = redis.call('GET', KEYS[2])
+if done then return cjson.decode(done) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = 60000000 / tonumber(ARGV[3])
+local cap = interval * tonumber(ARGV[4])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+tat = tat + tonumber(ARGV[1]) * interval
+if tat < now then tat = now end
+local top = tonumber(ARGV[2])
+local fit = math.floor((now + cap - tat) / interval)
+if fit < 0 then fit = 0 end
+if top > fit then top = fit end
+tat = tat + top * interval
+redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + 60000)
+local left = math.floor((now + cap - tat) / interval)
+local wait = 0
+if left < 1 then
+  left = 0
+  wait = math.ceil(tat + interval - cap - now)
+end
+local r = {top, left, wait}
+redis.call('SET', KEYS[2], cjson.encode(r), 'EX', 120)
+return r
+";
+
+/// Daily token draw. KEYS[1] the day's counter, KEYS[2] the op record,
+/// KEYS[3] the generation. ARGV: charge (any sign), top-up, limit, expiry
+/// (unix s), the generation this router contributed to. Returns {granted
+/// top-up, tokens left}, or {-1} when the generation changed (Redis
+/// restarted empty: contribute first).
+const TOKENS_SCRIPT: &str = r"
+local done = redis.call('GET', KEYS[2])
+if done then return cjson.decode(done) end
+if redis.call('GET', KEYS[3]) ~= ARGV[5] then return {-1} end
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+used = used + tonumber(ARGV[1])
+if used < 0 then used = 0 end
+local limit = tonumber(ARGV[3])
+local top = tonumber(ARGV[2])
+local room = limit - used
+if room < 0 then room = 0 end
+if top > room then top = room end
+used = used + top
+redis.call('SET', KEYS[1], string.format('%.0f', used), 'EXAT', ARGV[4])
+local left = limit - used
+if left < 0 then left = 0 end
+local r = {top, left}
+redis.call('SET', KEYS[2], cjson.encode(r), 'EX', 120)
+return r
+";
+
+/// The generation: KEYS[1]; ARGV[1] a new one, set if none. Returns it.
+const GEN_SCRIPT: &str = r"
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
+";
+
+/// Contribute this router's draws of today to a new generation, once.
+/// KEYS[1] the generation, KEYS[2] its contributors, KEYS[3..] counters;
+/// ARGV[1] the generation expected, ARGV[2] this router, ARGV[3] expiry,
+/// ARGV[4..] amounts. 1: added; 0: already; -1: the generation changed.
+const CONTRIBUTE_SCRIPT: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+if redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 1 then return 0 end
+for i = 3, #KEYS do
+  redis.call('INCRBY', KEYS[i], ARGV[i + 1])
+  redis.call('EXPIREAT', KEYS[i], ARGV[3])
+end
+redis.call('SADD', KEYS[2], ARGV[2])
+redis.call('EXPIRE', KEYS[2], 172800)
+return 1
+";
+
+/// What one draw is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Requests { per_minute: u64, burst: u64 },
+    Tokens { limit: u64, day: u64 },
+}
+
+/// One draw, kept until Redis answered it (then sent again with its ID).
+struct Op {
+    bucket: Arc<Bucket>,
+    name: BucketKey,
+    kind: Kind,
+    charge: i64,
+    top_up: i64,
+    id: String,
+    /// A lease given back by an idle bucket: forget the bucket after.
+    idle: bool,
+}
+
+/// The thread's quota state.
+pub struct Drawer {
+    me: String,
+    boot: u64,
+    seq: u64,
+    pending: Vec<Op>,
+    /// The generation this router contributed to (None: not yet).
+    gen: Option<String>,
+    /// The UTC day the token leases are of.
+    day: u64,
+    /// Whether some bucket was in use at the last cycle (draw often).
+    pub active: bool,
+    /// Monotonic ns of the last draw asked of an exhausted budget.
+    probed_ns: u64,
+    /// Per bucket (by address): requests and tokens spent at the last
+    /// round (the pace the next top-up is sized on).
+    spent: HashMap<usize, (u64, u64)>,
+}
+
+/// The buckets of the lookup snapshot, by name.
+pub type Buckets = std::collections::BTreeMap<BucketKey, Arc<Bucket>>;
+
+/// How often an exhausted daily budget is asked again (a refund or a
+/// true-up on another router may have freed some).
+const EXHAUSTED_PROBE: Duration = Duration::from_secs(1);
+
+impl Drawer {
+    /// A drawer for the router named `me`.
+    pub fn new(me: String) -> Self {
+        Drawer {
+            me,
+            boot: rand::random(),
+            seq: 0,
+            pending: Vec::new(),
+            gen: None,
+            day: 0,
+            active: false,
+            probed_ns: 0,
+            spent: HashMap::new(),
+        }
+    }
+
+    fn requests_key(name: &BucketKey) -> String {
+        format!("hivenet:quota:requests:{}:{}", name.0, name.1)
+    }
+
+    fn tokens_key(name: &BucketKey, day: u64) -> String {
+        format!("hivenet:quota:tokens:{day}:{}:{}", name.0, name.1)
+    }
+
+    /// A connection was (re)made: load the scripts (pipelines send them
+    /// by hash); the generation may have changed.
+    pub fn connected(&mut self, c: &mut redis::Connection) -> redis::RedisResult<()> {
+        self.gen = None;
+        redis::Script::new(REQUESTS_SCRIPT)
+            .prepare_invoke()
+            .load(c)?;
+        redis::Script::new(TOKENS_SCRIPT).prepare_invoke().load(c)?;
+        Ok(())
+    }
+
+    /// Whether the generation is still the one this router contributed
+    /// to (read every poll: an idle router learns of a Redis restarted
+    /// empty too, and adds its usage back).
+    pub fn check_generation(&mut self, c: &mut redis::Connection) -> redis::RedisResult<()> {
+        if let Some(g) = &self.gen {
+            let now: Option<String> = redis::cmd("GET").arg(GEN_KEY).query(c)?;
+            if now.as_deref() != Some(g.as_str()) {
+                self.gen = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// One cycle: contribute to a new generation if needed, then draw.
+    pub fn cycle(
+        &mut self,
+        c: &mut redis::Connection,
+        link: &QuotaLink,
+        buckets: &Buckets,
+        now_ns: u64,
+        unix_secs: u64,
+    ) -> redis::RedisResult<()> {
+        let today = crate::logic::tenancy::quota::day_of(unix_secs);
+        if today != self.day {
+            // A new day: yesterday's token leases are of yesterday.
+            for b in buckets.values() {
+                b.lease.tokens.store(0, Ordering::Relaxed);
+                b.lease.tokens_exhausted.store(false, Ordering::Relaxed);
+                b.lease.tokens_left.store(u64::MAX, Ordering::Relaxed);
+            }
+            self.pending
+                .retain(|o| !matches!(o.kind, Kind::Tokens { .. }));
+            self.day = today;
+        }
+        if self.gen.is_none() {
+            self.contribute(c, buckets, today)?;
+        }
+        // Every bucket is looked at only while some are in use, or when
+        // the request path says one just started.
+        if self.pending.is_empty() && (self.active || link.fresh.swap(false, Ordering::Relaxed)) {
+            self.plan(buckets, now_ns, today);
+        }
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.send(c, now_ns, today)
+    }
+
+    /// The draws every bucket in use needs now.
+    fn plan(&mut self, buckets: &Buckets, now_ns: u64, today: u64) {
+        let mut active = false;
+        let mut spent_now = HashMap::with_capacity(self.spent.len());
+        let probe = now_ns.saturating_sub(self.probed_ns) >= EXHAUSTED_PROBE.as_nanos() as u64;
+        if probe {
+            self.probed_ns = now_ns;
+        }
+        for (name, b) in buckets {
+            let l = &b.lease;
+            let last = l.last_spend.load(Ordering::Relaxed);
+            if last == 0 {
+                continue;
+            }
+            let idle = now_ns.saturating_sub(last) >= IDLE_RETURN.as_nanos() as u64;
+            active |= !idle;
+            let spent = (
+                l.requests_spent.load(Ordering::Relaxed),
+                l.tokens_spent.load(Ordering::Relaxed),
+            );
+            let before = self
+                .spent
+                .get(&(Arc::as_ptr(b) as usize))
+                .copied()
+                .unwrap_or(spent);
+            spent_now.insert(Arc::as_ptr(b) as usize, spent);
+            let pace = (
+                spent.0.saturating_sub(before.0),
+                spent.1.saturating_sub(before.1),
+            );
+            let per_minute = l.rate.load(Ordering::Relaxed);
+            let burst = l.burst.load(Ordering::Relaxed);
+            let limit = l.tokens_limit.load(Ordering::Relaxed);
+            let mut wants: Vec<(Kind, i64, i64)> = Vec::new();
+            if per_minute > 0 {
+                let bal = l.requests.load(Ordering::Relaxed);
+                // Idle: the debt is charged, an unspent lease given back.
+                let (charge, top) = if idle {
+                    (bal.saturating_neg(), 0)
+                } else {
+                    lease::draw(bal, lease::target(lease::request_lease(burst), pace.0))
+                };
+                if charge != 0 || top != 0 {
+                    wants.push((Kind::Requests { per_minute, burst }, charge, top));
+                }
+            }
+            if limit > 0 {
+                let bal = l.tokens.load(Ordering::Relaxed);
+                // Idle: the debt is charged, an unspent lease given back.
+                let (charge, top) = if idle {
+                    (bal.saturating_neg(), 0)
+                } else {
+                    lease::draw(bal, lease::target(lease::token_lease(limit), pace.1))
+                };
+                let top = if l.tokens_exhausted.load(Ordering::Relaxed) && charge == 0 && !probe {
+                    // Asking an exhausted budget every 20 ms helps nobody.
+                    0
+                } else {
+                    top
+                };
+                if charge != 0 || top != 0 {
+                    wants.push((Kind::Tokens { limit, day: today }, charge, top));
+                }
+            }
+            if idle && wants.is_empty() {
+                let _ =
+                    l.last_spend
+                        .compare_exchange(last, 0, Ordering::Relaxed, Ordering::Relaxed);
+            }
+            for (kind, charge, top_up) in wants {
+                self.seq += 1;
+                self.pending.push(Op {
+                    bucket: b.clone(),
+                    name: name.clone(),
+                    kind,
+                    charge,
+                    top_up,
+                    id: format!(
+                        "hivenet:quota:op:{}:{:016x}:{}",
+                        self.me, self.boot, self.seq
+                    ),
+                    idle,
+                });
+            }
+        }
+        self.active = active;
+        self.spent = spent_now;
+    }
+
+    /// Send the pending draws in one pipeline and apply the answers.
+    fn send(
+        &mut self,
+        c: &mut redis::Connection,
+        now_ns: u64,
+        today: u64,
+    ) -> redis::RedisResult<()> {
+        let requests = redis::Script::new(REQUESTS_SCRIPT);
+        let tokens = redis::Script::new(TOKENS_SCRIPT);
+        let gen = self.gen.clone().unwrap_or_default();
+        let expire_at = (today + 2) * 86_400;
+        let mut pipe = redis::pipe();
+        for op in &self.pending {
+            match op.kind {
+                Kind::Requests { per_minute, burst } => {
+                    pipe.cmd("EVALSHA")
+                        .arg(requests.get_hash())
+                        .arg(2)
+                        .arg(Self::requests_key(&op.name))
+                        .arg(&op.id)
+                        .arg(op.charge)
+                        .arg(op.top_up)
+                        .arg(per_minute)
+                        .arg(burst);
+                }
+                Kind::Tokens { limit, day } => {
+                    pipe.cmd("EVALSHA")
+                        .arg(tokens.get_hash())
+                        .arg(3)
+                        .arg(Self::tokens_key(&op.name, day))
+                        .arg(&op.id)
+                        .arg(GEN_KEY)
+                        .arg(op.charge)
+                        .arg(op.top_up)
+                        .arg(limit)
+                        .arg(expire_at)
+                        .arg(&gen);
+                }
+            }
+        }
+        let answers: Vec<Vec<i64>> = match pipe.query(c) {
+            Ok(a) => a,
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                // Redis restarted (or SCRIPT FLUSH): load and send again.
+                requests.prepare_invoke().load(c)?;
+                tokens.prepare_invoke().load(c)?;
+                pipe.query(c)?
+            }
+            Err(e) => return Err(e),
+        };
+        let mut regen = false;
+        for (op, a) in std::mem::take(&mut self.pending).into_iter().zip(answers) {
+            let l = &op.bucket.lease;
+            match op.kind {
+                Kind::Requests { .. } => {
+                    let (granted, left, wait_us) = (
+                        a.first().copied().unwrap_or(0),
+                        a.get(1).copied().unwrap_or(0),
+                        a.get(2).copied().unwrap_or(0),
+                    );
+                    l.requests.fetch_add(op.charge + granted, Ordering::AcqRel);
+                    l.requests_left
+                        .store(u64::try_from(left).unwrap_or(0), Ordering::Relaxed);
+                    let until = match u64::try_from(wait_us) {
+                        Ok(w) if w > 0 => now_ns.saturating_add(w.saturating_mul(1000)),
+                        _ => 0,
+                    };
+                    l.requests_empty_until.store(until, Ordering::Relaxed);
+                }
+                Kind::Tokens { day, .. } => {
+                    if a.first() == Some(&-1) && a.len() == 1 {
+                        // Not applied: contribute to the new generation,
+                        // then draw again.
+                        regen = true;
+                        continue;
+                    }
+                    if day != self.day {
+                        continue;
+                    }
+                    let (granted, left) = (
+                        a.first().copied().unwrap_or(0),
+                        a.get(1).copied().unwrap_or(0),
+                    );
+                    l.tokens.fetch_add(op.charge + granted, Ordering::AcqRel);
+                    l.tokens_left
+                        .store(u64::try_from(left).unwrap_or(0), Ordering::Relaxed);
+                    l.tokens_exhausted
+                        .store(granted < op.top_up || left == 0, Ordering::Relaxed);
+                }
+            }
+            if op.idle {
+                l.last_spend.store(0, Ordering::Relaxed);
+            }
+        }
+        if regen {
+            self.gen = None;
+        }
+        Ok(())
+    }
+
+    /// Join the current generation; when this router has not contributed
+    /// to it yet, add what it drew today to its counters first.
+    fn contribute(
+        &mut self,
+        c: &mut redis::Connection,
+        buckets: &Buckets,
+        today: u64,
+    ) -> redis::RedisResult<()> {
+        let fresh = format!("{:016x}", rand::random::<u64>());
+        let gen: String = redis::Script::new(GEN_SCRIPT)
+            .key(GEN_KEY)
+            .arg(fresh)
+            .invoke(c)?;
+        let mut amounts: HashMap<String, i64> = HashMap::new();
+        for (name, b) in buckets {
+            // Every bucket with usage today (its limit may not be known
+            // yet after a restart: the usage restored from the store is).
+            let used =
+                crate::logic::tenancy::quota::used_on(b.daily.load(Ordering::Relaxed), today);
+            let drawn = i64::try_from(used)
+                .unwrap_or(i64::MAX)
+                .saturating_add(b.lease.tokens.load(Ordering::Relaxed));
+            if drawn > 0 {
+                amounts.insert(Self::tokens_key(name, today), drawn);
+            }
+        }
+        let script = redis::Script::new(CONTRIBUTE_SCRIPT);
+        let mut inv = script.prepare_invoke();
+        inv.key(GEN_KEY)
+            .key(format!("hivenet:quota:gen:{gen}:routers"))
+            .arg(&gen)
+            .arg(&self.me)
+            .arg((today + 2) * 86_400);
+        for (k, v) in &amounts {
+            inv.key(k).arg(*v);
+        }
+        let r: i64 = inv.invoke(c)?;
+        if r == 1 && !amounts.is_empty() {
+            tracing::info!(
+                generation = %gen,
+                counters = amounts.len(),
+                "shared quota: this router's usage of today added to the shared counters (Redis was empty or new)"
+            );
+        }
+        if r >= 0 {
+            self.gen = Some(gen);
+        }
+        Ok(())
+    }
+}
