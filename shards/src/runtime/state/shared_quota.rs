@@ -489,3 +489,118 @@ impl Drawer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The scripts on a real `redis-server` (scripts/test.sh installs it).
+    use super::*;
+
+    struct Server(std::process::Child);
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn server() -> (Server, redis::Connection) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server (scripts/test.sh installs it)");
+        let s = Server(child);
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/0")).expect("url");
+        for _ in 0..200 {
+            if let Ok(c) = client.get_connection() {
+                return (s, c);
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("redis-server did not start");
+    }
+
+    fn tokens(c: &mut redis::Connection, op: &str, charge: i64, top: i64, gen: &str) -> Vec<i64> {
+        redis::Script::new(TOKENS_SCRIPT)
+            .key("t")
+            .key(op)
+            .key(GEN_KEY)
+            .arg(charge)
+            .arg(top)
+            .arg(1000)
+            .arg(4_000_000_000u64)
+            .arg(gen)
+            .invoke(c)
+            .expect("tokens script")
+    }
+
+    #[test]
+    fn a_draw_sent_twice_is_charged_once_and_the_generation_is_checked() {
+        let (_s, mut c) = server();
+        let _: () = redis::cmd("SET")
+            .arg(GEN_KEY)
+            .arg("g1")
+            .query(&mut c)
+            .expect("set");
+        assert_eq!(tokens(&mut c, "op1", 30, 100, "g1"), vec![100, 870]);
+        // The same op again (its answer was lost): the same answer, no charge.
+        assert_eq!(tokens(&mut c, "op1", 30, 100, "g1"), vec![100, 870]);
+        let used: i64 = redis::cmd("GET").arg("t").query(&mut c).expect("get");
+        assert_eq!(used, 130);
+        // A top-up is capped by what is left; a debt is charged regardless.
+        assert_eq!(tokens(&mut c, "op2", 0, 2000, "g1"), vec![870, 0]);
+        assert_eq!(tokens(&mut c, "op3", 50, 10, "g1"), vec![0, 0]);
+        let used: i64 = redis::cmd("GET").arg("t").query(&mut c).expect("get");
+        assert_eq!(used, 1050);
+        // A lease given back (negative charge) frees room.
+        assert_eq!(tokens(&mut c, "op4", -100, 0, "g1"), vec![0, 50]);
+        // Another generation (Redis restarted empty): nothing applied.
+        assert_eq!(tokens(&mut c, "op5", 10, 10, "g0"), vec![-1]);
+        let used: i64 = redis::cmd("GET").arg("t").query(&mut c).expect("get");
+        assert_eq!(used, 950);
+    }
+
+    #[test]
+    fn the_request_bucket_grants_its_burst_then_the_refill() {
+        let (_s, mut c) = server();
+        let draw = |c: &mut redis::Connection, op: &str, charge: i64, top: i64| -> Vec<i64> {
+            redis::Script::new(REQUESTS_SCRIPT)
+                .key("r")
+                .key(op)
+                .arg(charge)
+                .arg(top)
+                .arg(60)
+                .arg(10)
+                .invoke(c)
+                .expect("requests script")
+        };
+        // 60 a minute, burst 10: a draw of 15 gets 10, then nothing, with
+        // the wait until one fits (about one second).
+        let a = draw(&mut c, "o1", 0, 15);
+        assert_eq!(a[..2], [10, 0]);
+        assert!((900_000..=1_000_000).contains(&a[2]), "{a:?}");
+        let b = draw(&mut c, "o2", 0, 5);
+        assert_eq!(b[..2], [0, 0]);
+        // Debt is charged past the capacity: the wait grows by it.
+        let d = draw(&mut c, "o3", 3, 0);
+        assert!(d[2] >= 3_900_000, "{d:?}");
+        // Sent again: the same answer, not charged twice.
+        assert_eq!(draw(&mut c, "o3", 3, 0), d);
+        // Given back: the wait shrinks.
+        let e = draw(&mut c, "o4", -3, 0);
+        assert!(e[2] <= 1_000_000, "{e:?}");
+    }
+}
