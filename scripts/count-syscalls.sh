@@ -18,6 +18,7 @@
 #   REQS_STREAM=2000   streamed requests (16 events each)
 #   DUR=120s           cap on each run (a run cut short fails --check)
 #   ROUTER_EXTRA="--shared-state redis://127.0.0.1:6379/0"  more router flags
+#   BENCH_EXTRA="--api-key sk-..."  more hivenet-bench flags (every run)
 #   --check            fail when a count passes its ceiling (CEIL_* below)
 # The ceilings are generous on purpose (about twice the figures recorded
 # in perf/ when they were set): a change that doubles a count fails, noise
@@ -125,7 +126,7 @@ measure() {
     echo $! >"$WORK/$name-${p%%:*}.perfpid"
   done
   sleep 0.3
-  "$BIN/hivenet-bench" --url "$url" --quiet --requests "$reqs" --duration "$DUR" --out "$WORK/$name.json" "$@" >"$WORK/$name.txt"
+  "$BIN/hivenet-bench" --url "$url" --quiet --requests "$reqs" --duration "$DUR" --out "$WORK/$name.json" ${BENCH_EXTRA:-} "$@" >"$WORK/$name.txt"
   for p in router agent sim; do kill -INT "$(cat "$WORK/$name-$p.perfpid")" 2>/dev/null || true; done
   for p in router agent sim; do wait "$(cat "$WORK/$name-$p.perfpid")" 2>/dev/null || true; done
   python3 - "$WORK" "$name" "$reqs" >>"$ROWS" <<'PY'
