@@ -90,9 +90,12 @@ struct Flags {
     /// history store directory (default ./hivenet-data; env HIVENET_ROUTER_DISK_DB_PATH)
     #[argh(option)]
     disk_db_path: Option<String>,
-    /// redis://[:password@]host:port/db shared with the other routers of the fleet: the dynamic key registry, quotas and daily token budgets, held-client dedup (env HIVENET_ROUTER_SHARED_STATE_URL; default: none, this router alone)
+    /// redis://[:password@]host:port/db (or rediss:// for TLS) shared with the other routers of the fleet: the dynamic key registry, quotas and daily token budgets, held-client dedup (env HIVENET_ROUTER_SHARED_STATE_URL; default: none, this router alone)
     #[argh(option)]
     shared_state: Option<String>,
+    /// PEM file of the CA(s) a rediss:// shared state's certificate must chain to (env HIVENET_ROUTER_SHARED_STATE_CA_FILE; default: the system's roots)
+    #[argh(option)]
+    shared_state_ca_file: Option<String>,
     /// while the shared state is unreachable: open admits quota-limited requests on this router's own limits (charged when it returns), closed refuses them with 429 (env HIVENET_ROUTER_SHARED_STATE_FAILURE_MODE; default open)
     #[argh(option)]
     shared_state_failure_mode: Option<String>,
@@ -328,9 +331,20 @@ fn build() -> Result<Startup, String> {
                     ))
                 }
             };
+            let ca_pem = match cli::flag_or_env_opt(
+                f.shared_state_ca_file,
+                "HIVENET_ROUTER_SHARED_STATE_CA_FILE",
+            ) {
+                Some(p) => Some(
+                    std::fs::read(&p)
+                        .map_err(|e| format!("--shared-state-ca-file: cannot read {p}: {e}"))?,
+                ),
+                None => None,
+            };
             Some(shards::runtime::state::shared_state::SharedState::new(
                 &url,
                 fail_closed,
+                ca_pem,
             )?)
         }
         _ => None,

@@ -45,12 +45,16 @@ fn fleet(dir: &std::path::Path, n: usize, redis: u16) -> Fleet {
 
 /// [`fleet`] with more router flags.
 fn fleet_with(dir: &std::path::Path, n: usize, redis: u16, extra: &[&str]) -> Fleet {
-    let url = format!("redis://127.0.0.1:{redis}/0");
+    fleet_at(dir, n, &format!("redis://127.0.0.1:{redis}/0"), extra)
+}
+
+/// [`fleet`] sharing the state at `url`, with more router flags.
+fn fleet_at(dir: &std::path::Path, n: usize, url: &str, extra: &[&str]) -> Fleet {
     let routers: Vec<Router> = (0..n)
         .map(|i| {
             let d = dir.join(format!("r{i}"));
             std::fs::create_dir_all(&d).expect("router dir");
-            let mut args = vec!["--shards", "1", "--shared-state", &url];
+            let mut args = vec!["--shards", "1", "--shared-state", url];
             args.extend_from_slice(extra);
             start_router(&d, &args, &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")])
         })
@@ -547,4 +551,167 @@ fn redis_away_fails_open_or_closed_as_told_and_open_usage_is_charged_after() {
         "0"
     );
     assert_eq!(send_with_key(c.http, "sk-lim").status, 200);
+}
+
+/// Run `openssl` with `args` in `dir`.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let st = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl (scripts/test.sh installs it)");
+    assert!(st.success(), "openssl {args:?}");
+}
+
+#[test]
+fn rediss_with_a_private_ca_and_a_password() {
+    let dir = tmpdir("shared-tls");
+    // A CA of the test's own and a server certificate for 127.0.0.1.
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=hivenet-test-ca",
+        ],
+    );
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("ext");
+    openssl(
+        &dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
+        ],
+    );
+    let port = free_port();
+    let log = std::fs::File::create(dir.join("redis-tls.log")).expect("log");
+    let child = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ])
+        .args([
+            "--tls-cert-file",
+            "server.pem",
+            "--tls-key-file",
+            "server.key",
+        ])
+        .args(["--tls-ca-cert-file", "ca.pem", "--tls-auth-clients", "no"])
+        .args([
+            "--requirepass",
+            "s3cret",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .current_dir(&dir)
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("redis-server");
+    let _redis = Proc {
+        child,
+        name: "redis-server (tls)".into(),
+        log: dir.join("redis-tls.log"),
+    };
+    wait_until(
+        Duration::from_secs(10),
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        "redis-server (tls) up",
+    );
+    let ca = dir.join("ca.pem");
+    let ca = ca.to_str().unwrap_or_default();
+    let url = format!("rediss://:s3cret@127.0.0.1:{port}/0");
+    let f = fleet_at(&dir, 2, &url, &["--shared-state-ca-file", ca]);
+    // Up on both (fleet waited for it), and a key pushed to one is in
+    // force on the other: the registry went through TLS.
+    let (st, out) = admin(
+        f.routers[0].http,
+        "PUT",
+        "/admin/api-keys/k1",
+        key("v1", "sk-tls"),
+    );
+    assert_eq!(st, 200, "{out}");
+    wait_until(
+        Duration::from_secs(5),
+        || with_key(f.routers[1].http, "sk-tls") == 200,
+        "the key on the other router",
+    );
+    // The password is never shown.
+    let log = std::fs::read_to_string(&f.routers[0].proc.log).unwrap_or_default();
+    assert!(log.contains("rediss://***@127.0.0.1"), "{log}");
+    assert!(!log.contains("s3cret"));
+    // A router that does not trust that CA (the system's roots) and one
+    // with a wrong password never come up.
+    for (i, (u, extra)) in [
+        (url.clone(), vec![]),
+        (
+            format!("rediss://:wrong@127.0.0.1:{port}/0"),
+            vec!["--shared-state-ca-file", ca],
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let d = dir.join(format!("bad{i}"));
+        std::fs::create_dir_all(&d).expect("dir");
+        let mut args = vec!["--shards", "1", "--shared-state", u.as_str()];
+        args.extend(extra);
+        let r = start_router(&d, &args, &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")]);
+        wait_until(
+            Duration::from_secs(10),
+            || metric(r.metrics, "hivenet_shared_state_errors_total").unwrap_or(0.0) >= 1.0,
+            "a failed call counted",
+        );
+        assert_eq!(metric(r.metrics, "hivenet_shared_state_up"), Some(0.0));
+    }
 }

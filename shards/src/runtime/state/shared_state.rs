@@ -223,21 +223,48 @@ pub struct Pending {
 }
 
 impl SharedState {
-    /// Validate `url` (`redis://[:password@]host[:port][/db]`); nothing is
-    /// dialed before [`SharedState::start`].
-    pub fn new(url: &str, fail_closed: bool) -> Result<(Arc<Self>, Pending), String> {
+    /// Validate `url` (`redis://` or `rediss://`, `[[user]:password@]host
+    /// [:port][/db]`); `ca_pem`: the roots a `rediss://` server's
+    /// certificate must chain to (None: the system's). Nothing is dialed
+    /// before [`SharedState::start`].
+    pub fn new(
+        url: &str,
+        fail_closed: bool,
+        ca_pem: Option<Vec<u8>>,
+    ) -> Result<(Arc<Self>, Pending), String> {
         let url = url.trim();
-        if url.starts_with("rediss://") {
-            return Err("--shared-state: rediss:// (TLS) is not supported by this build; use redis:// on a private network or a TLS tunnel".into());
-        }
-        if !url.starts_with("redis://") {
+        let tls = url.starts_with("rediss://");
+        if !tls && !url.starts_with("redis://") {
             return Err(format!(
-                "--shared-state: {:?} is not a redis://host:port/db URL",
+                "--shared-state: {:?} is not a redis:// or rediss:// URL",
                 shown(url)
             ));
         }
-        let client =
-            redis::Client::open(url).map_err(|e| format!("--shared-state: {}: {e}", shown(url)))?;
+        if url.contains("#insecure") {
+            return Err("--shared-state: #insecure (no certificate check) is not supported; give the server's CA with --shared-state-ca-file".into());
+        }
+        let client = match (tls, ca_pem) {
+            (false, Some(_)) => {
+                return Err("--shared-state-ca-file is for rediss:// URLs".into());
+            }
+            (false, None) => redis::Client::open(url),
+            (true, root_cert) => {
+                // The process's rustls provider: ring, as for providers
+                // (already installed is fine).
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                match root_cert {
+                    Some(pem) => redis::Client::build_with_tls(
+                        url,
+                        redis::TlsCertificates {
+                            client_tls: None,
+                            root_cert: Some(pem),
+                        },
+                    ),
+                    None => redis::Client::open(url),
+                }
+            }
+        }
+        .map_err(|e| format!("--shared-state: {}: {e}", shown(url)))?;
         let (tx, rx) = mpsc::channel();
         let me = Arc::new(SharedState {
             tx,
@@ -501,9 +528,12 @@ mod tests {
     fn urls_are_checked_and_passwords_hidden() {
         assert_eq!(shown("redis://:s3cret@h:6379/0"), "redis://***@h:6379/0");
         assert_eq!(shown("redis://h:6379"), "redis://h:6379");
-        assert!(SharedState::new("rediss://h:6380", false).is_err());
-        assert!(SharedState::new("http://h", false).is_err());
-        let (s, _p) = SharedState::new(" redis://:pw@127.0.0.1:6379/2 ", false).expect("valid");
+        assert!(SharedState::new("rediss://h:6380", false, None).is_ok());
+        assert!(SharedState::new("rediss://h:6380/#insecure", false, None).is_err());
+        assert!(SharedState::new("redis://h:6380", false, Some(b"x".to_vec())).is_err());
+        assert!(SharedState::new("http://h", false, None).is_err());
+        let (s, _p) =
+            SharedState::new(" redis://:pw@127.0.0.1:6379/2 ", false, None).expect("valid");
         assert_eq!(s.shown, "redis://***@127.0.0.1:6379/2");
         assert_eq!(s.sync_age_secs(5_000), None);
         s.last_sync_ms.store(3_000, Ordering::Relaxed);
