@@ -99,6 +99,9 @@ struct Flags {
     /// while the shared state is unreachable: open admits quota-limited requests on this router's own limits (charged when it returns), closed refuses them with 429 (env HIVENET_ROUTER_SHARED_STATE_FAILURE_MODE; default open)
     #[argh(option)]
     shared_state_failure_mode: Option<String>,
+    /// publish this router's prefix-affinity forwards through the shared state and record the other routers' (a conversation landing on another router finds its agent; env HIVENET_ROUTER_SHARED_STATE_AFFINITY=true; needs --shared-state)
+    #[argh(switch)]
+    shared_state_affinity: bool,
     /// empty the history store at start
     #[argh(switch)]
     reset_disk_db: bool,
@@ -179,6 +182,8 @@ struct Startup {
         std::sync::Arc<shards::runtime::state::shared_state::SharedState>,
         shards::runtime::state::shared_state::Pending,
     )>,
+    /// `--shared-state-affinity`.
+    shared_affinity: bool,
 }
 
 fn build() -> Result<Startup, String> {
@@ -349,6 +354,14 @@ fn build() -> Result<Startup, String> {
         }
         _ => None,
     };
+    let shared_affinity = f.shared_state_affinity
+        || matches!(
+            std::env::var("HIVENET_ROUTER_SHARED_STATE_AFFINITY").as_deref(),
+            Ok("true" | "1")
+        );
+    if shared_affinity && shared_state.is_none() {
+        return Err("--shared-state-affinity needs --shared-state".into());
+    }
     let store = hivenet_router::store::StoreConfig {
         path: std::path::PathBuf::from(cli::flag_or_env(
             f.disk_db_path,
@@ -518,6 +531,7 @@ fn build() -> Result<Startup, String> {
         psk,
         keypair,
         shared_state,
+        shared_affinity,
     })
 }
 
@@ -717,6 +731,7 @@ fn run(startup: Startup) -> Result<(), String> {
         psk,
         keypair,
         shared_state,
+        shared_affinity,
     } = startup;
     let n = plan.len();
     let http = executor::bind_reuseport(cfg.http_addr, n)
@@ -802,6 +817,7 @@ fn run(startup: Startup) -> Result<(), String> {
         auth: Versioned::new(auth_state),
         registry: Default::default(),
         shared_state: shared_state.as_ref().map(|(s, _)| s.clone()),
+        affinity_outbox: shared_affinity.then(|| std::sync::Mutex::new(Vec::new())),
         audit,
         policies: Versioned::new(policies),
         policy_reloads: std::sync::Mutex::new(Default::default()),

@@ -715,3 +715,81 @@ fn rediss_with_a_private_ca_and_a_password() {
         assert_eq!(metric(r.metrics, "hivenet_shared_state_up"), Some(0.0));
     }
 }
+
+/// Turn `turn` of one conversation with a long system prompt.
+fn conversation_turn(turn: usize, key: &str) -> Req {
+    let system = "You are a careful assistant. ".repeat(40);
+    let mut msgs = vec![json!({"role": "system", "content": system})];
+    for t in 0..=turn {
+        msgs.push(json!({"role": "user", "content": format!("question {t}")}));
+        if t < turn {
+            msgs.push(json!({"role": "assistant", "content": format!("answer {t}")}));
+        }
+    }
+    let body = json!({"model": MODEL, "max_tokens": 2, "messages": msgs}).to_string();
+    Req::post("/v1/chat/completions", body).header("Authorization", &format!("Bearer {key}"))
+}
+
+fn decisions(metrics: u16, outcome: &str) -> f64 {
+    metric(
+        metrics,
+        &format!("hivenet_affinity_decisions_total{{model=\"{MODEL}\",outcome=\"{outcome}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+#[test]
+fn a_conversation_moved_to_another_router_finds_its_prefix_there() {
+    let dir = tmpdir("shared-affinity");
+    let rport = free_port();
+    let _redis = start_redis(&dir, rport);
+    let pf = dir.join("policy.yaml");
+    std::fs::write(&pf, "routing_policy:\n  strategy: prefix-aware\n").expect("policy");
+    let pfs = pf.to_string_lossy().to_string();
+    let f = fleet_with(
+        &dir,
+        2,
+        rport,
+        &["--policy-file", &pfs, "--shared-state-affinity"],
+    );
+    put_everywhere(&f, "k1", key("v1", "sk-aff"));
+    let (a, b) = (&f.routers[0], &f.routers[1]);
+    let (st, body) = conversation_turn(0, "sk-aff")
+        .send(a.http)
+        .map(Resp::pair)
+        .expect("turn 0");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(decisions(a.metrics, "miss"), 1.0);
+    let notes = |m: u16, d: &str| {
+        metric(
+            m,
+            &format!("hivenet_shared_affinity_notes_total{{direction=\"{d}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    wait_until(
+        Duration::from_secs(5),
+        || notes(a.metrics, "published") >= 1.0 && notes(b.metrics, "received") >= 1.0,
+        "turn 0 published by A, received by B",
+    );
+    // Turn 1 on the other router, once: it heard of turn 0 through Redis.
+    let (st, _) = conversation_turn(1, "sk-aff")
+        .send(b.http)
+        .map(Resp::pair)
+        .expect("turn 1");
+    assert_eq!(st, 200);
+    assert_eq!(decisions(b.metrics, "prefix_hit"), 1.0);
+    assert_eq!(decisions(b.metrics, "miss"), 0.0);
+}
+
+#[test]
+fn shared_affinity_without_shared_state_is_refused() {
+    let dir = tmpdir("shared-affinity-flag");
+    let out = std::process::Command::new(bin("hivenet-router"))
+        .args(["--shared-state-affinity", "--disk-db-path"])
+        .arg(dir.join("db"))
+        .output()
+        .expect("router");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --shared-state"));
+}

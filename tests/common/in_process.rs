@@ -100,6 +100,7 @@ pub fn start_router_with(
         )),
         registry: Default::default(),
         shared_state: None,
+        affinity_outbox: None,
         // On, as by default: its record costs the shard no allocation.
         audit: Some(
             shards::runtime::state::audit::AuditLog::start(&dir.join("audit.jsonl"), 0)

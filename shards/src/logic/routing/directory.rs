@@ -83,6 +83,14 @@ impl Directory {
         }
     }
 
+    /// Every model with registered agents, and its owner.
+    pub fn live(&self) -> impl Iterator<Item = (&str, usize)> + '_ {
+        self.owners
+            .iter()
+            .filter(|(_, e)| e.confirmed && e.links > 0)
+            .map(|(m, e)| (m.as_str(), e.shard))
+    }
+
     /// Owner of a model with registered agents.
     pub fn owner(&self, model: &str) -> Option<usize> {
         self.owners

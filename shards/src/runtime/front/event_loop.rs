@@ -189,6 +189,7 @@ fn on_message(shard: &Rc<Shard>, msg: ShardMsg) {
             let _ = reply.send(shard.snapshot());
         }
         ShardMsg::Woken(model) => super::hold::wake(shard, &model),
+        ShardMsg::Affinity { model, notes } => shard.record_foreign_affinity(&model, &notes),
         ShardMsg::MapChanged => super::hold::map_changed(shard),
         ShardMsg::ReleaseHolds => super::hold::shut_down(shard),
     }

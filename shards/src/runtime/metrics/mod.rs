@@ -248,6 +248,15 @@ fn render_shared_state(o: &mut String, st: &crate::runtime::state::shared_state:
         [],
     )
     .series([], st.link.fail_closed_refusals.load(Relaxed));
+    let mut f = Family::new(
+        o,
+        "hivenet_shared_affinity_notes_total",
+        Counter,
+        "Prefix-affinity forwards published to the other routers and received from them (--shared-state-affinity).",
+        ["direction"],
+    );
+    f.series([&"published"], st.affinity_notes.0.load(Relaxed));
+    f.series([&"received"], st.affinity_notes.1.load(Relaxed));
 }
 
 /// (region, engine, model, tenant) of a routing counter.

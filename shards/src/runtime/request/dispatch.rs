@@ -20,8 +20,8 @@ use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::routing::affinity::{
-    model_salt, raw_key_hash, AffinityCfg, AffinityIndex, AffinityPick, AffinitySource, Holders,
-    RequestKeys,
+    model_salt, peer_hash, raw_key_hash, AffinityCfg, AffinityIndex, AffinityNote, AffinityPick,
+    AffinitySource, Holders, RequestKeys,
 };
 use crate::logic::routing::decision::{
     Action, AdmitEnd, Decision, Entry, Limits, ModelFacts, Park, Rejection, Released, RequestFacts,
@@ -35,6 +35,7 @@ use crate::runtime::state::model::admission::Admitted;
 use crate::runtime::state::model::agent::Agent;
 use crate::runtime::state::model::{wake_for, Waiter};
 use crate::runtime::state::pending::{Held, PendingRequest};
+use crate::runtime::state::router::AFFINITY_OUTBOX_MAX;
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::{inc, Shard};
 use crate::runtime::state::tenancy::{self, Principal, QuotaFacts, Ticket};
@@ -128,6 +129,16 @@ fn decide(shard: &Shard, model: &str, d: &mut Decision, keys: Option<&RequestKey
         if let (Some(pick), Some(keys)) = (affinity, keys) {
             if let Some(ix) = shard.affinity.borrow_mut().as_mut() {
                 ix.record_request(keys, pick.block_bytes, *agent_id, unix);
+            }
+            // And the other routers hear of it (never waiting: a note that
+            // finds the outbox busy or full is dropped).
+            if let (Some(out), Some(a)) = (&shard.router.affinity_outbox, &agent) {
+                let note = AffinityNote::of(keys, pick.block_bytes, peer_hash(&a.reg.peer_id));
+                if let Ok(mut v) = out.try_lock() {
+                    if v.len() < AFFINITY_OUTBOX_MAX {
+                        v.push(note);
+                    }
+                }
             }
         }
     }

@@ -38,6 +38,14 @@ pub enum ShardMsg {
     MapChanged,
     /// The router is shutting down: answer every held request now.
     ReleaseHolds,
+    /// Forwards other routers made (`--shared-state-affinity`): record
+    /// their holders in this shard's affinity index.
+    Affinity {
+        /// The model (owned here).
+        model: String,
+        /// The notes.
+        notes: Vec<crate::logic::routing::affinity::AffinityNote>,
+    },
     /// Reply with this shard's snapshot.
     Snapshot {
         /// Where to send it.

@@ -6,7 +6,8 @@
 //! context), [`pending`] and [`mesh`] (the messages between shards),
 //! [`views`] (snapshots for admin and metrics), [`audit`] (the audit
 //! writer thread), [`store_api`] (the store thread's messages),
-//! [`shared_state`] and [`shared_quota`] (`--shared-state`: Redis).
+//! [`shared_state`], [`shared_quota`] and [`shared_affinity`]
+//! (`--shared-state`: Redis).
 
 pub mod audit;
 pub mod hold_book;
@@ -16,6 +17,7 @@ pub mod pending;
 pub mod router;
 pub mod scope;
 pub mod shard;
+pub mod shared_affinity;
 pub mod shared_quota;
 pub mod shared_state;
 pub mod snapshot;

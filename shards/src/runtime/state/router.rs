@@ -173,7 +173,16 @@ pub struct Router {
     /// `--shared-state`: Redis shared with the other routers (None: this
     /// router alone).
     pub shared_state: Option<Arc<super::shared_state::SharedState>>,
+    /// `--shared-state-affinity`: the forwards to publish to the other
+    /// routers, taken by the shared-state thread every round (None: off).
+    pub affinity_outbox:
+        Option<std::sync::Mutex<Vec<crate::logic::routing::affinity::AffinityNote>>>,
 }
+
+/// Notes the outbox holds at most between two rounds of the shared-state
+/// thread (20 ms): beyond, forwards are not published (counted nowhere:
+/// affinity is a hint).
+pub const AFFINITY_OUTBOX_MAX: usize = 16_384;
 
 impl super::shared_state::Host for Router {
     fn name(&self) -> String {
@@ -194,6 +203,42 @@ impl super::shared_state::Host for Router {
 
     fn auth(&self) -> Arc<super::tenancy::AuthState> {
         self.auth.load()
+    }
+
+    fn shares_affinity(&self) -> bool {
+        self.affinity_outbox.is_some()
+    }
+
+    fn take_affinity(&self, into: &mut Vec<crate::logic::routing::affinity::AffinityNote>) {
+        if let Some(out) = &self.affinity_outbox {
+            let mut g = match out.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            std::mem::swap(&mut *g, into);
+        }
+    }
+
+    fn deliver_affinity(&self, notes: Vec<crate::logic::routing::affinity::AffinityNote>) {
+        use crate::logic::routing::affinity::model_salt;
+        let dir = self.directory.load();
+        let mut by_model: std::collections::HashMap<u64, (String, usize, Vec<_>)> = dir
+            .live()
+            .map(|(m, shard)| (model_salt(m), (m.to_string(), shard, Vec::new())))
+            .collect();
+        for n in notes {
+            if let Some((_, _, v)) = by_model.get_mut(&n.salt) {
+                v.push(n);
+            }
+        }
+        for (_, (model, shard, notes)) in by_model {
+            if notes.is_empty() {
+                continue;
+            }
+            if let Some(tx) = self.mesh.get(shard) {
+                let _ = tx.unbounded_send(ShardMsg::Affinity { model, notes });
+            }
+        }
     }
 }
 

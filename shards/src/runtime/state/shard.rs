@@ -270,6 +270,47 @@ impl Shard {
         agent
     }
 
+    /// Record the forwards other routers made to agents of `model` (their
+    /// agents are named by peer hash; ours by local ID), when the model's
+    /// policy here is prefix-aware (the index is made then, as by its
+    /// first request).
+    pub fn record_foreign_affinity(
+        &self,
+        model: &str,
+        notes: &[crate::logic::routing::affinity::AffinityNote],
+    ) {
+        use crate::logic::routing::affinity::peer_hash;
+        let prefix_aware = self
+            .router
+            .policies
+            .load()
+            .for_model(model)
+            .steps
+            .iter()
+            .any(|s| s.affinity.is_some());
+        if !prefix_aware {
+            return;
+        }
+        let mut ix = self.affinity_index();
+        let models = self.models.borrow();
+        let Some(m) = models.get(model) else {
+            return;
+        };
+        let peers: Vec<(u64, u64)> = m
+            .agents
+            .iter()
+            .map(|a| (peer_hash(&a.reg.peer_id), a.id))
+            .collect();
+        let now = u32::try_from(crate::runtime::wire::clock::unix_secs()).unwrap_or(u32::MAX);
+        for n in notes {
+            if let Some((_, id)) = peers.iter().find(|(p, _)| *p == n.peer) {
+                for h in n.hashes() {
+                    ix.record(*h, *id, now);
+                }
+            }
+        }
+    }
+
     /// An agent of `model` registered or recovered: the requests held for
     /// it on every shard are released.
     pub fn wake_held(&self, model: &str) {
@@ -469,6 +510,7 @@ mod tests {
             auth: Versioned::new(Default::default()),
             registry: Default::default(),
             shared_state: None,
+            affinity_outbox: None,
             audit: None,
             insecure_admin: false,
             policy_reloads: std::sync::Mutex::new(Default::default()),

@@ -40,6 +40,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::logic::routing::affinity::AffinityNote;
 use crate::logic::sites::hold::DemandId;
 use crate::logic::tenancy::registry::{Registry, Snapshot};
 use crate::runtime::state::shared_quota::{Drawer, QUOTA_EVERY};
@@ -59,6 +60,13 @@ pub trait Host: Send + Sync + 'static {
     fn with_ledger<R>(&self, f: impl FnOnce(&mut crate::logic::sites::hold::Ledger) -> R) -> R;
     /// The lookup snapshot (its quota buckets).
     fn auth(&self) -> Arc<AuthState>;
+    /// Whether forwards are published to the other routers
+    /// (`--shared-state-affinity`).
+    fn shares_affinity(&self) -> bool;
+    /// Swap the forwards noted since the last round into `into` (empty).
+    fn take_affinity(&self, into: &mut Vec<AffinityNote>);
+    /// Record the forwards other routers made.
+    fn deliver_affinity(&self, notes: Vec<AffinityNote>);
 }
 
 /// How often the thread reads the store's epoch.
@@ -214,6 +222,9 @@ pub struct SharedState {
     pub last_sync_ms: AtomicU64,
     /// Failed calls to Redis.
     pub errors: AtomicU64,
+    /// Affinity notes published to and received from the other routers
+    /// (`--shared-state-affinity`).
+    pub affinity_notes: (AtomicU64, AtomicU64),
 }
 
 /// The thread's side, until it starts.
@@ -275,6 +286,7 @@ impl SharedState {
             }),
             last_sync_ms: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            affinity_notes: (AtomicU64::new(0), AtomicU64::new(0)),
         });
         Ok((me, Pending { rx, client }))
     }
@@ -319,6 +331,7 @@ impl SharedState {
         let me = router.name();
         let mut claims = Claims::default();
         let mut drawer = Drawer::new(me.clone());
+        let mut share = crate::runtime::state::shared_affinity::Share::new(me.clone());
         let mut conn: Option<redis::Connection> = None;
         let mut logged_down = false;
         let mut synced_at: Option<std::time::Instant> = None;
@@ -337,6 +350,7 @@ impl SharedState {
             if conn.is_none() {
                 match connect(&p.client).and_then(|mut c| drawer.connected(&mut c).map(|()| c)) {
                     Ok(c) => {
+                        share.connected();
                         tracing::info!(redis = %self.shown, "shared state: connected");
                         logged_down = false;
                         conn = Some(c);
@@ -388,7 +402,8 @@ impl SharedState {
                     &auth.buckets,
                     crate::runtime::wire::clock::mono_ns(),
                     crate::runtime::wire::clock::unix_secs(),
-                )
+                )?;
+                share.cycle(c, router, &self.affinity_notes)
             });
             match step {
                 Ok(()) => {

@@ -236,3 +236,69 @@ fn a_long_system_prompt_still_hits() {
         "the deepest shared mark: {h:?}"
     );
 }
+
+/// A note published by one router, recorded by another (its own agent
+/// numbering), makes the next turn of the conversation hit there.
+#[test]
+fn a_shared_note_lets_another_router_find_the_conversation() {
+    let t1 = marks_of(&[("user", "hello")], "sys");
+    let t2 = marks_of(
+        &[("user", "hello"), ("assistant", "hi"), ("user", "more")],
+        "sys",
+    );
+    let key = raw_key_hash(b"session-1");
+    let req = |key, marks| RequestKeys {
+        salt: model_salt("m"),
+        key,
+        marks,
+    };
+    let note = AffinityNote::of(&req(Some(key), &t1), 2048, peer_hash("12D3KooWpeer"));
+    assert!(note.len >= 2 && usize::from(note.len) <= NOTE_HASHES);
+    let mut blob = Vec::new();
+    note.encode(&mut blob);
+    AffinityNote::default().encode(&mut blob);
+    assert_eq!(
+        AffinityNote::decode_all(&blob),
+        vec![note, AffinityNote::default()]
+    );
+    // On the other router the agent is number 7.
+    let mut ix = AffinityIndex::new(1024);
+    ix.join(7);
+    for n in AffinityNote::decode_all(&blob).iter().take(1) {
+        for h in n.hashes() {
+            ix.record(*h, 7, 100);
+        }
+    }
+    let h = ix.lookup(&req(None, &t2), &cfg(), 101);
+    assert_eq!(h.kind, HitKind::Prefix);
+    assert_eq!(h.iter().map(|x| x.agent).collect::<Vec<_>>(), vec![7]);
+    let h = ix.lookup(&req(Some(key), &t2), &cfg(), 101);
+    assert_eq!(h.kind, HitKind::Key);
+}
+
+#[test]
+fn a_long_prompt_publishes_its_first_and_newest_marks_only() {
+    let msgs: Vec<(&str, String)> = (0..60).map(|i| ("user", format!("m{i}"))).collect();
+    let refs: Vec<(&str, &str)> = msgs.iter().map(|(r, t)| (*r, t.as_str())).collect();
+    let marks = marks_of(&refs, "");
+    let req = RequestKeys {
+        salt: model_salt("m"),
+        key: None,
+        marks: &marks,
+    };
+    let note = AffinityNote::of(&req, 2048, 1);
+    assert_eq!(usize::from(note.len), NOTE_HASHES);
+    let first = marks.longest_first(2048).next().expect("a mark");
+    assert!(note.hashes().contains(&salted(req.salt, first.hash)));
+}
+
+proptest! {
+    /// Whatever a store hands back, decoding never panics and never
+    /// yields a note with more hashes than a note holds.
+    #[test]
+    fn any_blob_decodes_to_valid_notes(blob in proptest::collection::vec(any::<u8>(), 0..600)) {
+        for n in AffinityNote::decode_all(&blob) {
+            prop_assert!(usize::from(n.len) <= NOTE_HASHES);
+        }
+    }
+}
