@@ -5,7 +5,9 @@
 //! Redis restarted empty is seeded back from the routers; quotas and
 //! daily token budgets are one across routers (leases), survive Redis
 //! restarted empty, and follow `--shared-state-failure-mode` while Redis
-//! is away.
+//! is away or answers errors; `rediss://` with a private CA and a
+//! password; a conversation moved to another router finds its prefix
+//! there (`--shared-state-affinity`).
 
 mod common;
 use common::*;
@@ -792,4 +794,44 @@ fn shared_affinity_without_shared_state_is_refused() {
         .expect("router");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs --shared-state"));
+}
+
+#[test]
+fn redis_answering_errors_counts_as_away_and_recovers() {
+    let dir = tmpdir("shared-quota-oom");
+    let rport = free_port();
+    let _redis = start_redis(&dir, rport);
+    let f = fleet_with(&dir, 1, rport, &["--shared-state-failure-mode", "closed"]);
+    let r = &f.routers[0];
+    put_everywhere(
+        &f,
+        "k1",
+        quota_key("v1", "sk-lim", "acme", json!({"requests_per_minute": 1000})),
+    );
+    assert_eq!(send_with_key(r.http, "sk-lim").status, 200);
+    // Redis answers every write with an error (out of memory), reads still
+    // work: the lease's draws fail, the router counts Redis away.
+    assert_eq!(
+        redis_cli(rport, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]),
+        "OK"
+    );
+    assert_eq!(redis_cli(rport, &["CONFIG", "SET", "maxmemory", "1"]), "OK");
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            let _ = send_with_key(r.http, "sk-lim");
+            metric(r.metrics, "hivenet_shared_state_up") == Some(0.0)
+        },
+        "Redis answering errors seen as away",
+    );
+    let resp = send_with_key(r.http, "sk-lim");
+    assert_eq!(resp.status, 429, "fail-closed while Redis errs");
+    assert!(metric(r.metrics, "hivenet_shared_state_errors_total").unwrap_or(0.0) >= 1.0);
+    // Redis well again: served again.
+    assert_eq!(redis_cli(rport, &["CONFIG", "SET", "maxmemory", "0"]), "OK");
+    wait_until(
+        Duration::from_secs(10),
+        || send_with_key(r.http, "sk-lim").status == 200,
+        "served again once Redis answers",
+    );
 }
