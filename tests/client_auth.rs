@@ -339,6 +339,7 @@ fn startup_refuses_invalid_auth_configs_in_one_line() {
         ("api:\n  mode: oauth\n", "supported: none, api-key, dynamic", &[][..]),
         (&*format!("api:\n  mode: api-key\n  keys:\n    - key_hash: \"{h}\"\n      metadata: {{name: a}}\n"), "api.keys[0].metadata.owner", &[][..]),
         (&*format!("api:\n  mode: api-key\n  keys:\n    - key_hash: \"{h}\"\n      metadata: {{name: a, owner: b}}\n      quota: {{tokens_per_day: 1, per_model: {{m: {{requests_per_minute_per_replica: 1, tokens_per_day: 1}}}}}}\n"), "api.keys[0].quota.tokens_per_day", &[][..]),
+        (&*format!("api:\n  mode: api-key\n  keys:\n    - key_hash: \"{h}\"\n      metadata: {{name: a, owner: b}}\n      priority: urgent\n"), "api.keys[0].priority: \"urgent\" is not one of interactive, standard, batch", &[][..]),
         ("admin:\n  mode: none\n", "HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", &[][..]),
         ("api:\n  mode: dynamic\n", "HIVENET_ROUTER_ADMIN_API_KEYS", &[("HIVENET_ROUTER_ADMIN_API_KEYS", "")][..]),
     ];

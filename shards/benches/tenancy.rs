@@ -41,6 +41,7 @@ fn keys(n: usize) -> Vec<([u8; 32], KeyRecord)> {
                     expires_at: None,
                     enabled: true,
                     site_scopes: Vec::new(),
+                    priority: Default::default(),
                 },
             )
         })

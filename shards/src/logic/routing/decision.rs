@@ -174,7 +174,7 @@ pub enum Action {
         /// Give up at this instant.
         until: Instant,
         /// Go back to this original place (a waiter that lost a race).
-        place: Option<u64>,
+        place: Option<crate::logic::routing::wait_queue::Place>,
         /// A slot is free on this agent but others wait: wake one of them
         /// first (the head, or a waiter it holds the prefix of).
         wake_first: Option<u64>,
@@ -240,7 +240,7 @@ pub struct Decision {
     /// Gate counts of the step the request waits in.
     waiting_counts: GateCounts,
     /// The queue place held (kept when the request loses a race).
-    place: Option<u64>,
+    place: Option<crate::logic::routing::wait_queue::Place>,
     /// When it first queued (one wait observation per request).
     queued_at: Option<Instant>,
     /// A refusal already decided (sticky).
@@ -248,7 +248,7 @@ pub struct Decision {
     /// Full refusals taken so far.
     full_refusals: u32,
     /// The queue place it left for its last forward.
-    forwarded_from: Option<u64>,
+    forwarded_from: Option<crate::logic::routing::wait_queue::Place>,
 }
 
 // === impl Decision ===
@@ -521,7 +521,7 @@ impl Decision {
     }
 
     /// The driver queued the request at `seq`.
-    pub fn queued(&mut self, seq: u64, now: Instant) {
+    pub fn queued(&mut self, seq: crate::logic::routing::wait_queue::Place, now: Instant) {
         self.place = Some(seq);
         self.queued_at.get_or_insert(now);
     }

@@ -1,13 +1,132 @@
-//! The per-model capacity queue's ordering (pure): FIFO by arrival
-//! sequence, bounded on entry, and a waiter that loses the race for a
-//! freed slot goes back to its original place, ahead of later arrivals.
+//! The per-model capacity queue's ordering (pure): priority classes
+//! first, then fair queuing by tokens between tenants inside a class
+//! (start-time fair queuing: a waiter's tag is its tenant's virtual
+//! finish time, so a tenant that sent ten times its share waits behind
+//! the others' requests, not in front of them), then arrival. Bounded on
+//! entry; a waiter that loses the race for a freed slot goes back to its
+//! original place.
 //!
 //! A slot freed on one agent may go to a later waiter that agent serves
 //! from its cache ([`WaitQueue::pop_for`]): only within the first
 //! [`LOOK_AHEAD`] waiters, and the head is passed over at most
-//! [`MAX_PASSES`] times, so FIFO order bends by a bounded amount.
+//! [`MAX_PASSES`] times, so the order bends by a bounded amount. A waiter
+//! passed over by [`AGE_POPS`] pops (a batch request under a stream of
+//! interactive ones) is served next whatever its class: nobody waits
+//! forever, short of the request's own wait budget.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+/// A waiter's place: class (2 bits), virtual start tag (62 bits), arrival
+/// sequence (64 bits), compared as one number.
+pub type Place = u128;
+
+/// A request's priority class (`priority` on a key, lowered by the
+/// `X-Hivenet-Priority` header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
+pub enum Class {
+    /// Chat a person waits on: first.
+    Interactive = 0,
+    /// The default.
+    #[default]
+    Standard = 1,
+    /// Throughput work: last.
+    Batch = 2,
+}
+
+impl Class {
+    /// Every class, first served first.
+    pub const ALL: [Class; 3] = [Class::Interactive, Class::Standard, Class::Batch];
+
+    /// `interactive`, `standard`, `batch`.
+    pub fn parse(s: &str) -> Option<Class> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "interactive" => Some(Class::Interactive),
+            "standard" => Some(Class::Standard),
+            "batch" => Some(Class::Batch),
+            _ => None,
+        }
+    }
+
+    /// Its name (labels, headers, the key API).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::Interactive => "interactive",
+            Class::Standard => "standard",
+            Class::Batch => "batch",
+        }
+    }
+
+    /// Its index in [`Class::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The header a request may lower its class with.
+pub const PRIORITY_HEADER: &str = "x-hivenet-priority";
+
+/// A request's class: its key's, or lower when `header` asks (a value
+/// above the key's, or not a class, is refused with the reason).
+pub fn request_class(key: Class, header: Option<&[u8]>) -> Result<Class, String> {
+    let Some(raw) = header else {
+        return Ok(key);
+    };
+    let text = std::str::from_utf8(raw).unwrap_or("");
+    let Some(asked) = Class::parse(text) else {
+        return Err(format!(
+            "X-Hivenet-Priority: {:?} is not one of interactive, standard, batch",
+            text.chars().take(32).collect::<String>()
+        ));
+    };
+    if asked < key {
+        return Err(format!(
+            "X-Hivenet-Priority: {} is above this key's class ({}); a request may only lower it",
+            asked.as_str(),
+            key.as_str()
+        ));
+    }
+    Ok(asked)
+}
+
+/// Who queues and what it will cost: its class, its tenant (a hash) and
+/// its token estimate (input plus declared output).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fair {
+    /// Priority class.
+    pub class: Class,
+    /// The tenant, hashed.
+    pub tenant: u64,
+    /// Estimated tokens (0 counts as 1).
+    pub cost: u64,
+}
+
+const TAG_BITS: u32 = 62;
+const TAG_MAX: u64 = (1 << TAG_BITS) - 1;
+
+fn pack(class: Class, tag: u64, seq: u64) -> Place {
+    (u128::from(class as u8) << 126) | (u128::from(tag.min(TAG_MAX)) << 64) | u128::from(seq)
+}
+
+/// The class of a place.
+pub fn class_of(p: Place) -> Class {
+    match (p >> 126) as u8 {
+        0 => Class::Interactive,
+        1 => Class::Standard,
+        _ => Class::Batch,
+    }
+}
+
+fn tag_of(p: Place) -> u64 {
+    ((p >> 64) as u64) & TAG_MAX
+}
+
+fn seq_of(p: Place) -> u64 {
+    p as u64
+}
+
+/// Pops after which the oldest waiter is served whatever its class and
+/// tag (aging).
+pub const AGE_POPS: u64 = 256;
 
 /// How many of the oldest waiters a freed slot looks at for one its
 /// agent holds the prefix of.
@@ -53,21 +172,34 @@ impl Prefer {
     }
 }
 
-/// Waiters ordered by arrival.
+/// Waiters ordered by class, fair tag, arrival.
 #[derive(Debug)]
 pub struct WaitQueue<T> {
-    items: BTreeMap<u64, T>,
+    items: BTreeMap<Place, T>,
+    /// Arrival sequence -> (place, pops when it arrived): the oldest, for aging.
+    arrivals: BTreeMap<u64, (Place, u64)>,
     next: u64,
-    /// The head (by sequence) and how often it was passed over.
-    passes: (u64, u32),
+    /// The head and how often it was passed over.
+    passes: (Place, u32),
+    /// Virtual time: the largest tag served so far.
+    vtime: u64,
+    /// Each tenant's virtual finish time (tenants with waiters or ahead
+    /// of the virtual time only).
+    finish: HashMap<u64, u64>,
+    /// Waiters popped so far.
+    pops: u64,
 }
 
 impl<T> Default for WaitQueue<T> {
     fn default() -> Self {
         WaitQueue {
             items: BTreeMap::new(),
+            arrivals: BTreeMap::new(),
             next: 0,
             passes: (0, 0),
+            vtime: 0,
+            finish: HashMap::new(),
+            pops: 0,
         }
     }
 }
@@ -83,37 +215,105 @@ impl<T> WaitQueue<T> {
         self.items.is_empty()
     }
 
-    /// A new arrival, unless `bound` waiters are already queued (0: no queue).
-    pub fn push(&mut self, item: T, bound: usize) -> Result<u64, T> {
+    /// Waiters of each class.
+    pub fn by_class(&self) -> [usize; 3] {
+        let mut n = [0; 3];
+        for p in self.items.keys() {
+            if let Some(c) = n.get_mut(class_of(*p).index()) {
+                *c += 1;
+            }
+        }
+        n
+    }
+
+    /// A new arrival of the standard class, in arrival order, unless
+    /// `bound` waiters are already queued (0: no queue).
+    pub fn push(&mut self, item: T, bound: usize) -> Result<Place, T> {
+        self.push_fair(item, bound, Fair::default())
+    }
+
+    /// A new arrival placed by `who`: its class, then its tenant's fair
+    /// tag (start-time fair queuing over token estimates), then arrival.
+    pub fn push_fair(&mut self, item: T, bound: usize, who: Fair) -> Result<Place, T> {
         if self.items.len() >= bound {
             return Err(item);
         }
         let seq = self.next;
         self.next += 1;
-        self.items.insert(seq, item);
-        Ok(seq)
+        let finish = self.finish.entry(who.tenant).or_insert(0);
+        let start = (*finish).max(self.vtime);
+        *finish = start.saturating_add(who.cost.max(1)).min(TAG_MAX);
+        let place = pack(who.class, start, seq);
+        self.items.insert(place, item);
+        self.arrivals.insert(seq, (place, self.pops));
+        Ok(place)
     }
 
     /// Put a waiter back at its original place (not bounded: it was admitted).
-    pub fn requeue(&mut self, seq: u64, item: T) {
-        self.items.insert(seq, item);
+    pub fn requeue(&mut self, place: Place, item: T) {
+        self.items.insert(place, item);
+        self.arrivals.insert(seq_of(place), (place, self.pops));
     }
 
-    /// The oldest waiter.
-    pub fn pop_head(&mut self) -> Option<(u64, T)> {
-        self.items.pop_first()
+    /// Bookkeeping of a waiter leaving at `place` (served).
+    fn served(&mut self, place: Place) {
+        self.arrivals.remove(&seq_of(place));
+        self.pops += 1;
+        self.vtime = self.vtime.max(tag_of(place));
+        // Tenants at or behind the virtual time start from it anyway:
+        // forget them (the map stays the size of the backlog).
+        if self.finish.len() > 64 + 2 * self.items.len() {
+            let v = self.vtime;
+            self.finish.retain(|_, f| *f > v);
+        }
     }
 
-    /// The waiter a slot freed on one agent goes to: the oldest of the
+    /// The oldest waiter when it has been passed over [`AGE_POPS`] times.
+    fn aged(&self) -> Option<Place> {
+        let (_, (place, at)) = self.arrivals.iter().next()?;
+        (self.pops.saturating_sub(*at) >= AGE_POPS).then_some(*place)
+    }
+
+    fn take(&mut self, place: Place) -> Option<(Place, T)> {
+        let v = self.items.remove(&place)?;
+        self.served(place);
+        Some((place, v))
+    }
+
+    /// The first waiter (an aged one first).
+    pub fn pop_head(&mut self) -> Option<(Place, T)> {
+        let place = match self.aged() {
+            Some(p) => p,
+            None => *self.items.keys().next()?,
+        };
+        self.take(place)
+    }
+
+    /// The first waiter of `class` (a reserved share to honour).
+    pub fn pop_class(&mut self, class: Class) -> Option<(Place, T)> {
+        let lo = pack(class, 0, 0);
+        let place = *self
+            .items
+            .range(lo..)
+            .next()
+            .filter(|(p, _)| class_of(**p) == class)?
+            .0;
+        self.take(place)
+    }
+
+    /// The waiter a slot freed on one agent goes to: the first of the
     /// first `look_ahead` that `wants` it, unless the head was already
     /// passed over `max_passes` times; otherwise (or when none wants it)
-    /// the head.
+    /// the head. An aged waiter goes first.
     pub fn pop_for(
         &mut self,
         look_ahead: usize,
         max_passes: u32,
         mut wants: impl FnMut(&T) -> bool,
-    ) -> Option<(u64, T)> {
+    ) -> Option<(Place, T)> {
+        if let Some(p) = self.aged() {
+            return self.take(p);
+        }
         let head = *self.items.keys().next()?;
         if self.passes.0 != head {
             self.passes = (head, 0);
@@ -125,24 +325,28 @@ impl<T> WaitQueue<T> {
                 .take(look_ahead)
                 .find(|(_, v)| wants(v))
                 .map(|(k, _)| *k);
-            if let Some(seq) = found {
-                if seq != head {
+            if let Some(place) = found {
+                if place != head {
                     self.passes.1 += 1;
                 }
-                return self.items.remove(&seq).map(|v| (seq, v));
+                return self.take(place);
             }
         }
-        self.items.pop_first()
+        self.take(head)
     }
 
-    /// Everyone, oldest first.
-    pub fn drain(&mut self) -> Vec<(u64, T)> {
+    /// Everyone, in order.
+    pub fn drain(&mut self) -> Vec<(Place, T)> {
+        self.arrivals.clear();
         std::mem::take(&mut self.items).into_iter().collect()
     }
 
-    /// Remove a waiter that gave up.
-    pub fn remove(&mut self, seq: u64) -> Option<T> {
-        self.items.remove(&seq)
+    /// Remove a waiter that gave up (its tenant's tag is not given back:
+    /// a client that gives up is rare, and the next arrival of that
+    /// tenant resumes from the virtual time once it passes).
+    pub fn remove(&mut self, place: Place) -> Option<T> {
+        self.arrivals.remove(&seq_of(place));
+        self.items.remove(&place)
     }
 }
 
@@ -175,15 +379,15 @@ mod tests {
             q.push(v, 100).expect("room");
         }
         // 5 wants it: it goes ahead of 0..4.
-        assert_eq!(q.pop_for(16, 2, |&v| v == 5), Some((5, 5)));
+        assert_eq!(q.pop_for(16, 2, |&v| v == 5).map(|(_, v)| v), Some(5));
         // 17 is beyond the look-ahead (the 16 oldest are 0..=16 without 5).
-        assert_eq!(q.pop_for(16, 2, |&v| v == 17), Some((0, 0)));
+        assert_eq!(q.pop_for(16, 2, |&v| v == 17).map(|(_, v)| v), Some(0));
         // 1 is the head now: passed twice, then served whoever wants what.
-        assert_eq!(q.pop_for(16, 2, |&v| v == 6), Some((6, 6)));
-        assert_eq!(q.pop_for(16, 2, |&v| v == 7), Some((7, 7)));
-        assert_eq!(q.pop_for(16, 2, |&v| v == 8), Some((1, 1)));
+        assert_eq!(q.pop_for(16, 2, |&v| v == 6).map(|(_, v)| v), Some(6));
+        assert_eq!(q.pop_for(16, 2, |&v| v == 7).map(|(_, v)| v), Some(7));
+        assert_eq!(q.pop_for(16, 2, |&v| v == 8).map(|(_, v)| v), Some(1));
         // The head itself wanting it is no pass.
-        assert_eq!(q.pop_for(16, 0, |&v| v == 2), Some((2, 2)));
+        assert_eq!(q.pop_for(16, 0, |&v| v == 2).map(|(_, v)| v), Some(2));
         let p = Prefer::of([3, 9, 4, 5, 6]);
         assert!(p.contains(9) && p.contains(5) && !p.contains(6) && !p.contains(1));
         assert!(p.contains((7u64 << 32) | 3), "ids are compared truncated");
@@ -256,6 +460,144 @@ mod tests {
             left.extend(q.drain().into_iter().map(|(_, v)| v));
             prop_assert_eq!(left.len() as u64, pushed);
             prop_assert!(left.windows(2).all(|w| w[0] < w[1]));
+        }
+    }
+
+    fn fair(class: Class, tenant: u64, cost: u64) -> Fair {
+        Fair {
+            class,
+            tenant,
+            cost,
+        }
+    }
+
+    #[test]
+    fn classes_first_then_tenants_by_tokens_then_arrival() {
+        let mut q = WaitQueue::default();
+        // Tenant 1 floods ten requests, then tenant 2 sends one, then a
+        // batch request and an interactive one arrive.
+        for i in 0..10u32 {
+            q.push_fair(("t1", i), 100, fair(Class::Standard, 1, 100))
+                .expect("room");
+        }
+        q.push_fair(("t2", 0), 100, fair(Class::Standard, 2, 100))
+            .expect("room");
+        q.push_fair(("batch", 0), 100, fair(Class::Batch, 3, 100))
+            .expect("room");
+        q.push_fair(("int", 0), 100, fair(Class::Interactive, 4, 100))
+            .expect("room");
+        assert_eq!(q.by_class(), [1, 11, 1]);
+        let order: Vec<(&str, u32)> = std::iter::from_fn(|| q.pop_head().map(|(_, v)| v)).collect();
+        // Interactive first; tenant 2's one request right after tenant 1's
+        // first (same tag), not behind its ten; batch last.
+        assert_eq!(order.first(), Some(&("int", 0)));
+        assert_eq!(order.get(1..3), Some(&[("t1", 0), ("t2", 0)][..]));
+        assert_eq!(order.last(), Some(&("batch", 0)));
+    }
+
+    #[test]
+    fn a_requeued_waiter_keeps_its_place_and_an_interactive_one_overtakes_batch() {
+        let mut q = WaitQueue::default();
+        let b1 = q
+            .push_fair("b1", 10, fair(Class::Batch, 1, 10))
+            .expect("room");
+        let _b2 = q
+            .push_fair("b2", 10, fair(Class::Batch, 1, 10))
+            .expect("room");
+        assert_eq!(q.pop_head(), Some((b1, "b1")));
+        let _i = q
+            .push_fair("i", 10, fair(Class::Interactive, 2, 10))
+            .expect("room");
+        q.requeue(b1, "b1");
+        let order: Vec<&str> = std::iter::from_fn(|| q.pop_head().map(|(_, v)| v)).collect();
+        assert_eq!(order, vec!["i", "b1", "b2"]);
+        // The first of a class on its own (a reserved share).
+        let mut q = WaitQueue::default();
+        q.push_fair("s", 10, fair(Class::Standard, 1, 1))
+            .expect("room");
+        q.push_fair("b", 10, fair(Class::Batch, 1, 1))
+            .expect("room");
+        assert_eq!(q.pop_class(Class::Batch).map(|(_, v)| v), Some("b"));
+        assert_eq!(q.pop_class(Class::Interactive), None);
+        assert_eq!(q.pop_class(Class::Standard).map(|(_, v)| v), Some("s"));
+    }
+
+    #[test]
+    fn a_batch_waiter_ages_past_a_stream_of_interactive_ones() {
+        let mut q = WaitQueue::default();
+        q.push_fair("batch", 10_000, fair(Class::Batch, 1, 1))
+            .expect("room");
+        let mut served_at = None;
+        for k in 0..(AGE_POPS + 10) {
+            q.push_fair("int", 10_000, fair(Class::Interactive, 2, 1))
+                .expect("room");
+            if q.pop_head().map(|(_, v)| v) == Some("batch") {
+                served_at = Some(k);
+                break;
+            }
+        }
+        assert_eq!(
+            served_at,
+            Some(AGE_POPS),
+            "served after {AGE_POPS} pops passed it"
+        );
+    }
+
+    #[test]
+    fn the_header_lowers_the_class_never_raises_it() {
+        assert_eq!(request_class(Class::Standard, None), Ok(Class::Standard));
+        assert_eq!(
+            request_class(Class::Standard, Some(b"batch")),
+            Ok(Class::Batch)
+        );
+        assert_eq!(
+            request_class(Class::Interactive, Some(b" Standard ")),
+            Ok(Class::Standard)
+        );
+        assert_eq!(
+            request_class(Class::Batch, Some(b"batch")),
+            Ok(Class::Batch)
+        );
+        let e = request_class(Class::Standard, Some(b"interactive")).expect_err("raising");
+        assert!(e.contains("above this key's class (standard)"), "{e}");
+        assert!(request_class(Class::Batch, Some(b"standard")).is_err());
+        assert!(request_class(Class::Standard, Some(b"urgent")).is_err());
+        assert!(request_class(Class::Standard, Some(&[0xff, 0xfe])).is_err());
+    }
+
+    proptest! {
+        /// Backlogged tenants with any token costs are served in
+        /// proportion to tokens: at any point of the service, the tokens
+        /// served to two tenants that stayed backlogged differ by at most
+        /// the largest single cost (start-time fair queuing's bound).
+        #[test]
+        fn served_tokens_stay_within_one_request_of_each_other(
+            costs in proptest::collection::vec((0u64..4, 1u64..500), 40..200),
+        ) {
+            let mut q = WaitQueue::default();
+            // Every tenant queues all its requests at once (backlogged).
+            for (t, c) in &costs {
+                q.push_fair((*t, *c), 10_000, fair(Class::Standard, *t, *c)).expect("room");
+            }
+            let mut left: [u64; 4] = [0; 4];
+            for (t, _) in &costs {
+                if let Some(n) = left.get_mut(*t as usize) { *n += 1; }
+            }
+            let max_cost = costs.iter().map(|(_, c)| *c).max().unwrap_or(0);
+            let mut served = [0u64; 4];
+            while let Some((_, (t, c))) = q.pop_head() {
+                if let Some(s) = served.get_mut(t as usize) { *s += c; }
+                if let Some(n) = left.get_mut(t as usize) { *n -= 1; }
+                // Only tenants still backlogged are compared.
+                let active: Vec<usize> = (0..4).filter(|&i| left.get(i).copied().unwrap_or(0) > 0).collect();
+                for &a in &active {
+                    for &b in &active {
+                        let (sa, sb) = (served.get(a).copied().unwrap_or(0), served.get(b).copied().unwrap_or(0));
+                        prop_assert!(sa <= sb + 2 * max_cost, "tenant {} served {} vs {} served {}", a, sa, b, sb);
+                    }
+                }
+            }
+            prop_assert!(q.is_empty());
         }
     }
 }

@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::logic::routing::wait_queue::Class;
 use serde::{Deserialize, Serialize};
 
 /// Client authentication mode (`api.mode`).
@@ -146,6 +147,19 @@ pub struct KeyRecord {
     pub enabled: bool,
     /// Sites this key may be redirected to, by scope (empty: all sites).
     pub site_scopes: Vec<String>,
+    /// Priority class of its requests (a request header may lower it,
+    /// never raise it).
+    pub priority: Class,
+}
+
+/// A key's `priority` (absent: standard).
+pub fn parse_priority(v: Option<&str>, at: &str) -> Result<Class, String> {
+    match v.map(str::trim) {
+        None | Some("") => Ok(Class::Standard),
+        Some(s) => Class::parse(s).ok_or_else(|| {
+            format!("{at}.priority: {s:?} is not one of interactive, standard, batch")
+        }),
+    }
 }
 
 // === impl KeyRecord ===
@@ -278,6 +292,8 @@ struct RawKey {
     max_occupancy_share: Option<f64>,
     #[serde(default)]
     site_scopes: Vec<String>,
+    #[serde(default)]
+    priority: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -569,6 +585,7 @@ pub fn parse_config(file: &str, text: &str) -> Result<AuthConfig, String> {
                 None => Limits::None,
             };
             let share = validate_share(k.max_occupancy_share, &at)?;
+            let priority = parse_priority(k.priority.as_deref(), &at)?;
             let _ = (&k.metadata.description, &k.metadata.created_at);
             keys.push((
                 hash,
@@ -583,6 +600,7 @@ pub fn parse_config(file: &str, text: &str) -> Result<AuthConfig, String> {
                     expires_at,
                     enabled: true,
                     site_scopes: k.site_scopes,
+                    priority,
                 },
             ));
         }

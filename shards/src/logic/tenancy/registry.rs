@@ -52,6 +52,9 @@ pub struct KeyDto {
     /// Redirect scopes (empty: all sites).
     #[serde(default)]
     pub site_scopes: Vec<String>,
+    /// Priority class: interactive, standard (absent) or batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
 }
 
 /// One key as `GET /admin/api-keys` shows it.
@@ -78,6 +81,8 @@ pub struct KeyView {
     /// Redirect scopes (empty: all sites).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub site_scopes: Vec<String>,
+    /// Priority class.
+    pub priority: &'static str,
 }
 
 #[derive(Debug, Clone)]
@@ -155,6 +160,7 @@ fn validate(id: &str, dto: KeyDto) -> Result<Entry, String> {
     let quota = dto.quota.unwrap_or_default();
     let limits = auth::validate_quota(&quota, "key")?;
     let share = auth::validate_share(dto.max_occupancy_share, "key")?;
+    let priority = auth::parse_priority(dto.priority.as_deref(), "key")?;
     let enabled = dto.enabled.unwrap_or(true);
     let models: BTreeSet<String> = dto.allowed_models.iter().cloned().collect();
     Ok(Entry {
@@ -170,6 +176,7 @@ fn validate(id: &str, dto: KeyDto) -> Result<Entry, String> {
             expires_at: expires,
             enabled,
             site_scopes: dto.site_scopes.clone(),
+            priority,
         },
         view: KeyView {
             id: id.to_string(),
@@ -182,6 +189,7 @@ fn validate(id: &str, dto: KeyDto) -> Result<Entry, String> {
             quota,
             max_occupancy_share: share,
             site_scopes: dto.site_scopes,
+            priority: priority.as_str(),
         },
         dto: kept,
     })
@@ -432,5 +440,26 @@ mod tests {
             json.contains("\"key_preview\"") && !json.contains("key_hash"),
             "{json}"
         );
+        assert!(json.contains("\"priority\":\"standard\""), "{json}");
+    }
+
+    #[test]
+    fn a_key_carries_its_priority_class() {
+        let mut r = Registry::default();
+        let mut d = dto("v1", H1);
+        d.priority = Some("batch".into());
+        r.put("k", d.clone()).expect("put");
+        let keys = r.keys();
+        assert_eq!(
+            keys.first().map(|(_, k)| k.priority),
+            Some(crate::logic::routing::wait_queue::Class::Batch)
+        );
+        assert_eq!(r.get("k").map(|v| v.priority), Some("batch"));
+        // It travels to the other routers with the snapshot.
+        let b = Registry::from_snapshot(r.snapshot(), 2).expect("load");
+        assert_eq!(b.keys(), keys);
+        d.version = "v2".into();
+        d.priority = Some("urgent".into());
+        assert!(matches!(r.put("k", d), Err(RegistryError::Invalid(m)) if m.contains("priority")));
     }
 }

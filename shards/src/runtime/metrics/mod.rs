@@ -486,11 +486,20 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
         o,
         "hivenet_queue_wait_seconds",
         Histogram,
-        "Waits in the capacity queue that ended with a slot.",
-        ["model"],
+        "Waits in the capacity queue that ended with a slot, by priority class.",
+        ["model", "class"],
     );
     for (m, st) in &t.models {
-        f.histogram([m], &QUEUE_BUCKETS, &st.wait);
+        // Standard always (the series a model had before classes); the
+        // others once they waited.
+        for (class, h) in crate::logic::routing::wait_queue::Class::ALL
+            .iter()
+            .zip(&st.wait)
+        {
+            if h.count > 0 || *class == crate::logic::routing::wait_queue::Class::Standard {
+                f.histogram([m, &class.as_str()], &QUEUE_BUCKETS, h);
+            }
+        }
     }
 }
 

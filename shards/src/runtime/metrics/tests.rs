@@ -79,7 +79,7 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.queue_depth = 3;
     s.connection_resets.insert("forward_failure", 3);
     s.connection_resets.insert("stream_cut", 1);
-    s.wait = hist(&QUEUE_BUCKETS, &[0.01, 0.2]);
+    s.wait[1] = hist(&QUEUE_BUCKETS, &[0.01, 0.2]);
     s.durations.insert(
         (1, 200, t),
         DurationSeries {

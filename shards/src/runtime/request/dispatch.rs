@@ -29,7 +29,9 @@ use crate::logic::routing::decision::{
 };
 use crate::logic::routing::policy::Policy;
 use crate::logic::routing::refusal::{QuotaLimit, QuotaRefusal, Refusal};
-use crate::logic::routing::wait_queue::Prefer;
+use crate::logic::routing::wait_queue::{
+    request_class, Class, Fair, Place, Prefer, PRIORITY_HEADER,
+};
 use crate::logic::tenancy::quota;
 use crate::runtime::state::model::admission::Admitted;
 use crate::runtime::state::model::agent::Agent;
@@ -55,7 +57,7 @@ enum Next {
     },
     Wait {
         until: clock::Instant,
-        place: Option<u64>,
+        place: Option<Place>,
         wake_first: Option<u64>,
         prefer: Prefer,
     },
@@ -254,6 +256,8 @@ struct Run<'a> {
     /// The last backend 502-504 answer: what the client gets when the
     /// tries run out on such answers (issue 28 #8).
     last_backend: Option<ApiError>,
+    /// Its priority class (the key's, or lower as its header asked).
+    class: Class,
 }
 
 /// The decision machine's loop: it says what comes next (quota,
@@ -275,6 +279,17 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
     crate::runtime::wire::bufpool::give(std::mem::take(&mut p.body));
     let p = &*p;
     let model = p.meta.model.as_str();
+    let key_class = match &p.principal {
+        Principal::Key(k) => k.key.priority,
+        _ => Class::Standard,
+    };
+    let class = match request_class(key_class, p.head.header(PRIORITY_HEADER)) {
+        Ok(class) => class,
+        Err(m) => {
+            let e = ApiError::new(ErrorCode::RequestInvalid, m);
+            return respond::send_error(c, &e, true).await;
+        }
+    };
     let limits = Limits {
         max_tries_per_step: cfg.max_tries_per_step,
         // A released request: the hold limits already bound how many;
@@ -300,6 +315,7 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
         admitted: Admitted::default(),
         queue_depth: limits.queue_depth,
         last_backend: None,
+        class,
     };
     // Cache affinity: the session key (header first, then the body's) and
     // the probe's marks, read by prefix-aware steps only.
@@ -340,7 +356,13 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                 prefer,
             } => {
                 let at = (until, place, run.queue_depth);
-                let w = wait_for_capacity(shard, c, model, &mut d, at, (wake_first, prefer)).await;
+                let fair = Fair {
+                    class,
+                    tenant: xxhash_rust::xxh64::xxh64(p.principal.tenant().as_bytes(), 0),
+                    cost: run.estimate.saturating_add(p.meta.declared_output),
+                };
+                let w = wait_for_capacity(shard, c, model, &mut d, at, (wake_first, prefer, fair))
+                    .await;
                 d.wait_ended(w, clock::now());
             }
             Next::Reject(r) => {
@@ -538,7 +560,10 @@ impl Run<'_> {
     ) -> Option<bool> {
         let (shard, p) = (self.shard, self.p);
         if let Some(w) = waited {
-            with_stats(shard, self.model, |s| s.observe_wait(w.as_secs_f64()));
+            let class = self.class;
+            with_stats(shard, self.model, |s| {
+                s.observe_wait(class, w.as_secs_f64())
+            });
         }
         // A slot on an agent: a released request leaves the pending demand.
         if let Some(h) = self.held.as_mut() {
@@ -684,8 +709,8 @@ async fn wait_for_capacity(
     c: &mut Client,
     model: &str,
     d: &mut Decision,
-    (until, place, depth): (clock::Instant, Option<u64>, usize),
-    (wake_first, prefer): (Option<u64>, Prefer),
+    (until, place, depth): (clock::Instant, Option<Place>, usize),
+    (wake_first, prefer, fair): (Option<u64>, Prefer, Fair),
 ) -> WaitEnd {
     use futures::future::{select, Either};
     let queue = shard.models.borrow().get(model).map(|m| m.queue.clone());
@@ -702,7 +727,7 @@ async fn wait_for_capacity(
             queue.borrow_mut().requeue(seq, w);
             seq
         }
-        None => match queue.borrow_mut().push(w, depth) {
+        None => match queue.borrow_mut().push_fair(w, depth, fair) {
             Ok(seq) => seq,
             Err(_) => return WaitEnd::TimedOut,
         },

@@ -337,7 +337,7 @@ fn run_all_failing(
                 assert!(d.attempt_ended(agent_id, &retryable()));
             }
             Action::Wait { .. } => {
-                d.queued(k, now);
+                d.queued(u128::from(k), now);
                 d.wait_ended(WaitEnd::TimedOut, now);
             }
             Action::Reject(_) => break,
@@ -653,7 +653,7 @@ proptest! {
                     }
                 }
                 Action::Wait { .. } => {
-                    d.queued(k, now);
+                    d.queued(u128::from(k), now);
                     let woken = waits.next().copied().unwrap_or(false);
                     d.wait_ended(if woken { WaitEnd::Woken } else { WaitEnd::TimedOut }, now);
                 }

@@ -242,8 +242,9 @@ pub struct ModelStats {
     pub fallback_routed: u64,
     /// Every step exhausted.
     pub exhausted: u64,
-    /// Waits in the capacity queue that ended with a slot.
-    pub wait: Histogram,
+    /// Waits in the capacity queue that ended with a slot, by priority
+    /// class (interactive, standard, batch).
+    pub wait: [Histogram; 3],
     /// Waiters now (filled at snapshot).
     pub queue_depth: usize,
     /// Client-visible duration of completed responses (first request byte
@@ -290,7 +291,9 @@ impl ModelStats {
         self.fallback_routed += st.fallback_routed;
         self.exhausted += st.exhausted;
         self.queue_depth += st.queue_depth;
-        self.wait.merge(&st.wait);
+        for (a, b) in self.wait.iter_mut().zip(&st.wait) {
+            a.merge(b);
+        }
         for (reason, n) in &st.connection_resets {
             *self.connection_resets.entry(reason).or_default() += n;
         }
@@ -343,9 +346,11 @@ impl ModelStats {
         keys.get_mut(&**key)
     }
 
-    /// Record one wait that ended with a slot.
-    pub fn observe_wait(&mut self, secs: f64) {
-        self.wait.observe(&QUEUE_BUCKETS, secs);
+    /// Record one wait of a request of `class` that ended with a slot.
+    pub fn observe_wait(&mut self, class: crate::logic::routing::wait_queue::Class, secs: f64) {
+        if let Some(h) = self.wait.get_mut(class.index()) {
+            h.observe(&QUEUE_BUCKETS, secs);
+        }
     }
 }
 
