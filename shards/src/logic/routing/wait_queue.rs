@@ -234,19 +234,51 @@ impl<T> WaitQueue<T> {
 
     /// A new arrival placed by `who`: its class, then its tenant's fair
     /// tag (start-time fair queuing over token estimates), then arrival.
+    /// Refused when `bound` waiters are queued (0: no queue).
     pub fn push_fair(&mut self, item: T, bound: usize, who: Fair) -> Result<Place, T> {
         if self.items.len() >= bound {
             return Err(item);
         }
+        self.push_displacing(item, bound, who)
+            .map(|(place, _)| place)
+    }
+
+    /// [`WaitQueue::push_fair`], except that an arrival that would be
+    /// served before the last waiter of a full queue takes its place: the
+    /// last waiter (a lower class, or the tenant furthest ahead of its
+    /// share) is returned, displaced; a flooding tenant then loses its
+    /// newest waiter instead of the others being refused.
+    pub fn push_displacing(
+        &mut self,
+        item: T,
+        bound: usize,
+        who: Fair,
+    ) -> Result<(Place, Option<(Place, T)>), T> {
+        if bound == 0 {
+            return Err(item);
+        }
+        let finish = self.finish.get(&who.tenant).copied().unwrap_or(0);
+        let start = finish.max(self.vtime);
         let seq = self.next;
-        self.next += 1;
-        let finish = self.finish.entry(who.tenant).or_insert(0);
-        let start = (*finish).max(self.vtime);
-        *finish = start.saturating_add(who.cost.max(1)).min(TAG_MAX);
         let place = pack(who.class, start, seq);
+        let mut displaced = None;
+        if self.items.len() >= bound {
+            let last = self.items.keys().next_back().copied();
+            match last {
+                Some(l) if place < l => {
+                    displaced = self.remove(l).map(|v| (l, v));
+                }
+                _ => return Err(item),
+            }
+        }
+        self.next += 1;
+        self.finish.insert(
+            who.tenant,
+            start.saturating_add(who.cost.max(1)).min(TAG_MAX),
+        );
         self.items.insert(place, item);
         self.arrivals.insert(seq, (place, self.pops));
-        Ok(place)
+        Ok((place, displaced))
     }
 
     /// Put a waiter back at its original place (not bounded: it was admitted).
@@ -599,5 +631,38 @@ mod tests {
             }
             prop_assert!(q.is_empty());
         }
+    }
+
+    #[test]
+    fn a_full_queue_gives_the_last_place_to_an_arrival_that_would_be_served_before_it() {
+        let mut q = WaitQueue::default();
+        for i in 0..3u32 {
+            q.push_fair(("flood", i), 3, fair(Class::Standard, 1, 100))
+                .expect("room");
+        }
+        // The flood's fourth is refused (full, and it would be last).
+        assert!(q
+            .push_displacing(("flood", 3), 3, fair(Class::Standard, 1, 100))
+            .is_err());
+        // Another tenant's first takes the flood's newest place.
+        let (_, out) = q
+            .push_displacing(("calm", 0), 3, fair(Class::Standard, 2, 100))
+            .expect("placed");
+        assert_eq!(out.map(|(_, v)| v), Some(("flood", 2)));
+        assert_eq!(q.len(), 3);
+        // A batch arrival never displaces a standard waiter.
+        assert!(q
+            .push_displacing(("batch", 0), 3, fair(Class::Batch, 3, 1))
+            .is_err());
+        // Strict pushes never displace.
+        assert!(q
+            .push_fair(("int", 0), 3, fair(Class::Interactive, 4, 1))
+            .is_err());
+        let order: Vec<(&str, u32)> = std::iter::from_fn(|| q.pop_head().map(|(_, v)| v)).collect();
+        assert_eq!(order, vec![("flood", 0), ("calm", 0), ("flood", 1)]);
+        assert!(
+            q.push_displacing(("x", 0), 0, Fair::default()).is_err(),
+            "depth 0: no queue"
+        );
     }
 }

@@ -727,8 +727,14 @@ async fn wait_for_capacity(
             queue.borrow_mut().requeue(seq, w);
             seq
         }
-        None => match queue.borrow_mut().push_fair(w, depth, fair) {
-            Ok(seq) => seq,
+        // A request that would be served before the last waiter of a full
+        // queue takes its place; the displaced waiter's wait ends (its
+        // sender dropped: it is refused as a queue timeout).
+        None => match queue.borrow_mut().push_displacing(w, depth, fair) {
+            Ok((seq, displaced)) => {
+                drop(displaced);
+                seq
+            }
             Err(_) => return WaitEnd::TimedOut,
         },
     };
