@@ -153,7 +153,7 @@ fn capacity_queue_fifo_depth_zero_and_timeout() {
     );
     let m = metrics_text(r.metrics);
     assert!(
-        m.contains("hivenet_queue_wait_seconds_count{model=\"q-model\"} 8"),
+        m.contains("hivenet_queue_wait_seconds_count{model=\"q-model\",class=\"standard\"} 8"),
         "{m}"
     );
     drop(r);

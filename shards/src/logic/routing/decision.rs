@@ -215,6 +215,9 @@ pub enum WaitEnd {
     /// The client closed its connection while waiting (the driver already
     /// left the queue): the request must not reach a backend.
     ClientGone,
+    /// The queue was full and had no place for it: the step is full, as
+    /// without a queue.
+    Refused,
 }
 
 /// Where a request is in its order.
@@ -474,8 +477,10 @@ impl Decision {
                 StepPick::Full(counts) => {
                     self.last_full = true;
                     // A waiter that lost a race keeps its original place;
-                    // a newcomer needs room under `--queue-depth`.
-                    if self.place.is_some() || model.queue_len < self.limits.queue_depth {
+                    // a newcomer needs room under `--queue-depth`, or a
+                    // place ahead of the last waiter of a full queue (the
+                    // queue decides: [`WaitEnd::Refused`] when it has none).
+                    if self.place.is_some() || self.limits.queue_depth > 0 {
                         self.waiting_counts = counts;
                         return Action::Wait {
                             until: self.request.deadline,
@@ -544,6 +549,13 @@ impl Decision {
             WaitEnd::ClientGone => {
                 self.place = None;
                 self.verdict = Some(Rejection::ClientGone.into());
+            }
+            WaitEnd::Refused => {
+                self.place = None;
+                self.session
+                    .trail
+                    .push((self.session.step, self.waiting_counts));
+                self.session.advance();
             }
         }
     }

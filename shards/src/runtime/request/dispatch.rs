@@ -735,7 +735,7 @@ async fn wait_for_capacity(
                 drop(displaced);
                 seq
             }
-            Err(_) => return WaitEnd::TimedOut,
+            Err(_) => return WaitEnd::Refused,
         },
     };
     let now = clock::now();

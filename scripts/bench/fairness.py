@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Priority classes and tenant fairness (issue 32), this build against
+another (BEFORE_BIN: the build before the feature), same sims, same load,
+back to back. One router (--shards 1), one hivenet-sim (first token after
+100 ms, 16 tokens 5 ms apart) behind one agent of capacity 32, static keys;
+every tenant is one hivenet-bench process with its own key, streaming.
+
+1. flood: three calm tenants at 30 req/s each (below their share of the
+   engine's ~175 req/s), alone; then with a fourth tenant at 440 req/s
+   (10x its share). Reports the calm tenants' p99 time to first event
+   against alone (target: within 1.2x).
+2. classes: a batch tenant keeps the engine saturated (96 connections,
+   closed loop) while an interactive tenant sends 10 req/s. Reports the
+   interactive p99 time to first event against alone, and its queue wait
+   from the router's histogram (target: p99 under 100 ms), and what batch
+   was served.
+3. jain: 8 standard tenants, all backlogged with unequal demand (8 to 96
+   connections each, --queue-depth 1000): Jain's index of the tokens
+   served to each (target: at least 0.95).
+
+Usage: BEFORE_BIN=/path/to/release DUR=20 OUT=perf/<dir> scripts/bench/fairness.py
+"""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from lib import Fleet, free_port, wait_until  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("HN_BIN", os.path.join(ROOT, "target", "release"))
+BEFORE = os.environ.get("BEFORE_BIN", "")
+DUR = int(os.environ.get("DUR", "20"))
+OUT = os.environ.get("OUT", "")
+ADMIN = "bench-admin"
+MODEL = "sim-model"
+TENANTS = {"calm1": "standard", "calm2": "standard", "calm3": "standard", "flood": "standard",
+           "int": "interactive", "batch": "batch"}
+TENANTS.update({f"t{i}": "standard" for i in range(8)})
+
+
+def auth_yaml(priorities):
+    """The keys; without `priorities` for a build that has no classes."""
+    lines = ["api:", "  mode: api-key", "  keys:"]
+    for name, prio in TENANTS.items():
+        h = hashlib.sha256(f"sk-{name}".encode()).hexdigest()
+        lines += [f'    - key_hash: "{h}"', f"      metadata: {{name: {name}, owner: {name}}}"]
+        if priorities:
+            lines.append(f"      priority: {prio}")
+    return "\n".join(lines) + "\n"
+
+
+def metric_lines(port, prefix):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return [ln for ln in r.read().decode().splitlines() if ln.startswith(prefix)]
+
+
+def hist_p99(port, cls):
+    """p99 upper bound from hivenet_queue_wait_seconds{class=cls} buckets."""
+    buckets = []
+    for ln in metric_lines(port, "hivenet_queue_wait_seconds_bucket"):
+        if f'class="{cls}"' not in ln:
+            continue
+        le = ln.split('le="')[1].split('"')[0]
+        buckets.append((float("inf") if le == "+Inf" else float(le), float(ln.split()[-1])))
+    buckets.sort()
+    if not buckets or buckets[-1][1] == 0:
+        return None, 0
+    total = buckets[-1][1]
+    for le, n in buckets:
+        if n >= 0.99 * total:
+            return le, int(total)
+    return None, int(total)
+
+
+class Setup:
+    def __init__(self, router_bin, work, extra=()):
+        self.work = work
+        os.makedirs(work, exist_ok=True)
+        with open(os.path.join(work, "auth.yaml"), "w") as f:
+            f.write(auth_yaml(router_bin == BIN))
+        env = dict(os.environ, HIVENET_ROUTER_ADMIN_API_KEYS=ADMIN, HIVENET_ROUTER_AUDIT_LOG_PATH="off",
+                   RUST_LOG="warn")
+        self.fleet = Fleet(BIN, work, env)
+        self.http, self.met, p2p, sim = free_port(), free_port(), free_port(), free_port()
+        # The router under test may come from another build.
+        self.fleet.bin = router_bin
+        self.fleet.router(self.http, self.met, p2p, ["--shards", "1", "--auth-config-file", "auth.yaml",
+                                                     "--disk-db-path", os.path.join(work, "db")] + list(extra))
+        self.fleet.bin = BIN
+        self.fleet.sim(sim, MODEL, ["--ttft", "100ms", "--itl", "5ms", "--output-tokens", "16", "--threads", "2"])
+        self.fleet.agent(p2p, sim, "agent.key", ["--capacity", "32", "--warmup", "off"])
+
+        def up():
+            req = urllib.request.Request(f"http://127.0.0.1:{self.http}/admin/routing-table",
+                                         headers={"Authorization": f"Bearer {ADMIN}"})
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return len(json.load(r)["agents"]) == 1
+        wait_until(up, "agent registered")
+
+    def load(self, name, specs):
+        """Run one hivenet-bench per (tenant, args) at once; their reports."""
+        procs = []
+        for tenant, args in specs:
+            out = os.path.join(self.work, f"{name}-{tenant}.json")
+            p = subprocess.Popen([os.path.join(BIN, "hivenet-bench"), "--url", f"http://127.0.0.1:{self.http}",
+                                  "--model", MODEL, "--stream", "--max-tokens", "16", "--quiet",
+                                  "--duration", f"{DUR}s", "--api-key", f"sk-{tenant}", "--out", out] + args,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append((tenant, out, p))
+        res = {}
+        for tenant, out, p in procs:
+            p.wait()
+            with open(out) as f:
+                res[tenant] = json.load(f)
+        return res
+
+    def stop(self):
+        self.fleet.stop()
+
+
+def p99(r):
+    return r["first_event"]["p99"] if r["first_event"]["count"] else float("nan")
+
+
+def run_build(label, router_bin, root):
+    rows = {}
+    # 1. flood
+    s = Setup(router_bin, os.path.join(root, f"{label}-flood"))
+    try:
+        calm = [(f"calm{i}", ["--rate", "30"]) for i in (1, 2, 3)]
+        alone = s.load("alone", calm)
+        flood = s.load("flood", calm + [("flood", ["--rate", "440"])])
+    finally:
+        s.stop()
+    rows["flood"] = (alone, flood)
+    # 2. classes
+    s = Setup(router_bin, os.path.join(root, f"{label}-classes"))
+    try:
+        ialone = s.load("int-alone", [("int", ["--rate", "10"])])
+        mixed = s.load("mixed", [("int", ["--rate", "10"]), ("batch", ["--connections", "96"])])
+        wait = hist_p99(s.met, "interactive")
+    finally:
+        s.stop()
+    rows["classes"] = (ialone, mixed, wait)
+    # 3. jain
+    s = Setup(router_bin, os.path.join(root, f"{label}-jain"), ["--queue-depth", "1000"])
+    try:
+        conns = [8, 12, 16, 24, 32, 48, 64, 96]
+        res = s.load("jain", [(f"t{i}", ["--connections", str(c)]) for i, c in enumerate(conns)])
+    finally:
+        s.stop()
+    served = [res[f"t{i}"]["ok"] for i in range(8)]
+    jain = sum(served) ** 2 / (len(served) * sum(x * x for x in served)) if any(served) else 0
+    rows["jain"] = (conns, served, jain)
+    return rows
+
+
+def main():
+    root = tempfile.mkdtemp(prefix="hivenet-fairness-")
+    builds = [("this build", BIN)] + ([("before", BEFORE)] if BEFORE else [])
+    results = {label: run_build(label.replace(" ", "-"), b, root) for label, b in builds}
+    lines = [f"{DUR} s per load; sim first token 100 ms, 16 tokens 5 ms apart; agent capacity 32", ""]
+    lines += ["## 1. A tenant flooding at 10x its share", "",
+              "| build | calm tenant | p99 first event alone ms | with the flood ms | ratio | flood served / sent |",
+              "|---|---|---|---|---|---|"]
+    for label, r in results.items():
+        alone, flood = r["flood"]
+        for t in ("calm1", "calm2", "calm3"):
+            a, w = p99(alone[t]), p99(flood[t])
+            lines.append(f"| {label} | {t} | {a:.0f} | {w:.0f} | {w / a:.2f} | "
+                         f"{flood['flood']['ok']} / {flood['flood']['sent']} |")
+    lines += ["", "## 2. Interactive against a saturating batch tenant", "",
+              "| build | interactive p99 first event alone ms | with batch ms | its queue wait p99 (bucket bound) | "
+              "batch served req/s | interactive errors |", "|---|---|---|---|---|---|"]
+    for label, r in results.items():
+        ialone, mixed, (wb, n) = r["classes"]
+        lines.append(f"| {label} | {p99(ialone['int']):.0f} | {p99(mixed['int']):.0f} | "
+                     f"{'<= %.0f ms' % (wb * 1000) if wb is not None else 'n/a'} ({n} waits) | "
+                     f"{mixed['batch']['ok'] / DUR:.0f} | {mixed['int']['errors']} |")
+    lines += ["", "## 3. Eight backlogged tenants, unequal demand", "",
+              "| build | connections | requests served | Jain's index |", "|---|---|---|---|"]
+    for label, r in results.items():
+        conns, served, jain = r["jain"]
+        lines.append(f"| {label} | {conns} | {served} | {jain:.3f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    print("work:", root)
+    if OUT:
+        os.makedirs(OUT, exist_ok=True)
+        with open(os.path.join(OUT, "summary.md"), "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
