@@ -18,7 +18,10 @@ every tenant is one hivenet-bench process with its own key, streaming.
    connections each, --queue-depth 1000): Jain's index of the tokens
    served to each (target: at least 0.95).
 
-Usage: BEFORE_BIN=/path/to/release DUR=20 OUT=perf/<dir> scripts/bench/fairness.py
+LIGHT=1: a slow engine and rates to match (the load generators then leave
+the two cores to the router; see the variable).
+
+Usage: BEFORE_BIN=/path/to/release DUR=20 [LIGHT=1] OUT=perf/<dir> scripts/bench/fairness.py
 """
 import hashlib
 import json
@@ -36,6 +39,13 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("HN_BIN", os.path.join(ROOT, "target", "release"))
 BEFORE = os.environ.get("BEFORE_BIN", "")
 DUR = int(os.environ.get("DUR", "20"))
+# LIGHT=1: a slow engine (first token after 1 s, 16 tokens 20 ms apart) and
+# rates scaled down to match, so that the load generators leave the
+# machine's two cores to the router: what is measured is the queue.
+LIGHT = os.environ.get("LIGHT", "0") == "1"
+SIM_ARGS = (["--ttft", "1s", "--itl", "20ms"] if LIGHT else ["--ttft", "100ms", "--itl", "5ms"]) + \
+    ["--output-tokens", "16", "--threads", "2"]
+CALM_RATE, FLOOD_RATE, INT_RATE, BATCH_CONNS = ("4", "60", "2", "64") if LIGHT else ("30", "440", "10", "96")
 OUT = os.environ.get("OUT", "")
 ADMIN = "bench-admin"
 MODEL = "sim-model"
@@ -93,7 +103,7 @@ class Setup:
         self.fleet.router(self.http, self.met, p2p, ["--shards", "1", "--auth-config-file", "auth.yaml",
                                                      "--disk-db-path", os.path.join(work, "db")] + list(extra))
         self.fleet.bin = BIN
-        self.fleet.sim(sim, MODEL, ["--ttft", "100ms", "--itl", "5ms", "--output-tokens", "16", "--threads", "2"])
+        self.fleet.sim(sim, MODEL, SIM_ARGS)
         self.fleet.agent(p2p, sim, "agent.key", ["--capacity", "32", "--warmup", "off"])
 
         def up():
@@ -133,17 +143,17 @@ def run_build(label, router_bin, root):
     # 1. flood
     s = Setup(router_bin, os.path.join(root, f"{label}-flood"))
     try:
-        calm = [(f"calm{i}", ["--rate", "30"]) for i in (1, 2, 3)]
+        calm = [(f"calm{i}", ["--rate", CALM_RATE]) for i in (1, 2, 3)]
         alone = s.load("alone", calm)
-        flood = s.load("flood", calm + [("flood", ["--rate", "440"])])
+        flood = s.load("flood", calm + [("flood", ["--rate", FLOOD_RATE])])
     finally:
         s.stop()
     rows["flood"] = (alone, flood)
     # 2. classes
     s = Setup(router_bin, os.path.join(root, f"{label}-classes"))
     try:
-        ialone = s.load("int-alone", [("int", ["--rate", "10"])])
-        mixed = s.load("mixed", [("int", ["--rate", "10"]), ("batch", ["--connections", "96"])])
+        ialone = s.load("int-alone", [("int", ["--rate", INT_RATE])])
+        mixed = s.load("mixed", [("int", ["--rate", INT_RATE]), ("batch", ["--connections", BATCH_CONNS])])
         wait = hist_p99(s.met, "interactive")
     finally:
         s.stop()
@@ -165,7 +175,8 @@ def main():
     root = tempfile.mkdtemp(prefix="hivenet-fairness-")
     builds = [("this build", BIN)] + ([("before", BEFORE)] if BEFORE else [])
     results = {label: run_build(label.replace(" ", "-"), b, root) for label, b in builds}
-    lines = [f"{DUR} s per load; sim first token 100 ms, 16 tokens 5 ms apart; agent capacity 32", ""]
+    lines = [f"{DUR} s per load; sim {' '.join(SIM_ARGS)}; agent capacity 32; rates: calm {CALM_RATE}/s each, "
+             f"flood {FLOOD_RATE}/s, interactive {INT_RATE}/s, batch {BATCH_CONNS} connections", ""]
     lines += ["## 1. A tenant flooding at 10x its share", "",
               "| build | calm tenant | p99 first event alone ms | with the flood ms | ratio | flood served / sent |",
               "|---|---|---|---|---|---|"]
@@ -193,7 +204,7 @@ def main():
     print("work:", root)
     if OUT:
         os.makedirs(OUT, exist_ok=True)
-        with open(os.path.join(OUT, "summary.md"), "w") as f:
+        with open(os.path.join(OUT, "summary-light.md" if LIGHT else "summary.md"), "w") as f:
             f.write(text)
 
 
