@@ -124,3 +124,35 @@ class Fleet:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def routers_behind_one_agent(fleet, work, n, router_extra, sim_args, capacity, admin_key):
+    """`n` routers (`--shards 1`, own store and identity, plus
+    `router_extra(i)`), one hivenet-sim (`sim_args`) behind one agent of
+    `capacity` linked to every router; waits until each router lists the
+    agent. Returns (http ports, metrics ports, router processes, sim port)."""
+    import json
+    https, mets, p2ps, procs = [], [], [], []
+    for i in range(n):
+        h, m, p = free_port(), free_port(), free_port()
+        extra = ["--shards", "1", "--disk-db-path", os.path.join(work, f"db{i}"),
+                 "--identity-path", os.path.join(work, f"r{i}.key")] + list(router_extra(i))
+        procs.append(fleet.router(h, m, p, extra, log_name=f"router-{i}"))
+        https.append(h)
+        mets.append(m)
+        p2ps.append(p)
+    sim = free_port()
+    fleet.sim(sim, "sim-model", sim_args)
+    more = []
+    for p in p2ps[1:]:
+        more += ["--router-p2p", f"/ip4/127.0.0.1/tcp/{p}"]
+    fleet.agent(p2ps[0], sim, "agent.key", ["--capacity", str(capacity), "--warmup", "off"] + more)
+
+    def agents(h):
+        req = urllib.request.Request(f"http://127.0.0.1:{h}/admin/routing-table",
+                                     headers={"Authorization": f"Bearer {admin_key}"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return len(json.load(r)["agents"])
+    for h in https:
+        wait_until(lambda h=h: agents(h) == 1, "the agent on every router")
+    return https, mets, procs, sim

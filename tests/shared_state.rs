@@ -555,80 +555,11 @@ fn redis_away_fails_open_or_closed_as_told_and_open_usage_is_charged_after() {
     assert_eq!(send_with_key(c.http, "sk-lim").status, 200);
 }
 
-/// Run `openssl` with `args` in `dir`.
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let st = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("openssl (scripts/test.sh installs it)");
-    assert!(st.success(), "openssl {args:?}");
-}
-
 #[test]
 fn rediss_with_a_private_ca_and_a_password() {
     let dir = tmpdir("shared-tls");
     // A CA of the test's own and a server certificate for 127.0.0.1.
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=hivenet-test-ca",
-        ],
-    );
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ],
-    );
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .expect("ext");
-    openssl(
-        &dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-        ],
-    );
+    let (ca, _, _) = make_certs(&dir); // ca.pem, server.pem, server.key in dir
     let port = free_port();
     let log = std::fs::File::create(dir.join("redis-tls.log")).expect("log");
     let child = std::process::Command::new("redis-server")
@@ -670,7 +601,6 @@ fn rediss_with_a_private_ca_and_a_password() {
         || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
         "redis-server (tls) up",
     );
-    let ca = dir.join("ca.pem");
     let ca = ca.to_str().unwrap_or_default();
     let url = format!("rediss://:s3cret@127.0.0.1:{port}/0");
     let f = fleet_at(&dir, 2, &url, &["--shared-state-ca-file", ca]);

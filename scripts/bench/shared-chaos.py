@@ -32,7 +32,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from lib import Fleet, free_port, wait_until  # noqa: E402
+from lib import Fleet, free_port, routers_behind_one_agent, wait_until  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("HN_BIN", os.path.join(ROOT, "target", "release"))
@@ -121,26 +121,11 @@ def main():
     lines, events = [], []
     try:
         with Fleet(BIN, work, env) as fleet:
-            https, p2ps, procs, mets = [], [], [], []
-            for i in range(ROUTERS):
-                h, m, p = free_port(), free_port(), free_port()
-                mets.append(m)
-                procs.append(fleet.router(h, m, p, ["--shards", "1", "--disk-db-path", os.path.join(work, f"db{i}"),
-                                                    "--identity-path", os.path.join(work, f"r{i}.key"),
-                                                    "--shared-state", f"redis://127.0.0.1:{rport}/0"],
-                                          log_name=f"router-{i}"))
-                https.append(h)
-                p2ps.append(p)
-            sim = free_port()
-            fleet.sim(sim, MODEL, ["--ttft", "2ms", "--itl", "1ms", "--output-tokens", "16"])
-            more = []
-            for p in p2ps[1:]:
-                more += ["--router-p2p", f"/ip4/127.0.0.1/tcp/{p}"]
-            fleet.agent(p2ps[0], sim, "agent.key", ["--capacity", "64", "--warmup", "off"] + more)
+            https, mets, procs, sim = routers_behind_one_agent(
+                fleet, work, ROUTERS, lambda i: ["--shared-state", f"redis://127.0.0.1:{rport}/0"],
+                ["--ttft", "2ms", "--itl", "1ms", "--output-tokens", "16"], 64, ADMIN)
             for h in https:
                 wait_until(lambda h=h: admin(h, "GET", "/admin/api-keys")[0] == 200, "router up")
-                wait_until(lambda h=h: len(json.loads(admin(h, "GET", "/admin/routing-table")[1])["agents"]) == 1,
-                           "agent on every router")
             dto = {"version": "v1", "key_hash": hashlib.sha256(b"sk-chaos").hexdigest(), "owner": "chaos",
                    "name": "chaos", "allowed_models": [MODEL],
                    "quota": {"tokens_per_day": TPD, "requests_per_minute": 10 ** 8}}

@@ -741,3 +741,80 @@ pub fn admin(
         serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null),
     )
 }
+
+/// A CA and a certificate for `localhost` and 127.0.0.1 signed by it
+/// (openssl CLI): (ca.pem, server.pem, server.key) in `dir`.
+pub fn make_certs(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .expect("openssl (the test needs the openssl command)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=hivenet test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("ext");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    )
+}
