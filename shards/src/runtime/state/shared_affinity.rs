@@ -15,7 +15,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::logic::routing::affinity::AffinityNote;
-use crate::runtime::state::shared_state::Host;
 
 /// The stream in Redis.
 pub const STREAM: &str = "hivenet:affinity";
@@ -45,15 +44,15 @@ impl Share {
 
     /// One round: publish ours, read theirs; counted in `counts`
     /// (published, received).
+    /// `take` swaps this router's noted forwards into the buffer it is
+    /// given; `deliver` hands the other routers' to the shards.
     pub fn cycle(
         &mut self,
         c: &mut redis::Connection,
-        host: &impl Host,
+        take: impl FnOnce(&mut Vec<AffinityNote>),
+        deliver: impl FnOnce(Vec<AffinityNote>),
         counts: &(AtomicU64, AtomicU64),
     ) -> redis::RedisResult<()> {
-        if !host.shares_affinity() {
-            return Ok(());
-        }
         let last = match &self.last {
             Some(l) => l.clone(),
             None => {
@@ -72,7 +71,7 @@ impl Share {
             }
         };
         self.last = Some(last.clone());
-        host.take_affinity(&mut self.buf);
+        take(&mut self.buf);
         if !self.buf.is_empty() {
             let mut blob = Vec::with_capacity(self.buf.len() * 96);
             for n in &self.buf {
@@ -112,7 +111,7 @@ impl Share {
         }
         if !notes.is_empty() {
             counts.1.fetch_add(notes.len() as u64, Ordering::Relaxed);
-            host.deliver_affinity(notes);
+            deliver(notes);
         }
         Ok(())
     }

@@ -403,7 +403,15 @@ impl SharedState {
                     crate::runtime::wire::clock::mono_ns(),
                     crate::runtime::wire::clock::unix_secs(),
                 )?;
-                share.cycle(c, router, &self.affinity_notes)
+                if !router.shares_affinity() {
+                    return Ok(());
+                }
+                share.cycle(
+                    c,
+                    |buf| router.take_affinity(buf),
+                    |notes| router.deliver_affinity(notes),
+                    &self.affinity_notes,
+                )
             });
             match step {
                 Ok(()) => {
