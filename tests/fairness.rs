@@ -48,15 +48,22 @@ struct One {
 
 /// A router in front of one engine with one slot, each request 250 ms.
 fn one_slot(name: &str) -> One {
+    slots(name, "1", None)
+}
+
+/// A router in front of one engine with `capacity` slots, each request
+/// 250 ms, with `policy` if given.
+fn slots(name: &str, capacity: &str, policy: Option<&str>) -> One {
     let dir = tmpdir(name);
     std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth.yaml");
-    let r = start_router(
-        &dir,
-        &["--auth-config-file", "auth.yaml", "--shards", "1"],
-        &[],
-    );
+    let mut args = vec!["--auth-config-file", "auth.yaml", "--shards", "1"];
+    if let Some(p) = policy {
+        std::fs::write(dir.join("policy.yaml"), p).expect("policy");
+        args.extend(["--policy-file", "policy.yaml"]);
+    }
+    let r = start_router(&dir, &args, &[]);
     let (sim, port) = start_sim(&dir, MODEL, &["--ttft", "250ms"]);
-    let agent = start_agent(&dir, &r, port, "a.key", &["--capacity", "1"]);
+    let agent = start_agent(&dir, &r, port, "a.key", &["--capacity", capacity]);
     wait_until(
         Duration::from_secs(30),
         || {
@@ -170,4 +177,60 @@ fn the_priority_header_lowers_and_never_raises() {
     );
     let labels: Vec<&str> = order.iter().map(|(l, _, _)| *l).collect();
     assert_eq!(labels, vec!["busy", "standard", "lowered"]);
+}
+
+/// `min_share`: a quarter of 4 slots is kept for interactive requests.
+/// Batch fills the other three and waits for them; an interactive request
+/// arriving then finds its slot free at once instead of waiting for a
+/// batch request to end.
+#[test]
+fn a_reserved_share_keeps_a_slot_free_for_its_class() {
+    let f = slots(
+        "fair-min-share",
+        "4",
+        Some("routing_policy:\n  strategy: least-loaded\nmin_share:\n  interactive: 0.25\n"),
+    );
+    // Batch keeps 8 requests going: at most 3 of them run at once.
+    let http = f.r.http;
+    let batch: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                chat("sk-batch", None)
+                    .send(http)
+                    .map(|r| r.status)
+                    .unwrap_or(0)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(120));
+    let t = Instant::now();
+    let st = chat("sk-int", None)
+        .send(http)
+        .map(|r| r.status)
+        .unwrap_or(0);
+    let took = t.elapsed();
+    assert_eq!(st, 200);
+    // Its own 250 ms, not also the rest of a batch request's.
+    assert!(
+        took < Duration::from_millis(400),
+        "interactive took {took:?}"
+    );
+    for b in batch {
+        assert_eq!(b.join().expect("batch"), 200);
+    }
+    let waits = metric(
+        f.r.metrics,
+        &format!("hivenet_queue_wait_seconds_count{{model=\"{MODEL}\",class=\"batch\"}}"),
+    )
+    .unwrap_or(0.0);
+    assert!(waits >= 5.0, "batch waited for 3 slots, not 4: {waits}");
+    // GET shows the share and PUT takes it back (round trip).
+    let (st, body) = Req::get("/admin/policy")
+        .bearer(ADMIN_KEY)
+        .send(http)
+        .map(Resp::pair)
+        .expect("get");
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    assert_eq!(v["min_share"]["interactive"], 0.25, "{v}");
 }

@@ -382,10 +382,12 @@ fn a_quota_is_one_quota_across_routers() {
     }
     // Alone, each router would admit its 20: 60. Shared: the 30 of the
     // minute, plus one lease per router on credit, plus the refill of the
-    // seconds the test took (one every 2 s).
+    // seconds the test took (one every 2 s); less what a router holds
+    // drawn and unspent when the test stops (its lease follows its pace:
+    // a few requests each under this load).
     eprintln!("admitted {ok}, refused {refused}");
     assert!(
-        (28..=30 + 3 + 5).contains(&ok),
+        (20..=30 + 3 + 5).contains(&ok),
         "admitted {ok}, refused {refused}"
     );
 

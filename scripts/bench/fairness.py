@@ -45,6 +45,8 @@ DUR = int(os.environ.get("DUR", "20"))
 LIGHT = os.environ.get("LIGHT", "0") == "1"
 SIM_ARGS = (["--ttft", "1s", "--itl", "20ms"] if LIGHT else ["--ttft", "100ms", "--itl", "5ms"]) + \
     ["--output-tokens", "16", "--threads", "2"]
+# MIN_SHARE="interactive: 0.1": this build runs with that policy's min_share.
+MIN_SHARE = os.environ.get("MIN_SHARE", "")
 CALM_RATE, FLOOD_RATE, INT_RATE, BATCH_CONNS = ("4", "60", "2", "64") if LIGHT else ("30", "440", "10", "96")
 OUT = os.environ.get("OUT", "")
 ADMIN = "bench-admin"
@@ -98,6 +100,10 @@ class Setup:
                    RUST_LOG="warn")
         self.fleet = Fleet(BIN, work, env)
         self.http, self.met, p2p, sim = free_port(), free_port(), free_port(), free_port()
+        if MIN_SHARE and router_bin == BIN:
+            with open(os.path.join(work, "policy.yaml"), "w") as f:
+                f.write(f"routing_policy:\n  strategy: least-loaded\nmin_share: {{{MIN_SHARE}}}\n")
+            extra = list(extra) + ["--policy-file", "policy.yaml"]
         # The router under test may come from another build.
         self.fleet.bin = router_bin
         self.fleet.router(self.http, self.met, p2p, ["--shards", "1", "--auth-config-file", "auth.yaml",
@@ -176,7 +182,8 @@ def main():
     builds = [("this build", BIN)] + ([("before", BEFORE)] if BEFORE else [])
     results = {label: run_build(label.replace(" ", "-"), b, root) for label, b in builds}
     lines = [f"{DUR} s per load; sim {' '.join(SIM_ARGS)}; agent capacity 32; rates: calm {CALM_RATE}/s each, "
-             f"flood {FLOOD_RATE}/s, interactive {INT_RATE}/s, batch {BATCH_CONNS} connections", ""]
+             f"flood {FLOOD_RATE}/s, interactive {INT_RATE}/s, batch {BATCH_CONNS} connections"
+             + (f"; this build with min_share {{{MIN_SHARE}}}" if MIN_SHARE else ""), ""]
     lines += ["## 1. A tenant flooding at 10x its share", "",
               "| build | calm tenant | p99 first event alone ms | with the flood ms | ratio | flood served / sent |",
               "|---|---|---|---|---|---|"]
@@ -204,7 +211,8 @@ def main():
     print("work:", root)
     if OUT:
         os.makedirs(OUT, exist_ok=True)
-        with open(os.path.join(OUT, "summary-light.md" if LIGHT else "summary.md"), "w") as f:
+        name = ("summary-light" if LIGHT else "summary") + ("-min-share" if MIN_SHARE else "") + ".md"
+        with open(os.path.join(OUT, name), "w") as f:
             f.write(text)
 
 

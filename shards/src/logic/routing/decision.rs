@@ -56,6 +56,9 @@ pub struct ModelFacts<'p, P: Pool + ?Sized> {
     /// The request's cache holders, asked by `prefix-aware` steps (None:
     /// no index on this shard, or no prefix-aware step).
     pub affinity: Option<&'p dyn AffinitySource>,
+    /// The model's free slots are reserved for other priority classes
+    /// (`min_share`): the request waits as if the step were full.
+    pub reserved_for_others: bool,
 }
 
 /// The request's facts.
@@ -431,6 +434,9 @@ impl Decision {
                 &holders,
             );
             let mut wake_first = None;
+            if matches!(pick, StepPick::Agent(_)) && model.reserved_for_others {
+                pick = StepPick::Full(GateCounts::default());
+            }
             if let StepPick::Agent(i) = pick {
                 if self.place.is_none() && self.limits.queue_depth > 0 && model.queue_len > 0 {
                     // Requests already waiting came first: a newcomer joins

@@ -195,6 +195,34 @@ pub struct Policy {
     /// Used when every local step is exhausted (spec 04 §7).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fallback_provider: Option<crate::logic::http::provider::FallbackProvider>,
+    /// `min_share`: the share of a model's capacity reserved for each
+    /// priority class (interactive, standard, batch; 0: none), so that a
+    /// class finds a free slot while others saturate the model.
+    #[serde(skip)]
+    pub min_share: [f64; 3],
+}
+
+/// Whether a request of class `class` must leave the model's free slots
+/// to other classes: taking one would leave fewer free slots than the
+/// other classes' unmet reservations (`floor(share x capacity)` minus
+/// what they run). `running`: requests in flight per class.
+pub fn reserved_for_others(
+    min_share: &[f64; 3],
+    class: usize,
+    capacity: u64,
+    in_flight: u64,
+    running: &[u32; 3],
+) -> bool {
+    let free = capacity.saturating_sub(in_flight);
+    let mut unmet = 0u64;
+    for (c, (share, run)) in min_share.iter().zip(running).enumerate() {
+        if c == class || *share <= 0.0 {
+            continue;
+        }
+        let reserved = (share * capacity as f64).floor() as u64;
+        unmet += reserved.saturating_sub(u64::from(*run));
+    }
+    unmet > 0 && free <= unmet
 }
 
 /// How a policy's admission treats keys (spec 04 §10).
@@ -266,6 +294,7 @@ impl Default for Policy {
             aliases: BTreeMap::new(),
             admission: AdmissionPolicy::default(),
             fallback_provider: None,
+            min_share: [0.0; 3],
         }
     }
 }

@@ -64,6 +64,18 @@ pub fn policy_json(p: &crate::logic::routing::policy::Policy) -> Value {
     if !p.aliases.is_empty() {
         v["aliases"] = json!(p.aliases);
     }
+    if p.min_share.iter().any(|s| *s > 0.0) {
+        let mut m = serde_json::Map::new();
+        for (c, s) in crate::logic::routing::wait_queue::Class::ALL
+            .iter()
+            .zip(p.min_share)
+        {
+            if s > 0.0 {
+                m.insert(c.as_str().to_string(), json!(s));
+            }
+        }
+        v["min_share"] = Value::Object(m);
+    }
     let a = &p.admission;
     if a.any() {
         v["mode"] = json!(a.mode);

@@ -82,7 +82,13 @@ impl AffinitySource for IndexView<'_> {
 /// a routing decision moves the model's tie-break rotation on. `keys`:
 /// the request's cache-affinity keys when its policy has a prefix-aware
 /// step (the index is then made on first use).
-fn decide(shard: &Shard, model: &str, d: &mut Decision, keys: Option<&RequestKeys<'_>>) -> Next {
+fn decide(
+    shard: &Shard,
+    model: &str,
+    d: &mut Decision,
+    keys: Option<&RequestKeys<'_>>,
+    (class, min_share): (Class, &[f64; 3]),
+) -> Next {
     let now = clock::now();
     let unix = clock::unix_secs() as u32;
     let (action, agent) = {
@@ -96,16 +102,36 @@ fn decide(shard: &Shard, model: &str, d: &mut Decision, keys: Option<&RequestKey
             _ => None,
         };
         let models = shard.models.borrow();
-        let (pool, rotation, queue_len): (&[Rc<Agent>], usize, usize) = match models.get(model) {
-            Some(m) => (&m.agents, m.rotation, m.queue.borrow().len()),
-            // No agent ever registered here: the gates answer 404.
-            None => (&[], 0, 0),
+        let (pool, rotation, queue_len, running): (&[Rc<Agent>], usize, usize, [u32; 3]) =
+            match models.get(model) {
+                Some(m) => (&m.agents, m.rotation, m.queue.borrow().len(), m.running),
+                // No agent ever registered here: the gates answer 404.
+                None => (&[], 0, 0, [0; 3]),
+            };
+        // `min_share`: only computed when the policy reserves anything.
+        let reserved = min_share.iter().any(|s| *s > 0.0) && {
+            use crate::logic::routing::decision::Pool;
+            let (mut capacity, mut in_flight) = (0u64, 0u64);
+            for i in 0..pool.agent_count() {
+                if let Some(f) = pool.facts(i).filter(|f| f.healthy) {
+                    capacity += u64::from(f.capacity);
+                    in_flight += u64::from(f.active);
+                }
+            }
+            crate::logic::routing::policy::reserved_for_others(
+                min_share,
+                class.index(),
+                capacity,
+                in_flight,
+                &running,
+            )
         };
         let facts = ModelFacts {
             pool,
             rotation,
             queue_len,
             affinity: view.as_ref().map(|v| v as &dyn AffinitySource),
+            reserved_for_others: reserved,
         };
         let action = d.next(&facts, now);
         let agent = match &action {
@@ -335,7 +361,13 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
         });
     debug!(shard = shard.id, model, "serving request");
     loop {
-        match decide(shard, model, &mut d, keys.as_ref()) {
+        match decide(
+            shard,
+            model,
+            &mut d,
+            keys.as_ref(),
+            (class, &run.policy.min_share),
+        ) {
             Next::TakeQuota => d.quota_taken(run.take_quota()),
             Next::Admit(park) => d.admitted(run.admit(c, park).await),
             Next::ChargeDaily => d.daily_charged(run.charge_daily(c), clock::now()),
@@ -559,6 +591,7 @@ impl Run<'_> {
         affinity: Option<AffinityPick>,
     ) -> Option<bool> {
         let (shard, p) = (self.shard, self.p);
+        let _running = ClassRunning::start(shard, self.model, self.class);
         if let Some(w) = waited {
             let class = self.class;
             with_stats(shard, self.model, |s| {
@@ -757,6 +790,42 @@ async fn wait_for_capacity(
         );
     }
     end
+}
+
+/// A request of a class in flight on its model, for `min_share` (counted
+/// from the forward's start to its end, whichever way it ends).
+struct ClassRunning<'a> {
+    shard: &'a Shard,
+    model: &'a str,
+    class: Class,
+}
+
+impl<'a> ClassRunning<'a> {
+    fn start(shard: &'a Shard, model: &'a str, class: Class) -> Self {
+        if let Some(m) = shard.models.borrow_mut().get_mut(model) {
+            if let Some(n) = m.running.get_mut(class.index()) {
+                *n += 1;
+            }
+        }
+        ClassRunning {
+            shard,
+            model,
+            class,
+        }
+    }
+}
+
+impl Drop for ClassRunning<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut models) = self.shard.models.try_borrow_mut() {
+            if let Some(n) = models
+                .get_mut(self.model)
+                .and_then(|m| m.running.get_mut(self.class.index()))
+            {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
 }
 
 fn with_stats(

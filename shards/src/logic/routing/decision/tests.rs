@@ -79,6 +79,7 @@ fn policy(steps: Vec<Step>) -> Arc<Policy> {
         aliases: Default::default(),
         admission: Default::default(),
         fallback_provider: None,
+        min_share: [0.0; 3],
     })
 }
 
@@ -103,6 +104,7 @@ fn facts(pool: &Vec<Agent>, queue_len: usize) -> ModelFacts<'_, Vec<Agent>> {
         rotation: 0,
         queue_len,
         affinity: None,
+        reserved_for_others: false,
     }
 }
 
@@ -325,6 +327,7 @@ fn run_all_failing(
                 rotation: k as usize,
                 queue_len,
                 affinity: None,
+                reserved_for_others: false,
             },
             now,
         );
@@ -622,7 +625,7 @@ proptest! {
         let (mut attempts, mut waits) = (o.attempts.iter(), o.waits.iter());
         for k in 0..100u64 {
             let now = t0 + Duration::from_millis(k);
-            let a = d.next(&ModelFacts { pool: &pool, rotation: k as usize, queue_len: 0, affinity: None }, now);
+            let a = d.next(&ModelFacts { pool: &pool, rotation: k as usize, queue_len: 0, affinity: None, reserved_for_others: false }, now);
             actions.push(a.clone());
             match a {
                 Action::TakeQuota => d.quota_taken(if o.quota_ok {
@@ -659,7 +662,7 @@ proptest! {
                 }
                 Action::Reject(ref r) => {
                     // Sticky: asked again, the same refusal.
-                    let again = d.next(&ModelFacts { pool: &pool, rotation: 0, queue_len: 0, affinity: None }, now);
+                    let again = d.next(&ModelFacts { pool: &pool, rotation: 0, queue_len: 0, affinity: None, reserved_for_others: false }, now);
                     prop_assert_eq!(&again, &Action::Reject(r.clone()));
                     ended = Some("refused");
                     break;
@@ -759,5 +762,55 @@ fn a_full_refusal_goes_back_to_its_place_in_the_line() {
     assert!(matches!(
         d.next(&facts(&pool, 2), t0),
         Action::Wait { place: Some(4), .. }
+    ));
+}
+
+/// A step whose agent has a free slot is full for a request whose class
+/// must leave it to others (`min_share`); the pure rule behind it.
+#[test]
+fn a_reserved_slot_is_left_to_its_class() {
+    let t0 = Instant::now();
+    let pool = vec![agent(1, 0, 4, None)];
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    let mut f = facts(&pool, 0);
+    f.reserved_for_others = true;
+    assert!(matches!(d.next(&f, t0), Action::Wait { .. }));
+    // interactive 25 % of 8 slots: 2 reserved; 6 in flight, none interactive.
+    let share = [0.25, 0.0, 0.0];
+    assert!(crate::logic::routing::policy::reserved_for_others(
+        &share,
+        2,
+        8,
+        6,
+        &[0, 0, 6]
+    ));
+    assert!(!crate::logic::routing::policy::reserved_for_others(
+        &share,
+        2,
+        8,
+        5,
+        &[0, 0, 5]
+    ));
+    assert!(!crate::logic::routing::policy::reserved_for_others(
+        &share,
+        0,
+        8,
+        7,
+        &[0, 0, 7]
+    ));
+    // The class running its reservation already frees the rest.
+    assert!(!crate::logic::routing::policy::reserved_for_others(
+        &share,
+        2,
+        8,
+        6,
+        &[2, 0, 4]
+    ));
+    assert!(!crate::logic::routing::policy::reserved_for_others(
+        &[0.0; 3],
+        2,
+        8,
+        7,
+        &[0, 0, 7]
     ));
 }

@@ -31,6 +31,8 @@ struct RawPolicy {
     shed_if: Option<BTreeMap<String, BTreeMap<String, f64>>>,
     #[serde(default)]
     fallback_provider: Option<RawProvider>,
+    #[serde(default)]
+    min_share: Option<BTreeMap<String, f64>>,
 }
 
 #[derive(Deserialize)]
@@ -468,11 +470,38 @@ pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
             })
         }
     };
+    let mut min_share = [0.0f64; 3];
+    for (class, share) in raw.min_share.unwrap_or_default() {
+        let at = format!("min_share.{class}");
+        let Some(c) = crate::logic::routing::wait_queue::Class::parse(&class) else {
+            return Err(err(
+                file,
+                text,
+                &at,
+                format!("unknown class {class:?} (interactive, standard, batch)"),
+            ));
+        };
+        if !(0.0..=1.0).contains(&share) || share.is_nan() {
+            return Err(err(file, text, &at, "a share is between 0 and 1"));
+        }
+        if let Some(s) = min_share.get_mut(c.index()) {
+            *s = share;
+        }
+    }
+    if min_share.iter().sum::<f64>() > 1.0 {
+        return Err(err(
+            file,
+            text,
+            "min_share",
+            "the shares add up to more than 1",
+        ));
+    }
     Ok(Policy {
         models: raw.models,
         steps,
         aliases: raw.aliases,
         admission,
         fallback_provider,
+        min_share,
     })
 }

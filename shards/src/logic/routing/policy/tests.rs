@@ -51,6 +51,9 @@ fn validation_table() {
         ("routing_policy:\n  strategy: least-loaded\nshed_if:\n  kv_cache_utilization:\n    over: 0.9\n", "shed_if.kv_cache_utilization.over", 5, "unknown operator"),
         ("routing_policy:\n  strategy: least-loaded\nmax_inflight: lots\n", "", 0, ""),
         ("routing_policy: [\n", "", 0, ""),
+        ("routing_policy:\n  strategy: least-loaded\nmin_share:\n  urgent: 0.1\n", "min_share.urgent", 0, "unknown class"),
+        ("routing_policy:\n  strategy: least-loaded\nmin_share:\n  batch: 1.5\n", "min_share.batch", 0, "between 0 and 1"),
+        ("routing_policy:\n  strategy: least-loaded\nmin_share:\n  batch: 0.6\n  interactive: 0.6\n", "min_share", 0, "more than 1"),
     ];
     for (text, path, line, msg) in cases {
         let e = parse("p.yaml", text).expect_err(text);

@@ -80,6 +80,9 @@ pub struct ModelState {
     pub rotation: usize,
     /// Requests waiting for a slot.
     pub queue: Rc<RefCell<Waiters>>,
+    /// Requests in flight per priority class (interactive, standard,
+    /// batch): what `min_share` reservations count against.
+    pub running: [u32; 3],
     /// Routing counters.
     pub stats: ModelStats,
     /// Rejections logged at most once a second, with their count.
