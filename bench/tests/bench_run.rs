@@ -284,7 +284,9 @@ fn open_loop_reads_responses_while_it_waits_to_send() {
     assert_eq!(r.sent, r.ok, "{:?}", r.errors_by_code);
     assert!(r.sent >= 1900, "{}", r.sent);
     let n = accepted.load(std::sync::atomic::Ordering::SeqCst);
-    assert!(n <= 32, "{n} connections for {} requests", r.sent);
+    // The starving wait opened one per request (124 here); a loaded
+    // machine (the full test run) was seen at 46 with the fix in.
+    assert!(n <= 64, "{n} connections for {} requests", r.sent);
 }
 
 /// The simulator's prefix cache: a second request sharing a long system
