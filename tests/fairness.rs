@@ -48,12 +48,12 @@ struct One {
 
 /// A router in front of one engine with one slot, each request 250 ms.
 fn one_slot(name: &str) -> One {
-    slots(name, "1", None)
+    slots(name, "1", None, "250ms")
 }
 
 /// A router in front of one engine with `capacity` slots, each request
-/// 250 ms, with `policy` if given.
-fn slots(name: &str, capacity: &str, policy: Option<&str>) -> One {
+/// `ttft`, with `policy` if given.
+fn slots(name: &str, capacity: &str, policy: Option<&str>, ttft: &str) -> One {
     let dir = tmpdir(name);
     std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth.yaml");
     let mut args = vec!["--auth-config-file", "auth.yaml", "--shards", "1"];
@@ -62,7 +62,7 @@ fn slots(name: &str, capacity: &str, policy: Option<&str>) -> One {
         args.extend(["--policy-file", "policy.yaml"]);
     }
     let r = start_router(&dir, &args, &[]);
-    let (sim, port) = start_sim(&dir, MODEL, &["--ttft", "250ms"]);
+    let (sim, port) = start_sim(&dir, MODEL, &["--ttft", ttft]);
     let agent = start_agent(&dir, &r, port, "a.key", &["--capacity", capacity]);
     wait_until(
         Duration::from_secs(30),
@@ -189,6 +189,7 @@ fn a_reserved_share_keeps_a_slot_free_for_its_class() {
         "fair-min-share",
         "4",
         Some("routing_policy:\n  strategy: least-loaded\nmin_share:\n  interactive: 0.25\n"),
+        "1s",
     );
     // Batch keeps 8 requests going: at most 3 of them run at once.
     let http = f.r.http;
@@ -202,18 +203,37 @@ fn a_reserved_share_keeps_a_slot_free_for_its_class() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(120));
-    let t = Instant::now();
+    // Three batch requests run, five wait: the fourth slot is kept.
+    let depth = || {
+        metric(
+            f.r.metrics,
+            &format!("hivenet_queue_depth{{model=\"{MODEL}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    wait_until(
+        Duration::from_secs(10),
+        || depth() == 5.0,
+        "5 batch requests waiting",
+    );
     let st = chat("sk-int", None)
         .send(http)
         .map(|r| r.status)
         .unwrap_or(0);
-    let took = t.elapsed();
     assert_eq!(st, 200);
-    // Its own 250 ms, not also the rest of a batch request's.
-    assert!(
-        took < Duration::from_millis(400),
-        "interactive took {took:?}"
+    // The interactive request took the kept slot: whatever the joining
+    // of the line took, it did not wait for a batch request (1 s each) to
+    // end: its one wait is in the 0.32 s bucket.
+    let quick = metric(
+        f.r.metrics,
+        &format!(
+            "hivenet_queue_wait_seconds_bucket{{model=\"{MODEL}\",class=\"interactive\",le=\"0.32\"}}"
+        ),
+    )
+    .unwrap_or(0.0);
+    assert_eq!(
+        quick, 1.0,
+        "the interactive request waited for a batch one to end"
     );
     for b in batch {
         assert_eq!(b.join().expect("batch"), 200);

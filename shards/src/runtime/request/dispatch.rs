@@ -750,9 +750,6 @@ async fn wait_for_capacity(
     let Some(queue) = queue else {
         return WaitEnd::TimedOut;
     };
-    if let Some(agent) = wake_first {
-        wake_for(&queue, agent);
-    }
     let (tx, mut rx) = futures::channel::oneshot::channel();
     let w = Waiter { tx, prefer };
     let seq = match place {
@@ -771,6 +768,12 @@ async fn wait_for_capacity(
             Err(_) => return WaitEnd::Refused,
         },
     };
+    // A newcomer that saw a free slot wakes the waiter it goes to once
+    // this one is in line: itself when it comes first (a higher class; or
+    // the only one the free slot's reservation admits).
+    if let Some(agent) = wake_first {
+        wake_for(&queue, agent);
+    }
     let now = clock::now();
     d.queued(seq, now);
     let timer = monoio::time::sleep(until.saturating_duration_since(now));
