@@ -661,7 +661,9 @@ fn in_flight(shared: &Router) -> u64 {
             total += s.agents.iter().map(|a| u64::from(a.active)).sum::<u64>();
         }
     }
-    total
+    // Held requests count until their answer is written (a shutdown
+    // answers them model_waking; exiting first would cut those answers).
+    total + shared.holds.lock().ledger.held().0
 }
 
 /// A timer future for the main thread (no runtime there).

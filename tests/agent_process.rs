@@ -290,13 +290,24 @@ fn tries_ended_by_backends_give_the_backends_answer() {
         msg.starts_with("backend answered 503: backend unreachable"),
         "{v}"
     );
-    // Each agent's 503 is a rejection of its own (issue 28 #14).
-    let rejected: f64 = metrics_text(r.metrics)
-        .lines()
-        .filter(|l| l.starts_with("hivenet_agent_rejected_requests_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    assert!(rejected >= 2.0, "rejections counted: {rejected}");
+    // Each agent's 503 is a rejection of its own (issue 28 #14): as many
+    // rejections as backend 503s reached the router. (Under a loaded CI
+    // machine a try can end on the agent's side instead, so the count of
+    // tries is not fixed; the pairing is.)
+    let text = metrics_text(r.metrics);
+    let sum = |prefix: &str, needle: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(prefix) && l.contains(needle))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let rejected = sum("hivenet_agent_rejected_requests_total{", "");
+    let answered_503 = sum("hivenet_backend_errors_total{", "status_code=\"503\"");
+    assert!(
+        rejected >= 1.0 && rejected == answered_503,
+        "rejections counted: {rejected}, backend 503s: {answered_503}\n{}",
+        r.proc.log_text()
+    );
 }
 
 /// A busy engine's 429 on a relayed path (embeddings) reaches the client

@@ -88,7 +88,7 @@ pub async fn hold(
     };
     // The quota taken is settled by the request's one ending, whichever
     // way the hold ends (it travels with a released request).
-    let (ticket, mut demand) = match enter_ledger(shard, c, &p, &model, budget, started).await {
+    let (place, mut demand) = match enter_ledger(shard, c, &p, &model, budget, started).await {
         Ok(t) => t,
         Err(end) => return end,
     };
@@ -100,9 +100,9 @@ pub async fn hold(
     p.body_permit.release();
     start_keepalives(shard, c, &p, started);
     let waited = wait_for_wake(shard, c, &model, p.endpoint.capability(), until).await;
-    book.lock().ledger.unhold(&ticket);
     let (outcome, answer) = match waited {
         Waited::Owner(owner) => {
+            drop(place);
             book.outcome(&model, "woken", started.elapsed());
             p.held = Some(Held {
                 until,
@@ -137,12 +137,15 @@ pub async fn hold(
     book.outcome(&model, outcome, started.elapsed());
     c.scope.ending.ticket = quota;
     let Some(e) = answer else {
+        drop(place);
         c.scope.ending.client_gone();
         return HoldEnd::Answered(false);
     };
     // Shutting down: the connection closes after the answer.
     let keep = keep && !matches!(waited, Waited::ShuttingDown);
     let k = respond::send_error(c, &e, keep).await;
+    // Held until its answer is written: a draining router waits for it.
+    drop(place);
     HoldEnd::Answered(k && !c.scope.committed)
 }
 
@@ -215,7 +218,7 @@ async fn enter_ledger(
     model: &str,
     budget: Duration,
     started: clock::Instant,
-) -> Result<(Ticket, DemandGuard), HoldEnd> {
+) -> Result<(HeldPlace, DemandGuard), HoldEnd> {
     let book = &shard.router.holds;
     let ticket = Ticket {
         identity: identity(&p.principal, c.conn.stream.peer_addr().ok().map(|a| a.ip())),
@@ -242,7 +245,24 @@ async fn enter_ledger(
         ));
     }
     let demand = DemandGuard::new(book.clone(), ticket.clone());
-    Ok((ticket, demand))
+    let place = HeldPlace {
+        book: book.clone(),
+        ticket,
+    };
+    Ok((place, demand))
+}
+
+/// A request's place under the hold limits, given back when dropped: when
+/// it is released to an agent, or once its answer is written.
+struct HeldPlace {
+    book: std::sync::Arc<crate::runtime::state::hold_book::HoldBook>,
+    ticket: Ticket,
+}
+
+impl Drop for HeldPlace {
+    fn drop(&mut self) {
+        self.book.lock().ledger.unhold(&self.ticket);
+    }
 }
 
 /// Keepalives every `--wake-keepalive` while held (none when it is 0).
