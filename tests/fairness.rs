@@ -48,15 +48,16 @@ struct One {
 
 /// A router in front of one engine with one slot, each request 250 ms.
 fn one_slot(name: &str) -> One {
-    slots(name, "1", None, "250ms")
+    slots(name, "1", None, "250ms", &[])
 }
 
 /// A router in front of one engine with `capacity` slots, each request
-/// `ttft`, with `policy` if given.
-fn slots(name: &str, capacity: &str, policy: Option<&str>, ttft: &str) -> One {
+/// `ttft`, with `policy` if given and `extra` router flags.
+fn slots(name: &str, capacity: &str, policy: Option<&str>, ttft: &str, extra: &[&str]) -> One {
     let dir = tmpdir(name);
     std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth.yaml");
     let mut args = vec!["--auth-config-file", "auth.yaml", "--shards", "1"];
+    args.extend_from_slice(extra);
     if let Some(p) = policy {
         std::fs::write(dir.join("policy.yaml"), p).expect("policy");
         args.extend(["--policy-file", "policy.yaml"]);
@@ -190,6 +191,7 @@ fn a_reserved_share_keeps_a_slot_free_for_its_class() {
         "4",
         Some("routing_policy:\n  strategy: least-loaded\nmin_share:\n  interactive: 0.25\n"),
         "1s",
+        &[],
     );
     // Batch keeps 8 requests going: at most 3 of them run at once.
     let http = f.r.http;
@@ -253,4 +255,64 @@ fn a_reserved_share_keeps_a_slot_free_for_its_class() {
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     assert_eq!(v["min_share"]["interactive"], 0.25, "{v}");
+}
+
+/// Preemption of a waiting request only: with a full queue, an
+/// interactive arrival takes the last batch waiter's place; that waiter is
+/// refused at once as a full queue would refuse it (503 no_capacity, not a
+/// queue timeout), the request already on the engine is never touched,
+/// and a batch arrival at the full queue displaces nobody. Admitted and
+/// refused are counted per class.
+#[test]
+fn an_interactive_arrival_displaces_the_last_batch_waiter_only() {
+    let f = slots("fair-displace", "1", None, "400ms", &["--queue-depth", "2"]);
+    let http = f.r.http;
+    let mut handles = Vec::new();
+    for (label, key) in [
+        ("busy", "sk-batch"),
+        ("b1", "sk-batch"),
+        ("b2", "sk-batch"),
+        ("int", "sk-int"),
+        ("b3", "sk-batch"),
+    ] {
+        handles.push(std::thread::spawn(move || {
+            let (st, body) = chat(key, None)
+                .send(http)
+                .map(Resp::pair)
+                .unwrap_or((0, Vec::new()));
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            (
+                label,
+                st,
+                v["error"]["code"].as_str().unwrap_or("").to_string(),
+                Instant::now(),
+            )
+        }));
+        std::thread::sleep(Duration::from_millis(60));
+    }
+    let mut out: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .collect();
+    out.sort_by_key(|(_, _, _, t)| *t);
+    let get = |l: &str| out.iter().find(|o| o.0 == l).cloned().expect("answered");
+    for l in ["b2", "b3"] {
+        let (_, st, code, _) = get(l);
+        assert_eq!((st, code.as_str()), (503, "no_capacity"), "{l}: {out:?}");
+    }
+    let served: Vec<&str> = out.iter().filter(|o| o.1 == 200).map(|o| o.0).collect();
+    assert_eq!(served, vec!["busy", "int", "b1"], "{out:?}");
+    let count = |class: &str, outcome: &str| {
+        metric(
+            f.r.metrics,
+            &format!(
+                "hivenet_class_requests_total{{model=\"{MODEL}\",class=\"{class}\",outcome=\"{outcome}\"}}"
+            ),
+        )
+        .unwrap_or(-1.0)
+    };
+    assert_eq!(count("batch", "admitted"), 2.0);
+    assert_eq!(count("batch", "refused"), 2.0);
+    assert_eq!(count("interactive", "admitted"), 1.0);
+    assert_eq!(count("interactive", "refused"), 0.0);
 }

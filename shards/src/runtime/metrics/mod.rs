@@ -501,6 +501,29 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
             }
         }
     }
+    let mut f = Family::new(
+        o,
+        "hivenet_class_requests_total",
+        Counter,
+        "Requests by priority class: admitted (sent to an agent, once per request) or refused (no capacity, queue, quota or admission).",
+        ["model", "class", "outcome"],
+    );
+    for (m, st) in &t.models {
+        for (i, class) in crate::logic::routing::wait_queue::Class::ALL
+            .iter()
+            .enumerate()
+        {
+            let admitted = st.class_admitted.get(i).copied().unwrap_or(0);
+            let refused = st.class_refused.get(i).copied().unwrap_or(0);
+            // Standard always; the others once they had a request.
+            if admitted + refused > 0
+                || *class == crate::logic::routing::wait_queue::Class::Standard
+            {
+                f.series([m, &class.as_str(), &"admitted"], &admitted);
+                f.series([m, &class.as_str(), &"refused"], &refused);
+            }
+        }
+    }
 }
 
 /// `http_server_request_duration_seconds` (spec 06): every request's

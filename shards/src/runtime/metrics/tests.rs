@@ -80,6 +80,8 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.connection_resets.insert("forward_failure", 3);
     s.connection_resets.insert("stream_cut", 1);
     s.wait[1] = hist(&QUEUE_BUCKETS, &[0.01, 0.2]);
+    s.class_admitted = [2, 3, 0];
+    s.class_refused = [1, 0, 0];
     s.durations.insert(
         (1, 200, t),
         DurationSeries {
@@ -470,6 +472,14 @@ const FAMILIES: &[Want] = &[
         "histogram",
         2 * (QUEUE_BUCKETS.len() + 3),
         None,
+    ),
+    // Interactive and standard (batch had none) x admitted, refused, on
+    // both models.
+    (
+        "hivenet_class_requests_total",
+        "counter",
+        8,
+        Some(("class", "interactive", 2.0)),
     ),
     (
         "hivenet_shard_requests_total",

@@ -284,6 +284,8 @@ struct Run<'a> {
     last_backend: Option<ApiError>,
     /// Its priority class (the key's, or lower as its header asked).
     class: Class,
+    /// Sent to an agent at least once (counted admitted once).
+    sent: bool,
 }
 
 /// The decision machine's loop: it says what comes next (quota,
@@ -342,6 +344,7 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
         queue_depth: limits.queue_depth,
         last_backend: None,
         class,
+        sent: false,
     };
     // Cache affinity: the session key (header first, then the body's) and
     // the probe's marks, read by prefix-aware steps only.
@@ -405,6 +408,14 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                     }
                 }
                 record_refusal(shard, model, &d, &r, &p.principal);
+                if !matches!(r, Refusal::Routing(Rejection::ClientGone)) {
+                    let class = run.class;
+                    with_stats(shard, model, |s| {
+                        if let Some(n) = s.class_refused.get_mut(class.index()) {
+                            *n += 1;
+                        }
+                    });
+                }
                 if let Some(e) = run.last_backend.take().filter(|_| exhausted) {
                     // The backends' own answer, not a generic 503.
                     return respond::send_error(c, &e, p.head.keep_alive).await;
@@ -591,7 +602,8 @@ impl Run<'_> {
         affinity: Option<AffinityPick>,
     ) -> Option<bool> {
         let (shard, p) = (self.shard, self.p);
-        let _running = ClassRunning::start(shard, self.model, self.class);
+        let _running = ClassRunning::start(shard, self.model, self.class, !self.sent);
+        self.sent = true;
         if let Some(w) = waited {
             let class = self.class;
             with_stats(shard, self.model, |s| {
@@ -759,7 +771,7 @@ async fn wait_for_capacity(
         }
         // A request that would be served before the last waiter of a full
         // queue takes its place; the displaced waiter's wait ends (its
-        // sender dropped: it is refused as a queue timeout).
+        // sender dropped): refused as a full queue, as if it had come last.
         None => match queue.borrow_mut().push_displacing(w, depth, fair) {
             Ok((seq, displaced)) => {
                 drop(displaced);
@@ -780,7 +792,8 @@ async fn wait_for_capacity(
     futures::pin_mut!(timer);
     let end = match c.unless_gone(select(&mut rx, timer)).await {
         Some(Either::Left((Ok(()), _))) => WaitEnd::Woken,
-        Some(_) => WaitEnd::TimedOut,
+        Some(Either::Left((Err(_), _))) => WaitEnd::Refused,
+        Some(Either::Right(_)) => WaitEnd::TimedOut,
         None => WaitEnd::ClientGone,
     };
     if end != WaitEnd::Woken {
@@ -804,10 +817,14 @@ struct ClassRunning<'a> {
 }
 
 impl<'a> ClassRunning<'a> {
-    fn start(shard: &'a Shard, model: &'a str, class: Class) -> Self {
+    /// `first`: the request's first forward, counted admitted in its class.
+    fn start(shard: &'a Shard, model: &'a str, class: Class, first: bool) -> Self {
         if let Some(m) = shard.models.borrow_mut().get_mut(model) {
             if let Some(n) = m.running.get_mut(class.index()) {
                 *n += 1;
+            }
+            if let Some(n) = m.stats.class_admitted.get_mut(class.index()) {
+                *n += u64::from(first);
             }
         }
         ClassRunning {

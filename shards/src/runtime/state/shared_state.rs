@@ -434,7 +434,12 @@ impl SharedState {
         self.link.up.store(false, Ordering::Relaxed);
         self.errors.fetch_add(1, Ordering::Relaxed);
         if !*logged {
-            tracing::warn!(redis = %self.shown, "shared state unreachable: {e}; serving with the last copy, key changes refused until it returns");
+            let quotas = if self.link.fail_closed {
+                "quota-limited keys refused (429, --shared-state-failure-mode closed)"
+            } else {
+                "quotas on local limits, the usage charged when it returns (--shared-state-failure-mode open)"
+            };
+            tracing::warn!(redis = %self.shown, "shared state unreachable: {e}; serving with the last copy, key changes refused until it returns, {quotas}");
             *logged = true;
         }
         // No tight loop against a Redis that refuses at once.

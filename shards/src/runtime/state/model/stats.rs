@@ -245,6 +245,10 @@ pub struct ModelStats {
     /// Waits in the capacity queue that ended with a slot, by priority
     /// class (interactive, standard, batch).
     pub wait: [Histogram; 3],
+    /// Requests by priority class (interactive, standard, batch): sent to
+    /// an agent (once per request, retries not again), and refused.
+    pub class_admitted: [u64; 3],
+    pub class_refused: [u64; 3],
     /// Waiters now (filled at snapshot).
     pub queue_depth: usize,
     /// Client-visible duration of completed responses (first request byte
@@ -293,6 +297,12 @@ impl ModelStats {
         self.queue_depth += st.queue_depth;
         for (a, b) in self.wait.iter_mut().zip(&st.wait) {
             a.merge(b);
+        }
+        for (a, b) in self.class_admitted.iter_mut().zip(&st.class_admitted) {
+            *a += b;
+        }
+        for (a, b) in self.class_refused.iter_mut().zip(&st.class_refused) {
+            *a += b;
         }
         for (reason, n) in &st.connection_resets {
             *self.connection_resets.entry(reason).or_default() += n;
