@@ -519,8 +519,8 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
             if admitted + refused > 0
                 || *class == crate::logic::routing::wait_queue::Class::Standard
             {
-                f.series([m, &class.as_str(), &"admitted"], &admitted);
-                f.series([m, &class.as_str(), &"refused"], &refused);
+                f.series([m, &class.as_str(), &"admitted"], admitted);
+                f.series([m, &class.as_str(), &"refused"], refused);
             }
         }
     }
