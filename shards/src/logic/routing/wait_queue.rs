@@ -291,6 +291,23 @@ impl<T> WaitQueue<T> {
         Ok((place, displaced))
     }
 
+    /// A request of `who` that waited was served with `real` tokens (its
+    /// usage): its tenant's finish time in the class moves by what the
+    /// estimate (`who.cost`) missed, up or down (never below the class's
+    /// virtual time: a tenant is not owed service for its past), so
+    /// tenants are ordered by the tokens they really used.
+    pub fn true_up(&mut self, who: Fair, real: u64) {
+        let vtime = self.vtime.get(who.class.index()).copied().unwrap_or(0);
+        if let Some(f) = self.finish.get_mut(&(who.tenant, who.class)) {
+            let est = who.cost.max(1);
+            *f = if real >= est {
+                f.saturating_add(real - est).min(TAG_MAX)
+            } else {
+                f.saturating_sub(est - real).max(vtime)
+            };
+        }
+    }
+
     /// Put a waiter back at its original place (not bounded: it was admitted).
     pub fn requeue(&mut self, place: Place, item: T) {
         self.items.insert(place, item);
@@ -753,6 +770,46 @@ mod tests {
             }
             prop_assert!(pops < AGE_POPS);
         }
+    }
+
+    /// A tenant whose requests used far more than their estimate is
+    /// trued up: its next request waits behind another tenant's, where
+    /// the estimate alone would have put them level.
+    #[test]
+    fn real_usage_trues_up_the_tenant_order() {
+        let mut q = WaitQueue::default();
+        let heavy = fair(Class::Standard, 1, 100);
+        let light = fair(Class::Standard, 2, 100);
+        q.push_fair("h1", 10, heavy).expect("room");
+        q.push_fair("l1", 10, light).expect("room");
+        assert_eq!(q.pop_head().map(|(_, v)| v), Some("h1"));
+        // h1 really used 5,000 tokens (a long answer), l1 its estimate.
+        q.true_up(heavy, 5_000);
+        assert_eq!(q.pop_head().map(|(_, v)| v), Some("l1"));
+        q.true_up(light, 100);
+        q.push_fair("h2", 10, heavy).expect("room");
+        q.push_fair("l2", 10, light).expect("room");
+        q.push_fair("l3", 10, light).expect("room");
+        let order: Vec<&str> = std::iter::from_fn(|| q.pop_head().map(|(_, v)| v)).collect();
+        assert_eq!(
+            order,
+            vec!["l2", "l3", "h2"],
+            "without the true-up: h2 first"
+        );
+        // Used less than estimated: moved back (not below the virtual
+        // time), its next request level with a newcomer's and ahead by
+        // arrival.
+        let mut q = WaitQueue::default();
+        q.push_fair("a", 10, heavy).expect("room");
+        q.true_up(heavy, 0);
+        q.push_fair("a2", 10, heavy).expect("room");
+        q.push_fair("b", 10, light).expect("room");
+        let order: Vec<&str> = std::iter::from_fn(|| q.pop_head().map(|(_, v)| v)).collect();
+        assert_eq!(
+            order,
+            vec!["a", "a2", "b"],
+            "without the true-up: b before a2"
+        );
     }
 
     #[test]

@@ -286,6 +286,9 @@ struct Run<'a> {
     class: Class,
     /// Sent to an agent at least once (counted admitted once).
     sent: bool,
+    /// How it waited in the capacity queue, if it did: its tenant's
+    /// order is trued up with the real usage when it is served.
+    fair: Option<Fair>,
 }
 
 /// The decision machine's loop: it says what comes next (quota,
@@ -345,6 +348,7 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
         last_backend: None,
         class,
         sent: false,
+        fair: None,
     };
     // Cache affinity: the session key (header first, then the body's) and
     // the probe's marks, read by prefix-aware steps only.
@@ -396,6 +400,7 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                     tenant: xxhash_rust::xxh64::xxh64(p.principal.tenant().as_bytes(), 0),
                     cost: run.estimate.saturating_add(p.meta.declared_output),
                 };
+                run.fair = Some(fair);
                 let w = wait_for_capacity(shard, c, model, &mut d, at, (wake_first, prefer, fair))
                     .await;
                 d.wait_ended(w, clock::now());
@@ -651,6 +656,19 @@ impl Run<'_> {
         ) = (affinity.and_then(|a| a.hit), &outcome)
         {
             self.check_prediction(&agent, hit, t);
+        }
+        if let Outcome::Served {
+            tokens: Some(t), ..
+        } = &outcome
+        {
+            // Only a request that waited: an idle queue costs nothing.
+            if let Some(who) = self.fair.take() {
+                if let Some(m) = shard.models.borrow().get(self.model) {
+                    m.queue
+                        .borrow_mut()
+                        .true_up(who, t.input.saturating_add(t.output));
+                }
+            }
         }
         let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
         served(shard, c, p, &agent, &outcome, &mut self.admitted, self.llm);
