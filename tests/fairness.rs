@@ -54,6 +54,18 @@ fn one_slot(name: &str) -> One {
 /// A router in front of one engine with `capacity` slots, each request
 /// `ttft`, with `policy` if given and `extra` router flags.
 fn slots(name: &str, capacity: &str, policy: Option<&str>, ttft: &str, extra: &[&str]) -> One {
+    slots_env(name, capacity, policy, ttft, extra, &[])
+}
+
+/// [`slots`] with `env` for the router.
+fn slots_env(
+    name: &str,
+    capacity: &str,
+    policy: Option<&str>,
+    ttft: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> One {
     let dir = tmpdir(name);
     std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth.yaml");
     let mut args = vec!["--auth-config-file", "auth.yaml", "--shards", "1"];
@@ -62,7 +74,7 @@ fn slots(name: &str, capacity: &str, policy: Option<&str>, ttft: &str, extra: &[
         std::fs::write(dir.join("policy.yaml"), p).expect("policy");
         args.extend(["--policy-file", "policy.yaml"]);
     }
-    let r = start_router(&dir, &args, &[]);
+    let r = start_router(&dir, &args, env);
     let (sim, port) = start_sim(&dir, MODEL, &["--ttft", ttft]);
     let agent = start_agent(&dir, &r, port, "a.key", &["--capacity", capacity]);
     wait_until(
@@ -315,4 +327,54 @@ fn an_interactive_arrival_displaces_the_last_batch_waiter_only() {
     assert_eq!(count("batch", "refused"), 2.0);
     assert_eq!(count("interactive", "admitted"), 1.0);
     assert_eq!(count("interactive", "refused"), 0.0);
+}
+
+/// The admission park (B2, `max_inflight`) grants in the same order as
+/// the capacity queue: the engine has room for four, the policy admits
+/// one at a time, so the others park; a flooding tenant's five parked
+/// requests do not push the calm tenant's one behind them, and an
+/// interactive request goes before batch parked earlier.
+#[test]
+fn the_admission_park_is_fair_and_by_class() {
+    let f = slots_env(
+        "fair-park",
+        "4",
+        Some("max_inflight: 1\nrouting_policy:\n  strategy: least-loaded\n"),
+        "250ms",
+        &[],
+        &[("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT", "30s")],
+    );
+    let mut reqs = vec![("busy", chat("sk-flood", None))];
+    for l in ["f1", "f2", "f3", "f4", "f5"] {
+        reqs.push((l, chat("sk-flood", None)));
+    }
+    reqs.push(("batch", chat("sk-batch", None)));
+    reqs.push(("calm", chat("sk-calm", None)));
+    reqs.push(("int", chat("sk-int", None)));
+    let order = send_staggered(f.r.http, reqs);
+    assert!(order.iter().all(|(_, st, _)| *st == 200), "{order:?}");
+    let labels: Vec<&str> = order.iter().map(|(l, _, _)| *l).collect();
+    let pos = |l: &str| labels.iter().position(|x| *x == l).unwrap_or(usize::MAX);
+    // In arrival order calm would be 8th and int 9th.
+    assert!(
+        pos("int") <= 2,
+        "int served {}th: {labels:?}",
+        pos("int") + 1
+    );
+    assert!(
+        pos("calm") <= 3,
+        "calm served {}th: {labels:?}",
+        pos("calm") + 1
+    );
+    assert_eq!(labels.last(), Some(&"batch"), "{labels:?}");
+    // They parked (admission), not in the capacity queue.
+    let parked_waits = metric(
+        f.r.metrics,
+        &format!("hivenet_queue_wait_seconds_count{{model=\"{MODEL}\",class=\"standard\"}}"),
+    )
+    .unwrap_or(0.0);
+    assert_eq!(
+        parked_waits, 0.0,
+        "no capacity-queue wait: the park held them"
+    );
 }

@@ -10,10 +10,11 @@
 //! - [`TokenBucket`] is one key's ITPM or OTPM bucket.
 //! - [`learn`] updates a model's tokens-per-byte ratio from exact usage.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::policy::{AdmissionPolicy, Field, Mode};
+use super::wait_queue::{Fair, Place, WaitQueue};
 use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::link::engine_metrics::EngineSignals;
 
@@ -195,12 +196,15 @@ pub fn share_budget(p: &AdmissionPolicy, share: f64, replicas: u64) -> Option<u6
 }
 
 /// What a request asks of [`Occupancy`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Ask {
     /// Estimate + declared output.
     pub footprint: u64,
     /// The key and its occupancy budget, when a share applies.
     pub share: Option<(Arc<str>, u64)>,
+    /// Its class and tenant: parked requests are granted in the capacity
+    /// queue's order (class, then fair by tokens between tenants).
+    pub fair: Fair,
 }
 
 /// The answer to an [`Ask`].
@@ -242,14 +246,18 @@ struct Waiting {
 }
 
 /// One model's occupancy: the reservations in flight (their footprint sum
-/// and count, per key too) and the parked requests in arrival order.
+/// and count, per key too) and the parked requests, in the capacity
+/// queue's order: class, then fair by tokens between tenants, then arrival
+/// (a tenant that parks ten times its share waits behind the others).
 #[derive(Debug, Clone, Default)]
 pub struct Occupancy {
     sum: u64,
     count: u64,
     held: HashMap<u64, Held>,
     by_key: HashMap<Arc<str>, u64>,
-    parked: VecDeque<Waiting>,
+    parked: WaitQueue<Waiting>,
+    /// Parked ticket -> its place in `parked` (to cancel it).
+    places: HashMap<u64, Place>,
     next: u64,
     room: Room,
 }
@@ -342,17 +350,28 @@ impl Occupancy {
         }
         self.next += 1;
         let ticket = self.next;
-        self.parked.push_back(Waiting { ticket, ask });
-        Admit::Parked(ticket)
+        let fair = ask.fair;
+        match self
+            .parked
+            .push_fair(Waiting { ticket, ask }, usize::MAX, fair)
+        {
+            Ok(place) => {
+                self.places.insert(ticket, place);
+                Admit::Parked(ticket)
+            }
+            Err(_) => Admit::Full,
+        }
     }
 
     /// A parked request left (timeout, client gone): drop its ticket.
     /// Returns whether it was still parked, and what its leaving granted
     /// (a large head leaving can let smaller ones in).
     pub fn cancel(&mut self, ticket: u64) -> (bool, Vec<(u64, Grant)>) {
-        let before = self.parked.len();
-        self.parked.retain(|w| w.ticket != ticket);
-        let was = self.parked.len() != before;
+        let was = self
+            .places
+            .remove(&ticket)
+            .and_then(|place| self.parked.remove(place))
+            .is_some();
         (was, if was { self.drain() } else { Vec::new() })
     }
 
@@ -420,7 +439,7 @@ impl Occupancy {
     /// can never fit the current pool or its key's share is answered too.
     fn drain(&mut self) -> Vec<(u64, Grant)> {
         let mut out = Vec::new();
-        while let Some(head) = self.parked.front() {
+        while let Some((_, head)) = self.parked.head() {
             let fp = head.ask.footprint;
             let verdict = if self.too_large(fp) {
                 Some(Grant::TooLarge)
@@ -431,9 +450,10 @@ impl Occupancy {
             } else {
                 break;
             };
-            let Some(w) = self.parked.pop_front() else {
+            let Some((_, w)) = self.parked.pop_head() else {
                 break;
             };
+            self.places.remove(&w.ticket);
             let g = verdict.unwrap_or_else(|| Grant::Granted(self.reserve(w.ask)));
             out.push((w.ticket, g));
         }

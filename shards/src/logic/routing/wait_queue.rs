@@ -174,7 +174,7 @@ impl Prefer {
 }
 
 /// Waiters ordered by class, fair tag, arrival.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct WaitQueue<T> {
     items: BTreeMap<Place, T>,
     /// Arrival sequence -> (place, pops when it arrived): the oldest, for aging.
@@ -350,6 +350,15 @@ impl<T> WaitQueue<T> {
         let v = self.items.remove(&place)?;
         self.served(place, aged);
         Some((place, v))
+    }
+
+    /// The waiter [`WaitQueue::pop_head`] would take, left in place.
+    pub fn head(&self) -> Option<(Place, &T)> {
+        let p = match self.aged() {
+            Some(p) => p,
+            None => *self.items.keys().next()?,
+        };
+        self.items.get(&p).map(|v| (p, v))
     }
 
     /// The first waiter (an aged one first).

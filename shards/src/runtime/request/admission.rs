@@ -33,6 +33,8 @@ pub struct Request<'a> {
     pub images: u64,
     /// `HIVENET_ROUTER_ADMIT_FRACTION`.
     pub fraction: f64,
+    /// Its class and tenant (the park's order).
+    pub fair: crate::logic::routing::wait_queue::Fair,
 }
 
 /// Healthy agents of the model and the pressure of its pool.
@@ -87,6 +89,7 @@ pub async fn admit(
         let ask = Ask {
             footprint: admission::footprint(r.estimate, r.declared_output),
             share,
+            fair: r.fair,
         };
         let room = admission::room(p, r.fraction, replicas);
         // What a later recompute needs (no allocation: `shed_if` stays empty).

@@ -395,11 +395,7 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                 prefer,
             } => {
                 let at = (until, place, run.queue_depth);
-                let fair = Fair {
-                    class,
-                    tenant: xxhash_rust::xxh64::xxh64(p.principal.tenant().as_bytes(), 0),
-                    cost: run.estimate.saturating_add(p.meta.declared_output),
-                };
+                let fair = run.fair_of();
                 run.fair = Some(fair);
                 let w = wait_for_capacity(shard, c, model, &mut d, at, (wake_first, prefer, fair))
                     .await;
@@ -442,6 +438,16 @@ const STALE_SHARE: f64 = 0.25;
 // === impl Run ===
 
 impl Run<'_> {
+    /// Its place in a fair order (the capacity queue, the admission
+    /// park): class, tenant, and the tokens it is expected to use.
+    fn fair_of(&self) -> Fair {
+        Fair {
+            class: self.class,
+            tenant: xxhash_rust::xxh64::xxh64(self.p.principal.tenant().as_bytes(), 0),
+            cost: self.estimate.saturating_add(self.p.meta.declared_output),
+        }
+    }
+
     /// A key or prefix hit came back: did the engine's cache hold what
     /// the index predicted? An engine that reports no cached count tells
     /// nothing. Few cached tokens: the entry was stale, and the agent's
@@ -568,6 +574,7 @@ impl Run<'_> {
             declared_output: self.p.meta.declared_output,
             images: self.p.meta.images,
             fraction: self.shard.router.cfg.admit_fraction,
+            fair: self.fair_of(),
         };
         match admission::admit(self.shard, c, self.model, asked, park).await {
             Ok(a) => {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::logic::routing::policy::{Op, Rule};
+use crate::logic::routing::wait_queue::Fair;
 use proptest::prelude::*;
 
 fn policy(budget: u64, inflight: u64) -> AdmissionPolicy {
@@ -14,6 +15,7 @@ fn ask(fp: u64) -> Ask {
     Ask {
         footprint: fp,
         share: None,
+        fair: Fair::default(),
     }
 }
 
@@ -136,6 +138,62 @@ fn too_large_is_refused_at_once_full_parks_in_order() {
     assert_eq!(o.sum(), 60);
 }
 
+/// The park grants in the capacity queue's order (issue 32): an
+/// interactive request before batch parked earlier, and a tenant that
+/// parked five requests does not push another tenant's one behind all
+/// five.
+#[test]
+fn the_park_grants_by_class_then_fairly_between_tenants() {
+    use crate::logic::routing::wait_queue::Class;
+    let mut o = Occupancy::default();
+    let r = Room {
+        budget: None,
+        inflight: Some(1),
+    };
+    let who = |class, tenant| Ask {
+        footprint: 100,
+        share: None,
+        fair: Fair {
+            class,
+            tenant,
+            cost: 100,
+        },
+    };
+    let Admit::Granted(mut running) = o.admit(who(Class::Standard, 1), r, true) else {
+        panic!("first fits")
+    };
+    let mut tickets = Vec::new();
+    for (label, class, tenant) in [
+        ("batch", Class::Batch, 3),
+        ("f1", Class::Standard, 1),
+        ("f2", Class::Standard, 1),
+        ("f3", Class::Standard, 1),
+        ("f4", Class::Standard, 1),
+        ("f5", Class::Standard, 1),
+        ("calm", Class::Standard, 2),
+        ("int", Class::Interactive, 3),
+    ] {
+        let Admit::Parked(t) = o.admit(who(class, tenant), r, true) else {
+            panic!("{label} parks")
+        };
+        tickets.push((t, label));
+    }
+    let mut order = Vec::new();
+    while o.parked() > 0 {
+        let g = o.release(running).expect("held");
+        assert_eq!(g.len(), 1, "one slot: {g:?}");
+        let (t, Grant::Granted(id)) = g[0] else {
+            panic!("granted")
+        };
+        order.extend(tickets.iter().filter(|(x, _)| *x == t).map(|(_, l)| *l));
+        running = id;
+    }
+    assert_eq!(
+        order,
+        vec!["int", "f1", "calm", "f2", "f3", "f4", "f5", "batch"]
+    );
+}
+
 #[test]
 fn inflight_cap_and_room_growth() {
     let mut o = Occupancy::default();
@@ -189,6 +247,7 @@ fn share_never_waits_and_is_rechecked_at_grant() {
     let mine = |fp| Ask {
         footprint: fp,
         share: Some((k.clone(), 50)),
+        fair: Fair::default(),
     };
     let Admit::Granted(a) = o.admit(mine(40), r, true) else {
         panic!()
@@ -198,6 +257,7 @@ fn share_never_waits_and_is_rechecked_at_grant() {
     let other = Ask {
         footprint: 65,
         share: Some(("sk_b".into(), 70)),
+        fair: Fair::default(),
     };
     let Admit::Parked(tb) = o.admit(other, r, true) else {
         panic!("b parks: 40 + 65 > 100")
@@ -322,7 +382,7 @@ proptest! {
                 Op2::Admit { fp, key, park } => {
                     let share = (key > 0).then(|| (keys[key as usize].clone(), 150));
                     let before = o.sum();
-                    match o.admit(Ask { footprint: fp, share }, room, park) {
+                    match o.admit(Ask { footprint: fp, share, fair: Fair::default() }, room, park) {
                         Admit::Granted(id) => {
                             prop_assert!(room.budget.is_none_or(|b| before + fp <= b));
                             prop_assert!(room.inflight.is_none_or(|n| o.count() <= n));
