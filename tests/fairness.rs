@@ -378,3 +378,85 @@ fn the_admission_park_is_fair_and_by_class() {
         "no capacity-queue wait: the park held them"
     );
 }
+
+/// Requests held at zero are released in the fair order when the model
+/// wakes (issue 32): the interactive request held last is served first,
+/// and the calm tenant's one is not behind the flood's five. (The
+/// capacity queue alone would let the first held, f1, take the one slot.)
+#[test]
+fn held_requests_are_released_by_class_then_fairly() {
+    let dir = tmpdir("fair-hold");
+    std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth.yaml");
+    let admin = "test-admin-key";
+    let r = start_router(
+        &dir,
+        &[
+            "--auth-config-file",
+            "auth.yaml",
+            "--shards",
+            "1",
+            "--site-id",
+            "a",
+            "--wake-keepalive",
+            "0",
+        ],
+        &[("HIVENET_ROUTER_ADMIN_API_KEYS", admin)],
+    );
+    let map = format!(
+        r#"{{"version":"1","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{}"}}],"placements":[{{"site_id":"a","model":"{MODEL}","kind":"chat","scale_from_zero":true,"hold_budget":"60s"}}]}}"#,
+        r.http
+    );
+    let (st, b) = Req::new("PUT", "/admin/sibling-map")
+        .body(map.as_bytes())
+        .bearer(admin)
+        .send(r.http)
+        .map(Resp::pair)
+        .expect("push");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    let mut handles = Vec::new();
+    let reqs = [
+        ("f1", "sk-flood"),
+        ("f2", "sk-flood"),
+        ("f3", "sk-flood"),
+        ("f4", "sk-flood"),
+        ("f5", "sk-flood"),
+        ("batch", "sk-batch"),
+        ("calm", "sk-calm"),
+        ("int", "sk-int"),
+    ];
+    let http = r.http;
+    for (label, key) in reqs {
+        handles.push(std::thread::spawn(move || {
+            let st = chat(key, None).send(http).map(|r| r.status).unwrap_or(0);
+            (label, st, Instant::now())
+        }));
+        // Held in this order (the release must not follow it).
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            metric(
+                r.metrics,
+                &format!("hivenet_pending_demand{{model=\"{MODEL}\"}}"),
+            ) == Some(8.0)
+        },
+        "8 requests held",
+    );
+    let (_sim, port) = start_sim(&dir, MODEL, &["--ttft", "150ms"]);
+    let _agent = start_agent(&dir, &r, port, "a.key", &["--capacity", "1"]);
+    let mut order: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .collect();
+    order.sort_by_key(|(_, _, t)| *t);
+    assert!(order.iter().all(|(_, st, _)| *st == 200), "{order:?}");
+    let labels: Vec<&str> = order.iter().map(|(l, _, _)| *l).collect();
+    assert_eq!(labels.first(), Some(&"int"), "{labels:?}");
+    let pos = labels
+        .iter()
+        .position(|l| *l == "calm")
+        .unwrap_or(usize::MAX);
+    assert!(pos <= 2, "calm served {}th: {labels:?}", pos + 1);
+    assert_eq!(labels.last(), Some(&"batch"), "{labels:?}");
+}

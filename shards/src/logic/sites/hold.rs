@@ -340,5 +340,28 @@ pub fn late_error(
     out
 }
 
+/// The order held requests are released in when their model wakes,
+/// given each one's (class, tenant, estimated tokens) in arrival order:
+/// class first, then fair by tokens between tenants (each request's
+/// start is the tokens its tenant held before it in the class: a tenant
+/// that held ten requests does not push another's one behind all ten),
+/// then arrival. The capacity queue's order, for a backlog that arrives
+/// all at once.
+pub fn release_order(held: &[(crate::logic::routing::wait_queue::Class, u64, u64)]) -> Vec<usize> {
+    let mut before: HashMap<(crate::logic::routing::wait_queue::Class, u64), u64> = HashMap::new();
+    let mut keyed: Vec<(crate::logic::routing::wait_queue::Class, u64, usize)> = held
+        .iter()
+        .enumerate()
+        .map(|(i, &(class, tenant, cost))| {
+            let sum = before.entry((class, tenant)).or_default();
+            let start = *sum;
+            *sum = sum.saturating_add(cost.max(1));
+            (class, start, i)
+        })
+        .collect();
+    keyed.sort_unstable();
+    keyed.into_iter().map(|(_, _, i)| i).collect()
+}
+
 #[cfg(test)]
 mod tests;

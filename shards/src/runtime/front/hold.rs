@@ -17,11 +17,12 @@ use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::link::control::Capability;
 use crate::logic::routing::admission;
+use crate::logic::routing::wait_queue::{request_class, Class, Fair, PRIORITY_HEADER};
 use crate::logic::sites::hold::{self as pure, Ticket, Waking};
 use crate::logic::sites::Kind;
 use crate::logic::tenancy::quota;
 use crate::runtime::request::respond;
-use crate::runtime::state::hold_book::{DemandGuard, Release};
+use crate::runtime::state::hold_book::{DemandGuard, HeldWaiter, Release};
 use crate::runtime::state::pending::{Held, PendingRequest};
 use crate::runtime::state::scope::{Client, KeepAlive};
 use crate::runtime::state::shard::Shard;
@@ -99,7 +100,8 @@ pub async fn hold(
     // (issue 29 #9).
     p.body_permit.release();
     start_keepalives(shard, c, &p, started);
-    let waited = wait_for_wake(shard, c, &model, p.endpoint.capability(), until).await;
+    let fair = fair_of(&p);
+    let waited = wait_for_wake(shard, c, &model, (p.endpoint.capability(), fair), until).await;
     let (outcome, answer) = match waited {
         Waited::Owner(owner) => {
             drop(place);
@@ -282,6 +284,24 @@ fn start_keepalives(shard: &Shard, c: &mut Client, p: &PendingRequest, started: 
     });
 }
 
+/// Its class, tenant and estimated tokens: the release's order. (An
+/// invalid priority header is answered 400 once served; here it counts
+/// as the key's class.)
+fn fair_of(p: &PendingRequest) -> Fair {
+    let key_class = match &p.principal {
+        Principal::Key(k) => k.key.priority,
+        _ => Class::Standard,
+    };
+    Fair {
+        class: request_class(key_class, p.head.header(PRIORITY_HEADER)).unwrap_or(key_class),
+        tenant: xxhash_rust::xxh64::xxh64(p.principal.tenant().as_bytes(), 0),
+        cost: p
+            .meta
+            .estimate(COLD_TOKENS_PER_BYTE)
+            .saturating_add(p.meta.declared_output),
+    }
+}
+
 /// How a held request's wait ended.
 enum Waited {
     /// An agent registered: serve it on this shard.
@@ -303,7 +323,7 @@ async fn wait_for_wake(
     shard: &Shard,
     c: &mut Client,
     model: &str,
-    cap: Capability,
+    (cap, fair): (Capability, Fair),
     until: clock::Instant,
 ) -> Waited {
     use futures::future::{select, Either};
@@ -314,7 +334,7 @@ async fn wait_for_wake(
             .borrow_mut()
             .entry(model.to_string())
             .or_default()
-            .push(tx);
+            .push(HeldWaiter { tx, fair });
         // Registered between the owner check and now: no wait.
         if let Some(o) = shard.owner_with(model, cap) {
             return Waited::Owner(o);
@@ -343,8 +363,17 @@ async fn wait_for_wake(
 /// holds for it, in arrival order.
 pub fn wake(shard: &Shard, model: &str) {
     let waiters = shard.held.borrow_mut().remove(model).unwrap_or_default();
-    for tx in waiters {
-        let _ = tx.send(Release::Woken);
+    // Woken in the fair order: the first to run take the free slots,
+    // the others queue (fairly) in the capacity queue.
+    let who: Vec<_> = waiters
+        .iter()
+        .map(|w| (w.fair.class, w.fair.tenant, w.fair.cost))
+        .collect();
+    let mut waiters: Vec<Option<HeldWaiter>> = waiters.into_iter().map(Some).collect();
+    for i in pure::release_order(&who) {
+        if let Some(w) = waiters.get_mut(i).and_then(Option::take) {
+            let _ = w.tx.send(Release::Woken);
+        }
     }
 }
 
@@ -362,8 +391,8 @@ pub fn map_changed(shard: &Shard) {
         .any(|ep| holdable(shard, ep, &m).is_some());
         if !still {
             let waiters = shard.held.borrow_mut().remove(&m).unwrap_or_default();
-            for tx in waiters {
-                let _ = tx.send(Release::Unplaced);
+            for w in waiters {
+                let _ = w.tx.send(Release::Unplaced);
             }
         }
     }
@@ -373,8 +402,8 @@ pub fn map_changed(shard: &Shard) {
 pub fn shut_down(shard: &Shard) {
     let all: Vec<_> = shard.held.borrow_mut().drain().collect();
     for (_, waiters) in all {
-        for tx in waiters {
-            let _ = tx.send(Release::ShuttingDown);
+        for w in waiters {
+            let _ = w.tx.send(Release::ShuttingDown);
         }
     }
 }

@@ -28,6 +28,13 @@ pub enum Release {
     ShuttingDown,
 }
 
+/// A held request's waker, with what orders the release: its class,
+/// tenant (hashed) and estimated tokens.
+pub struct HeldWaiter {
+    pub tx: futures::channel::oneshot::Sender<Release>,
+    pub fair: crate::logic::routing::wait_queue::Fair,
+}
+
 /// The shard that holds every held request of a model: its `assigned`
 /// shard when it has had one, else a hash of its name over `shards`.
 pub fn hold_shard_of(assigned: Option<usize>, model: &str, shards: usize) -> usize {

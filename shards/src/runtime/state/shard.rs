@@ -78,8 +78,7 @@ pub struct Shard {
     auth: Cached<AuthState>,
     sites: Cached<super::router::Sites>,
     /// Requests held here at zero, by model, in arrival order.
-    pub held:
-        RefCell<HashMap<String, Vec<futures::channel::oneshot::Sender<super::hold_book::Release>>>>,
+    pub held: RefCell<HashMap<String, Vec<super::hold_book::HeldWaiter>>>,
     /// `hivenet_redirects_total{model,target_site}` of redirects answered here.
     pub redirects: RefCell<std::collections::BTreeMap<(String, String), u64>>,
     /// `http_server_request_duration_seconds` of the requests answered here.
