@@ -49,6 +49,8 @@ SIM_ARGS = (["--ttft", "1s", "--itl", "20ms"] if LIGHT else ["--ttft", "100ms", 
 MIN_SHARE = os.environ.get("MIN_SHARE", "")
 CALM_RATE, FLOOD_RATE, INT_RATE, BATCH_CONNS = ("4", "60", "2", "64") if LIGHT else ("30", "440", "10", "96")
 OUT = os.environ.get("OUT", "")
+# PHASES="flood classes": only those (default all three).
+PHASES = os.environ.get("PHASES", "flood classes jain").split()
 ADMIN = "bench-admin"
 MODEL = "sim-model"
 TENANTS = {"calm1": "standard", "calm2": "standard", "calm3": "standard", "flood": "standard",
@@ -147,6 +149,8 @@ def p99(r):
 def run_build(label, router_bin, root):
     rows = {}
     # 1. flood
+    if "flood" not in PHASES:
+        return run_rest(label, router_bin, root, rows)
     s = Setup(router_bin, os.path.join(root, f"{label}-flood"))
     try:
         calm = [(f"calm{i}", ["--rate", CALM_RATE]) for i in (1, 2, 3)]
@@ -155,7 +159,13 @@ def run_build(label, router_bin, root):
     finally:
         s.stop()
     rows["flood"] = (alone, flood)
+    return run_rest(label, router_bin, root, rows)
+
+
+def run_rest(label, router_bin, root, rows):
     # 2. classes
+    if "classes" not in PHASES:
+        return run_jain(label, router_bin, root, rows)
     s = Setup(router_bin, os.path.join(root, f"{label}-classes"))
     try:
         ialone = s.load("int-alone", [("int", ["--rate", INT_RATE])])
@@ -164,7 +174,13 @@ def run_build(label, router_bin, root):
     finally:
         s.stop()
     rows["classes"] = (ialone, mixed, wait)
+    return run_jain(label, router_bin, root, rows)
+
+
+def run_jain(label, router_bin, root, rows):
     # 3. jain
+    if "jain" not in PHASES:
+        return rows
     s = Setup(router_bin, os.path.join(root, f"{label}-jain"), ["--queue-depth", "1000"])
     try:
         conns = [8, 12, 16, 24, 32, 48, 64, 96]
@@ -188,6 +204,8 @@ def main():
               "| build | calm tenant | p99 first event alone ms | with the flood ms | ratio | flood served / sent |",
               "|---|---|---|---|---|---|"]
     for label, r in results.items():
+        if "flood" not in r:
+            continue
         alone, flood = r["flood"]
         for t in ("calm1", "calm2", "calm3"):
             a, w = p99(alone[t]), p99(flood[t])
@@ -197,6 +215,8 @@ def main():
               "| build | interactive p99 first event alone ms | with batch ms | its queue wait p99 (bucket bound) | "
               "batch served req/s | interactive errors |", "|---|---|---|---|---|---|"]
     for label, r in results.items():
+        if "classes" not in r:
+            continue
         ialone, mixed, (wb, n) = r["classes"]
         lines.append(f"| {label} | {p99(ialone['int']):.0f} | {p99(mixed['int']):.0f} | "
                      f"{'<= %.0f ms' % (wb * 1000) if wb is not None else 'n/a'} ({n} waits) | "
@@ -204,6 +224,8 @@ def main():
     lines += ["", "## 3. Eight backlogged tenants, unequal demand", "",
               "| build | connections | requests served | Jain's index |", "|---|---|---|---|"]
     for label, r in results.items():
+        if "jain" not in r:
+            continue
         conns, served, jain = r["jain"]
         lines.append(f"| {label} | {conns} | {served} | {jain:.3f} |")
     text = "\n".join(lines) + "\n"
@@ -211,7 +233,8 @@ def main():
     print("work:", root)
     if OUT:
         os.makedirs(OUT, exist_ok=True)
-        name = ("summary-light" if LIGHT else "summary") + ("-min-share" if MIN_SHARE else "") + ".md"
+        name = ("summary-light" if LIGHT else "summary") + ("-min-share" if MIN_SHARE else "") \
+            + os.environ.get("SUFFIX", "") + ".md"
         with open(os.path.join(OUT, name), "w") as f:
             f.write(text)
 
