@@ -163,6 +163,24 @@ fn a_flooding_tenant_does_not_push_another_behind_all_its_requests() {
     // First come first served would make it last (7th); fair by tokens,
     // it goes right after the flood's first queued request.
     assert!(pos <= 2, "calm served {}th: {:?}", pos + 1, order);
+    // The waits per tenant: the flood's five, calm's one, and calm's
+    // summed wait below the flood's.
+    let text = metrics_text(f.r.metrics);
+    let per_tenant = |family: &str, tenant: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(family) && l.contains(&format!("tenant_id=\"{tenant}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(
+        per_tenant("hivenet_tenant_queue_waits_total{", "flood"),
+        5.0,
+        "{text}"
+    );
+    assert_eq!(per_tenant("hivenet_tenant_queue_waits_total{", "calm"), 1.0);
+    let calm = per_tenant("hivenet_tenant_queue_wait_seconds_total{", "calm");
+    let flood = per_tenant("hivenet_tenant_queue_wait_seconds_total{", "flood");
+    assert!(calm > 0.0 && calm < flood, "calm {calm} s, flood {flood} s");
 }
 
 #[test]

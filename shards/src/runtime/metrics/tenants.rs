@@ -121,6 +121,32 @@ fn render_usage(o: &mut String, by: &BTreeMap<TenantKey, TenantStats>) {
             f.series([t, k, &"unset", m], get(ts));
         }
     }
+    // Fairness per tenant (issue 32): its mean wait is the ratio of the
+    // two rates. Only the (tenant, key, model)s that waited.
+    let mut f = Family::new(
+        o,
+        "hivenet_tenant_queue_waits_total",
+        Counter,
+        "Requests that waited in the capacity queue for a slot.",
+        USAGE_LABELS,
+    );
+    for ((t, k, m), ts) in by {
+        if ts.queue_waits > 0 {
+            f.series([t, k, &"unset", m], ts.queue_waits);
+        }
+    }
+    let mut f = Family::new(
+        o,
+        "hivenet_tenant_queue_wait_seconds_total",
+        Counter,
+        "Their waits in the capacity queue, summed.",
+        USAGE_LABELS,
+    );
+    for ((t, k, m), ts) in by {
+        if ts.queue_waits > 0 {
+            f.series([t, k, &"unset", m], ts.queue_wait_us as f64 / 1e6);
+        }
+    }
 }
 
 /// The per (tenant, key, model) duration histogram.

@@ -185,6 +185,8 @@ fn tenants_rendered() -> String {
                 output_tokens: 9,
                 rate_limited: 2,
                 token_limited: 1,
+                queue_waits: 2,
+                queue_wait_us: 1_500_000,
                 last_request: 1_700_000_000,
                 ..Default::default()
             };
@@ -676,6 +678,18 @@ const FAMILIES: &[Want] = &[
         "counter",
         2,
         Some(("model", "m1", 9.0)),
+    ),
+    (
+        "hivenet_tenant_queue_waits_total",
+        "counter",
+        2,
+        Some(("model", "m1", 2.0)),
+    ),
+    (
+        "hivenet_tenant_queue_wait_seconds_total",
+        "counter",
+        2,
+        Some(("model", "m1", 1.5)),
     ),
     (
         "hivenet_tenant_rate_limited_total",

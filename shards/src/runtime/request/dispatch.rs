@@ -618,8 +618,13 @@ impl Run<'_> {
         self.sent = true;
         if let Some(w) = waited {
             let class = self.class;
+            let (tenant, key) = p.principal.names();
             with_stats(shard, self.model, |s| {
-                s.observe_wait(class, w.as_secs_f64())
+                s.observe_wait(class, w.as_secs_f64());
+                if let Some(t) = s.tenant(tenant, key) {
+                    t.queue_waits += 1;
+                    t.queue_wait_us += u64::try_from(w.as_micros()).unwrap_or(u64::MAX);
+                }
             });
         }
         // A slot on an agent: a released request leaves the pending demand.

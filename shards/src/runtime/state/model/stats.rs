@@ -209,6 +209,10 @@ pub struct TenantStats {
     pub rate_limited: u64,
     /// Refused by the daily token budget.
     pub token_limited: u64,
+    /// Requests that waited in the capacity queue for a slot, and their
+    /// waits summed (microseconds).
+    pub queue_waits: u64,
+    pub queue_wait_us: u64,
     /// Client-visible duration of successful responses, at their end.
     pub duration: Histogram,
     /// Unix seconds of the last request.
@@ -224,6 +228,8 @@ impl TenantStats {
         self.output_tokens += ts.output_tokens;
         self.rate_limited += ts.rate_limited;
         self.token_limited += ts.token_limited;
+        self.queue_waits += ts.queue_waits;
+        self.queue_wait_us += ts.queue_wait_us;
         self.duration.merge(&ts.duration);
         self.last_request = self.last_request.max(ts.last_request);
     }
