@@ -44,11 +44,15 @@ DUR = int(os.environ.get("DUR", "20"))
 # machine's two cores to the router: what is measured is the queue.
 LIGHT = os.environ.get("LIGHT", "0") == "1"
 SIM_ARGS = (["--ttft", "1s", "--itl", "20ms"] if LIGHT else ["--ttft", "100ms", "--itl", "5ms"]) + \
-    ["--output-tokens", "16", "--threads", "2"]
+    ["--output-tokens", "256", "--threads", "2"]  # each request's max_tokens decides (MAX_TOKENS)
 # MIN_SHARE="interactive: 0.1": this build runs with that policy's min_share.
 MIN_SHARE = os.environ.get("MIN_SHARE", "")
 CALM_RATE, FLOOD_RATE, INT_RATE, BATCH_CONNS = ("4", "60", "2", "64") if LIGHT else ("30", "440", "10", "96")
 OUT = os.environ.get("OUT", "")
+# MAX_TOKENS="4-64": each request's max_tokens drawn in that range (the sim
+# answers that many tokens), so service times vary as a real engine's do
+# (default 16: every request the same).
+MAX_TOKENS = os.environ.get("MAX_TOKENS", "16")
 # PHASES="flood classes": only those (default all three).
 PHASES = os.environ.get("PHASES", "flood classes jain").split()
 ADMIN = "bench-admin"
@@ -127,7 +131,7 @@ class Setup:
         for tenant, args in specs:
             out = os.path.join(self.work, f"{name}-{tenant}.json")
             p = subprocess.Popen([os.path.join(BIN, "hivenet-bench"), "--url", f"http://127.0.0.1:{self.http}",
-                                  "--model", MODEL, "--stream", "--max-tokens", "16", "--quiet",
+                                  "--model", MODEL, "--stream", "--max-tokens", MAX_TOKENS, "--quiet",
                                   "--duration", f"{DUR}s", "--api-key", f"sk-{tenant}", "--out", out] + args,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             procs.append((tenant, out, p))
