@@ -446,7 +446,7 @@ fn build() -> Result<Startup, String> {
     };
     let policies = hivenet_router::policy_files::load(&policy_sources)?;
     cfg.providers =
-        shards::runtime::request::provider::Providers::from_env(|k| std::env::var(k).ok())?;
+        shards::runtime::state::providers::Providers::from_env(|k| std::env::var(k).ok())?;
     cfg.providers
         .check(&policies)
         .map_err(|e| format!("policy: {e}"))?;

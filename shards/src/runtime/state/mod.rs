@@ -14,6 +14,7 @@ pub mod hold_book;
 pub mod mesh;
 pub mod model;
 pub mod pending;
+pub mod providers;
 pub mod router;
 pub mod scope;
 pub mod shard;

@@ -48,7 +48,7 @@ pub struct RouterConfig {
     /// (`--stream-idle-timeout`): then it is cut with an error event.
     pub stream_idle_timeout: Duration,
     /// Fallback providers' accounts (spec 04 §7).
-    pub providers: crate::runtime::request::provider::Providers,
+    pub providers: super::providers::Providers,
     /// An agent whose control stream stays silent this long is removed
     /// and its link closed (`--remove-after`).
     pub remove_after: Duration,
