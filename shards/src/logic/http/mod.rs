@@ -5,6 +5,7 @@
 //! responses and SSE), [`endpoint`], [`inline_str`].
 
 pub mod chunked;
+pub mod continuation;
 pub mod endpoint;
 pub mod errors;
 pub mod http_parse;

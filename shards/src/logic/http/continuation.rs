@@ -1,0 +1,358 @@
+//! Stream continuation (issue 33), pure: the parts that let a stream cut
+//! by a dying agent go on exactly on another one. Nothing here is wired
+//! into the request path yet.
+//!
+//! - [`eligible`]: whether a request may be continued at all (streamed
+//!   chat or messages, plain text: no tools, logprobs, several choices
+//!   or images).
+//! - [`prefill_for`]: how an engine continues a final assistant message
+//!   (vLLM and SGLang: `continue_final_message` with
+//!   `add_generation_prompt: false`; llama.cpp: an assistant message last
+//!   is a prefill by default); other engines cannot, and are refused.
+//! - [`Transcript`]: what the client has received so far, fed the relayed
+//!   SSE bytes: the response ID, the text delivered, how many content
+//!   deltas, whether the stream ended.
+//! - [`continuation_body`]: the request to send to the next agent: the
+//!   original messages plus the delivered text as the assistant message
+//!   to continue, `max_tokens` reduced by what was produced.
+//! - [`Splice`]: the continuation's events made part of the first stream:
+//!   its opening events dropped (the role and the message start were
+//!   already sent), its ID replaced by the first one's.
+
+use serde_json::{Map, Value};
+
+/// The client's API of the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `POST /v1/chat/completions`.
+    OpenAi,
+    /// `POST /v1/messages`.
+    Anthropic,
+}
+
+/// How an engine continues a final assistant message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefill {
+    /// vLLM, SGLang: `continue_final_message: true` and
+    /// `add_generation_prompt: false`.
+    ContinueFinalMessage,
+    /// llama.cpp: an assistant message last is continued as it is.
+    LastAssistant,
+}
+
+/// Why a stream cannot be continued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    NotStreamed,
+    Tools,
+    Logprobs,
+    SeveralChoices,
+    Images,
+    /// The engine has no way to continue an assistant message.
+    Engine,
+    /// The stream carried something other than text (a tool call).
+    NotText,
+    /// The request body is not a JSON object.
+    Malformed,
+}
+
+impl Refusal {
+    /// The `outcome` label of `hivenet_stream_migrations_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::NotStreamed => "not_streamed",
+            Refusal::Tools => "tools",
+            Refusal::Logprobs => "logprobs",
+            Refusal::SeveralChoices => "several_choices",
+            Refusal::Images => "images",
+            Refusal::Engine => "engine_cannot_continue",
+            Refusal::NotText => "not_text",
+            Refusal::Malformed => "malformed",
+        }
+    }
+}
+
+/// How `engine` (its registered name) continues an assistant message;
+/// `None`: it cannot (Ollama's and other OpenAI-compatible servers'
+/// chat endpoints start a new turn after one).
+pub fn prefill_for(engine: &str) -> Option<Prefill> {
+    match engine {
+        "vllm" | "sglang" => Some(Prefill::ContinueFinalMessage),
+        "llamacpp" | "llama.cpp" | "llama-cpp" => Some(Prefill::LastAssistant),
+        _ => None,
+    }
+}
+
+/// Whether the request `body` of `api` may be continued.
+pub fn eligible(api: Api, body: &[u8]) -> Result<(), Refusal> {
+    let v: Value = serde_json::from_slice(body).map_err(|_| Refusal::Malformed)?;
+    let o = v.as_object().ok_or(Refusal::Malformed)?;
+    if o.get("stream").and_then(Value::as_bool) != Some(true) {
+        return Err(Refusal::NotStreamed);
+    }
+    let non_empty = |k: &str| match o.get(k) {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    };
+    if non_empty("tools") || non_empty("functions") {
+        return Err(Refusal::Tools);
+    }
+    if o.get("logprobs").and_then(Value::as_bool) == Some(true) || non_empty("top_logprobs") {
+        return Err(Refusal::Logprobs);
+    }
+    if o.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
+        return Err(Refusal::SeveralChoices);
+    }
+    let images = o
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get("content").and_then(Value::as_array))
+        .flatten()
+        .any(|part| {
+            let t = part.get("type").and_then(Value::as_str).unwrap_or("");
+            t != "text"
+        });
+    if images {
+        return Err(Refusal::Images);
+    }
+    // Both APIs name these fields alike; `api` is kept for the fields
+    // one of them may add.
+    let _ = api;
+    Ok(())
+}
+
+/// What the client received of a stream, fed its SSE bytes.
+#[derive(Debug, Default, Clone)]
+pub struct Transcript {
+    line: Vec<u8>,
+    /// The response ID of the first event that had one.
+    pub id: Option<String>,
+    /// The assistant text delivered.
+    pub text: String,
+    /// Content deltas delivered (the produced-token count when the
+    /// engine reported no usage before the cut: one token per delta).
+    pub deltas: u64,
+    /// The stream reached its final event.
+    pub done: bool,
+    /// Something other than text was streamed (a tool call).
+    pub not_text: bool,
+}
+
+/// Longest SSE line examined (a longer one makes the stream not text).
+const MAX_LINE: usize = 256 * 1024;
+
+impl Transcript {
+    /// Feed decoded body bytes of `api`'s stream.
+    pub fn feed(&mut self, api: Api, data: &[u8]) {
+        for b in data {
+            if *b == b'\n' {
+                let line = std::mem::take(&mut self.line);
+                self.line_done(api, &line);
+            } else if self.line.len() < MAX_LINE {
+                self.line.push(*b);
+            } else {
+                self.not_text = true;
+            }
+        }
+    }
+
+    fn line_done(&mut self, api: Api, line: &[u8]) {
+        let Some(rest) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        let rest = rest.trim_ascii();
+        if rest == b"[DONE]" {
+            self.done = true;
+            return;
+        }
+        let Ok(v) = serde_json::from_slice::<Value>(rest) else {
+            return;
+        };
+        if self.id.is_none() {
+            let id = match api {
+                Api::OpenAi => v.get("id"),
+                Api::Anthropic => v.get("message").and_then(|m| m.get("id")),
+            };
+            self.id = id.and_then(Value::as_str).map(str::to_string);
+        }
+        match api {
+            Api::OpenAi => {
+                let Some(choice) = v.get("choices").and_then(|c| c.get(0)) else {
+                    return;
+                };
+                let delta = choice.get("delta");
+                if delta.and_then(|d| d.get("tool_calls")).is_some()
+                    || delta.and_then(|d| d.get("function_call")).is_some()
+                {
+                    self.not_text = true;
+                }
+                if let Some(t) = delta.and_then(|d| d.get("content")).and_then(Value::as_str) {
+                    if !t.is_empty() {
+                        self.text.push_str(t);
+                        self.deltas += 1;
+                    }
+                }
+                if choice.get("finish_reason").is_some_and(|f| !f.is_null()) {
+                    self.done = true;
+                }
+            }
+            Api::Anthropic => match v.get("type").and_then(Value::as_str) {
+                Some("content_block_start") => {
+                    let kind = v
+                        .get("content_block")
+                        .and_then(|b| b.get("type"))
+                        .and_then(Value::as_str);
+                    if kind != Some("text") {
+                        self.not_text = true;
+                    }
+                }
+                Some("content_block_delta") => {
+                    let d = v.get("delta");
+                    match d.and_then(|d| d.get("type")).and_then(Value::as_str) {
+                        Some("text_delta") => {
+                            if let Some(t) = d.and_then(|d| d.get("text")).and_then(Value::as_str) {
+                                if !t.is_empty() {
+                                    self.text.push_str(t);
+                                    self.deltas += 1;
+                                }
+                            }
+                        }
+                        _ => self.not_text = true,
+                    }
+                }
+                Some("message_stop") => self.done = true,
+                _ => {}
+            },
+        }
+    }
+}
+
+/// The request that continues `body` (of `api`) on an engine continuing
+/// as `prefill` says, after `delivered` text that took `produced` tokens:
+/// the delivered text as the final assistant message, the output limit
+/// reduced by `produced` (at least 1).
+pub fn continuation_body(
+    api: Api,
+    body: &[u8],
+    prefill: Prefill,
+    delivered: &str,
+    produced: u64,
+) -> Result<Vec<u8>, Refusal> {
+    let mut v: Value = serde_json::from_slice(body).map_err(|_| Refusal::Malformed)?;
+    let o = v.as_object_mut().ok_or(Refusal::Malformed)?;
+    let messages = o
+        .get_mut("messages")
+        .and_then(Value::as_array_mut)
+        .ok_or(Refusal::Malformed)?;
+    let mut m = Map::new();
+    m.insert("role".into(), Value::from("assistant"));
+    m.insert("content".into(), Value::from(delivered));
+    messages.push(Value::Object(m));
+    for key in ["max_tokens", "max_completion_tokens"] {
+        if let Some(n) = o.get(key).and_then(Value::as_u64) {
+            o.insert(key.into(), Value::from(n.saturating_sub(produced).max(1)));
+        }
+    }
+    if api == Api::OpenAi && prefill == Prefill::ContinueFinalMessage {
+        o.insert("continue_final_message".into(), Value::from(true));
+        o.insert("add_generation_prompt".into(), Value::from(false));
+    }
+    serde_json::to_vec(&v).map_err(|_| Refusal::Malformed)
+}
+
+/// The continuation's stream made part of the first one: its opening
+/// events are dropped and its response ID is the first one's.
+#[derive(Debug, Clone)]
+pub struct Splice {
+    api: Api,
+    id: Option<String>,
+    line: Vec<u8>,
+}
+
+impl Splice {
+    /// Splice into a stream of `api` whose ID was `id`.
+    pub fn new(api: Api, id: Option<String>) -> Self {
+        Splice {
+            api,
+            id,
+            line: Vec::new(),
+        }
+    }
+
+    /// Feed the continuation's decoded body bytes; returns the bytes to
+    /// relay to the client (whole SSE lines; a partial line waits for its
+    /// end).
+    pub fn feed(&mut self, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for b in data {
+            self.line.push(*b);
+            if *b == b'\n' {
+                let line = std::mem::take(&mut self.line);
+                self.line_done(&line, &mut out);
+            }
+        }
+        out
+    }
+
+    fn line_done(&mut self, line: &[u8], out: &mut Vec<u8>) {
+        let Some(rest) = line.strip_prefix(b"data:") else {
+            // `event:` lines of a dropped event are dropped with it (an
+            // Anthropic event's name precedes its data).
+            if !line.starts_with(b"event:") {
+                out.extend_from_slice(line);
+            }
+            return;
+        };
+        let payload = rest.trim_ascii();
+        let Ok(mut v) = serde_json::from_slice::<Value>(payload) else {
+            out.extend_from_slice(line);
+            return;
+        };
+        let keep = match self.api {
+            Api::OpenAi => {
+                let delta = v
+                    .get("choices")
+                    .and_then(|c| c.get(0))
+                    .and_then(|c| c.get("delta"));
+                let content = delta
+                    .and_then(|d| d.get("content"))
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| !t.is_empty());
+                let finish = v
+                    .get("choices")
+                    .and_then(|c| c.get(0))
+                    .and_then(|c| c.get("finish_reason"))
+                    .is_some_and(|f| !f.is_null());
+                let usage = v.get("usage").is_some_and(|u| !u.is_null());
+                // The opening role-only delta was sent by the first part.
+                content || finish || usage
+            }
+            Api::Anthropic => !matches!(
+                v.get("type").and_then(Value::as_str),
+                Some("message_start") | Some("content_block_start") | Some("ping")
+            ),
+        };
+        if !keep {
+            return;
+        }
+        if let (Some(id), Api::OpenAi) = (&self.id, self.api) {
+            if let Some(o) = v.as_object_mut() {
+                o.insert("id".into(), Value::from(id.as_str()));
+            }
+        }
+        if let Api::Anthropic = self.api {
+            if let Some(name) = v.get("type").and_then(Value::as_str) {
+                out.extend_from_slice(format!("event: {name}\n").as_bytes());
+            }
+        }
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(&serde_json::to_vec(&v).unwrap_or_default());
+        out.push(b'\n');
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,188 @@
+use super::*;
+use proptest::prelude::*;
+
+fn chunk(id: &str, delta: &str, finish: Option<&str>) -> String {
+    let f = finish.map_or("null".to_string(), |f| format!("\"{f}\""));
+    format!(
+        "data: {{\"id\":\"{id}\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{f}}}]}}\n\n"
+    )
+}
+
+/// An OpenAI stream of `id` that says `pieces`, from its role delta to
+/// `[DONE]` (`end`: with its final chunk).
+fn openai_stream(id: &str, pieces: &[&str], end: bool) -> String {
+    let mut s = chunk(id, r#"{"role":"assistant","content":""}"#, None);
+    for p in pieces {
+        let text = serde_json::to_string(p).unwrap_or_default();
+        s += &chunk(id, &format!("{{\"content\":{text}}}"), None);
+    }
+    if end {
+        s += &chunk(id, "{}", Some("stop"));
+        s += "data: [DONE]\n\n";
+    }
+    s
+}
+
+#[test]
+fn only_plain_text_streams_are_eligible() {
+    let ok =
+        br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}],"tools":[]}"#;
+    assert_eq!(eligible(Api::OpenAi, ok), Ok(()));
+    let text_parts =
+        br#"{"stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#;
+    assert_eq!(eligible(Api::Anthropic, text_parts), Ok(()));
+    let cases: [(&[u8], Refusal); 7] = [
+        (br#"{"messages":[]}"#, Refusal::NotStreamed),
+        (br#"{"stream":true,"messages":[],"tools":[{"type":"function"}]}"#, Refusal::Tools),
+        (br#"{"stream":true,"messages":[],"logprobs":true}"#, Refusal::Logprobs),
+        (br#"{"stream":true,"messages":[],"n":2}"#, Refusal::SeveralChoices),
+        (
+            br#"{"stream":true,"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}"#,
+            Refusal::Images,
+        ),
+        (b"not json", Refusal::Malformed),
+        (b"[1]", Refusal::Malformed),
+    ];
+    for (body, want) in cases {
+        assert_eq!(
+            eligible(Api::OpenAi, body),
+            Err(want),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+    }
+}
+
+#[test]
+fn engines_say_how_they_continue() {
+    assert_eq!(prefill_for("vllm"), Some(Prefill::ContinueFinalMessage));
+    assert_eq!(prefill_for("sglang"), Some(Prefill::ContinueFinalMessage));
+    assert_eq!(prefill_for("llamacpp"), Some(Prefill::LastAssistant));
+    assert_eq!(prefill_for("ollama"), None);
+    assert_eq!(prefill_for("openai"), None);
+    assert_eq!(Refusal::Engine.label(), "engine_cannot_continue");
+}
+
+#[test]
+fn the_transcript_keeps_the_id_the_text_and_the_end() {
+    let mut t = Transcript::default();
+    t.feed(
+        Api::OpenAi,
+        openai_stream("chatcmpl-1", &["Hel", "lo", " \"world\""], false).as_bytes(),
+    );
+    assert_eq!(t.id.as_deref(), Some("chatcmpl-1"));
+    assert_eq!(t.text, "Hello \"world\"");
+    assert_eq!((t.deltas, t.done, t.not_text), (3, false, false));
+    t.feed(Api::OpenAi, b"data: [DONE]\n\n");
+    assert!(t.done);
+    let mut tool = Transcript::default();
+    tool.feed(
+        Api::OpenAi,
+        chunk(
+            "c",
+            r#"{"tool_calls":[{"index":0,"function":{"name":"f"}}]}"#,
+            None,
+        )
+        .as_bytes(),
+    );
+    assert!(tool.not_text);
+    let anthropic = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"role\":\"assistant\"}}\n\n\
+event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n";
+    let mut a = Transcript::default();
+    a.feed(Api::Anthropic, anthropic.as_bytes());
+    assert_eq!(
+        (a.id.as_deref(), a.text.as_str(), a.deltas),
+        (Some("msg_1"), "Hi", 1)
+    );
+    a.feed(
+        Api::Anthropic,
+        b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    );
+    assert!(a.done && !a.not_text);
+    let mut a_tool = Transcript::default();
+    a_tool.feed(
+        Api::Anthropic,
+        b"data: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\"}}\n",
+    );
+    assert!(a_tool.not_text);
+}
+
+#[test]
+fn the_continuation_asks_for_the_rest_only() {
+    let body = br#"{"model":"m","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"count"}]}"#;
+    let vllm = continuation_body(Api::OpenAi, body, Prefill::ContinueFinalMessage, "1, 2,", 4)
+        .expect("body");
+    let v: Value = serde_json::from_slice(&vllm).expect("json");
+    assert_eq!(v["messages"][1]["role"], "assistant");
+    assert_eq!(v["messages"][1]["content"], "1, 2,");
+    assert_eq!(v["max_tokens"], 96);
+    assert_eq!(v["continue_final_message"], true);
+    assert_eq!(v["add_generation_prompt"], false);
+    let llama =
+        continuation_body(Api::OpenAi, body, Prefill::LastAssistant, "x", 500).expect("body");
+    let v: Value = serde_json::from_slice(&llama).expect("json");
+    assert_eq!(v["max_tokens"], 1, "never 0");
+    assert!(v.get("continue_final_message").is_none());
+    assert_eq!(
+        continuation_body(Api::OpenAi, b"{}", Prefill::LastAssistant, "x", 1),
+        Err(Refusal::Malformed)
+    );
+}
+
+#[test]
+fn the_splice_drops_the_opening_and_keeps_the_first_id() {
+    let mut s = Splice::new(Api::OpenAi, Some("chatcmpl-first".into()));
+    let out = s.feed(openai_stream("chatcmpl-second", &[" 3,", " 4"], true).as_bytes());
+    let text = String::from_utf8(out).expect("utf8");
+    assert!(!text.contains("\"role\""), "{text}");
+    assert!(!text.contains("chatcmpl-second"), "{text}");
+    assert_eq!(text.matches("chatcmpl-first").count(), 3, "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let mut a = Splice::new(Api::Anthropic, None);
+    let out = a.feed(
+        b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_2\"}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"!\"}}\n\n",
+    );
+    let text = String::from_utf8(out).expect("utf8");
+    assert!(!text.contains("message_start"), "{text}");
+    assert!(
+        text.contains("event: content_block_delta\ndata: "),
+        "{text}"
+    );
+}
+
+proptest! {
+    /// Whatever the text, where the first stream is cut and how the bytes
+    /// arrive: the delivered text plus the continuation's spliced text is
+    /// the whole text, byte for byte, with one role delta and one ID.
+    #[test]
+    fn first_part_and_continuation_make_the_whole_text(
+        pieces in proptest::collection::vec("[a-z \"\\\\\u{e9}\u{4e16}\n]{1,6}", 1..20),
+        cut in 0usize..20,
+        split in 1usize..50,
+    ) {
+        let cut = cut.min(pieces.len());
+        let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        let (first, rest) = refs.split_at(cut);
+        let mut t = Transcript::default();
+        let bytes = openai_stream("id-1", first, false).into_bytes();
+        for c in bytes.chunks(split) {
+            t.feed(Api::OpenAi, c);
+        }
+        prop_assert_eq!(t.deltas, first.len() as u64);
+        let mut s = Splice::new(Api::OpenAi, t.id.clone());
+        let mut out = Vec::new();
+        for c in openai_stream("id-2", rest, true).into_bytes().chunks(split) {
+            out.extend(s.feed(c));
+        }
+        let mut whole = Transcript::default();
+        whole.feed(Api::OpenAi, &bytes);
+        whole.feed(Api::OpenAi, &out);
+        prop_assert_eq!(whole.text, pieces.concat());
+        prop_assert!(whole.done);
+        let all = String::from_utf8_lossy(&[bytes, out].concat()).to_string();
+        prop_assert_eq!(all.matches("\"role\"").count(), 1);
+        prop_assert!(!all.contains("id-2"));
+    }
+}
