@@ -478,3 +478,53 @@ fn held_requests_are_released_by_class_then_fairly() {
     assert!(pos <= 2, "calm served {}th: {labels:?}", pos + 1);
     assert_eq!(labels.last(), Some(&"batch"), "{labels:?}");
 }
+
+/// The true-up with the real usage, end to end: a tenant whose request
+/// declared 1,000 output tokens but used a few is not ordered as if it
+/// had used 1,000. `calm`'s first request waits (tagged at its estimate,
+/// about 1,000 tokens) and, once served, its tenant is trued up to what
+/// it used; its second request then goes ahead of the flood's third
+/// queued one. Without the true-up it would be tagged after all four.
+#[test]
+fn a_tenant_is_ordered_by_what_it_really_used() {
+    let f = one_slot("fair-true-up");
+    let http = f.r.http;
+    let declared = |key: &'static str, max_tokens: u32| {
+        let body = format!(
+            r#"{{"model":"{MODEL}","max_tokens":{max_tokens},"messages":[{{"role":"user","content":"hi"}}]}}"#
+        );
+        Req::post("/v1/chat/completions", body).header("Authorization", &format!("Bearer {key}"))
+    };
+    let spawn = |label: &'static str, req: Req| {
+        std::thread::spawn(move || {
+            let st = req.send(http).map(|r| r.status).unwrap_or(0);
+            (label, st, Instant::now())
+        })
+    };
+    // The flood declares 50 output tokens (its waiters are tagged about
+    // 54 apart); calm declares 1,000 and both use 16 (the sim's answer).
+    let mut handles = vec![spawn("busy", declared("sk-flood", 50))];
+    std::thread::sleep(Duration::from_millis(40));
+    handles.push(spawn("a1", declared("sk-calm", 1000)));
+    for l in ["b1", "b2", "b3", "b4"] {
+        std::thread::sleep(Duration::from_millis(40));
+        handles.push(spawn(l, declared("sk-flood", 50)));
+    }
+    // a1 runs from about 250 to 500 ms (after busy) and is trued up when
+    // it ends; a2 comes after that, while b1 runs.
+    std::thread::sleep(Duration::from_millis(450));
+    handles.push(spawn("a2", declared("sk-calm", 1000)));
+    let mut order: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .collect();
+    order.sort_by_key(|(_, _, t)| *t);
+    assert!(order.iter().all(|(_, st, _)| *st == 200), "{order:?}");
+    let labels: Vec<&str> = order.iter().map(|(l, _, _)| *l).collect();
+    let pos = |l: &str| labels.iter().position(|x| *x == l).unwrap_or(usize::MAX);
+    assert!(pos("a1") < pos("b1"), "a1 first in line: {labels:?}");
+    assert!(
+        pos("a2") < pos("b3"),
+        "a2 ordered by its real usage: {labels:?}"
+    );
+}
