@@ -123,6 +123,9 @@ struct Flags {
     /// capacity queue bound per model, 0 disables (default 30; env HIVENET_ROUTER_QUEUE_DEPTH)
     #[argh(option)]
     queue_depth: Option<String>,
+    /// continuations per streamed chat request whose agent dies mid-stream, 0 disables (default 1; env HIVENET_ROUTER_STREAM_MIGRATIONS)
+    #[argh(option)]
+    stream_migrations: Option<String>,
     /// time allowed for an agent's preamble (default 5s)
     #[argh(option, default = "String::from(\"5s\")")]
     preamble_timeout: String,
@@ -434,6 +437,15 @@ fn build() -> Result<Startup, String> {
             ))
         }
     };
+    let migrations = cli::flag_or_env(f.stream_migrations, "HIVENET_ROUTER_STREAM_MIGRATIONS", "1");
+    cfg.stream_migrations = match migrations.trim().parse::<u32>() {
+        Ok(n) if n <= MAX_STREAM_MIGRATIONS => n,
+        _ => {
+            return Err(format!(
+                "--stream-migrations: {migrations:?} must be an integer from 0 to {MAX_STREAM_MIGRATIONS}"
+            ))
+        }
+    };
     let depth = cli::flag_or_env(f.queue_depth, "HIVENET_ROUTER_QUEUE_DEPTH", "30");
     cfg.queue_depth = depth
         .trim()
@@ -572,6 +584,9 @@ fn reload_auth(shared: &Router, src: &hivenet_router::auth_files::AuthSources) {
 const DEFAULT_AUDIT_PATH: &str = "hivenet-audit.jsonl";
 /// The audit file's size before it is rotated to `<path>.1`.
 const DEFAULT_AUDIT_MAX_BYTES: u64 = 100 * 1024 * 1024;
+/// Most continuations of one stream (each one is a whole new request to
+/// an agent; more than a few means the fleet is failing, not one agent).
+const MAX_STREAM_MIGRATIONS: u32 = 8;
 
 /// The audit log's path and whether the operator chose it; `None`: off.
 fn audit_path_of(env: Option<String>) -> Option<(std::path::PathBuf, bool)> {

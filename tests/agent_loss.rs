@@ -1,5 +1,5 @@
-//! An agent killed in the middle of a stream: the client's stream ends
-//! with an error (no terminating chunk), the agent leaves routing at once,
+//! An agent killed in the middle of a stream, continuation off: the
+//! client's stream ends with an error (no terminating chunk), the agent leaves routing at once,
 //! and no capacity slot leaks.
 
 mod common;
@@ -18,7 +18,20 @@ fn active_total(metrics: u16) -> f64 {
 
 fn run(driver: &str) {
     let dir = tmpdir(&format!("loss-{driver}"));
-    let router = start_router(&dir, &["--shards", "2", "--driver", driver], &[]);
+    // Continuation off: this is the cut itself (tests/stream_continuity.rs
+    // has the stream going on on the other agent).
+    let router = start_router(
+        &dir,
+        &[
+            "--shards",
+            "2",
+            "--driver",
+            driver,
+            "--stream-migrations",
+            "0",
+        ],
+        &[],
+    );
     let slow = ["--ttft", "10ms", "--itl", "100ms", "--output-tokens", "100"];
     let (_s1, p1) = start_sim(&dir, "m", &slow);
     let (_s2, p2) = start_sim(&dir, "m", &slow);

@@ -59,6 +59,10 @@ pub struct SimConfig {
     pub cache_block_tokens: u64,
     /// Request bytes per prompt token (the stand-in for a tokenizer).
     pub bytes_per_token: f64,
+    /// Fraction of streamed answers cut mid-stream at a random token (the
+    /// connection closed without the stream's end, as an engine that
+    /// dies): the continuation tests' fault.
+    pub abort_rate: f64,
 }
 
 /// Counters shared by the simulator's threads.
@@ -166,6 +170,11 @@ fn token(i: u32) -> &'static str {
     WORDS[i as usize % WORDS.len()]
 }
 
+/// The text of `n` generated tokens from token `from` on.
+fn text_from(from: u32, n: u32) -> String {
+    (from..from.saturating_add(n)).map(token).collect()
+}
+
 #[derive(Deserialize, Default)]
 struct ChatReq {
     #[serde(default)]
@@ -197,15 +206,65 @@ impl Sim {
         if self.cfg.error_rate <= 0.0 {
             return false;
         }
+        self.uniform() < self.cfg.error_rate
+    }
+
+    /// A uniform draw in [0, 1).
+    fn uniform(&self) -> f64 {
         // xorshift64*: deterministic per thread, cheap.
         let mut x = self.rng.get();
         x ^= x >> 12;
         x ^= x << 25;
         x ^= x >> 27;
         self.rng.set(x);
-        let v = (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64;
-        v < self.cfg.error_rate
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
     }
+
+    /// After how many of `n` streamed tokens this answer is cut (`None`:
+    /// it is not): uniform over 1..n, at `--abort-rate`.
+    fn roll_abort(&self, n: u32) -> Option<u32> {
+        if self.cfg.abort_rate <= 0.0 || n < 2 || self.uniform() >= self.cfg.abort_rate {
+            return None;
+        }
+        let at = 1 + (self.uniform() * f64::from(n - 1)) as u32;
+        Some(at.min(n - 1))
+    }
+}
+
+/// Tokens of the generated text that an assistant message last in the
+/// request already holds: a continuation (vLLM's
+/// `continue_final_message`, llama.cpp's prefill) goes on from there, so
+/// the two parts make the uninterrupted text exactly. 0 when the last
+/// message is not the assistant's or is not such a prefix.
+fn continued_tokens(body: &[u8], limit: u32) -> u32 {
+    let Ok(p) = serde_json::from_slice::<PromptParts>(body) else {
+        return 0;
+    };
+    let Some(last) = p
+        .messages
+        .as_ref()
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+    else {
+        return 0;
+    };
+    if last.get("role").and_then(Value::as_str) != Some("assistant") {
+        return 0;
+    }
+    let Some(text) = last.get("content").and_then(Value::as_str) else {
+        return 0;
+    };
+    let mut acc = String::new();
+    for i in 0..=limit {
+        if acc == text {
+            return i;
+        }
+        if acc.len() >= text.len() {
+            break;
+        }
+        acc.push_str(token(i));
+    }
+    0
 }
 
 async fn sleep(d: Duration) {
@@ -542,11 +601,12 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         Ok(r) => r,
         Err(e) => return reply_json(conn, 400, &bad_request(e.to_string()), keep).await,
     };
+    let from = continued_tokens(body, sim.cfg.output_tokens);
     let n = req
         .max_completion_tokens
         .or(req.max_tokens)
-        .map(|m| m.min(sim.cfg.output_tokens))
-        .unwrap_or(sim.cfg.output_tokens);
+        .map(|m| m.min(sim.cfg.output_tokens - from))
+        .unwrap_or(sim.cfg.output_tokens - from);
     let prompt = input_tokens(sim, body);
     let (cached, ttft) = prefill(sim, body, prompt);
     let id = "chatcmpl-sim";
@@ -568,7 +628,7 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         sleep(ttft + sim.cfg.itl * n.saturating_sub(1)).await;
         let v = json!({
             "id": id, "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": generated_text(n)}, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text_from(from, n)}, "finish_reason": "stop"}],
             "usage": usage
         });
         return reply_json(conn, 200, &v, keep).await;
@@ -580,14 +640,18 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         ("Cache-Control", b"no-cache"),
     ];
     http_write::write_response_head(&mut out, 200, headers, OutFraming::Chunked, keep, &[]);
+    let abort = sim.roll_abort(n);
     for i in 0..n {
+        if abort == Some(i) {
+            return false;
+        }
         if i > 0 {
             sleep(sim.cfg.itl).await;
         }
         let delta = if i == 0 {
-            json!({"role": "assistant", "content": token(i)})
+            json!({"role": "assistant", "content": token(from + i)})
         } else {
-            json!({"content": token(i)})
+            json!({"content": token(from + i)})
         };
         let ev = json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
         http_write::write_chunk(&mut out, format!("data: {ev}\n\n").as_bytes());
@@ -612,10 +676,11 @@ async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         Ok(r) => r,
         Err(e) => return reply_json(conn, 400, &json!({"type": "error", "error": {"type": "invalid_request_error", "message": e.to_string()}}), keep).await,
     };
+    let from = continued_tokens(body, sim.cfg.output_tokens);
     let n = req
         .max_tokens
-        .map(|m| m.min(sim.cfg.output_tokens))
-        .unwrap_or(sim.cfg.output_tokens);
+        .map(|m| m.min(sim.cfg.output_tokens - from))
+        .unwrap_or(sim.cfg.output_tokens - from);
     let all = input_tokens(sim, body);
     let (cached, ttft) = prefill(sim, body, all);
     // Anthropic counts cache reads apart from input_tokens.
@@ -631,7 +696,7 @@ async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
             usage["cache_read_input_tokens"] = json!(cached);
         }
         let v = json!({"id": "msg_sim", "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "text", "text": generated_text(n)}], "stop_reason": "end_turn", "stop_sequence": null,
+            "content": [{"type": "text", "text": text_from(from, n)}], "stop_reason": "end_turn", "stop_sequence": null,
             "usage": usage});
         return reply_json(conn, 200, &v, keep).await;
     }
@@ -647,13 +712,17 @@ async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
     http_write::write_chunk(&mut out, start.as_bytes());
     http_write::write_chunk(&mut out, ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})).as_bytes());
     http_write::write_chunk(&mut out, ev("ping", json!({"type": "ping"})).as_bytes());
+    let abort = sim.roll_abort(n);
     for i in 0..n {
+        if abort == Some(i) {
+            return false;
+        }
         if i > 0 {
             sleep(sim.cfg.itl).await;
         }
         let d = ev(
             "content_block_delta",
-            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": token(i)}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": token(from + i)}}),
         );
         http_write::write_chunk(&mut out, d.as_bytes());
         if conn.write_all(std::mem::take(&mut out)).await.is_err() {

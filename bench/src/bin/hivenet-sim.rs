@@ -71,6 +71,11 @@ struct Flags {
     /// perf/2026-12-02-sim-calibration)
     #[argh(option, default = "4.0")]
     bytes_per_token: f64,
+    /// fraction of streamed answers cut mid-stream at a random token, the
+    /// connection closed without the stream's end as an engine that dies
+    /// (default 0)
+    #[argh(option, default = "0.0")]
+    abort_rate: f64,
 }
 
 fn dur(name: &str, s: &str) -> std::time::Duration {
@@ -97,6 +102,10 @@ fn main() {
     let f: Flags = argh::from_env();
     if !(0.0..=1.0).contains(&f.error_rate) {
         eprintln!("hivenet-sim: --error-rate must be within [0, 1]");
+        std::process::exit(2);
+    }
+    if !(0.0..=1.0).contains(&f.abort_rate) {
+        eprintln!("hivenet-sim: --abort-rate must be within [0, 1]");
         std::process::exit(2);
     }
     if f.cache_block_tokens == 0 {
@@ -131,6 +140,7 @@ fn main() {
         prefill_per_token: dur("prefill-per-token", &f.prefill_per_token),
         cache_block_tokens: f.cache_block_tokens,
         bytes_per_token: f.bytes_per_token,
+        abort_rate: f.abort_rate,
     };
     if let Err(e) = sim::run(std::net::SocketAddr::new(ip, f.port), f.threads.max(1), cfg) {
         eprintln!("hivenet-sim: {e}");

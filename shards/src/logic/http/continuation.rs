@@ -1,6 +1,6 @@
 //! Stream continuation (issue 33), pure: the parts that let a stream cut
-//! by a dying agent go on exactly on another one. Nothing here is wired
-//! into the request path yet.
+//! by a dying agent go on exactly on another one. The shell that uses
+//! them is `runtime::request::continuation`.
 //!
 //! - [`eligible`]: whether a request may be continued at all (streamed
 //!   chat or messages, plain text: no tools, logprobs, several choices
@@ -17,7 +17,8 @@
 //!   to continue, `max_tokens` reduced by what was produced.
 //! - [`Splice`]: the continuation's events made part of the first stream:
 //!   its opening events dropped (the role and the message start were
-//!   already sent), its ID replaced by the first one's.
+//!   already sent), its ID replaced by the first one's, its usage made
+//!   the whole answer's.
 
 use serde_json::{Map, Value};
 
@@ -137,6 +138,9 @@ pub struct Transcript {
     pub deltas: u64,
     /// The stream reached its final event.
     pub done: bool,
+    /// Input tokens the first part reported (Anthropic's `message_start`;
+    /// an OpenAI stream reports usage only at its end).
+    pub input: Option<u64>,
     /// Something other than text was streamed (a tool call).
     pub not_text: bool,
 }
@@ -200,6 +204,13 @@ impl Transcript {
                 }
             }
             Api::Anthropic => match v.get("type").and_then(Value::as_str) {
+                Some("message_start") => {
+                    self.input = v
+                        .get("message")
+                        .and_then(|m| m.get("usage"))
+                        .and_then(|u| u.get("input_tokens"))
+                        .and_then(Value::as_u64);
+                }
                 Some("content_block_start") => {
                     let kind = v
                         .get("content_block")
@@ -264,21 +275,31 @@ pub fn continuation_body(
 }
 
 /// The continuation's stream made part of the first one: its opening
-/// events are dropped and its response ID is the first one's.
+/// events are dropped, its response ID is the first one's, and its usage
+/// counts the whole answer (the first part's output tokens added; the
+/// input is the first part's when it reported one, else the
+/// continuation's less the delivered text it was sent back).
 #[derive(Debug, Clone)]
 pub struct Splice {
     api: Api,
     id: Option<String>,
+    produced: u64,
+    input: Option<u64>,
     line: Vec<u8>,
+    /// The last event was dropped: its closing blank line goes with it.
+    dropped: bool,
 }
 
 impl Splice {
-    /// Splice into a stream of `api` whose ID was `id`.
-    pub fn new(api: Api, id: Option<String>) -> Self {
+    /// Splice into the stream of `api` that `first` transcribed.
+    pub fn new(api: Api, first: &Transcript) -> Self {
         Splice {
             api,
-            id,
+            id: first.id.clone(),
+            produced: first.deltas,
+            input: first.input,
             line: Vec::new(),
+            dropped: false,
         }
     }
 
@@ -299,11 +320,15 @@ impl Splice {
 
     fn line_done(&mut self, line: &[u8], out: &mut Vec<u8>) {
         let Some(rest) = line.strip_prefix(b"data:") else {
-            // `event:` lines of a dropped event are dropped with it (an
-            // Anthropic event's name precedes its data).
-            if !line.starts_with(b"event:") {
-                out.extend_from_slice(line);
+            // `event:` lines are written with their data (an Anthropic
+            // event's name precedes it, and it may be dropped).
+            if line.starts_with(b"event:") {
+                return;
             }
+            if line.trim_ascii().is_empty() && std::mem::take(&mut self.dropped) {
+                return;
+            }
+            out.extend_from_slice(line);
             return;
         };
         let payload = rest.trim_ascii();
@@ -336,13 +361,28 @@ impl Splice {
             ),
         };
         if !keep {
+            self.dropped = true;
             return;
+        }
+        self.dropped = false;
+        if self.api == Api::OpenAi {
+            // An engine may send the role with the first content: it was
+            // the first part's to send.
+            if let Some(d) = v
+                .get_mut("choices")
+                .and_then(|c| c.get_mut(0))
+                .and_then(|c| c.get_mut("delta"))
+                .and_then(Value::as_object_mut)
+            {
+                d.remove("role");
+            }
         }
         if let (Some(id), Api::OpenAi) = (&self.id, self.api) {
             if let Some(o) = v.as_object_mut() {
                 o.insert("id".into(), Value::from(id.as_str()));
             }
         }
+        self.merge_usage(&mut v);
         if let Api::Anthropic = self.api {
             if let Some(name) = v.get("type").and_then(Value::as_str) {
                 out.extend_from_slice(format!("event: {name}\n").as_bytes());
@@ -351,6 +391,39 @@ impl Splice {
         out.extend_from_slice(b"data: ");
         out.extend_from_slice(&serde_json::to_vec(&v).unwrap_or_default());
         out.push(b'\n');
+    }
+
+    /// The whole answer's usage in an event that reports one.
+    fn merge_usage(&self, v: &mut Value) {
+        let Some(u) = v.get_mut("usage").and_then(Value::as_object_mut) else {
+            return;
+        };
+        let get = |u: &Map<String, Value>, k: &str| u.get(k).and_then(Value::as_u64);
+        match self.api {
+            Api::OpenAi => {
+                let (Some(prompt), Some(completion)) =
+                    (get(u, "prompt_tokens"), get(u, "completion_tokens"))
+                else {
+                    return;
+                };
+                let prompt = self
+                    .input
+                    .unwrap_or_else(|| prompt.saturating_sub(self.produced));
+                let completion = completion.saturating_add(self.produced);
+                u.insert("prompt_tokens".into(), Value::from(prompt));
+                u.insert("completion_tokens".into(), Value::from(completion));
+                u.insert(
+                    "total_tokens".into(),
+                    Value::from(prompt.saturating_add(completion)),
+                );
+            }
+            Api::Anthropic => {
+                if let Some(n) = get(u, "output_tokens") {
+                    let n = n.saturating_add(self.produced);
+                    u.insert("output_tokens".into(), Value::from(n));
+                }
+            }
+        }
     }
 }
 

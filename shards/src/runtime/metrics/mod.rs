@@ -437,6 +437,18 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
             f.series([m, reason], n);
         }
     }
+    let mut f = Family::new(
+        o,
+        "hivenet_stream_migrations_total",
+        Counter,
+        "Streams whose agent broke mid-answer, by outcome: continued on another agent, failed (every continuation broke), no_agent, deadline, finished (the answer was whole), or why it could not be continued (tools, not_text, engine_cannot_continue...).",
+        ["model", "outcome"],
+    );
+    for (m, st) in &t.models {
+        for (outcome, n) in &st.stream_migrations {
+            f.series([m, outcome], n);
+        }
+    }
     type AGet = fn(&crate::runtime::state::model::admission::Gauges) -> u64;
     let adm: [(&'static str, &str, AGet); 5] = [
         (

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use super::admission;
+use super::continuation;
 use super::forward::{attempt, build_request, record_attempt, Ask, Outcome};
 use super::provider;
 use super::respond;
@@ -633,12 +634,38 @@ impl Run<'_> {
         }
         let deadline = d.request().deadline;
         let reserved = self.admitted.reservation.as_ref();
+        // A stream that may be continued keeps what it relayed.
+        let api = continuation::api_of(shard, p);
+        let mut kept = api.map(|_| crate::runtime::wire::bufpool::take(16 * 1024));
         let ask = Ask {
             request: &self.request,
             deadline,
             held: reserved,
+            kept: kept.as_mut(),
+            splice: None,
         };
-        let (mut outcome, sample) = attempt(shard, c, p, &agent, ask, &mut self.last_backend).await;
+        let (outcome, sample) = attempt(shard, c, p, &agent, ask, &mut self.last_backend).await;
+        let (agent, mut outcome, sample, continued) = match (outcome, api, kept.take()) {
+            (Outcome::Broken(why), Some(api), Some(kept)) => {
+                let b = continuation::Broken {
+                    api,
+                    request: &self.request,
+                    kept,
+                    first: agent,
+                    why,
+                    deadline,
+                    held: reserved,
+                };
+                let (a, o, s) = self.continued(c, b, step, sample).await;
+                (a, o, s, true)
+            }
+            (o, _, kept) => {
+                if let Some(k) = kept {
+                    crate::runtime::wire::bufpool::give(k);
+                }
+                (agent, o, sample, false)
+            }
+        };
         // A backend's usage is bounded by what the request could produce
         // (issue 29 #3): a claim of 10^15 tokens must not lock the tenant out.
         if let Outcome::Served {
@@ -686,7 +713,58 @@ impl Run<'_> {
         served(shard, c, p, &agent, &outcome, &mut self.admitted, self.llm);
         let tenant = p.principal.tenant_arc();
         let ended = record_attempt(shard, self.model, &agent, step, p, tenant, outcome, sample);
-        (!d.attempt_ended(agent.id, &ended)).then_some(keep)
+        // After a continuation the client's stream has ended one way or
+        // the other: nothing more may be written to it.
+        (continued || !d.attempt_ended(agent.id, &ended)).then_some(keep)
+    }
+
+    /// Continue a broken stream on other agents. The tries before the
+    /// last are counted here; the last one (or, when none was made, the
+    /// first agent's) is returned for the caller to count.
+    async fn continued(
+        &self,
+        c: &mut Client,
+        b: continuation::Broken<'_>,
+        step: usize,
+        sample: Option<f64>,
+    ) -> (Rc<Agent>, Outcome, Option<f64>) {
+        let (shard, p) = (self.shard, self.p);
+        let first = b.first.clone();
+        let why = b.why.clone();
+        let cont = continuation::continue_stream(shard, c, p, b).await;
+        with_stats(shard, self.model, |s| {
+            *s.stream_migrations.entry(cont.label).or_default() += 1;
+        });
+        let mut tries = cont.tries;
+        let Some(last) = tries.pop() else {
+            let outcome = if cont.whole {
+                Outcome::Served {
+                    status: 200,
+                    tokens: None,
+                }
+            } else {
+                Outcome::Failed(why)
+            };
+            return (first, outcome, sample);
+        };
+        c.scope.ending.continued_from.push(first.peer.clone());
+        let tenant = p.principal.tenant_arc();
+        let failed = Outcome::Failed(why);
+        record_attempt(
+            shard,
+            self.model,
+            &first,
+            step,
+            p,
+            tenant.clone(),
+            failed,
+            sample,
+        );
+        for (a, o, s) in tries {
+            c.scope.ending.continued_from.push(a.peer.clone());
+            record_attempt(shard, self.model, &a, step, p, tenant.clone(), o, s);
+        }
+        last
     }
 }
 
@@ -720,7 +798,7 @@ fn served(
             end.client_gone();
             end.relayed = true;
         }
-        Outcome::Failed(_) | Outcome::Full => {}
+        Outcome::Failed(_) | Outcome::Broken(_) | Outcome::Full => {}
     }
 }
 

@@ -82,6 +82,7 @@ pub fn finish(shard: &Shard, c: &mut Client) {
         source_ip: c.conn.stream.peer_addr().ok().map(|a| a.ip()),
         method: scope.method.clone(),
         path: scope.path.clone(),
+        continued_from: std::mem::take(&mut scope.ending.continued_from),
     });
 }
 

@@ -115,6 +115,10 @@ pub enum RelayEnd {
     Done(Option<Tokens>),
     /// The agent's stream broke or stalled mid-body.
     UpstreamFailed(String),
+    /// The agent's event stream broke after its head and the client was
+    /// told nothing yet: a continuation may follow ([`cut_stream`] if
+    /// none does).
+    Broken(String),
     /// The client went away.
     ClientGone,
 }
@@ -134,12 +138,22 @@ pub struct Upstream<'a> {
     pub held: Option<&'a Reservation>,
     /// The link the stream is on (a finished stream is retired to it).
     pub link: &'a LinkHandle,
+    /// The relayed event stream, kept for a continuation when the agent
+    /// dies mid-stream (`--stream-migrations`); `None`: not kept.
+    pub kept: Option<&'a mut Vec<u8>>,
+    /// A continuation's stream is spliced into the client's (opening
+    /// events dropped, ID and usage the first part's).
+    pub splice: Option<&'a mut crate::logic::http::continuation::Splice>,
 }
+
+/// Most of a stream kept for its continuation: a longer one is cut as
+/// before (a whole answer is far less; this bounds a runaway agent).
+pub const KEPT_MAX: usize = 4 * 1024 * 1024;
 
 impl Upstream<'_> {
     /// One read, bounded by the idle timeout and the cut signal, so a hung
     /// or frozen agent cannot hold a client (and a slot) for long.
-    async fn fill(&mut self) -> Result<usize, String> {
+    pub(super) async fn fill(&mut self) -> Result<usize, String> {
         use futures::future::{select, Either};
         let idle = self.idle;
         let read = monoio::time::timeout(idle, self.conn.fill());
@@ -159,7 +173,7 @@ impl Upstream<'_> {
     /// wake-up) of its own. Only for a stream read to its end: a failed
     /// or abandoned one is dropped at once, its reset is what stops the
     /// agent.
-    fn retire(self) {
+    pub(super) fn retire(self) {
         let Upstream { conn, link, .. } = self;
         let (stream, buf) = conn.into_parts();
         crate::runtime::wire::bufpool::give(buf);
@@ -348,7 +362,19 @@ async fn relay_chunks(
                 }
             }
         }
+        if let Some(sp) = up.splice.as_deref_mut() {
+            let spliced = sp.feed(&payload);
+            payload.clear();
+            payload.extend_from_slice(&spliced);
+        }
         if sse {
+            if let Some(k) = up.kept.as_deref_mut() {
+                if k.len() + payload.len() <= KEPT_MAX {
+                    k.extend_from_slice(&payload);
+                } else {
+                    up.kept = None;
+                }
+            }
             meter.feed(&payload);
             if let Some(h) = up.held {
                 h.streamed(meter.content_bytes);
@@ -386,18 +412,26 @@ async fn relay_chunks(
             Ok(_) => continue,
             Err(e) => e,
         };
+        if sse && up.kept.is_some() {
+            return RelayEnd::Broken(fail);
+        }
         if sse {
-            // Tell the client why before cutting (never a clean end).
-            let err = ApiError::new(ErrorCode::BackendError, format!("stream cut: {fail}"));
-            let mut event = b"event: error\ndata: ".to_vec();
-            event.extend_from_slice(&err.body());
-            event.extend_from_slice(b"\n\n");
-            let mut chunk = Vec::with_capacity(event.len() + 16);
-            http_write::write_chunk(&mut chunk, &event);
-            let _ = client.write_all(chunk).await;
+            cut_stream(client, &fail).await;
         }
         return RelayEnd::UpstreamFailed(fail);
     }
+}
+
+/// Tell the client why its event stream ends before cutting it (never a
+/// clean end: no last chunk).
+pub async fn cut_stream(client: &mut Client, why: &str) {
+    let err = ApiError::new(ErrorCode::BackendError, format!("stream cut: {why}"));
+    let mut event = b"event: error\ndata: ".to_vec();
+    event.extend_from_slice(&err.body());
+    event.extend_from_slice(b"\n\n");
+    let mut chunk = Vec::with_capacity(event.len() + 16);
+    http_write::write_chunk(&mut chunk, &event);
+    let _ = client.write_all(chunk).await;
 }
 
 #[cfg(test)]

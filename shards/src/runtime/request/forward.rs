@@ -35,6 +35,14 @@ fn forwardable(name: &str) -> bool {
 /// `tracestate` only with the client's valid `traceparent`), the body
 /// unchanged.
 pub fn build_request(p: &PendingRequest) -> crate::runtime::wire::bufpool::Pooled {
+    build_request_with(p, &p.body)
+}
+
+/// [`build_request`] with another body (a continuation's).
+pub fn build_request_with(
+    p: &PendingRequest,
+    body: &[u8],
+) -> crate::runtime::wire::bufpool::Pooled {
     let keep_state = p.trace.keep_state;
     let headers = p
         .head
@@ -50,7 +58,7 @@ pub fn build_request(p: &PendingRequest) -> crate::runtime::wire::bufpool::Poole
             ("traceparent", &p.trace.header[..]),
         ]);
     // Back to the pool when the request is done (retries resend it).
-    let mut out = crate::runtime::wire::bufpool::Pooled::with_capacity(512 + p.body.len());
+    let mut out = crate::runtime::wire::bufpool::Pooled::with_capacity(512 + body.len());
     // `hn_*` redirect parameters stay at the router.
     http_write::write_request_head_from(
         &mut out,
@@ -58,9 +66,9 @@ pub fn build_request(p: &PendingRequest) -> crate::runtime::wire::bufpool::Poole
         &crate::logic::sites::strip_hn(&p.head.path),
         "agent",
         headers,
-        OutFraming::Length(p.body.len()),
+        OutFraming::Length(body.len()),
     );
-    out.extend_from_slice(&p.body);
+    out.extend_from_slice(body);
     out
 }
 
@@ -72,6 +80,9 @@ pub enum Outcome {
     ClientGone,
     /// The exchange failed.
     Failed(Failure),
+    /// The agent's event stream broke after its head; the client's stream
+    /// is still open and was told nothing (a continuation may follow).
+    Broken(Failure),
     /// The agent serves several routers and was full (the others held
     /// its capacity): not a failure; another agent, or a wait.
     Full,
@@ -90,6 +101,12 @@ pub struct Ask<'a> {
     pub deadline: clock::Instant,
     /// The admission reservation an SSE stream trues up.
     pub held: Option<&'a Reservation>,
+    /// Where the relayed event stream is kept for a continuation (`None`:
+    /// a break cuts the client's stream at once).
+    pub kept: Option<&'a mut Vec<u8>>,
+    /// A continuation: the answer must be an event stream (anything else
+    /// fails the try), spliced into the client's.
+    pub splice: Option<&'a mut crate::logic::http::continuation::Splice>,
 }
 
 /// Take a slot, exchange with the agent under the request deadline, relay.
@@ -107,6 +124,8 @@ pub async fn attempt(
         request,
         deadline,
         held,
+        kept,
+        splice,
     } = ask;
     let _slot = Slot::take(agent.clone());
     let progress = Progress::default();
@@ -173,12 +192,25 @@ pub async fn attempt(
             sample,
         );
     }
+    if splice.is_some() && !(head.head.status == 200 && head.head.is_event_stream()) {
+        // Nothing of it may reach the client's event stream.
+        let why = format!(
+            "the continuation was answered {} without an event stream",
+            head.head.status
+        );
+        return (
+            Outcome::Failed(Failure::new(Side::Backend, Stage::AwaitingHead, why)),
+            sample,
+        );
+    }
     let up = exchange::Upstream {
         conn: head.upstream,
         idle: shard.router.cfg.stream_idle_timeout,
         cut: agent.cuts.watch(),
         held,
         link: &agent.link,
+        kept,
+        splice,
     };
     let relayed = exchange::relay(c, up, &head.head, p.head.keep_alive).await;
     let outcome = match relayed {
@@ -190,6 +222,7 @@ pub async fn attempt(
         RelayEnd::UpstreamFailed(why) => {
             Outcome::Failed(Failure::new(Side::Agent, Stage::Relaying, why))
         }
+        RelayEnd::Broken(why) => Outcome::Broken(Failure::new(Side::Agent, Stage::Relaying, why)),
     };
     (outcome, sample)
 }
@@ -255,7 +288,7 @@ pub fn record_attempt(
         }
         Outcome::ClientGone => AttemptEnd::Responded,
         Outcome::Full => AttemptEnd::Full,
-        Outcome::Failed(f) => {
+        Outcome::Failed(f) | Outcome::Broken(f) => {
             agent.fail();
             // The transport's failures (not a backend's 502-504 answer).
             let reset = match (f.side, f.stage) {

@@ -1,11 +1,13 @@
 //! One inference request on its model's shard: [`dispatch`] drives the
 //! pure decision machine, [`admission`] is the admission gate,
 //! [`forward`] one forward to an agent and its counting, [`exchange`] one
-//! exchange with an agent, [`respond`] every response the
+//! exchange with an agent, [`continuation`] a broken stream continued on
+//! another agent, [`respond`] every response the
 //! router writes itself, [`ending`] the one ending (quota, tenant
 //! counters, audit), [`models_api`] the `/v1/models` bodies.
 
 pub mod admission;
+pub mod continuation;
 pub mod dispatch;
 pub mod ending;
 pub mod exchange;

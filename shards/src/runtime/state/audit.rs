@@ -58,6 +58,9 @@ pub struct AuditRecord {
     pub path: InlineStr,
     /// W3C trace ID, lower-case hex (all zero: none).
     pub trace_id: [u8; 32],
+    /// Agents whose stream broke mid-answer and was continued on the next
+    /// (`agent_id` finished it), in order; empty for nearly every request.
+    pub continued_from: Vec<Arc<str>>,
 }
 
 /// Serialised through `Display`, so a line costs the writer no allocation.
@@ -100,6 +103,8 @@ struct Line<'a> {
     error_code: &'a str,
     source_ip: Shown<MaybeIp>,
     trace_id: &'a str,
+    #[serde(skip_serializing_if = "<[Arc<str>]>::is_empty")]
+    continued_from: &'a [Arc<str>],
 }
 
 /// Unix time of a request that started `elapsed` ago.
@@ -170,6 +175,7 @@ pub fn render_into(r: &AuditRecord, out: &mut Vec<u8>) {
         } else {
             std::str::from_utf8(&r.trace_id).unwrap_or("")
         },
+        continued_from: &r.continued_from,
     };
     // Writing to a Vec fails only on a serialiser error, which these
     // plain fields cannot raise; a partial line is cut back.
@@ -365,11 +371,17 @@ mod tests {
             method: "POST".into(),
             path: InlineStr::from("/v1/chat/completions"),
             trace_id: *b"4bf92f3577b34da6a3ce929d0e0e4736",
+            continued_from: vec!["12D3A".into()],
         };
         let v: serde_json::Value = serde_json::from_str(&render(&r)).expect("json");
+        assert_eq!(v["continued_from"], serde_json::json!(["12D3A"]));
         assert_eq!(v["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
         let none = render(&AuditRecord::default());
         assert!(none.contains("\"trace_id\":\"\""), "{none}");
+        assert!(
+            !none.contains("continued_from"),
+            "only when continued: {none}"
+        );
         assert_eq!(v["log_type"], "audit");
         assert_eq!(v["level"], "error");
         assert_eq!(v["ts"], "2026-11-29T19:00:01.000000005Z");

@@ -54,6 +54,9 @@ pub struct RouterConfig {
     pub remove_after: Duration,
     /// Tries per policy step (`--max-tries-per-step`).
     pub max_tries_per_step: u32,
+    /// Continuations of a streamed chat whose agent died mid-stream
+    /// (`--stream-migrations`, 0: cut as before).
+    pub stream_migrations: u32,
     /// Capacity-queue bound per model (`--queue-depth`; 0: no queue).
     pub queue_depth: usize,
     /// Request-body bytes buffered at once, router-wide
@@ -110,6 +113,7 @@ impl Default for RouterConfig {
             providers: Default::default(),
             remove_after: Duration::from_secs(30),
             max_tries_per_step: 3,
+            stream_migrations: 1,
             queue_depth: 30,
             max_buffered_body_bytes: 256 * 1024 * 1024,
             max_client_connections: 4096,

@@ -100,6 +100,9 @@ pub struct Ending {
     /// The dispatch driver served it on this (its model's) shard: the
     /// tenant's outcome counters apply.
     pub dispatched: bool,
+    /// Agents whose stream broke and was continued on the next one (the
+    /// last of them is followed by `agent`), in order.
+    pub continued_from: Vec<std::sync::Arc<str>>,
 }
 
 impl Ending {

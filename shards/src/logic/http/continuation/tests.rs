@@ -132,14 +132,26 @@ fn the_continuation_asks_for_the_rest_only() {
 
 #[test]
 fn the_splice_drops_the_opening_and_keeps_the_first_id() {
-    let mut s = Splice::new(Api::OpenAi, Some("chatcmpl-first".into()));
+    let first = Transcript {
+        id: Some("chatcmpl-first".into()),
+        ..Transcript::default()
+    };
+    let mut s = Splice::new(Api::OpenAi, &first);
     let out = s.feed(openai_stream("chatcmpl-second", &[" 3,", " 4"], true).as_bytes());
     let text = String::from_utf8(out).expect("utf8");
     assert!(!text.contains("\"role\""), "{text}");
     assert!(!text.contains("chatcmpl-second"), "{text}");
     assert_eq!(text.matches("chatcmpl-first").count(), 3, "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
-    let mut a = Splice::new(Api::Anthropic, None);
+    // An engine that sends the role with the first content.
+    let mut s = Splice::new(Api::OpenAi, &first);
+    let out = s.feed(
+        b"data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\" 3\"}}]}\n\n",
+    );
+    let text = String::from_utf8(out).expect("utf8");
+    assert!(!text.contains("role"), "{text}");
+    assert!(text.contains("\" 3\""), "{text}");
+    let mut a = Splice::new(Api::Anthropic, &Transcript::default());
     let out = a.feed(
         b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_2\"}}\n\n\
 event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"!\"}}\n\n",
@@ -171,7 +183,7 @@ proptest! {
             t.feed(Api::OpenAi, c);
         }
         prop_assert_eq!(t.deltas, first.len() as u64);
-        let mut s = Splice::new(Api::OpenAi, t.id.clone());
+        let mut s = Splice::new(Api::OpenAi, &t);
         let mut out = Vec::new();
         for c in openai_stream("id-2", rest, true).into_bytes().chunks(split) {
             out.extend(s.feed(c));
@@ -185,4 +197,62 @@ proptest! {
         prop_assert_eq!(all.matches("\"role\"").count(), 1);
         prop_assert!(!all.contains("id-2"));
     }
+}
+
+fn usage_of(out: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(out);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .unwrap_or("null");
+    serde_json::from_str::<serde_json::Value>(line).unwrap_or_default()["usage"].clone()
+}
+
+#[test]
+fn the_splice_makes_the_usage_the_whole_answers() {
+    let usage = b"data: {\"id\":\"b\",\"choices\":[],\"usage\":{\"prompt_tokens\":25,\"completion_tokens\":7,\"total_tokens\":32}}\n\n";
+    // Input unknown: the continuation's, less the delivered text it was
+    // sent back.
+    let first = Transcript {
+        deltas: 5,
+        ..Transcript::default()
+    };
+    let u = usage_of(&Splice::new(Api::OpenAi, &first).feed(usage));
+    assert_eq!(
+        (
+            &u["prompt_tokens"],
+            &u["completion_tokens"],
+            &u["total_tokens"]
+        ),
+        (&20.into(), &12.into(), &32.into()),
+        "{u}"
+    );
+    // Input known from the first part.
+    let first = Transcript {
+        deltas: 5,
+        input: Some(18),
+        ..Transcript::default()
+    };
+    let u = usage_of(&Splice::new(Api::OpenAi, &first).feed(usage));
+    assert_eq!(
+        (&u["prompt_tokens"], &u["total_tokens"]),
+        (&18.into(), &30.into()),
+        "{u}"
+    );
+    let u = usage_of(&Splice::new(Api::Anthropic, &first).feed(
+        b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":7}}\n\n",
+    ));
+    assert_eq!(u["output_tokens"], 12, "{u}");
+    // A dropped event leaves no blank line behind.
+    let out = Splice::new(Api::OpenAi, &first).feed(
+        b"data: {\"id\":\"b\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n",
+    );
+    assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
+    // The first part's input comes from Anthropic's message_start.
+    let mut t = Transcript::default();
+    t.feed(
+        Api::Anthropic,
+        b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":9}}}\n\n",
+    );
+    assert_eq!((t.input, t.id.as_deref()), (Some(9), Some("msg_1")));
 }

@@ -270,6 +270,10 @@ pub struct ModelStats {
     /// agent cut by the transport or a deadline (`forward_failure` before
     /// the head, `stream_cut` while relaying, `deadline`).
     pub connection_resets: BTreeMap<&'static str, u64>,
+    /// `hivenet_stream_migrations_total{outcome}`: streams whose agent
+    /// broke mid-answer, by what became of them (`continued`, `failed`,
+    /// `no_agent`, `deadline`, `finished`, or why they could not be).
+    pub stream_migrations: BTreeMap<&'static str, u64>,
     /// Requests sent to the policy's fallback provider (spec 04 §7).
     pub provider_fallback: u64,
     /// Responses whose usage was clamped to the request's bound.
@@ -312,6 +316,9 @@ impl ModelStats {
         }
         for (reason, n) in &st.connection_resets {
             *self.connection_resets.entry(reason).or_default() += n;
+        }
+        for (outcome, n) in &st.stream_migrations {
+            *self.stream_migrations.entry(outcome).or_default() += n;
         }
         self.provider_fallback += st.provider_fallback;
         self.usage_clamped += st.usage_clamped;
