@@ -13,7 +13,10 @@ not pile up). The history store lives on a 16 MiB tmpfs (root, as CI) that
 is filled for a few seconds mid-run (a full disk). Checks at the end
 (exit 1 on any failure):
 - every response read to its end was complete or an error: a stream that
-  ended cleanly (last chunk) carried [DONE]; no clean end of a cut stream;
+  ended cleanly (last chunk) carried [DONE] and exactly the simulator's
+  text (no duplicate, no gap: one engine, "dying", cuts 30 % of its answers
+  and those streams are continued elsewhere, at least one of them);
+  no clean end of a cut stream;
 - no slot, queue entry, buffered body or client connection left over;
 - router RSS back within 32 MiB of its level after warm-up;
 - every churned model name forgotten (no series left, no idle name);
@@ -49,7 +52,10 @@ router = spawn([f"{BIN}/hivenet-router", "--http-port", f"127.0.0.1:{HTTP}", "--
 
 wait(lambda: get(HTTP, "/health")[0] == 200, "router")
 sims = {}
-for name, extra in [("fast", ["--itl", "10ms", "--output-tokens", "20"]), ("slow", ["--ttft", "20ms", "--itl", "30ms", "--output-tokens", "30"])]:
+# "dying": an engine that cuts 30 % of its answers mid-way (issue 33: those
+# streams are continued on another agent, whole and without duplicates).
+for name, extra in [("fast", ["--itl", "10ms", "--output-tokens", "20"]), ("slow", ["--ttft", "20ms", "--itl", "30ms", "--output-tokens", "30"]),
+                    ("dying", ["--itl", "10ms", "--output-tokens", "20", "--abort-rate", "0.3"])]:
     port = free_port()
     sims[name] = port
     spawn([f"{BIN}/hivenet-sim", "--port", str(port), "--model", "soak-model"] + extra, "sim-" + name)
@@ -57,10 +63,10 @@ for name, extra in [("fast", ["--itl", "10ms", "--output-tokens", "20"]), ("slow
 
 agents = {}
 def start_agent(i):
-    port = list(sims.values())[i % 2]
+    port = list(sims.values())[i % len(sims)]
     agents[i] = spawn([f"{BIN}/hivenet-agent", "--router-p2p", f"/ip4/127.0.0.1/tcp/{P2P}", "--backend-url",
                        f"http://127.0.0.1:{port}", "--identity-path", os.path.join(WORK, f"a{i}.key"), "--capacity", "3"], f"agent{i}")
-for i in range(3):
+for i in range(len(sims)):
     start_agent(i)
 
 def metrics():
@@ -79,7 +85,7 @@ def healthy():
     data = json.loads(body).get("data", [])
     return sum(m["agents"]["healthy"] for m in data)
 
-wait(lambda: healthy() == 3, "3 agents")
+wait(lambda: healthy() == len(agents), "all agents")
 
 def rss():
     for line in open(f"/proc/{router.pid}/status"):
@@ -137,13 +143,38 @@ def one_full(stream):
         return
     clean = body.endswith(b"0\r\n\r\n")
     if clean and b"[DONE]" in body:
-        count("stream_complete")
+        # The simulators' words in order: a continued stream has no
+        # duplicate and no gap at its seam.
+        text = "".join(json.loads(l[6:]).get("choices", [{}])[0].get("delta", {}).get("content") or ""
+                       for l in dechunked(body).split(b"\n") if l.startswith(b"data: {"))
+        if text in WHOLE_TEXTS:
+            count("stream_complete")
+        else:
+            count("violations", f"stream text is not the simulator's: {text!r}")
     elif clean:
         count("violations", f"clean end of a cut stream: {body[-200:]!r}")
     elif b"event: error" in body:
         count("stream_cut_with_error")
     else:
         count("stream_cut")
+
+WORDS = ["The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".", " Hivenet",
+         " routes", " every", " token", " home", "."]
+# A continued stream ends where its last engine's --output-tokens does.
+WHOLE_TEXTS = {"".join(WORDS[i % 16] for i in range(n)) for n in (20, 30)}
+
+
+def dechunked(b):
+    out = b""
+    while b"\r\n" in b:
+        size, _, rest = b.partition(b"\r\n")
+        n = int(size or b"0", 16)
+        if n == 0:
+            break
+        out += rest[:n]
+        b = rest[n + 2:]
+    return out
+
 
 def dropped_mid_stream():
     s = socket.create_connection(("127.0.0.1", HTTP), timeout=10)
@@ -210,7 +241,7 @@ def chaos():
     global kills
     while time.time() < stop - 2:
         time.sleep(5)
-        i = random.randrange(3)
+        i = random.randrange(len(agents))
         agents[i].send_signal(signal.SIGKILL); agents[i].wait()
         kills += 1
         time.sleep(0.5)
@@ -230,7 +261,7 @@ while any(t.is_alive() for t in threads):
     time.sleep(1); peak = max(peak, rss())
 for t in threads: t.join()
 # Quiescence: agents back, nothing in flight.
-wait(lambda: healthy() == 3, "agents back", 30)
+wait(lambda: healthy() == len(agents), "agents back", 30)
 def settled():
     m = metrics()
     return (metric_sum(m, "hivenet_agent_active_requests{") == 0 and metric_sum(m, "hivenet_queue_depth{") == 0
@@ -250,9 +281,10 @@ except SystemExit as e:
     names = str(e)
 log = open(os.path.join(WORK, "router.log"), "rb").read().decode(errors="replace")
 disk = dict(write_failures="store write failed" in log, recovered="writes succeed again" in log)
+continued = metric_sum(metrics(), 'hivenet_stream_migrations_total{model="soak-model",outcome="continued"}')
 time.sleep(2)
 rss_end = rss()
-result = dict(seconds=SECONDS, agent_kills=kills, churned_names=churned, names=names, disk_full=disk, stats=stats, rss_mib=dict(after_warmup=rss_start, peak=peak, end=rss_end),
+result = dict(seconds=SECONDS, agent_kills=kills, streams_continued=continued, churned_names=churned, names=names, disk_full=disk, stats=stats, rss_mib=dict(after_warmup=rss_start, peak=peak, end=rss_end),
               leftovers=leftovers, violations=violations)
 print(json.dumps(result, indent=1))
 if OUT:
@@ -263,5 +295,6 @@ for p in procs:
     except OSError: pass
 subprocess.run(["umount", "-l", STORE_FS])
 failed = (stats["violations"] > 0 or leftovers != "none" or rss_end > rss_start + 32 or names != "forgotten"
+          or continued < 1
           or not (disk["write_failures"] and disk["recovered"]))
 sys.exit(1 if failed else 0)

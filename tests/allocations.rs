@@ -133,6 +133,7 @@ fn start_agent(p2p: u16, sim: u16, dir: &std::path::Path) {
         deployment_id: String::new(),
         replica_id: String::new(),
         http_timeout: Duration::from_secs(30),
+        drain_timeout: Duration::from_secs(30),
         // Health checks and engine scrapes far apart, as the heartbeats.
         health_interval: Duration::from_secs(600),
         signal_interval: Duration::from_secs(600),
@@ -144,7 +145,9 @@ fn start_agent(p2p: u16, sim: u16, dir: &std::path::Path) {
         .name("agent".into())
         .spawn(move || {
             ROLE.with(|r| r.set(AGENT));
-            executor::run_on_runtime(DriverChoice::Auto, |_| agent::run(cfg));
+            // No stop signal in this test: the sender is gone at once.
+            let (_, stop) = futures::channel::mpsc::unbounded();
+            executor::run_on_runtime(DriverChoice::Auto, |_| agent::run(cfg, stop));
         })
         .expect("agent thread");
 }

@@ -50,6 +50,7 @@ fn hold_link(
             while stop.try_recv().is_err() {
                 let hb = ControlMsg::Heartbeat {
                     backend_healthy: true,
+                    draining: false,
                 };
                 let _ = link::write_frame(&mut l.ctl.stream, &hb).await;
                 monoio::time::sleep(Duration::from_millis(100)).await;

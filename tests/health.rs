@@ -33,6 +33,7 @@ fn missed_heartbeats_make_an_agent_unhealthy() {
                 &mut ctl,
                 &ControlMsg::Heartbeat {
                     backend_healthy: true,
+                    draining: false,
                 },
             )
             .await;

@@ -118,6 +118,7 @@ async fn register(addr: std::net::SocketAddr) -> link::LinkHandle {
         let mut ctl = ctl.stream;
         let beat = ControlMsg::Heartbeat {
             backend_healthy: true,
+            draining: false,
         };
         while link::write_frame(&mut ctl, &beat).await.is_ok() {
             monoio::time::sleep(Duration::from_millis(100)).await;

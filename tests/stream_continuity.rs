@@ -292,3 +292,164 @@ fn a_bad_stream_migrations_flag_is_refused() {
         assert!(err.contains("--stream-migrations"), "{bad}: {err}");
     }
 }
+
+/// Non-streamed answers are buffered whole before any byte reaches the
+/// client: an engine dying in the middle of one costs a retry on another
+/// agent, never a short or lost answer.
+#[test]
+fn a_whole_answer_broken_mid_body_is_sent_again() {
+    let dir = tmpdir("cont-whole");
+    let router = start_router(&dir, &["--shards", "1"], &[]);
+    let opts = ["--output-tokens", "24"];
+    let (_bad, pb) = start_sim(&dir, "m", &[&opts[..], &["--abort-rate", "1"]].concat());
+    let (_good, pg) = start_sim(&dir, "m", &opts);
+    let _a1 = start_agent(&dir, &router, pb, "bad.key", &[]);
+    let _a2 = start_agent(&dir, &router, pg, "good.key", &[]);
+    wait_agents(router.http, "m", 2);
+    for i in 0..10 {
+        let body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"q{i}"}}]}}"#);
+        let r = Req::post("/v1/chat/completions", body)
+            .send(router.http)
+            .expect("send");
+        let (status, text) = (r.status, r.text());
+        assert_eq!(status, 200, "request {i}: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("whole JSON");
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            expected(24),
+            "{text}"
+        );
+    }
+    let broke = metric(
+        router.metrics,
+        "hivenet_backend_errors_total{model=\"m\",status_code=\"502\"}",
+    )
+    .unwrap_or(0.0);
+    assert!(broke >= 1.0, "{}", metrics_text(router.metrics));
+}
+
+fn active_of(metrics: u16, peer: &str) -> f64 {
+    metrics_text(metrics)
+        .lines()
+        .filter(|l| l.starts_with("hivenet_agent_active_requests{") && l.contains(peer))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn exited_ok(p: &mut Proc, limit: Duration) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if let Ok(Some(st)) = p.child.try_wait() {
+            return st.success();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Agents drained under load (SIGTERM) cut no stream: the routers send
+/// them nothing new at once; one with time to finish finishes its streams
+/// itself, one whose --drain-timeout passes first leaves and its streams
+/// are continued on another agent. Every client stream is whole.
+#[test]
+fn agents_drained_under_load_cut_no_stream() {
+    let dir = tmpdir("cont-drain");
+    let router = start_router(&dir, &["--shards", "2"], &[]);
+    let slow = ["--ttft", "5ms", "--itl", "20ms", "--output-tokens", "60"];
+    let (_s1, p1) = start_sim(&dir, "m", &slow);
+    let (_s2, p2) = start_sim(&dir, "m", &slow);
+    let (_s3, p3) = start_sim(&dir, "m", &slow);
+    let mut patient = start_agent(
+        &dir,
+        &router,
+        p1,
+        "patient.key",
+        &["--drain-timeout", "20s"],
+    );
+    let mut hasty = start_agent(
+        &dir,
+        &router,
+        p2,
+        "hasty.key",
+        &["--drain-timeout", "200ms"],
+    );
+    let _stays = start_agent(&dir, &router, p3, "stays.key", &[]);
+    wait_agents(router.http, "m", 3);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..6)
+        .map(|c| {
+            let (http, stop) = (router.http, stop.clone());
+            std::thread::spawn(move || {
+                let mut done = Vec::new();
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let body = format!(
+                        r#"{{"model":"m","stream":true,"messages":[{{"role":"user","content":"c{c} {i}"}}]}}"#
+                    );
+                    done.push(stream(http, "/v1/chat/completions", &body));
+                    i += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    // Each drained agent is serving when it is told to stop.
+    for (p, name, limit) in [
+        (&mut patient, "patient", Duration::from_secs(10)),
+        (&mut hasty, "hasty", Duration::from_secs(5)),
+    ] {
+        let peer = peer_in_log(p);
+        wait_until(
+            Duration::from_secs(10),
+            || active_of(router.metrics, &peer) >= 1.0,
+            &format!("{name} serving"),
+        );
+        signal(p, "TERM");
+        assert!(
+            exited_ok(p, limit),
+            "{name} left cleanly after its drain:\n{}",
+            p.log_text()
+        );
+        wait_until(
+            Duration::from_secs(5),
+            || !metrics_text(router.metrics).contains(&peer),
+            &format!("{name} gone from the router"),
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut n = 0;
+    for c in clients {
+        for (raw, body, clean) in c.join().expect("client") {
+            assert!(clean, "a stream was cut:\n{raw}");
+            let (text, roles, ids, _) = openai_parts(&body);
+            assert_eq!(text, expected(60), "{body}");
+            assert_eq!((roles, ids.len()), (1, 1), "{body}");
+            n += 1;
+        }
+    }
+    assert!(n >= 6, "{n} streams");
+    let log = router.proc.log_text();
+    assert_eq!(
+        log.matches("agent draining: no new requests").count(),
+        2,
+        "{log}"
+    );
+    // The hasty one left with streams in flight: they were continued.
+    assert!(
+        migrations(router.metrics, "continued") >= 1.0,
+        "{}",
+        metrics_text(router.metrics)
+    );
+    assert!(
+        hasty.log_text().contains("--drain-timeout passed"),
+        "{}",
+        hasty.log_text()
+    );
+    assert!(
+        patient
+            .log_text()
+            .contains("drained: every request finished"),
+        "{}",
+        patient.log_text()
+    );
+}

@@ -59,9 +59,9 @@ pub struct SimConfig {
     pub cache_block_tokens: u64,
     /// Request bytes per prompt token (the stand-in for a tokenizer).
     pub bytes_per_token: f64,
-    /// Fraction of streamed answers cut mid-stream at a random token (the
-    /// connection closed without the stream's end, as an engine that
-    /// dies): the continuation tests' fault.
+    /// Fraction of answers cut mid-way (the connection closed without
+    /// their end, as an engine that dies): a stream at a random token, a
+    /// whole answer after half its body. The continuation tests' fault.
     pub abort_rate: f64,
 }
 
@@ -394,6 +394,28 @@ async fn reply_json(conn: &mut Conn, status: u16, v: &Value, keep: bool) -> bool
     reply(conn, status, "application/json", &body, keep).await
 }
 
+/// A whole non-streamed answer, or at `--abort-rate` its head and half
+/// its body, then the connection closed (an engine dying mid-answer).
+async fn answer_or_abort(sim: &Sim, conn: &mut Conn, v: &Value, keep: bool) -> bool {
+    if sim.roll_abort(2).is_none() {
+        return reply_json(conn, 200, v, keep).await;
+    }
+    let body = serde_json::to_vec(v).unwrap_or_default();
+    let mut out = Vec::with_capacity(256 + body.len());
+    let headers: [(&str, &[u8]); 1] = [("Content-Type", b"application/json")];
+    http_write::write_response_head(
+        &mut out,
+        200,
+        headers,
+        OutFraming::Length(body.len()),
+        keep,
+        &[],
+    );
+    out.extend_from_slice(body.get(..body.len() / 2).unwrap_or(&[]));
+    let _ = conn.write_all(out).await;
+    false
+}
+
 fn input_tokens(sim: &Sim, body: &[u8]) -> u64 {
     crate::prefix_cache::tokens_of(body.len(), sim.cfg.bytes_per_token)
 }
@@ -631,7 +653,7 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text_from(from, n)}, "finish_reason": "stop"}],
             "usage": usage
         });
-        return reply_json(conn, 200, &v, keep).await;
+        return answer_or_abort(sim, conn, &v, keep).await;
     }
     sleep(ttft).await;
     let mut out = Vec::with_capacity(1024);
@@ -698,7 +720,7 @@ async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         let v = json!({"id": "msg_sim", "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": text_from(from, n)}], "stop_reason": "end_turn", "stop_sequence": null,
             "usage": usage});
-        return reply_json(conn, 200, &v, keep).await;
+        return answer_or_abort(sim, conn, &v, keep).await;
     }
     sleep(ttft).await;
     let mut out = Vec::with_capacity(2048);

@@ -51,6 +51,8 @@ pub struct Gate {
     owed: RefCell<VecDeque<usize>>,
     /// A freed place kept for this link until then.
     held: Cell<Option<(usize, Instant)>>,
+    /// Stopping: every router is told to send nothing new.
+    draining: Cell<bool>,
 }
 
 /// How long a freed place waits for the router it is held for.
@@ -93,7 +95,25 @@ impl Gate {
             warming: Cell::new(false),
             owed: RefCell::new(VecDeque::new()),
             held: Cell::new(None),
+            draining: Cell::new(false),
         })
+    }
+
+    /// Stop taking work: every link's control loop is woken to tell its
+    /// router at once (not at the next heartbeat).
+    pub fn drain(&self) {
+        self.draining.set(true);
+        for l in &self.links {
+            l.dirty.set(true);
+            if let Some(tx) = l.notify.borrow().as_ref() {
+                let _ = tx.unbounded_send(());
+            }
+        }
+    }
+
+    /// Whether the agent is stopping.
+    pub fn draining(&self) -> bool {
+        self.draining.get()
     }
 
     /// A link registered (until the guard drops).

@@ -65,6 +65,9 @@ pub struct AgentConfig {
     pub http_timeout: Duration,
     /// Backend health cadence while registered.
     pub health_interval: Duration,
+    /// On SIGTERM, how long requests in flight may take to finish
+    /// (`--drain-timeout`).
+    pub drain_timeout: Duration,
     /// Engine metrics scrape and push cadence.
     pub signal_interval: Duration,
     /// Warm-up before registering (resolved from `--warmup` and the engine).
@@ -220,11 +223,57 @@ async fn warm_up(cfg: &AgentConfig, model: &str) {
 }
 
 /// One reconnect loop per router: never returns.
-pub async fn run(cfg: AgentConfig) {
+pub async fn run(cfg: AgentConfig, stop: futures::channel::mpsc::UnboundedReceiver<()>) {
     let cfg = Rc::new(cfg);
     let gate = Gate::new(cfg.capacity, cfg.routers.len());
+    monoio::spawn(drain_on_stop(stop, gate.clone(), cfg.drain_timeout));
     let loops = (0..cfg.routers.len()).map(|i| run_link(cfg.clone(), gate.clone(), i));
     futures::future::join_all(loops).await;
+}
+
+/// On the first stop signal (SIGTERM, SIGINT): tell every router to send
+/// nothing new, let what is in flight finish for up to `limit`, then exit.
+/// A stream still running then is cut with the link, and the router
+/// continues it on another agent (issue 33): nothing is lost either way.
+async fn drain_on_stop(
+    mut stop: futures::channel::mpsc::UnboundedReceiver<()>,
+    gate: Rc<Gate>,
+    limit: Duration,
+) {
+    if stop.next().await.is_none() {
+        return;
+    }
+    let in_flight = gate.in_flight();
+    info!(in_flight, drain_timeout = ?limit, "stopping: draining (routers send nothing new)");
+    gate.drain();
+    let start = std::time::Instant::now();
+    // The routers hear of it before the first check (the heartbeat goes
+    // out at once; a request already on its way is served).
+    monoio::time::sleep(Duration::from_millis(100)).await;
+    loop {
+        let left = gate.in_flight();
+        if left == 0 {
+            info!(waited = ?start.elapsed(), "drained: every request finished");
+            break;
+        }
+        if start.elapsed() >= limit {
+            warn!(
+                left,
+                "--drain-timeout passed: leaving; the routers continue these streams elsewhere"
+            );
+            break;
+        }
+        // A second signal ends the wait.
+        let tick = monoio::time::sleep(Duration::from_millis(20));
+        futures::pin_mut!(tick);
+        if let futures::future::Either::Right((Some(()), _)) =
+            futures::future::select(tick, stop.next()).await
+        {
+            warn!(left, "second stop signal: leaving now");
+            break;
+        }
+    }
+    std::process::exit(0);
 }
 
 /// The reconnect loop of the link to router `link`: never returns.
@@ -368,6 +417,8 @@ async fn session(
     // Heartbeats with backend health: 3 consecutive failed checks = unhealthy.
     let mut failures = 0u32;
     let mut healthy = true;
+    // The router was told this agent is draining (once per session).
+    let mut drain_told = false;
     // Engine signals (vllm, sglang, llamacpp): scraped every
     // --engine-sample-interval and pushed when they change (or every 5 s).
     let scrape = shards::logic::link::engine_metrics::scraped(cfg.engine.as_str());
@@ -398,6 +449,20 @@ async fn session(
                 }
             }
             futures::future::Either::Left((futures::future::Either::Right(_), _)) => {
+                if to.gate.draining() && !drain_told {
+                    drain_told = true;
+                    let beat = ControlMsg::Heartbeat {
+                        backend_healthy: healthy,
+                        draining: true,
+                    };
+                    if let Err(e) = link::write_frame(&mut ctl, &beat).await {
+                        drop(server);
+                        return Err(format!("heartbeat: {e}"));
+                    }
+                }
+                if !to.gate.shared() {
+                    continue;
+                }
                 let (active, own) = to.gate.report(to.index);
                 if let Err(e) = link::write_frame(&mut ctl, &ControlMsg::Load { active, own }).await
                 {
@@ -482,6 +547,7 @@ async fn session(
             &mut ctl,
             &ControlMsg::Heartbeat {
                 backend_healthy: healthy,
+                draining: to.gate.draining(),
             },
         )
         .await

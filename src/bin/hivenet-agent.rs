@@ -62,6 +62,12 @@ struct Flags {
     /// total timeout of one backend exchange (default 120s)
     #[argh(option, default = "String::from(\"120s\")")]
     http_timeout: String,
+    /// on SIGTERM or SIGINT: the routers are told at once to send nothing
+    /// new, and requests in flight have this long to finish; streams still
+    /// running then are continued by the router on another agent (default
+    /// 30s; a second signal leaves at once)
+    #[argh(option, default = "String::from(\"30s\")")]
+    drain_timeout: String,
     /// backend health check cadence while registered (default 2s)
     #[argh(option, default = "String::from(\"2s\")")]
     hardware_sample_interval: String,
@@ -173,6 +179,7 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
         deployment_id: cli::flag_or_env(f.deployment_id, "HIVENET_ROUTER_DEPLOYMENT_ID", ""),
         replica_id: cli::flag_or_env(f.replica_id, "HIVENET_ROUTER_REPLICA_ID", ""),
         http_timeout: cli::parse_duration("--http-timeout", &f.http_timeout)?,
+        drain_timeout: cli::parse_duration("--drain-timeout", &f.drain_timeout)?,
         health_interval,
         warmup,
         gpu_model,
@@ -247,8 +254,35 @@ fn main() {
     let _labelled = tracing::info_span!("agent", %peer_id).entered();
     let routers: Vec<String> = cfg.routers.iter().map(|r| r.addr.to_string()).collect();
     info!(peer_id = %peer_id, routers = ?routers, engine = cfg.engine.as_str(), "hivenet-agent starting");
+    // SIGTERM and SIGINT start a drain (a second one ends it), read on a
+    // thread of their own and handed to the runtime.
+    let (stop_tx, stop_rx) = futures::channel::mpsc::unbounded();
+    match signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ]) {
+        Ok(mut signals) => {
+            let spawned = std::thread::Builder::new()
+                .name("signals".into())
+                .spawn(move || {
+                    for _ in signals.forever() {
+                        if stop_tx.unbounded_send(()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                eprintln!("hivenet-agent: cannot start the signal thread: {e}");
+                std::process::exit(1);
+            }
+        }
+        Err(e) => {
+            eprintln!("hivenet-agent: cannot install signal handlers: {e}");
+            std::process::exit(1);
+        }
+    }
     executor::run_on_runtime(driver, |kind| {
         info!("agent runtime driver {kind}");
-        agent::run(cfg)
+        agent::run(cfg, stop_rx)
     });
 }

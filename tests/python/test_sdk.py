@@ -78,7 +78,8 @@ def test_anthropic_streaming_messages(fleet):
 
 @pytest.mark.parametrize("driver", ["auto", "epoll"])
 def test_agent_killed_mid_stream_raises(fleet, driver):
-    fleet.router("--shards", "2", "--driver", driver)
+    # Continuation off: the cut itself (test_*_continues: on).
+    fleet.router("--shards", "2", "--driver", driver, "--stream-migrations", "0")
     slow = ("--output-tokens", "200", "--itl", "50ms")
     s1 = fleet.sim("kill-model", *slow)
     s2 = fleet.sim("kill-model", *slow)
@@ -111,3 +112,77 @@ def test_agent_killed_mid_stream_raises(fleet, driver):
     active = sum(float(l.rsplit(" ", 1)[1]) for l in fleet.metrics_text().splitlines()
                  if l.startswith("hivenet_agent_active_requests{"))
     assert active == 0
+
+
+@pytest.mark.parametrize("driver,stop", [("auto", "kill"), ("epoll", "kill"), ("auto", "drain")])
+def test_agent_stopped_mid_stream_continues(fleet, driver, stop):
+    """The serving agent killed (SIGKILL) or drained (SIGTERM, its
+    --drain-timeout shorter than the stream) mid-stream: the SDK sees one
+    uninterrupted stream with the whole text (issue 33)."""
+    fleet.router("--shards", "2", "--driver", driver)
+    slow = ("--output-tokens", "60", "--itl", "30ms")
+    s1 = fleet.sim("cont-model", *slow)
+    s2 = fleet.sim("cont-model", *slow)
+    a1 = fleet.agent(s1, "a1.key", "--drain-timeout", "300ms")
+    a2 = fleet.agent(s2, "a2.key", "--drain-timeout", "300ms")
+    fleet.wait_agents("cont-model", 2)
+    client = openai.OpenAI(base_url=fleet.base + "/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(model="cont-model", messages=[{"role": "user", "content": "hi"}],
+                                            stream=True, stream_options={"include_usage": True})
+    it = iter(stream)
+    chunks = [next(it) for _ in range(5)]
+    busy = [line for line in fleet.metrics_text().splitlines()
+            if line.startswith("hivenet_agent_active_requests{") and line.endswith(" 1")]
+    assert len(busy) == 1, busy
+    peer1 = re.search(r"peer_id=(12D3KooW\w+)", open(a1.log_path).read()).group(1)
+    victim = a1 if peer1 in busy[0] else a2
+    if stop == "kill":
+        victim.kill()
+    else:
+        victim.terminate()
+    chunks += list(it)
+    if stop == "drain":
+        assert victim.wait(timeout=10) == 0
+        assert "--drain-timeout passed" in open(victim.log_path).read()
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == generated(60)
+    assert len({c.id for c in chunks}) == 1
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.role) == 1
+    usage = [c.usage for c in chunks if c.usage]
+    assert len(usage) == 1 and usage[0].completion_tokens == 60, usage
+
+
+def test_anthropic_stream_continues_past_a_dying_engine(fleet):
+    """An engine that dies in the middle of every answer, another that does
+    not: the Anthropic SDK's streams are whole wherever they landed."""
+    fleet.router("--shards", "2")
+    bad = fleet.sim("cont-claude", "--output-tokens", "30", "--itl", "2ms", "--abort-rate", "1")
+    good = fleet.sim("cont-claude", "--output-tokens", "30", "--itl", "2ms")
+    fleet.agent(bad, "bad.key")
+    fleet.agent(good, "good.key")
+    fleet.wait_agents("cont-claude", 2)
+    client = anthropic.Anthropic(base_url=fleet.base, api_key="unused", max_retries=0)
+    results = []
+
+    def one(i):
+        text = ""
+        with client.messages.stream(model="cont-claude", max_tokens=100,
+                                    messages=[{"role": "user", "content": f"hi {i}"}]) as stream:
+            for t in stream.text_stream:
+                text += t
+            results.append((text, stream.get_final_message().usage.output_tokens))
+
+    # Two at once: least-loaded puts one on each engine.
+    for i in range(0, 6, 2):
+        ts = [threading.Thread(target=one, args=(i + k,)) for k in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    assert len(results) == 6
+    for text, out in results:
+        assert text == generated(30)
+        assert out == 30
+    continued = sum(float(l.rsplit(" ", 1)[1]) for l in fleet.metrics_text().splitlines()
+                    if l.startswith('hivenet_stream_migrations_total{model="cont-claude",outcome="continued"}'))
+    assert continued >= 1

@@ -199,6 +199,7 @@ async fn one_link(
             }
             let beat = ControlMsg::Heartbeat {
                 backend_healthy: true,
+                draining: false,
             };
             if link::write_frame(&mut ctl, &beat).await.is_err() {
                 return;

@@ -71,9 +71,9 @@ struct Flags {
     /// perf/2026-12-02-sim-calibration)
     #[argh(option, default = "4.0")]
     bytes_per_token: f64,
-    /// fraction of streamed answers cut mid-stream at a random token, the
-    /// connection closed without the stream's end as an engine that dies
-    /// (default 0)
+    /// fraction of answers cut mid-way, the connection closed without
+    /// their end as an engine that dies: a stream at a random token, a
+    /// whole answer after half its body (default 0)
     #[argh(option, default = "0.0")]
     abort_rate: f64,
 }

@@ -288,11 +288,16 @@ pub struct Splice {
     line: Vec<u8>,
     /// The last event was dropped: its closing blank line goes with it.
     dropped: bool,
+    /// Delivered text the continuation is expected to stream back first
+    /// (llama.cpp sends its prefill before what it generates), not yet
+    /// seen.
+    echo: String,
 }
 
 impl Splice {
-    /// Splice into the stream of `api` that `first` transcribed.
-    pub fn new(api: Api, first: &Transcript) -> Self {
+    /// Splice into the stream of `api` that `first` transcribed, from an
+    /// engine continuing as `prefill` says.
+    pub fn new(api: Api, first: &Transcript, prefill: Prefill) -> Self {
         Splice {
             api,
             id: first.id.clone(),
@@ -300,7 +305,42 @@ impl Splice {
             input: first.input,
             line: Vec::new(),
             dropped: false,
+            echo: match prefill {
+                Prefill::LastAssistant => first.text.clone(),
+                Prefill::ContinueFinalMessage => String::new(),
+            },
         }
+    }
+
+    /// What of a content piece is new: the echoed prefill is dropped (a
+    /// piece may end it and begin the new text); a piece that does not
+    /// match it means the engine does not echo, and is kept whole.
+    fn unechoed(&mut self, t: &str) -> String {
+        if self.echo.is_empty() || t.is_empty() {
+            return t.to_string();
+        }
+        if let Some(rest) = self.echo.strip_prefix(t) {
+            self.echo = rest.to_string();
+            return String::new();
+        }
+        let echo = std::mem::take(&mut self.echo);
+        t.strip_prefix(echo.as_str()).unwrap_or(t).to_string()
+    }
+
+    /// The text of a content event, to be checked against the echo.
+    fn content_of(api: Api, v: &mut Value) -> Option<&mut Value> {
+        match api {
+            Api::OpenAi => v
+                .get_mut("choices")
+                .and_then(|c| c.get_mut(0))
+                .and_then(|c| c.get_mut("delta"))
+                .and_then(|d| d.get_mut("content")),
+            Api::Anthropic => v
+                .get_mut("delta")
+                .filter(|d| d.get("type").and_then(Value::as_str) == Some("text_delta"))
+                .and_then(|d| d.get_mut("text")),
+        }
+        .filter(|t| t.is_string())
     }
 
     /// Feed the continuation's decoded body bytes; returns the bytes to
@@ -336,6 +376,13 @@ impl Splice {
             out.extend_from_slice(line);
             return;
         };
+        let api = self.api;
+        if !self.echo.is_empty() {
+            if let Some(t) = Self::content_of(api, &mut v) {
+                let new = self.unechoed(t.as_str().unwrap_or(""));
+                *t = Value::from(new);
+            }
+        }
         let keep = match self.api {
             Api::OpenAi => {
                 let delta = v
@@ -355,10 +402,19 @@ impl Splice {
                 // The opening role-only delta was sent by the first part.
                 content || finish || usage
             }
-            Api::Anthropic => !matches!(
-                v.get("type").and_then(Value::as_str),
-                Some("message_start") | Some("content_block_start") | Some("ping")
-            ),
+            Api::Anthropic => {
+                let empty = v
+                    .get("delta")
+                    .filter(|d| d.get("type").and_then(Value::as_str) == Some("text_delta"))
+                    .and_then(|d| d.get("text"))
+                    .and_then(Value::as_str)
+                    .is_some_and(str::is_empty);
+                !empty
+                    && !matches!(
+                        v.get("type").and_then(Value::as_str),
+                        Some("message_start") | Some("content_block_start") | Some("ping")
+                    )
+            }
         };
         if !keep {
             self.dropped = true;

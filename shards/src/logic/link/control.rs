@@ -106,6 +106,11 @@ pub enum ControlMsg {
     Heartbeat {
         /// The agent's own check of its backend.
         backend_healthy: bool,
+        /// The agent is stopping (SIGTERM): send it nothing new; what it
+        /// still serves finishes, or is continued elsewhere when it leaves.
+        /// Sent at once, not at the next period.
+        #[serde(default)]
+        draining: bool,
     },
     /// Engine signals scraped from the backend's `/metrics`.
     RoutingSignals {
@@ -212,7 +217,7 @@ mod tests {
     proptest! {
         #[test]
         fn heartbeat_round_trip(b in any::<bool>(), extra in proptest::collection::vec(any::<u8>(), 0..10)) {
-            let m = ControlMsg::Heartbeat { backend_healthy: b };
+            let m = ControlMsg::Heartbeat { backend_healthy: b, draining: !b };
             let mut enc = encode(&m);
             let n0 = enc.len();
             enc.extend_from_slice(&extra);

@@ -242,6 +242,7 @@ fn agent_json(a: &AgentView) -> Value {
         "status": {
             "healthy": a.live,
             "backend_healthy": a.backend_healthy,
+            "draining": a.draining,
             "active_requests": a.active,
             // An agent serving several routers: the others' share of it.
             "other_routers_active": a.others_active,

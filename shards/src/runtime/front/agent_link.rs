@@ -482,9 +482,15 @@ fn sync_health(shard: &Shard, agent: &Agent) {
 /// Apply one control frame; false: close the link.
 fn on_frame(agent: &Agent, msg: ControlMsg) -> bool {
     match msg {
-        ControlMsg::Heartbeat { backend_healthy } => {
+        ControlMsg::Heartbeat {
+            backend_healthy,
+            draining,
+        } => {
             let was_healthy = agent.healthy();
             agent.live.set(true);
+            if agent.draining.replace(draining) != draining {
+                info!(peer_id = %agent.reg.peer_id, draining, "agent draining: no new requests");
+            }
             if agent.backend_healthy.get() != backend_healthy {
                 info!(peer_id = %agent.reg.peer_id, backend_healthy, "agent backend health changed");
                 if !backend_healthy {

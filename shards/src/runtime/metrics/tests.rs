@@ -28,6 +28,7 @@ fn agent(peer: &str, model: &str, srtt: Option<f64>) -> AgentView {
         last_seen: 1_700_000_000,
         live: true,
         backend_healthy: true,
+        draining: false,
         srtt,
         rttvar: srtt.map(|s| s / 2.0),
         input_tokens: 100,

@@ -142,7 +142,7 @@ pub async fn continue_stream(
             break;
         };
         let next = build_request_with(p, &next);
-        let mut splice = Splice::new(api, &t);
+        let mut splice = Splice::new(api, &t, prefill);
         let mut kept = crate::runtime::wire::bufpool::take(16 * 1024);
         let ask = Ask {
             request: &next,

@@ -115,6 +115,9 @@ pub enum RelayEnd {
     Done(Option<Tokens>),
     /// The agent's stream broke or stalled mid-body.
     UpstreamFailed(String),
+    /// The agent's stream broke before any of its body reached the client
+    /// (a buffered answer): the request may be sent again elsewhere.
+    FailedUnsent(String),
     /// The agent's event stream broke after its head and the client was
     /// told nothing yet: a continuation may follow ([`cut_stream`] if
     /// none does).
@@ -242,7 +245,7 @@ async fn relay_committed(
     if n <= BUFFERED_BODY {
         while up.conn.buf.len() < n {
             if let Err(end) = up.more_body().await {
-                return end;
+                return unsent(end);
             }
         }
         let body = up.conn.buf.get(..n).unwrap_or(&[]);
@@ -288,7 +291,7 @@ async fn relay_buffered(
 ) -> RelayEnd {
     while up.conn.buf.len() < n {
         if let Err(end) = up.more_body().await {
-            return end;
+            return unsent(end);
         }
     }
     let body = up.conn.buf.get(..n).unwrap_or(&[]);
@@ -301,6 +304,14 @@ async fn relay_buffered(
     match client.write_all(out).await {
         Ok(()) => RelayEnd::Done(tokens),
         Err(_) => RelayEnd::ClientGone,
+    }
+}
+
+/// A break while a body was buffered: nothing of it reached the client.
+fn unsent(end: RelayEnd) -> RelayEnd {
+    match end {
+        RelayEnd::UpstreamFailed(why) => RelayEnd::FailedUnsent(why),
+        other => other,
     }
 }
 

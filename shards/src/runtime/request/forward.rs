@@ -223,6 +223,13 @@ pub async fn attempt(
             Outcome::Failed(Failure::new(Side::Agent, Stage::Relaying, why))
         }
         RelayEnd::Broken(why) => Outcome::Broken(Failure::new(Side::Agent, Stage::Relaying, why)),
+        // Nothing reached the client: tried again like an answer whose
+        // head never came (the client gets one whole answer or an error).
+        RelayEnd::FailedUnsent(why) => Outcome::Failed(Failure::new(
+            Side::Agent,
+            Stage::AwaitingHead,
+            format!("{why} (before any of the body reached the client)"),
+        )),
     };
     (outcome, sample)
 }

@@ -32,6 +32,8 @@ pub struct AgentView {
     pub live: bool,
     /// Agent-reported backend health.
     pub backend_healthy: bool,
+    /// The agent is stopping (nothing new is sent to it).
+    pub draining: bool,
     /// SRTT, ms (None: UNKNOWN).
     pub srtt: Option<f64>,
     /// RTTVAR, ms.
@@ -78,6 +80,7 @@ impl AgentView {
             last_seen: a.last_seen.get(),
             live: a.live.get(),
             backend_healthy: a.backend_healthy.get(),
+            draining: a.draining.get(),
             srtt: est.srtt(),
             rttvar: est.rttvar(),
             input_tokens: a.input_tokens.get(),

@@ -136,7 +136,7 @@ fn the_splice_drops_the_opening_and_keeps_the_first_id() {
         id: Some("chatcmpl-first".into()),
         ..Transcript::default()
     };
-    let mut s = Splice::new(Api::OpenAi, &first);
+    let mut s = Splice::new(Api::OpenAi, &first, Prefill::ContinueFinalMessage);
     let out = s.feed(openai_stream("chatcmpl-second", &[" 3,", " 4"], true).as_bytes());
     let text = String::from_utf8(out).expect("utf8");
     assert!(!text.contains("\"role\""), "{text}");
@@ -144,14 +144,18 @@ fn the_splice_drops_the_opening_and_keeps_the_first_id() {
     assert_eq!(text.matches("chatcmpl-first").count(), 3, "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
     // An engine that sends the role with the first content.
-    let mut s = Splice::new(Api::OpenAi, &first);
+    let mut s = Splice::new(Api::OpenAi, &first, Prefill::ContinueFinalMessage);
     let out = s.feed(
         b"data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\" 3\"}}]}\n\n",
     );
     let text = String::from_utf8(out).expect("utf8");
     assert!(!text.contains("role"), "{text}");
     assert!(text.contains("\" 3\""), "{text}");
-    let mut a = Splice::new(Api::Anthropic, &Transcript::default());
+    let mut a = Splice::new(
+        Api::Anthropic,
+        &Transcript::default(),
+        Prefill::ContinueFinalMessage,
+    );
     let out = a.feed(
         b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_2\"}}\n\n\
 event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"!\"}}\n\n",
@@ -173,6 +177,7 @@ proptest! {
         pieces in proptest::collection::vec("[a-z \"\\\\\u{e9}\u{4e16}\n]{1,6}", 1..20),
         cut in 0usize..20,
         split in 1usize..50,
+        echo in proptest::option::of(0usize..64),
     ) {
         let cut = cut.min(pieces.len());
         let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
@@ -183,9 +188,33 @@ proptest! {
             t.feed(Api::OpenAi, c);
         }
         prop_assert_eq!(t.deltas, first.len() as u64);
-        let mut s = Splice::new(Api::OpenAi, &t);
+        // llama.cpp streams the prefill back first: in two pieces cut
+        // anywhere (on a char boundary), the second one joined to the
+        // first new piece.
+        let delivered = first.concat();
+        let (prefill, continued) = match echo {
+            None => (Prefill::ContinueFinalMessage, rest.iter().map(|p| p.to_string()).collect::<Vec<_>>()),
+            Some(at) => {
+                let mut at = at.min(delivered.len());
+                while !delivered.is_char_boundary(at) {
+                    at -= 1;
+                }
+                let (a, b) = delivered.split_at(at);
+                let mut v = vec![a.to_string()];
+                let mut joined = b.to_string();
+                if let Some(r) = rest.first() {
+                    joined.push_str(r);
+                }
+                v.push(joined);
+                v.extend(rest.iter().skip(1).map(|p| p.to_string()));
+                v.retain(|p| !p.is_empty());
+                (Prefill::LastAssistant, v)
+            }
+        };
+        let continued: Vec<&str> = continued.iter().map(String::as_str).collect();
+        let mut s = Splice::new(Api::OpenAi, &t, prefill);
         let mut out = Vec::new();
-        for c in openai_stream("id-2", rest, true).into_bytes().chunks(split) {
+        for c in openai_stream("id-2", &continued, true).into_bytes().chunks(split) {
             out.extend(s.feed(c));
         }
         let mut whole = Transcript::default();
@@ -217,7 +246,7 @@ fn the_splice_makes_the_usage_the_whole_answers() {
         deltas: 5,
         ..Transcript::default()
     };
-    let u = usage_of(&Splice::new(Api::OpenAi, &first).feed(usage));
+    let u = usage_of(&Splice::new(Api::OpenAi, &first, Prefill::ContinueFinalMessage).feed(usage));
     assert_eq!(
         (
             &u["prompt_tokens"],
@@ -233,18 +262,18 @@ fn the_splice_makes_the_usage_the_whole_answers() {
         input: Some(18),
         ..Transcript::default()
     };
-    let u = usage_of(&Splice::new(Api::OpenAi, &first).feed(usage));
+    let u = usage_of(&Splice::new(Api::OpenAi, &first, Prefill::ContinueFinalMessage).feed(usage));
     assert_eq!(
         (&u["prompt_tokens"], &u["total_tokens"]),
         (&18.into(), &30.into()),
         "{u}"
     );
-    let u = usage_of(&Splice::new(Api::Anthropic, &first).feed(
+    let u = usage_of(&Splice::new(Api::Anthropic, &first, Prefill::ContinueFinalMessage).feed(
         b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":7}}\n\n",
     ));
     assert_eq!(u["output_tokens"], 12, "{u}");
     // A dropped event leaves no blank line behind.
-    let out = Splice::new(Api::OpenAi, &first).feed(
+    let out = Splice::new(Api::OpenAi, &first, Prefill::ContinueFinalMessage).feed(
         b"data: {\"id\":\"b\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n",
     );
     assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));

@@ -33,6 +33,8 @@ pub struct Agent {
     pub live: Cell<bool>,
     /// The agent's own check of its backend.
     pub backend_healthy: Cell<bool>,
+    /// The agent is stopping: nothing new is sent to it.
+    pub draining: Cell<bool>,
     /// Its health as the model directory counts it (synced on every
     /// change, so the counts never drift).
     pub counted_healthy: Cell<bool>,
@@ -208,6 +210,7 @@ impl Agent {
             link,
             live: Cell::new(true),
             backend_healthy: Cell::new(true),
+            draining: Cell::new(false),
             counted_healthy: Cell::new(true),
             active: Cell::new(0),
             others: Cell::new(0),
@@ -316,9 +319,9 @@ impl Agent {
         }
     }
 
-    /// Routable: live and backend healthy.
+    /// Routable: live, backend healthy, not draining.
     pub fn healthy(&self) -> bool {
-        self.live.get() && self.backend_healthy.get()
+        self.live.get() && self.backend_healthy.get() && !self.draining.get()
     }
 
     /// What the policy gates read of it.
