@@ -80,6 +80,8 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.queue_depth = 3;
     s.connection_resets.insert("forward_failure", 3);
     s.connection_resets.insert("stream_cut", 1);
+    s.stream_migrations.insert("continued", 2);
+    s.stream_migrations.insert("tools", 1);
     s.wait[1] = hist(&QUEUE_BUCKETS, &[0.01, 0.2]);
     s.class_admitted = [2, 3, 0];
     s.class_refused = [1, 0, 0];
@@ -462,6 +464,13 @@ const FAMILIES: &[Want] = &[
         "counter",
         4,
         Some(("reason", "forward_failure", 3.0)),
+    ),
+    // Two models, two outcomes each.
+    (
+        "hivenet_stream_migrations_total",
+        "counter",
+        4,
+        Some(("outcome", "continued", 2.0)),
     ),
     // Two keys (the chat 200s of both shards merged), 13 bounds each.
     (
