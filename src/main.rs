@@ -527,6 +527,7 @@ fn build() -> Result<Startup, String> {
         cli::parse_duration("--wake-keepalive", &ka)?
     };
     let drain = cli::parse_duration("--drain-timeout", &f.drain_timeout)?;
+    cfg.drain_timeout = drain;
     Ok(Startup {
         drain,
         policy_sources,

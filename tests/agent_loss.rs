@@ -76,20 +76,7 @@ fn run(driver: &str) {
     let victim_peer = peer_in_log(victim);
     victim.kill9();
     // The client's stream must end without the last chunk.
-    let mut clean_end = false;
-    loop {
-        match s.read(&mut tmp) {
-            Ok(0) => break,
-            Ok(n) => {
-                got.extend_from_slice(&tmp[..n]);
-                if got.ends_with(b"0\r\n\r\n") {
-                    clean_end = true;
-                    break;
-                }
-            }
-            Err(e) => panic!("stream neither ended nor failed: {e}"),
-        }
-    }
+    let clean_end = read_stream_end(&mut s, &mut got);
     assert!(!clean_end, "a cut stream must not look complete");
     assert!(!String::from_utf8_lossy(&got).contains("[DONE]"));
     // Gone from routing at once.

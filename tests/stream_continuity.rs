@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -32,24 +32,7 @@ fn stream(http: u16, path: &str, body: &str) -> (String, String, bool) {
     )
     .expect("write");
     let mut got = Vec::new();
-    let mut tmp = [0u8; 16384];
-    let mut clean = false;
-    loop {
-        match s.read(&mut tmp) {
-            Ok(0) => break,
-            Ok(n) => {
-                got.extend_from_slice(&tmp[..n]);
-                if got.ends_with(b"\r\n0\r\n\r\n") {
-                    clean = true;
-                    break;
-                }
-            }
-            Err(e) => panic!(
-                "stream neither ended nor failed: {e}\n{}",
-                String::from_utf8_lossy(&got)
-            ),
-        }
-    }
+    let clean = read_stream_end(&mut s, &mut got);
     let head_end = got
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -452,4 +435,104 @@ fn agents_drained_under_load_cut_no_stream() {
         "{}",
         patient.log_text()
     );
+}
+
+/// `POST /admin/agents/{peer_id}/drain`: the router sends the agent nothing
+/// new at once; what it still streams after the router's --drain-timeout
+/// is cut and continued on another agent; `DELETE` puts it back.
+#[test]
+fn an_admin_drain_sends_nothing_new_and_continues_what_is_left() {
+    let dir = tmpdir("cont-admin-drain");
+    let router = start_router(&dir, &["--shards", "2", "--drain-timeout", "300ms"], &[]);
+    let slow = ["--ttft", "5ms", "--itl", "20ms", "--output-tokens", "60"];
+    let (_s1, p1) = start_sim(&dir, "m", &slow);
+    let (_s2, p2) = start_sim(&dir, "m", &slow);
+    let a1 = start_agent(&dir, &router, p1, "a1.key", &[]);
+    let a2 = start_agent(&dir, &router, p2, "a2.key", &[]);
+    wait_agents(router.http, "m", 2);
+    let drain = |method: &str, peer: &str| {
+        Req::new(method, &format!("/admin/agents/{peer}/drain"))
+            .bearer(ADMIN_KEY)
+            .send(router.http)
+            .map(Resp::pair)
+            .expect("admin call")
+    };
+    let (st, body) = drain("POST", "12D3KooWnotthere");
+    assert_eq!(st, 404, "{}", String::from_utf8_lossy(&body));
+    let (st, _) = Req::post("/admin/agents/x/drain", "")
+        .send(router.http)
+        .map(Resp::pair)
+        .expect("unauthenticated");
+    assert_eq!(st, 401);
+
+    let http = router.http;
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let client = std::thread::spawn(move || stream(http, "/v1/chat/completions", body));
+    let (peer1, peer2) = (peer_in_log(&a1), peer_in_log(&a2));
+    let mut serving = String::new();
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            for p in [&peer1, &peer2] {
+                if active_of(router.metrics, p) >= 1.0 {
+                    serving = p.clone();
+                    return true;
+                }
+            }
+            false
+        },
+        "one agent serving",
+    );
+    let other = if serving == peer1 { &peer2 } else { &peer1 };
+    let (st, body) = drain("POST", &serving);
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v["draining"].as_bool(), v["in_flight"].as_u64()),
+        (Some(true), Some(1)),
+        "{v}"
+    );
+    assert_eq!(healthy_agents(router.http, "m"), 1);
+    let table = routing_table(router.http);
+    let row = table["agents"]
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["peer_id"] == serving.as_str()))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(row["status"]["draining"], true, "{table}");
+    // Nothing new goes to it.
+    for i in 0..6 {
+        let b = format!(
+            r#"{{"model":"m","max_tokens":2,"messages":[{{"role":"user","content":"n{i}"}}]}}"#
+        );
+        let (st, _) = Req::post("/v1/chat/completions", b)
+            .send(router.http)
+            .map(Resp::pair)
+            .expect("request");
+        assert_eq!(st, 200);
+    }
+    let served_by = |peer: &str| {
+        metric(
+            router.metrics,
+            &format!("hivenet_agent_requests_success_total{{peer_id=\"{peer}\""),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(
+        served_by(&serving),
+        0.0,
+        "the drained agent got new requests"
+    );
+    assert!(served_by(other) >= 6.0);
+    // Its stream outlived --drain-timeout: cut there, continued on the other.
+    let (raw, body, clean) = client.join().expect("client");
+    assert!(clean, "{raw}");
+    let (text, roles, ids, _) = openai_parts(&body);
+    assert_eq!(text, expected(60), "{body}");
+    assert_eq!((roles, ids.len()), (1, 1));
+    assert_eq!(migrations(router.metrics, "continued"), 1.0);
+    // Undrained: routable again.
+    let (st, _) = drain("DELETE", &serving);
+    assert_eq!(st, 200);
+    wait_agents(router.http, "m", 2);
 }

@@ -401,6 +401,28 @@ pub fn raw(port: u16, bytes: &[u8], wait: Duration) -> Vec<u8> {
     out
 }
 
+/// Read a chunked response into `got` until its last chunk (true) or
+/// until the peer closes (false: cut); a read error or a stall past the
+/// socket's timeout fails the test.
+pub fn read_stream_end(s: &mut TcpStream, got: &mut Vec<u8>) -> bool {
+    let mut tmp = [0u8; 16384];
+    loop {
+        match s.read(&mut tmp) {
+            Ok(0) => return false,
+            Ok(n) => {
+                got.extend_from_slice(&tmp[..n]);
+                if got.ends_with(b"\r\n0\r\n\r\n") {
+                    return true;
+                }
+            }
+            Err(e) => panic!(
+                "stream neither ended nor failed: {e}\n{}",
+                String::from_utf8_lossy(got)
+            ),
+        }
+    }
+}
+
 /// Status code of the first response in `resp`.
 pub fn status_of(resp: &[u8]) -> u16 {
     let s = String::from_utf8_lossy(resp);

@@ -150,6 +150,15 @@ pub async fn serve(shard: &Rc<Shard>, c: &mut Client, head: &RequestHead, path: 
             let body = health(shard).await;
             respond::send_json(c, 200, &body, keep).await
         }
+        (method @ ("POST" | "DELETE"), p)
+            if p.starts_with("/admin/agents/") && p.ends_with("/drain") =>
+        {
+            let peer = p
+                .trim_start_matches("/admin/agents/")
+                .trim_end_matches("/drain");
+            let (status, body) = drain_agent(shard, peer, method == "POST").await;
+            respond::send_json(c, status, &body, keep).await
+        }
         (
             _,
             "/admin/routing-table" | "/admin/metrics/reset" | "/admin/models" | "/admin/health",
@@ -297,6 +306,43 @@ pub async fn routing_table(shard: &Rc<Shard>) -> Vec<u8> {
         .map(agent_json)
         .collect();
     serde_json::to_vec(&json!({"total": agents.len(), "agents": agents})).unwrap_or_default()
+}
+
+/// `POST /admin/agents/{peer_id}/drain` (`on`) and `DELETE` (undrain):
+/// the agent's shard marks it; 404 when no shard has it.
+async fn drain_agent(shard: &Rc<Shard>, peer: &str, on: bool) -> (u16, Vec<u8>) {
+    if peer.is_empty() || peer.len() > 128 || peer.contains('/') {
+        let body = json!({"error": "the path must be /admin/agents/{peer_id}/drain"});
+        return (400, serde_json::to_vec(&body).unwrap_or_default());
+    }
+    let mut found = shard.drain_agent(peer, on);
+    if found.is_none() {
+        let owned = peer.to_string();
+        let others = shard
+            .ask_others(
+                |reply| ShardMsg::DrainAgent {
+                    peer_id: owned.clone(),
+                    on,
+                    reply,
+                },
+                std::time::Duration::from_secs(5),
+            )
+            .await;
+        found = others.into_iter().flatten().next();
+    }
+    match found {
+        Some(in_flight) => {
+            let mut body = json!({"peer_id": peer, "draining": on, "in_flight": in_flight});
+            if on {
+                body["cut_after_ms"] = json!(shard.router.cfg.drain_timeout.as_millis() as u64);
+            }
+            (200, serde_json::to_vec(&body).unwrap_or_default())
+        }
+        None => {
+            let body = json!({"error": format!("no agent with peer ID {peer}")});
+            (404, serde_json::to_vec(&body).unwrap_or_default())
+        }
+    }
 }
 
 /// `POST /admin/metrics/reset`: every shard clears memory, then the store

@@ -434,7 +434,7 @@ async fn heartbeats(shard: &Shard, agent: &Agent, ctl: &mut Conn<LinkStream>) {
             Ok(Ok(Some(msg))) => {
                 last_frame = clock::now();
                 let ok = on_frame(agent, msg);
-                sync_health(shard, agent);
+                shard.sync_health(agent);
                 if !ok {
                     return;
                 }
@@ -456,26 +456,10 @@ async fn heartbeats(shard: &Shard, agent: &Agent, ctl: &mut Conn<LinkStream>) {
                     agent.agent_failures.set(agent.agent_failures.get() + 1);
                 }
                 agent.live.set(false);
-                sync_health(shard, agent);
+                shard.sync_health(agent);
             }
             Err(_) => {}
         }
-    }
-}
-
-/// Bring the directory's count of healthy agents in line with `agent`'s
-/// health (seed 2: a model whose agents are all unhealthy is redirected
-/// or held); a recovered agent releases the requests held for its model.
-fn sync_health(shard: &Shard, agent: &Agent) {
-    let now = agent.healthy();
-    if agent.counted_healthy.replace(now) == now {
-        return;
-    }
-    shard
-        .router
-        .set_health(&agent.reg.model, agent.reg.capability, now);
-    if now {
-        shard.wake_held(&agent.reg.model);
     }
 }
 

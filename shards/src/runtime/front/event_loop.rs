@@ -143,6 +143,9 @@ pub async fn run(
 
 fn on_message(shard: &Rc<Shard>, msg: ShardMsg) {
     match msg {
+        ShardMsg::DrainAgent { peer_id, on, reply } => {
+            let _ = reply.send(shard.drain_agent(&peer_id, on));
+        }
         ShardMsg::ResetMetrics { reply } => {
             shard.reset_metrics();
             let _ = reply.send(());

@@ -167,7 +167,9 @@ impl Upstream<'_> {
             Either::Left((Err(_), _)) => Err(format!(
                 "no byte from the agent for {idle:?} (--stream-idle-timeout)"
             )),
-            Either::Right(_) => Err("the agent stopped heartbeating and was declared dead".into()),
+            Either::Right(_) => Err(
+                "the router cut the agent's responses (declared dead, or its drain ended)".into(),
+            ),
         }
     }
 

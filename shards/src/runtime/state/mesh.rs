@@ -21,6 +21,16 @@ pub enum ShardMsg {
         /// Its place under the link caps.
         permit: crate::runtime::wire::link_budget::LinkPermit,
     },
+    /// Drain (or undrain) an agent by peer ID if it is on this shard; the
+    /// reply is its requests in flight, `None` when it is not here.
+    DrainAgent {
+        /// Its peer ID.
+        peer_id: String,
+        /// Drain (true) or undrain.
+        on: bool,
+        /// The answer.
+        reply: oneshot::Sender<Option<u32>>,
+    },
     /// Clear every agent's lifetime metrics (admin reset).
     ResetMetrics {
         /// Signalled when done.

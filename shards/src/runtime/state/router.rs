@@ -57,6 +57,9 @@ pub struct RouterConfig {
     /// Continuations of a streamed chat whose agent died mid-stream
     /// (`--stream-migrations`, 0: cut as before).
     pub stream_migrations: u32,
+    /// Time in-flight requests get to finish: at shutdown, and on an
+    /// agent drained through the admin API (`--drain-timeout`).
+    pub drain_timeout: Duration,
     /// Capacity-queue bound per model (`--queue-depth`; 0: no queue).
     pub queue_depth: usize,
     /// Request-body bytes buffered at once, router-wide
@@ -114,6 +117,7 @@ impl Default for RouterConfig {
             remove_after: Duration::from_secs(30),
             max_tries_per_step: 3,
             stream_migrations: 1,
+            drain_timeout: Duration::from_secs(10),
             queue_depth: 30,
             max_buffered_body_bytes: 256 * 1024 * 1024,
             max_client_connections: 4096,

@@ -394,6 +394,52 @@ impl Shard {
     }
 
     /// Clear every agent's lifetime metrics in memory.
+    /// Bring the directory's count of healthy agents in line with `agent`'s
+    /// health (seed 2: a model whose agents are all unhealthy is redirected
+    /// or held); a recovered agent releases the requests held for its model.
+    pub fn sync_health(&self, agent: &Agent) {
+        let now = agent.healthy();
+        if agent.counted_healthy.replace(now) == now {
+            return;
+        }
+        self.router
+            .set_health(&agent.reg.model, agent.reg.capability, now);
+        if now {
+            self.wake_held(&agent.reg.model);
+        }
+    }
+
+    /// Drain (`on`) or undrain the agent `peer_id` if it is on this shard:
+    /// nothing new is sent to it; what it still serves after the router's
+    /// `--drain-timeout` is cut, and its streams continued elsewhere.
+    /// Returns its requests in flight, `None` when it is not here.
+    pub fn drain_agent(&self, peer_id: &str, on: bool) -> Option<u32> {
+        let agent = self
+            .models
+            .borrow()
+            .values()
+            .find_map(|m| m.by_peer(peer_id).cloned())?;
+        if agent.admin_drained.replace(on) != on {
+            tracing::info!(peer_id, draining = on, "agent drained by the admin API");
+        }
+        self.sync_health(&agent);
+        if !on {
+            // An undrained agent serves the requests queued for it.
+            crate::runtime::state::model::wake_all(&agent.queue);
+        } else {
+            let wait = self.router.cfg.drain_timeout;
+            let a = agent.clone();
+            monoio::spawn(async move {
+                monoio::time::sleep(wait).await;
+                if a.admin_drained.get() && a.active.get() > 0 {
+                    let cut = a.cuts.cut_all();
+                    tracing::warn!(peer_id = %a.reg.peer_id, cut, "drain timeout: cutting the drained agent's responses (streams are continued elsewhere)");
+                }
+            });
+        }
+        Some(agent.active.get())
+    }
+
     pub fn reset_metrics(&self) {
         for m in self.models.borrow().values() {
             for a in &m.agents {

@@ -80,7 +80,7 @@ impl AgentView {
             last_seen: a.last_seen.get(),
             live: a.live.get(),
             backend_healthy: a.backend_healthy.get(),
-            draining: a.draining.get(),
+            draining: a.draining.get() || a.admin_drained.get(),
             srtt: est.srtt(),
             rttvar: est.rttvar(),
             input_tokens: a.input_tokens.get(),

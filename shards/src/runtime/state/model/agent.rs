@@ -35,6 +35,9 @@ pub struct Agent {
     pub backend_healthy: Cell<bool>,
     /// The agent is stopping: nothing new is sent to it.
     pub draining: Cell<bool>,
+    /// Drained by `POST /admin/agents/{peer_id}/drain` (until `DELETE`):
+    /// nothing new is sent to it, whatever its heartbeats say.
+    pub admin_drained: Cell<bool>,
     /// Its health as the model directory counts it (synced on every
     /// change, so the counts never drift).
     pub counted_healthy: Cell<bool>,
@@ -211,6 +214,7 @@ impl Agent {
             live: Cell::new(true),
             backend_healthy: Cell::new(true),
             draining: Cell::new(false),
+            admin_drained: Cell::new(false),
             counted_healthy: Cell::new(true),
             active: Cell::new(0),
             others: Cell::new(0),
@@ -321,7 +325,10 @@ impl Agent {
 
     /// Routable: live, backend healthy, not draining.
     pub fn healthy(&self) -> bool {
-        self.live.get() && self.backend_healthy.get() && !self.draining.get()
+        self.live.get()
+            && self.backend_healthy.get()
+            && !self.draining.get()
+            && !self.admin_drained.get()
     }
 
     /// What the policy gates read of it.
