@@ -536,3 +536,40 @@ fn an_admin_drain_sends_nothing_new_and_continues_what_is_left() {
     assert_eq!(st, 200);
     wait_agents(router.http, "m", 2);
 }
+
+/// Every agent that could continue is busy when the stream breaks: the
+/// continuation waits for a slot at the head of the queue (before it, it
+/// was cut as if there were no agent).
+#[test]
+fn a_continuation_waits_for_a_busy_agent() {
+    let dir = tmpdir("cont-busy");
+    let router = start_router(&dir, &["--shards", "1"], &[]);
+    let opts = ["--output-tokens", "20", "--itl", "20ms"];
+    let (_bad, pb) = start_sim(&dir, "m", &[&opts[..], &["--abort-rate", "1"]].concat());
+    let (_good, pg) = start_sim(&dir, "m", &opts);
+    let _a1 = start_agent(&dir, &router, pb, "bad.key", &["--capacity", "1"]);
+    let _a2 = start_agent(&dir, &router, pg, "good.key", &["--capacity", "1"]);
+    wait_agents(router.http, "m", 2);
+    for round in 0..3 {
+        // Two at once: one on each agent; the dying one breaks while the
+        // other is still streaming.
+        let http = router.http;
+        let both: Vec<_> = (0..2)
+            .map(|k| {
+                std::thread::spawn(move || {
+                    let b = format!(
+                        r#"{{"model":"m","stream":true,"messages":[{{"role":"user","content":"r{round} {k}"}}]}}"#
+                    );
+                    stream(http, "/v1/chat/completions", &b)
+                })
+            })
+            .collect();
+        for h in both {
+            let (raw, body, clean) = h.join().expect("client");
+            assert!(clean, "round {round}: cut:\n{raw}");
+            assert_eq!(openai_parts(&body).0, expected(20), "{body}");
+        }
+    }
+    assert!(migrations(router.metrics, "continued") >= 1.0);
+    assert_eq!(migrations(router.metrics, "no_agent"), 0.0);
+}

@@ -19,8 +19,10 @@ use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::http_write;
 use crate::logic::routing::failure::Failure;
 use crate::logic::routing::policy::{self, StepPick};
+use crate::logic::routing::wait_queue::{Class, Fair, Prefer};
 use crate::runtime::state::model::admission::Reservation;
 use crate::runtime::state::model::agent::Agent;
+use crate::runtime::state::model::{wake_head, Waiter};
 use crate::runtime::state::pending::PendingRequest;
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;
@@ -128,9 +130,12 @@ pub async fn continue_stream(
             done.label = "deadline";
             break;
         }
-        let Some(agent) = pick(shard, p.meta.model.as_str(), &tried) else {
-            done.label = "no_agent";
-            break;
+        let agent = match pick_or_wait(shard, p.meta.model.as_str(), &tried, deadline).await {
+            Ok(a) => a,
+            Err(label) => {
+                done.label = label;
+                break;
+            }
         };
         tried.push(agent.id);
         let Some(prefill) = continuation::prefill_for(&agent.reg.engine) else {
@@ -190,26 +195,104 @@ pub async fn continue_stream(
     done
 }
 
+/// Where a continuation can go now.
+enum Pick {
+    /// This agent has a free slot.
+    Agent(Rc<Agent>),
+    /// Agents that could continue exist, all at capacity.
+    Full,
+    /// None could.
+    Nothing,
+}
+
 /// The agent to continue on: the policy's first step that has a free one
 /// (its gates as for any request), never one already tried, and only an
 /// engine that can continue an assistant message.
-fn pick(shard: &Shard, model: &str, tried: &[u64]) -> Option<Rc<Agent>> {
+fn pick(shard: &Shard, model: &str, tried: &[u64]) -> Pick {
     let policy = shard.policy(model);
     let models = shard.models.borrow();
-    let m = models.get(model)?;
+    let Some(m) = models.get(model) else {
+        return Pick::Nothing;
+    };
     let get = |i: usize| {
         m.agents
             .get(i)
             .filter(|a| continuation::prefill_for(&a.reg.engine).is_some())
             .map(|a| a.facts())
     };
+    let mut full = false;
     for step in &policy.steps {
         let cap = crate::logic::link::control::Capability::Llm;
-        if let StepPick::Agent(i) =
-            policy::select(step, cap, m.agents.len(), get, tried, m.rotation)
-        {
-            return m.agents.get(i).cloned();
+        match policy::select(step, cap, m.agents.len(), get, tried, m.rotation) {
+            StepPick::Agent(i) => {
+                if let Some(a) = m.agents.get(i) {
+                    return Pick::Agent(a.clone());
+                }
+            }
+            StepPick::Full(_) => full = true,
+            StepPick::Empty(_) => {}
         }
     }
-    None
+    if full {
+        Pick::Full
+    } else {
+        Pick::Nothing
+    }
+}
+
+/// A free agent to continue on, waiting for a slot when every one that
+/// could is busy: at the head of the model's capacity queue (the answer
+/// was admitted already; it goes before requests not yet begun), never
+/// past the request's deadline. `Err`: the outcome label.
+async fn pick_or_wait(
+    shard: &Shard,
+    model: &str,
+    tried: &[u64],
+    deadline: clock::Instant,
+) -> Result<Rc<Agent>, &'static str> {
+    loop {
+        match pick(shard, model, tried) {
+            Pick::Agent(a) => return Ok(a),
+            Pick::Nothing => return Err("no_agent"),
+            Pick::Full => {}
+        }
+        let queue = shard.models.borrow().get(model).map(|m| m.queue.clone());
+        let Some(queue) = queue else {
+            return Err("no_agent");
+        };
+        let (tx, rx) = futures::channel::oneshot::channel();
+        let waiter = Waiter {
+            tx,
+            prefer: Prefer::default(),
+        };
+        // Interactive with the least cost of its tenant (0: continuations):
+        // ahead of everything queued but other interactive continuations.
+        let head = Fair {
+            class: Class::Interactive,
+            tenant: 0,
+            cost: 1,
+        };
+        // Not bounded by --queue-depth: there are never more than the
+        // streams in flight.
+        let place = match queue.borrow_mut().push_fair(waiter, usize::MAX, head) {
+            Ok(place) => place,
+            Err(_) => return Err("no_agent"),
+        };
+        let left = deadline.saturating_duration_since(clock::now());
+        match monoio::time::timeout(left, rx).await {
+            Ok(Ok(())) => {
+                // Woken for a free slot; if another took it first, or a
+                // gate keeps this one away, the next waiter is told.
+                if let Pick::Agent(a) = pick(shard, model, tried) {
+                    return Ok(a);
+                }
+                wake_head(&queue);
+            }
+            Ok(Err(_)) => {}
+            Err(_) => {
+                queue.borrow_mut().remove(place);
+                return Err("deadline");
+            }
+        }
+    }
 }
