@@ -235,8 +235,10 @@ impl Sim {
 /// request already holds: a continuation (vLLM's
 /// `continue_final_message`, llama.cpp's prefill) goes on from there, so
 /// the two parts make the uninterrupted text exactly. 0 when the last
-/// message is not the assistant's or is not such a prefix.
-fn continued_tokens(body: &[u8], limit: u32) -> u32 {
+/// message is not the assistant's or is not such a prefix. It may be
+/// longer than this simulator's own `--output-tokens` (the first part came
+/// from another engine): then nothing is left to generate.
+fn continued_tokens(body: &[u8]) -> u32 {
     let Ok(p) = serde_json::from_slice::<PromptParts>(body) else {
         return 0;
     };
@@ -255,7 +257,7 @@ fn continued_tokens(body: &[u8], limit: u32) -> u32 {
         return 0;
     };
     let mut acc = String::new();
-    for i in 0..=limit {
+    for i in 0..=u32::try_from(text.len()).unwrap_or(u32::MAX) {
         if acc == text {
             return i;
         }
@@ -623,12 +625,13 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         Ok(r) => r,
         Err(e) => return reply_json(conn, 400, &bad_request(e.to_string()), keep).await,
     };
-    let from = continued_tokens(body, sim.cfg.output_tokens);
+    let from = continued_tokens(body);
+    let left = sim.cfg.output_tokens.saturating_sub(from);
     let n = req
         .max_completion_tokens
         .or(req.max_tokens)
-        .map(|m| m.min(sim.cfg.output_tokens - from))
-        .unwrap_or(sim.cfg.output_tokens - from);
+        .map(|m| m.min(left))
+        .unwrap_or(left);
     let prompt = input_tokens(sim, body);
     let (cached, ttft) = prefill(sim, body, prompt);
     let id = "chatcmpl-sim";
@@ -698,11 +701,9 @@ async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         Ok(r) => r,
         Err(e) => return reply_json(conn, 400, &json!({"type": "error", "error": {"type": "invalid_request_error", "message": e.to_string()}}), keep).await,
     };
-    let from = continued_tokens(body, sim.cfg.output_tokens);
-    let n = req
-        .max_tokens
-        .map(|m| m.min(sim.cfg.output_tokens - from))
-        .unwrap_or(sim.cfg.output_tokens - from);
+    let from = continued_tokens(body);
+    let left = sim.cfg.output_tokens.saturating_sub(from);
+    let n = req.max_tokens.map(|m| m.min(left)).unwrap_or(left);
     let all = input_tokens(sim, body);
     let (cached, ttft) = prefill(sim, body, all);
     // Anthropic counts cache reads apart from input_tokens.
@@ -856,5 +857,30 @@ mod tests {
         assert_eq!(generated_text(3), "The quick brown");
         assert_eq!(generated_text(0), "");
         assert_eq!(generated_text(17).len(), generated_text(16).len() + 3);
+    }
+
+    #[test]
+    fn a_prefill_of_the_text_is_continued_from_where_it_stops() {
+        let body = |last: serde_json::Value| {
+            serde_json::to_vec(&json!({"messages": [{"role": "user", "content": "hi"}, last]}))
+                .unwrap_or_default()
+        };
+        let assistant = |t: &str| json!({"role": "assistant", "content": t});
+        assert_eq!(continued_tokens(&body(assistant(&generated_text(5)))), 5);
+        // Longer than any --output-tokens here (the first part came from
+        // an engine that generates more): still found.
+        assert_eq!(continued_tokens(&body(assistant(&generated_text(70)))), 70);
+        assert_eq!(
+            continued_tokens(&body(assistant("The quick br"))),
+            0,
+            "not whole tokens"
+        );
+        assert_eq!(continued_tokens(&body(assistant("Something else"))), 0);
+        assert_eq!(
+            continued_tokens(&body(json!({"role": "user", "content": "The"}))),
+            0,
+            "a user message last is a new turn"
+        );
+        assert_eq!(text_from(3, 2), " fox jumps");
     }
 }
