@@ -248,11 +248,16 @@ impl<T> WaitQueue<T> {
             .map(|(place, _)| place)
     }
 
-    /// [`WaitQueue::push_fair`], except that an arrival that would be
-    /// served before the last waiter of a full queue takes its place: the
-    /// last waiter (a lower class, or the tenant furthest ahead of its
-    /// share) is returned, displaced; a flooding tenant then loses its
-    /// newest waiter instead of the others being refused.
+    /// [`WaitQueue::push_fair`], except for a full queue and an arrival
+    /// that would be served before its last waiter:
+    /// - a higher class than that waiter goes ahead of it and nobody
+    ///   leaves (preemption of a waiting request: the lower class keeps
+    ///   its place at the head of its class); the queue may then hold up
+    ///   to twice `bound`, past which the last waiter is displaced;
+    /// - in the same class (the tenant furthest ahead of its share), the
+    ///   arrival takes its place: the last waiter is returned, displaced;
+    ///   a flooding tenant then loses its newest waiter instead of the
+    ///   others being refused.
     pub fn push_displacing(
         &mut self,
         item: T,
@@ -276,7 +281,10 @@ impl<T> WaitQueue<T> {
             let last = self.items.keys().next_back().copied();
             match last {
                 Some(l) if place < l => {
-                    displaced = self.remove(l).map(|v| (l, v));
+                    let preempts = class_of(l) > who.class;
+                    if !preempts || self.items.len() >= bound.saturating_mul(2) {
+                        displaced = self.remove(l).map(|v| (l, v));
+                    }
                 }
                 _ => return Err(item),
             }
@@ -852,6 +860,35 @@ mod tests {
             q.push_displacing(("x", 0), 0, Fair::default()).is_err(),
             "depth 0: no queue"
         );
+    }
+
+    #[test]
+    fn a_higher_class_goes_ahead_of_a_full_queue_and_nobody_leaves_up_to_twice_its_bound() {
+        let mut q = WaitQueue::default();
+        for i in 0..2u32 {
+            q.push_fair(("batch", i), 2, fair(Class::Batch, 1, 10))
+                .expect("room");
+        }
+        for i in 0..2u32 {
+            let (_, out) = q
+                .push_displacing(("int", i), 2, fair(Class::Interactive, 2, 10))
+                .expect("placed");
+            assert!(out.is_none(), "the batch waiters keep their places");
+        }
+        assert_eq!(q.len(), 4);
+        // Twice the bound: now the last batch waiter is displaced.
+        let (_, out) = q
+            .push_displacing(("int", 2), 2, fair(Class::Interactive, 2, 10))
+            .expect("placed");
+        assert_eq!(out.map(|(_, v)| v), Some(("batch", 1)));
+        // A standard arrival goes ahead of the remaining batch waiter too,
+        // but the queue is at twice its bound: it takes that place.
+        let (_, out) = q
+            .push_displacing(("std", 0), 2, fair(Class::Standard, 3, 10))
+            .expect("placed");
+        assert_eq!(out.map(|(_, v)| v), Some(("batch", 0)));
+        let order: Vec<(&str, u32)> = std::iter::from_fn(|| q.pop_head().map(|(_, v)| v)).collect();
+        assert_eq!(order, vec![("int", 0), ("int", 1), ("int", 2), ("std", 0)]);
     }
 
     /// Closed-loop tenants with unequal demand (8 to 96 connections over

@@ -17,7 +17,7 @@ use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::link::control::Capability;
 use crate::logic::routing::admission;
-use crate::logic::routing::wait_queue::{request_class, Class, Fair, PRIORITY_HEADER};
+use crate::logic::routing::wait_queue::Fair;
 use crate::logic::sites::hold::{self as pure, Ticket, Waking};
 use crate::logic::sites::Kind;
 use crate::logic::tenancy::quota;
@@ -288,13 +288,11 @@ fn start_keepalives(shard: &Shard, c: &mut Client, p: &PendingRequest, started: 
 /// invalid priority header is answered 400 once served; here it counts
 /// as the key's class.)
 fn fair_of(p: &PendingRequest) -> Fair {
-    let key_class = match &p.principal {
-        Principal::Key(k) => k.key.priority,
-        _ => Class::Standard,
-    };
     Fair {
-        class: request_class(key_class, p.head.header(PRIORITY_HEADER)).unwrap_or(key_class),
-        tenant: xxhash_rust::xxh64::xxh64(p.principal.tenant().as_bytes(), 0),
+        // A header that would raise it is refused when the request is
+        // served; here it keeps its key's class.
+        class: p.class().unwrap_or(p.principal.key_class()),
+        tenant: p.principal.tenant_hash(),
         cost: p
             .meta
             .estimate(COLD_TOKENS_PER_BYTE)

@@ -30,9 +30,7 @@ use crate::logic::routing::decision::{
 };
 use crate::logic::routing::policy::Policy;
 use crate::logic::routing::refusal::{QuotaLimit, QuotaRefusal, Refusal};
-use crate::logic::routing::wait_queue::{
-    request_class, Class, Fair, Place, Prefer, PRIORITY_HEADER,
-};
+use crate::logic::routing::wait_queue::{Class, Fair, Place, Prefer};
 use crate::logic::tenancy::quota;
 use crate::runtime::state::model::admission::Admitted;
 use crate::runtime::state::model::agent::Agent;
@@ -311,11 +309,7 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
     crate::runtime::wire::bufpool::give(std::mem::take(&mut p.body));
     let p = &*p;
     let model = p.meta.model.as_str();
-    let key_class = match &p.principal {
-        Principal::Key(k) => k.key.priority,
-        _ => Class::Standard,
-    };
-    let class = match request_class(key_class, p.head.header(PRIORITY_HEADER)) {
+    let class = match p.class() {
         Ok(class) => class,
         Err(m) => {
             let e = ApiError::new(ErrorCode::RequestInvalid, m);
@@ -444,7 +438,7 @@ impl Run<'_> {
     fn fair_of(&self) -> Fair {
         Fair {
             class: self.class,
-            tenant: xxhash_rust::xxh64::xxh64(self.p.principal.tenant().as_bytes(), 0),
+            tenant: self.p.principal.tenant_hash(),
             cost: self.estimate.saturating_add(self.p.meta.declared_output),
         }
     }
@@ -877,9 +871,11 @@ async fn wait_for_capacity(
             queue.borrow_mut().requeue(seq, w);
             seq
         }
-        // A request that would be served before the last waiter of a full
-        // queue takes its place; the displaced waiter's wait ends (its
-        // sender dropped): refused as a full queue, as if it had come last.
+        // A full queue: a higher class goes ahead and nobody leaves (up to
+        // twice the bound); within a class, an arrival served before the
+        // last waiter takes its place, and the displaced waiter's wait
+        // ends (its sender dropped): refused as a full queue, as if it had
+        // come last.
         None => match queue.borrow_mut().push_displacing(w, depth, fair) {
             Ok((seq, displaced)) => {
                 drop(displaced);

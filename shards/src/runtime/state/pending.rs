@@ -43,6 +43,19 @@ pub struct PendingRequest {
     pub hold_for: Option<std::time::Duration>,
 }
 
+impl PendingRequest {
+    /// Its priority class: its key's, lowered by the `X-Hivenet-Priority`
+    /// header; `Err` (a message for the client) when the header is not a
+    /// class or would raise it.
+    pub fn class(&self) -> Result<crate::logic::routing::wait_queue::Class, String> {
+        crate::logic::routing::wait_queue::request_class(
+            self.principal.key_class(),
+            self.head
+                .header(crate::logic::routing::wait_queue::PRIORITY_HEADER),
+        )
+    }
+}
+
 /// What a request released by a wake carries on (seed "After the wake").
 #[derive(Debug)]
 pub struct Held {

@@ -274,6 +274,19 @@ impl Principal {
         }
     }
 
+    /// The tenant as the fair queues know it (hashed).
+    pub fn tenant_hash(&self) -> u64 {
+        xxhash_rust::xxh64::xxh64(self.tenant().as_bytes(), 0)
+    }
+
+    /// Its key's priority class (`standard` without a key).
+    pub fn key_class(&self) -> crate::logic::routing::wait_queue::Class {
+        match self {
+            Principal::Key(k) => k.key.priority,
+            _ => crate::logic::routing::wait_queue::Class::Standard,
+        }
+    }
+
     /// `key_id` label and audit field (`anonymous` without auth).
     pub fn key_id(&self) -> &str {
         match self {
