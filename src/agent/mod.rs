@@ -276,7 +276,8 @@ async fn drain_on_stop(
     std::process::exit(0);
 }
 
-/// The reconnect loop of the link to router `link`: never returns.
+/// The reconnect loop of the link to router `link`: returns only when the
+/// agent is draining.
 async fn run_link(cfg: Rc<AgentConfig>, gate: Rc<Gate>, link: usize) {
     let Some(router) = cfg.routers.get(link).copied() else {
         return;
@@ -285,6 +286,12 @@ async fn run_link(cfg: Rc<AgentConfig>, gate: Rc<Gate>, link: usize) {
     let mut backoff = FIRST_BACKOFF;
     let max_backoff = Duration::from_secs(30);
     loop {
+        // A draining agent does not come back to a router it lost: it is
+        // leaving (its other links finish what they serve).
+        if gate.draining() {
+            info!(router = %router.addr, "draining: not reconnecting");
+            return;
+        }
         wait_backend(&cfg).await;
         let model = discover_model(&cfg).await;
         if cfg.warmup && cfg.capability == Capability::Llm {
@@ -394,6 +401,19 @@ async fn session(
     let _registered = to.gate.registered();
     info!(%router_peer, %model, %peer_id, "registered with the router");
     *backoff = FIRST_BACKOFF;
+    // Stopped while this link was being set up: the router hears it now,
+    // not at the first heartbeat.
+    let mut drain_told = false;
+    if to.gate.draining() {
+        drain_told = true;
+        let beat = ControlMsg::Heartbeat {
+            backend_healthy: true,
+            draining: true,
+        };
+        link::write_frame(&mut ctl, &beat)
+            .await
+            .map_err(|e| format!("heartbeat: {e}"))?;
+    }
     // Serve request streams.
     let server = {
         let cfg = cfg.clone();
@@ -417,8 +437,6 @@ async fn session(
     // Heartbeats with backend health: 3 consecutive failed checks = unhealthy.
     let mut failures = 0u32;
     let mut healthy = true;
-    // The router was told this agent is draining (once per session).
-    let mut drain_told = false;
     // Engine signals (vllm, sglang, llamacpp): scraped every
     // --engine-sample-interval and pushed when they change (or every 5 s).
     let scrape = shards::logic::link::engine_metrics::scraped(cfg.engine.as_str());
