@@ -118,6 +118,24 @@ done
 # and sim for a run of REQUESTS requests; prints a TSV row per process.
 ROWS="$WORK/rows.tsv"
 : >"$ROWS"
+# perf stat writes its figures on SIGINT. Once (a loaded machine) it
+# ignored the one SIGINT sent and the run hung for 28 minutes: ask again
+# every second, then end it; a perf that had to be ended wrote no
+# figures, and the run is marked short so --check says so, not hangs.
+stop_perf() {
+  local pid=$1 what=$2 i
+  for i in $(seq 0 99); do
+    if [ $((i % 10)) = 0 ]; then kill -INT "$pid" 2>/dev/null || break; fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if ! kill -0 "$pid" 2>/dev/null; then wait "$pid" 2>/dev/null || true; return 0; fi
+  kill -TERM "$pid" 2>/dev/null || true; sleep 1; kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  echo "count-syscalls: perf stat for $what did not stop on SIGINT within 10 s" >&2
+  echo "$what: perf stat did not stop, no figures" >>"$WORK/short"
+}
+
 measure() {
   local name=$1 url=$2 reqs=$3; shift 3; shift # --
   local p
@@ -127,8 +145,7 @@ measure() {
   done
   sleep 0.3
   "$BIN/hivenet-bench" --url "$url" --quiet --requests "$reqs" --duration "$DUR" --out "$WORK/$name.json" ${BENCH_EXTRA:-} "$@" >"$WORK/$name.txt"
-  for p in router agent sim; do kill -INT "$(cat "$WORK/$name-$p.perfpid")" 2>/dev/null || true; done
-  for p in router agent sim; do wait "$(cat "$WORK/$name-$p.perfpid")" 2>/dev/null || true; done
+  for p in router agent sim; do stop_perf "$(cat "$WORK/$name-$p.perfpid")" "$name-$p"; done
   python3 - "$WORK" "$name" "$reqs" >>"$ROWS" <<'PY'
 import json, sys
 work, name, reqs = sys.argv[1], sys.argv[2], int(sys.argv[3])
