@@ -186,3 +186,84 @@ def test_anthropic_stream_continues_past_a_dying_engine(fleet):
     continued = sum(float(l.rsplit(" ", 1)[1]) for l in fleet.metrics_text().splitlines()
                     if l.startswith('hivenet_stream_migrations_total{model="cont-claude",outcome="continued"}'))
     assert continued >= 1
+
+
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+def test_agent_drained_under_load_cuts_no_stream(fleet, sdk):
+    """Six streams over two agents, one agent drained (SIGTERM, its
+    --drain-timeout shorter than the streams) while all six run: each SDK
+    stream is one uninterrupted answer with the whole text and one usage,
+    and the streams of the drained agent were continued (issue 33)."""
+    fleet.router("--shards", "2")
+    slow = ("--output-tokens", "50", "--itl", "30ms")
+    s1 = fleet.sim("drain-model", *slow)
+    s2 = fleet.sim("drain-model", *slow)
+    a1 = fleet.agent(s1, "a1.key", "--drain-timeout", "300ms")
+    fleet.agent(s2, "a2.key", "--drain-timeout", "300ms")
+    fleet.wait_agents("drain-model", 2)
+    streams = 6
+    started = threading.Barrier(streams + 1, timeout=30)
+    results, errors = [], []
+
+    def openai_stream(i):
+        client = openai.OpenAI(base_url=fleet.base + "/v1", api_key="unused", max_retries=0)
+        stream = client.chat.completions.create(
+            model="drain-model", messages=[{"role": "user", "content": f"hi {i}"}],
+            stream=True, stream_options={"include_usage": True})
+        chunks = []
+        for c in stream:
+            chunks.append(c)
+            if len(chunks) == 3:
+                started.wait()
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        roles = sum(1 for c in chunks if c.choices and c.choices[0].delta.role)
+        usage = [c.usage.completion_tokens for c in chunks if c.usage]
+        return text, len({c.id for c in chunks}), roles, usage
+
+    def anthropic_stream(i):
+        client = anthropic.Anthropic(base_url=fleet.base, api_key="unused", max_retries=0)
+        text, ids, n = "", set(), 0
+        with client.messages.stream(model="drain-model", max_tokens=100,
+                                    messages=[{"role": "user", "content": f"hi {i}"}]) as stream:
+            for event in stream:
+                if event.type == "message_start":
+                    ids.add(event.message.id)
+                if event.type == "text":
+                    text += event.text
+                    n += 1
+                    if n == 2:
+                        started.wait()
+            final = stream.get_final_message()
+        return text, len(ids), 1, [final.usage.output_tokens]
+
+    def run(i):
+        try:
+            results.append((openai_stream if sdk == "openai" else anthropic_stream)(i))
+        except Exception as e:  # reported below with the others
+            errors.append(repr(e))
+            started.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    started.wait()  # every stream has its first tokens: all six are running
+    active = {}
+    for line in fleet.metrics_text().splitlines():
+        if line.startswith("hivenet_agent_active_requests{"):
+            peer = re.search(r'peer_id="([^"]+)"', line).group(1)
+            active[peer] = float(line.rsplit(" ", 1)[1])
+    peer1 = re.search(r"peer_id=(12D3KooW\w+)", open(a1.log_path).read()).group(1)
+    assert active.get(peer1, 0) >= 1, active  # the drained agent has streams in flight
+    a1.terminate()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert a1.wait(timeout=10) == 0
+    assert len(results) == streams
+    for text, ids, roles, usage in results:
+        assert text == generated(50)
+        assert ids == 1 and roles == 1
+        assert usage == [50], usage
+    continued = sum(float(l.rsplit(" ", 1)[1]) for l in fleet.metrics_text().splitlines()
+                    if l.startswith('hivenet_stream_migrations_total{model="drain-model",outcome="continued"}'))
+    assert continued >= active[peer1], (continued, active)
