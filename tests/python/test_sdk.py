@@ -267,3 +267,63 @@ def test_agent_drained_under_load_cuts_no_stream(fleet, sdk):
     continued = sum(float(l.rsplit(" ", 1)[1]) for l in fleet.metrics_text().splitlines()
                     if l.startswith('hivenet_stream_migrations_total{model="drain-model",outcome="continued"}'))
     assert continued >= active[peer1], (continued, active)
+
+
+def test_priority_header_through_both_sdks(fleet):
+    """`X-Hivenet-Priority` as the SDKs send it (extra_headers): raising a
+    request above its key's class (anonymous: standard) is a 400
+    request_invalid each SDK raises as BadRequestError; lowering it to
+    batch puts it behind a standard request queued after it (issue 32)."""
+    fleet.router("--shards", "1")
+    sim = fleet.sim("prio-model", "--ttft", "600ms", "--output-tokens", "3")
+    fleet.agent(sim, "a1.key", "--capacity", "1")
+    fleet.wait_agents("prio-model", 1)
+    oa = openai.OpenAI(base_url=fleet.base + "/v1", api_key="unused", max_retries=0)
+    an = anthropic.Anthropic(base_url=fleet.base, api_key="unused", max_retries=0)
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as e:
+        oa.chat.completions.create(model="prio-model", messages=msgs,
+                                   extra_headers={"X-Hivenet-Priority": "interactive"})
+    assert e.value.body["code"] == "request_invalid", e.value.body
+    with pytest.raises(anthropic.BadRequestError) as e:
+        an.messages.create(model="prio-model", max_tokens=3, messages=msgs,
+                           extra_headers={"X-Hivenet-Priority": "nonsense"})
+    assert "X-Hivenet-Priority" in str(e.value) or "priority" in str(e.value).lower(), e.value
+    done, lock = [], threading.Lock()
+
+    def send(label, fn):
+        fn()
+        with lock:
+            done.append(label)
+
+    reqs = [
+        ("busy", lambda: oa.chat.completions.create(model="prio-model", messages=msgs)),
+        ("lowered", lambda: an.messages.create(model="prio-model", max_tokens=3, messages=msgs,
+                                              extra_headers={"X-Hivenet-Priority": "batch"})),
+        ("standard", lambda: oa.chat.completions.create(model="prio-model", messages=msgs)),
+    ]
+    from conftest import wait_until
+    threads = []
+    for label, fn in reqs:
+        t = threading.Thread(target=send, args=(label, fn))
+        t.start()
+        threads.append(t)
+        # Each holds the slot or waits for it before the next is sent.
+        n = len(threads)
+        wait_until(lambda: active_requests(fleet) == 1 and queue_depth(fleet, "prio-model") == n - 1,
+                   f"{label} running or queued")
+    for t in threads:
+        t.join(timeout=30)
+    assert done == ["busy", "standard", "lowered"], done
+
+
+def queue_depth(fleet, model):
+    for line in fleet.metrics_text().splitlines():
+        if line.startswith("hivenet_queue_depth{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def active_requests(fleet):
+    return sum(float(l.rsplit(" ", 1)[1]) for l in fleet.metrics_text().splitlines()
+               if l.startswith("hivenet_agent_active_requests{"))
