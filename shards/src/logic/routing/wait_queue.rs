@@ -299,6 +299,21 @@ impl<T> WaitQueue<T> {
         Ok((place, displaced))
     }
 
+    /// A waiter whose request was served before and must go on (a stream
+    /// continued on another agent): ahead of every request not yet begun
+    /// (the interactive class at the lowest tag; among such waiters in
+    /// arrival order), not bounded (there are never more than the streams
+    /// in flight) and charged to no tenant (its tokens were counted when
+    /// it was admitted).
+    pub fn push_head(&mut self, item: T) -> Place {
+        let seq = self.next;
+        self.next += 1;
+        let place = pack(Class::Interactive, 0, seq);
+        self.items.insert(place, item);
+        self.arrivals.insert(seq, (place, self.pops));
+        place
+    }
+
     /// A request of `who` that waited was served with `real` tokens (its
     /// usage): its tenant's finish time in the class moves by what the
     /// estimate (`who.cost`) missed, up or down (never below the class's
@@ -461,6 +476,27 @@ mod tests {
             vec!["a", "b", "c"]
         );
         assert_eq!(q.push("x", 0), Err("x"), "depth 0: no queue");
+    }
+
+    #[test]
+    fn a_continued_stream_waits_ahead_of_every_request_not_begun() {
+        let mut q = WaitQueue::default();
+        let int = Fair {
+            class: Class::Interactive,
+            tenant: 7,
+            cost: 50,
+        };
+        q.push_fair("int1", 2, int).expect("room");
+        q.push_fair("int2", 2, int).expect("room");
+        // Served once: the virtual time of the class moves past 0.
+        assert_eq!(q.pop_head().map(|(_, v)| v), Some("int1"));
+        q.push_fair("std", 2, Fair::default()).expect("room");
+        // Not bounded by the depth (2 are queued), not charged to a tenant.
+        q.push_head("cont1");
+        q.push_head("cont2");
+        assert_eq!(q.finish.len(), 2, "only tenants 7 and 0 (standard)");
+        let order: Vec<_> = q.drain().into_iter().map(|(_, v)| v).collect();
+        assert_eq!(order, vec!["cont1", "cont2", "int2", "std"]);
     }
 
     #[test]

@@ -14,12 +14,12 @@ use tracing::{info, warn};
 
 use super::exchange;
 use super::forward::{attempt, build_request_with, Ask, Outcome};
-use crate::logic::http::continuation::{self, Api, Splice, Transcript};
+use crate::logic::http::continuation::{self, Api, Prefill, Splice, Transcript};
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::http_write;
 use crate::logic::routing::failure::Failure;
 use crate::logic::routing::policy::{self, StepPick};
-use crate::logic::routing::wait_queue::{Class, Fair, Prefer};
+use crate::logic::routing::wait_queue::Prefer;
 use crate::runtime::state::model::admission::Reservation;
 use crate::runtime::state::model::agent::Agent;
 use crate::runtime::state::model::{wake_head, Waiter};
@@ -130,17 +130,15 @@ pub async fn continue_stream(
             done.label = "deadline";
             break;
         }
-        let agent = match pick_or_wait(shard, p.meta.model.as_str(), &tried, deadline).await {
-            Ok(a) => a,
-            Err(label) => {
-                done.label = label;
-                break;
-            }
-        };
+        let (agent, prefill) =
+            match pick_or_wait(shard, p.meta.model.as_str(), &tried, deadline).await {
+                Ok(a) => a,
+                Err(label) => {
+                    done.label = label;
+                    break;
+                }
+            };
         tried.push(agent.id);
-        let Some(prefill) = continuation::prefill_for(&agent.reg.engine) else {
-            continue;
-        };
         let Ok(next) = continuation::continuation_body(api, body, prefill, &t.text, t.deltas)
         else {
             done.label = "malformed";
@@ -197,8 +195,8 @@ pub async fn continue_stream(
 
 /// Where a continuation can go now.
 enum Pick {
-    /// This agent has a free slot.
-    Agent(Rc<Agent>),
+    /// This agent has a free slot; how its engine continues.
+    Agent(Rc<Agent>, Prefill),
     /// Agents that could continue exist, all at capacity.
     Full,
     /// None could.
@@ -225,8 +223,11 @@ fn pick(shard: &Shard, model: &str, tried: &[u64]) -> Pick {
         let cap = crate::logic::link::control::Capability::Llm;
         match policy::select(step, cap, m.agents.len(), get, tried, m.rotation) {
             StepPick::Agent(i) => {
-                if let Some(a) = m.agents.get(i) {
-                    return Pick::Agent(a.clone());
+                let a = m.agents.get(i);
+                if let Some((a, prefill)) =
+                    a.and_then(|a| Some((a, continuation::prefill_for(&a.reg.engine)?)))
+                {
+                    return Pick::Agent(a.clone(), prefill);
                 }
             }
             StepPick::Full(_) => full = true,
@@ -249,10 +250,10 @@ async fn pick_or_wait(
     model: &str,
     tried: &[u64],
     deadline: clock::Instant,
-) -> Result<Rc<Agent>, &'static str> {
+) -> Result<(Rc<Agent>, Prefill), &'static str> {
     loop {
         match pick(shard, model, tried) {
-            Pick::Agent(a) => return Ok(a),
+            Pick::Agent(a, prefill) => return Ok((a, prefill)),
             Pick::Nothing => return Err("no_agent"),
             Pick::Full => {}
         }
@@ -265,26 +266,14 @@ async fn pick_or_wait(
             tx,
             prefer: Prefer::default(),
         };
-        // Interactive with the least cost of its tenant (0: continuations):
-        // ahead of everything queued but other interactive continuations.
-        let head = Fair {
-            class: Class::Interactive,
-            tenant: 0,
-            cost: 1,
-        };
-        // Not bounded by --queue-depth: there are never more than the
-        // streams in flight.
-        let place = match queue.borrow_mut().push_fair(waiter, usize::MAX, head) {
-            Ok(place) => place,
-            Err(_) => return Err("no_agent"),
-        };
+        let place = queue.borrow_mut().push_head(waiter);
         let left = deadline.saturating_duration_since(clock::now());
         match monoio::time::timeout(left, rx).await {
             Ok(Ok(())) => {
                 // Woken for a free slot; if another took it first, or a
                 // gate keeps this one away, the next waiter is told.
-                if let Pick::Agent(a) = pick(shard, model, tried) {
-                    return Ok(a);
+                if let Pick::Agent(a, prefill) = pick(shard, model, tried) {
+                    return Ok((a, prefill));
                 }
                 wake_head(&queue);
             }
