@@ -120,6 +120,54 @@ pub struct Opts {
     /// Target k's report goes beside --out as <stem>-<k>.json (k = 1..)
     #[argh(option)]
     pub interleave: Option<String>,
+    /// open loop through an oracle of cache affinity instead of --url:
+    /// these comma-separated hivenet-sim URLs, each request sent to the
+    /// sim with a free slot whose cache (mirrored exactly) holds the
+    /// longest prefix of it (issue 30's "oracle that knows every
+    /// engine's cache")
+    #[argh(option)]
+    pub oracle_of: Option<String>,
+    /// the sims' cache and slots for --oracle-of:
+    /// CACHE_TOKENS:BLOCK_TOKENS:BYTES_PER_TOKEN:CAPACITY (default
+    /// 4096:1:2.0:4, the calibrated sim of scripts/bench/affinity-ramp.sh
+    /// behind agents of --capacity 4)
+    #[argh(option, default = "String::from(\"4096:1:2.0:4\")")]
+    pub oracle_shape: String,
+    /// with --oracle-of: read the mirrors from this file if it exists (the same
+    /// sims served an earlier run) and write them back at the end
+    #[argh(option)]
+    pub oracle_state: Option<String>,
+}
+
+/// `--oracle-shape`: cache tokens, block tokens, bytes per token, capacity.
+fn parse_oracle_shape(s: &str) -> Result<(u64, u64, f64, usize), String> {
+    let bad = || {
+        format!("--oracle-shape {s:?}: want CACHE_TOKENS:BLOCK_TOKENS:BYTES_PER_TOKEN:CAPACITY, e.g. 4096:1:2.0:4")
+    };
+    let f: Vec<&str> = s.split(':').collect();
+    let [c, b, t, k] = f.as_slice() else {
+        return Err(bad());
+    };
+    let cache = c.trim().parse::<u64>().map_err(|_| bad())?;
+    let block = b
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|&b| b > 0)
+        .ok_or_else(bad)?;
+    let bpt = t
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .ok_or_else(bad)?;
+    let cap = k
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&k| k > 0)
+        .ok_or_else(bad)?;
+    Ok((cache, block, bpt, cap))
 }
 
 fn parse_target(url: &str) -> Result<(SocketAddr, String), String> {
@@ -227,6 +275,60 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
                 .collect()
         })
         .unwrap_or_default();
+    if let Some(urls) = opts.oracle_of.as_deref() {
+        if mode != "open" || threads != 1 {
+            return Err("--oracle-of takes --rate (open loop) and one thread".into());
+        }
+        let (cache, block, bpt, cap) = parse_oracle_shape(&opts.oracle_shape)?;
+        let mut specs = Vec::new();
+        for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+            let (addr, host) = parse_target(url)?;
+            specs.push(WorkerSpec {
+                addr,
+                host,
+                template: template.clone(),
+                api_key: opts.api_key.clone(),
+                timeout,
+                max_connections: opts.max_connections.max(1),
+                seed: opts.seed,
+            });
+        }
+        if specs.is_empty() {
+            return Err("--oracle-of: no URL".into());
+        }
+        let mut oracle = prefix_cache::Oracle::new(specs.len(), cap, cache, block, bpt);
+        if let Some(path) = opts.oracle_state.as_deref() {
+            if let Ok(text) = std::fs::read(path) {
+                oracle = serde_json::from_slice(&text)
+                    .map_err(|e| format!("--oracle-state {path}: {e}"))?;
+                oracle.predicted = 0;
+            }
+        }
+        let state_path = opts.oracle_state.clone();
+        let (tx, rx) = std::sync::mpsc::channel::<(Recorder, prefix_cache::Oracle)>();
+        let h = spawn_runtime(
+            "bench-0".into(),
+            cpus.first().copied(),
+            DriverChoice::Auto,
+            move || async move {
+                let (rec, oracle) =
+                    worker::oracle_loop(specs, oracle, offsets, spin, start, progress).await;
+                let _ = tx.send((rec, oracle));
+            },
+        )
+        .map_err(|e| format!("cannot start worker: {e}"))?;
+        let (rec, oracle) = rx.recv().map_err(|_| "the worker stopped".to_string())?;
+        let _ = h.join();
+        eprintln!("oracle: cached tokens predicted {}", oracle.predicted);
+        if let Some(path) = state_path.as_deref() {
+            let text = serde_json::to_vec(&oracle).map_err(|e| format!("--oracle-state: {e}"))?;
+            std::fs::write(path, text).map_err(|e| format!("--oracle-state {path}: {e}"))?;
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        let report = report::build(&rec, mode, urls, rate, 1, duration.as_secs_f64(), elapsed);
+        write_report(&report, &opts.out)?;
+        return Ok(report);
+    }
     if !others.is_empty() {
         if mode != "closed" || connections != 1 || threads != 1 {
             return Err("--interleave takes --connections 1 and one thread".into());

@@ -21,7 +21,7 @@ pub fn tokens_of(bytes: usize, bytes_per_token: f64) -> u64 {
 }
 
 /// A bounded LRU of prefix blocks.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct PrefixCache {
     capacity_tokens: u64,
     /// Tokens per block.
@@ -84,6 +84,23 @@ impl PrefixCache {
         hits
     }
 
+    /// The tokens [`PrefixCache::lookup_and_keep`] would read for
+    /// `prompt`, changing nothing.
+    pub fn peek(&self, prompt: &[u8]) -> u64 {
+        let mut hash = 0xcbf2_9ce4_8422_2325u64;
+        let mut hits = 0;
+        for block in prompt.chunks_exact(self.block_bytes) {
+            for b in block {
+                hash = (hash ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+            }
+            if !self.blocks.contains_key(&hash) {
+                break;
+            }
+            hits += self.block_tokens;
+        }
+        hits
+    }
+
     /// Mark a block used now; whether it was there.
     fn touch(&mut self, key: u64) -> bool {
         self.tick += 1;
@@ -104,6 +121,74 @@ impl PrefixCache {
                 break;
             };
             self.blocks.remove(&key);
+        }
+    }
+}
+
+/// The benchmark's oracle for cache affinity (issue 30): a router that
+/// knows every engine's cache exactly. It mirrors each sim's cache (the
+/// same [`PrefixCache`] fed the same prompts in the same order) and places
+/// a request on the engine with a free slot whose cache holds the longest
+/// prefix of it (ties: the fewest running, then the first); none free:
+/// the request waits. Pure: the caller sends and reports the end.
+/// Serializable, so that a fleet's mirrors outlive one bench run (the
+/// sims' caches outlive it too: `--oracle-state`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Oracle {
+    caches: Vec<PrefixCache>,
+    running: Vec<usize>,
+    capacity: usize,
+    /// Cached tokens the mirrors gave the requests placed (equal to the
+    /// sims' own `prefix_cache_hits` when the mirrors are exact).
+    pub predicted: u64,
+}
+
+impl Oracle {
+    /// `engines` engines of `capacity` slots each, caches shaped as the
+    /// sims' (`--prefix-cache-tokens`, `--cache-block-tokens`,
+    /// `--bytes-per-token`).
+    pub fn new(
+        engines: usize,
+        capacity: usize,
+        cache_tokens: u64,
+        block_tokens: u64,
+        bytes_per_token: f64,
+    ) -> Self {
+        Oracle {
+            caches: (0..engines)
+                .map(|_| PrefixCache::shaped(cache_tokens, block_tokens, bytes_per_token))
+                .collect(),
+            running: vec![0; engines],
+            capacity: capacity.max(1),
+            predicted: 0,
+        }
+    }
+
+    /// The engine for a request whose prompt renders as `prompt` (see
+    /// `sim::prompt_text`), now counted running there and its blocks kept
+    /// in that engine's mirror; `None`: every engine is full.
+    pub fn place(&mut self, prompt: &[u8]) -> Option<usize> {
+        let i = (0..self.caches.len())
+            .filter(|&i| self.running.get(i).is_some_and(|&r| r < self.capacity))
+            .max_by_key(|&i| {
+                let cached = self.caches.get(i).map_or(0, |c| c.peek(prompt));
+                let running = self.running.get(i).copied().unwrap_or(0);
+                // The longest prefix; then the fewest running; then the first.
+                (cached, std::cmp::Reverse(running), std::cmp::Reverse(i))
+            })?;
+        if let Some(c) = self.caches.get_mut(i) {
+            self.predicted += c.lookup_and_keep(prompt);
+        }
+        if let Some(r) = self.running.get_mut(i) {
+            *r += 1;
+        }
+        Some(i)
+    }
+
+    /// A request placed on `engine` ended.
+    pub fn done(&mut self, engine: usize) {
+        if let Some(r) = self.running.get_mut(engine) {
+            *r = r.saturating_sub(1);
         }
     }
 }
@@ -177,5 +262,33 @@ mod tests {
             0,
             "capacity 0 keeps nothing"
         );
+    }
+
+    #[test]
+    fn peek_reads_what_lookup_would_and_changes_nothing() {
+        let mut c = PrefixCache::shaped(1000, 1, 1.0);
+        c.lookup_and_keep(b"abcdef");
+        assert_eq!(c.peek(b"abcxyz"), 3);
+        assert_eq!(c.peek(b"abcxyz"), 3, "peek keeps nothing");
+        assert_eq!(c.lookup_and_keep(b"abcxyz"), 3);
+        assert_eq!(c.peek(b"abcxyz"), 6);
+    }
+
+    #[test]
+    fn the_oracle_goes_to_the_longest_cached_prefix_with_a_free_slot() {
+        let mut o = Oracle::new(3, 1, 1000, 1, 1.0);
+        // Nothing cached: the first engine, then the others (fewest running).
+        assert_eq!(o.place(b"system A\nuser 1"), Some(0));
+        assert_eq!(o.place(b"system B\nuser 1"), Some(1));
+        o.done(0);
+        o.done(1);
+        // Each conversation goes back to the engine holding its prefix.
+        assert_eq!(o.place(b"system B\nuser 1\nuser 2"), Some(1));
+        assert_eq!(o.place(b"system A\nuser 1\nuser 2"), Some(0));
+        // Both holders full: the free engine, though it holds nothing.
+        assert_eq!(o.place(b"system A\nuser 1\nuser 3"), Some(2));
+        assert_eq!(o.place(b"system A"), None, "every engine is full");
+        o.done(0);
+        assert_eq!(o.place(b"system A\nuser 1\nuser 2\nuser 3"), Some(0));
     }
 }

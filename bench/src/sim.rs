@@ -430,39 +430,46 @@ struct PromptParts {
     messages: Option<Value>,
 }
 
+/// The prompt as an engine's chat template renders it, for the prefix
+/// cache: role and content of the system prompt and each message in
+/// order, the same for both API shapes (the body's other fields change
+/// between turns and are not part of it). `None`: not a chat body.
+/// Shared with the bench's oracle (`worker::oracle_loop`), which mirrors
+/// each sim's cache.
+pub fn prompt_text(body: &[u8]) -> Option<String> {
+    let p = serde_json::from_slice::<PromptParts>(body).ok()?;
+    let mut text = String::new();
+    let mut turn = |role: &str, content: &Value| {
+        text.push_str(role);
+        text.push('\n');
+        match content.as_str() {
+            Some(c) => text.push_str(c),
+            None => text.push_str(&content.to_string()),
+        }
+        text.push('\n');
+    };
+    if let Some(sys) = &p.system {
+        turn("system", sys);
+    }
+    for m in p
+        .messages
+        .as_ref()
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+        turn(role, m.get("content").unwrap_or(&Value::Null));
+    }
+    Some(text)
+}
+
 /// Prompt tokens read from the prefix cache (0 without one), counted in
 /// the vLLM-style metrics; and the time to first token for the rest.
 fn prefill(sim: &Sim, body: &[u8], prompt: u64) -> (u64, Duration) {
     let mut cached = 0;
     if sim.cfg.prefix_cache_tokens > 0 {
-        // The prompt as an engine's chat template renders it: role and
-        // content of the system prompt and each message in order, the
-        // same for both API shapes (the body's other fields change
-        // between turns and are not part of it).
-        if let Ok(p) = serde_json::from_slice::<PromptParts>(body) {
-            let mut text = String::new();
-            let mut turn = |role: &str, content: &Value| {
-                text.push_str(role);
-                text.push('\n');
-                match content.as_str() {
-                    Some(c) => text.push_str(c),
-                    None => text.push_str(&content.to_string()),
-                }
-                text.push('\n');
-            };
-            if let Some(sys) = &p.system {
-                turn("system", sys);
-            }
-            for m in p
-                .messages
-                .as_ref()
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
-                turn(role, m.get("content").unwrap_or(&Value::Null));
-            }
+        if let Some(text) = prompt_text(body) {
             if let Ok(mut c) = sim.stats.prefix.lock() {
                 cached = c.lookup_and_keep(text.as_bytes()).min(prompt);
             }

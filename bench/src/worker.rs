@@ -593,6 +593,103 @@ pub async fn interleaved(
         .collect()
 }
 
+/// Open loop through the oracle of cache affinity (issue 30): the same
+/// requests as [`open_loop`] (same seed and offsets), each placed by a
+/// [`crate::prefix_cache::Oracle`] that mirrors every sim's cache and
+/// sent straight to that sim; a request that finds every sim at its
+/// capacity waits, first come first served (its time counts from its
+/// intended send, as through a router). One recorder for all sims.
+pub async fn oracle_loop(
+    specs: Vec<WorkerSpec>,
+    oracle: crate::prefix_cache::Oracle,
+    offsets: Vec<Duration>,
+    spin: Duration,
+    start: Instant,
+    progress: Arc<Progress>,
+) -> (Recorder, crate::prefix_cache::Oracle) {
+    let seed = specs.first().map_or(1, |s| s.seed);
+    let mut rng = Rng::new(seed);
+    let ctxs: Vec<Rc<Ctx>> = specs
+        .into_iter()
+        .map(|s| context(s, start, progress.clone()))
+        .collect();
+    let Some(first) = ctxs.first().cloned() else {
+        return (Recorder::default(), oracle);
+    };
+    // Waiting requests, oldest first; a freed slot is offered to the head.
+    let queue: Rc<RefCell<std::collections::VecDeque<(Vec<u8>, Instant)>>> = Rc::default();
+    let oracle = Rc::new(RefCell::new(oracle));
+    let inflight = Rc::new(Cell::new(0usize));
+    let mut precise = crate::timer::PreciseTimer::new();
+    for off in offsets {
+        let intended = start + off;
+        let bytes = request_bytes(&first.spec, &mut rng);
+        crate::timer::arrive_at(intended, spin, &mut precise).await;
+        queue.borrow_mut().push_back((bytes, intended));
+        dispatch_oracle(&ctxs, &oracle, &queue, &inflight);
+        crate::timer::yield_turn().await;
+    }
+    while inflight.get() > 0 || !queue.borrow().is_empty() {
+        monoio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut all = Recorder::default();
+    for c in ctxs {
+        all.merge(&into_recorder(c));
+    }
+    // Every task has ended: the oracle is ours alone again.
+    let oracle = Rc::try_unwrap(oracle)
+        .map(RefCell::into_inner)
+        .unwrap_or_else(|rc| {
+            std::mem::replace(
+                &mut *rc.borrow_mut(),
+                crate::prefix_cache::Oracle::new(0, 1, 0, 1, 1.0),
+            )
+        });
+    (all, oracle)
+}
+
+/// Send the waiting requests the oracle finds a free sim for, oldest
+/// first; each end offers its slot again.
+fn dispatch_oracle(
+    ctxs: &[Rc<Ctx>],
+    oracle: &Rc<RefCell<crate::prefix_cache::Oracle>>,
+    queue: &Rc<RefCell<std::collections::VecDeque<(Vec<u8>, Instant)>>>,
+    inflight: &Rc<Cell<usize>>,
+) {
+    loop {
+        let Some((bytes, intended)) = queue.borrow_mut().pop_front() else {
+            return;
+        };
+        let prompt = request_body(&bytes)
+            .and_then(crate::sim::prompt_text)
+            .unwrap_or_default();
+        let placed = oracle.borrow_mut().place(prompt.as_bytes());
+        let Some((i, ctx)) = placed.and_then(|i| Some((i, ctxs.get(i)?.clone()))) else {
+            queue.borrow_mut().push_front((bytes, intended));
+            return;
+        };
+        inflight.set(inflight.get() + 1);
+        let (all, o, q, n) = (
+            ctxs.to_vec(),
+            oracle.clone(),
+            queue.clone(),
+            inflight.clone(),
+        );
+        drop(monoio::spawn(async move {
+            one(ctx, bytes, intended).await;
+            o.borrow_mut().done(i);
+            n.set(n.get() - 1);
+            dispatch_oracle(&all, &o, &q, &n);
+        }));
+    }
+}
+
+/// The body of a whole HTTP request as `request_bytes` builds it.
+fn request_body(bytes: &[u8]) -> Option<&[u8]> {
+    let at = bytes.windows(4).position(|w| w == b"\r\n\r\n")?;
+    bytes.get(at + 4..)
+}
+
 /// Closed loop: `connections` connections, each sending back to back until `until`.
 pub async fn closed_loop(
     spec: WorkerSpec,

@@ -9,9 +9,14 @@
 # token (p50, p95), errors, and the cached share of prompt tokens from the
 # engines' own usage (the router's hivenet_agent_cached_prompt_tokens_total
 # / hivenet_agent_prompt_tokens_total, deltas per step).
-# The oracle: the same request sequence (same seeds, rates, durations)
-# sent straight to one sim with a cache that never evicts: every prefix
-# any earlier request sent is cached, more than any routing can reach.
+# The oracle (the issue's "oracle that knows every engine's cache"): the
+# same request sequence (same seeds, rates, durations) over the same
+# fleet (N sims, the same flags, 4 slots each), each request sent
+# straight to the sim with a free slot whose cache holds the longest
+# prefix of it; hivenet-bench --oracle-of mirrors every sim's cache
+# exactly (it prints the cached tokens it predicted, which equal the sims'
+# own count). IDEAL=1 also runs the old upper bound: one sim whose cache
+# never evicts (more than any routing over evicting caches can reach).
 # Writes OUT/summary.md.
 # Usage: AGENTS="8 32" RAMP="0.5 1 2 4" DUR=30s scripts/bench/affinity-ramp.sh
 set -euo pipefail
@@ -35,7 +40,7 @@ printf 'routing_policy:\n  strategy: prefix-aware\n' >"$POLICY"
   echo "bench: $BENCH_FLAGS --conversations (agents x $CONV_PER_AGENT) --stream --rate (agents x step) --duration $DUR --seed (step)"
   echo "prefix-aware policy: defaults (load_band 0.25, ttl_seconds 600, block_bytes 2048)"
 } >"$OUT/env.txt"
-echo "AGENTS=\"$AGENTS\" RAMP=\"$RAMP\" DUR=$DUR CONV_PER_AGENT=$CONV_PER_AGENT scripts/bench/affinity-ramp.sh" >"$OUT/cmd.txt"
+echo "${IDEAL:+IDEAL=$IDEAL }AGENTS=\"$AGENTS\" RAMP=\"$RAMP\" DUR=$DUR CONV_PER_AGENT=$CONV_PER_AGENT scripts/bench/affinity-ramp.sh" >"$OUT/cmd.txt"
 export HIVENET_ROUTER_ADMIN_API_KEYS=bench-admin
 metric_sum() {
   curl -sf "http://127.0.0.1:$MET/metrics" | awk -v n="$1" 'index($0, n "{") == 1 {s += $NF} END {printf "%.0f", s}'
@@ -44,23 +49,35 @@ metric_sum() {
 sim_counter() {
   curl -sf "$1/metrics" | awk -v n="vllm:prefix_cache_$2_total" 'index($0, n "{") == 1 {printf "%.0f", $NF}'
 }
+# The same counters summed over the fleet of the oracle run ($SIM_URLS).
+sims_counter() {
+  local u total=0
+  for u in ${SIM_URLS//,/ }; do total=$((total + $(sim_counter "$u" "$1"))); done
+  echo "$total"
+}
 run_steps() { # strategy n url [router]
   local strategy="$1" n="$2" url="$3" step=0
   for r in $RAMP; do
     step=$((step + 1))
     local rate p0=0 c0=0
     rate=$(python3 -c "print($n * $r)")
-    if [ "$strategy" = oracle ]; then
+    if [ "$strategy" = ideal ]; then
       p0=$(sim_counter "$url" queries); c0=$(sim_counter "$url" hits)
+    elif [ "$strategy" = oracle ]; then
+      p0=$(sims_counter queries); c0=$(sims_counter hits)
     else
       p0=$(metric_sum hivenet_agent_prompt_tokens_total); c0=$(metric_sum hivenet_agent_cached_prompt_tokens_total)
     fi
     # shellcheck disable=SC2086
-    "$HN_BIN/hivenet-bench" --url "$url" --model sim-model --stream --rate "$rate" --seed "$step" \
+    local target=(--url "$url")
+    [ "$strategy" = oracle ] && target=(--url "${SIM_URLS%%,*}" --oracle-of "$SIM_URLS" --oracle-state "$HN_WORK/oracle-state.json")
+    "$HN_BIN/hivenet-bench" "${target[@]}" --model sim-model --stream --rate "$rate" --seed "$step" \
       --duration "$DUR" --timeout 60s --quiet $BENCH_FLAGS --conversations $((n * CONV_PER_AGENT)) \
       --out "$OUT/reports/$strategy-$n-$step.json" >"$OUT/reports/$strategy-$n-$step.txt" 2>&1 || true
-    if [ "$strategy" = oracle ]; then
+    if [ "$strategy" = ideal ]; then
       echo "$strategy $n $step $r $(( $(sim_counter "$url" queries) - p0 )) $(( $(sim_counter "$url" hits) - c0 ))" >>"$OUT/reports/tokens.txt"
+    elif [ "$strategy" = oracle ]; then
+      echo "$strategy $n $step $r $(( $(sims_counter queries) - p0 )) $(( $(sims_counter hits) - c0 ))" >>"$OUT/reports/tokens.txt"
     else
       sleep 1
       echo "$strategy $n $step $r $(( $(metric_sum hivenet_agent_prompt_tokens_total) - p0 )) $(( $(metric_sum hivenet_agent_cached_prompt_tokens_total) - c0 ))" >>"$OUT/reports/tokens.txt"
@@ -86,14 +103,29 @@ for n in $AGENTS; do
     hn_stop_all
     rm -rf "$HN_WORK"
   done
-  # The oracle: one sim, a cache that never evicts, no waiting.
+  # The oracle: the same fleet of sims, every cache known.
   HN_WORK="$(mktemp -d -t hivenet-oracle-XXXX)"; HN_PIDS=()
-  port=$(hn_free_port)
-  hn_sim "$port" sim-model oracle --prefix-cache-tokens 1000000000 --cache-block-tokens 1 --bytes-per-token 2.0 --output-tokens 16 --threads 2
-  hn_wait_http "http://127.0.0.1:$port/v1/models" 20
-  run_steps oracle "$n" "http://127.0.0.1:$port"
+  SIM_URLS=""
+  for i in $(seq 1 "$n"); do
+    port=$(hn_free_port)
+    # shellcheck disable=SC2086
+    hn_sim "$port" sim-model "sim-$i" $SIM_FLAGS
+    SIM_URLS="$SIM_URLS${SIM_URLS:+,}http://127.0.0.1:$port"
+  done
+  for u in ${SIM_URLS//,/ }; do hn_wait_http "$u/v1/models" 20; done
+  run_steps oracle "$n" ""
   hn_stop_all
   rm -rf "$HN_WORK"
+  if [ "${IDEAL:-0}" = 1 ]; then
+    # The old upper bound: one sim, a cache that never evicts, no waiting.
+    HN_WORK="$(mktemp -d -t hivenet-ideal-XXXX)"; HN_PIDS=()
+    port=$(hn_free_port)
+    hn_sim "$port" sim-model ideal --prefix-cache-tokens 1000000000 --cache-block-tokens 1 --bytes-per-token 2.0 --output-tokens 16 --threads 2
+    hn_wait_http "http://127.0.0.1:$port/v1/models" 20
+    run_steps ideal "$n" "http://127.0.0.1:$port"
+    hn_stop_all
+    rm -rf "$HN_WORK"
+  fi
 done
 rm -f "$POLICY" "$OUT"/reports/*.svg
 python3 scripts/bench/affinity-summary.py "$OUT" | tee "$OUT/summary.md"

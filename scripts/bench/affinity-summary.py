@@ -1,6 +1,8 @@
 """Summary table of scripts/bench/affinity-ramp.sh: per fleet size and load
-step, least-loaded and prefix-aware side by side, and the oracle's cached
-share of the same request sequence."""
+step, least-loaded and prefix-aware side by side, and the cached share of
+the same request sequence through the oracle that knows every engine's
+cache (same fleet), and, when run (IDEAL=1), through one cache that never
+evicts."""
 import json, os, sys
 
 out = sys.argv[1]
@@ -36,4 +38,18 @@ for n in sorted({k[1] for k in rows}):
             print(f"| {n} | {n * r:g} | {strategy} | {j.get('achieved_rps', 0):.1f} | {j.get('errors', 0)} | "
                   f"{fc.get('p50', 0):.0f} / {fc.get('p95', fc.get('p90', 0)):.0f} | {s:.1%} | "
                   f"{(s / oracle if oracle else 0):.0%} |")
-        print(f"| {n} | | oracle (one never-evicting cache, same requests) | | | | {oracle:.1%} | 100% |")
+        j = report("oracle", n, step)
+        fc = j.get("first_content") or {}
+        print(f"| {n} | | oracle (every engine's cache known, same fleet and requests) | {j.get('achieved_rps', 0):.1f} | "
+              f"{j.get('errors', 0)} | {fc.get('p50', 0):.0f} / {fc.get('p95', fc.get('p90', 0)):.0f} | {oracle:.1%} | 100% |")
+        # The oracle's mirrors against the sims' own count of cached tokens.
+        t = f"{out}/reports/oracle-{n}-{step}.txt"
+        pred = [l.split()[-1] for l in open(t) if l.startswith("oracle: cached tokens predicted")] if os.path.exists(t) else []
+        if pred and ("oracle", n, step) in rows:
+            sims = rows[("oracle", n, step)][2]
+            mark = "exact" if int(pred[0]) == sims else f"MISMATCH: sims {sims}"
+            print(f"| {n} | | (oracle's mirrors predicted {int(pred[0]):,} cached tokens: {mark}) | | | | | |")
+        if ("ideal", n, step) in rows:
+            ideal = share(("ideal", n, step))
+            print(f"| {n} | | ideal (one never-evicting cache, same requests) | | | | {ideal:.1%} | "
+                  f"{(ideal / oracle if oracle else 0):.0%} |")
