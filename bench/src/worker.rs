@@ -617,7 +617,7 @@ pub async fn oracle_loop(
         return (Recorder::default(), oracle);
     };
     // Waiting requests, oldest first; a freed slot is offered to the head.
-    let queue: Rc<RefCell<std::collections::VecDeque<(Vec<u8>, Instant)>>> = Rc::default();
+    let queue: OracleQueue = Rc::default();
     let oracle = Rc::new(RefCell::new(oracle));
     let inflight = Rc::new(Cell::new(0usize));
     let mut precise = crate::timer::PreciseTimer::new();
@@ -648,12 +648,15 @@ pub async fn oracle_loop(
     (all, oracle)
 }
 
+/// Requests waiting for a free sim: the bytes to send and the intended send time.
+type OracleQueue = Rc<RefCell<std::collections::VecDeque<(Vec<u8>, Instant)>>>;
+
 /// Send the waiting requests the oracle finds a free sim for, oldest
 /// first; each end offers its slot again.
 fn dispatch_oracle(
     ctxs: &[Rc<Ctx>],
     oracle: &Rc<RefCell<crate::prefix_cache::Oracle>>,
-    queue: &Rc<RefCell<std::collections::VecDeque<(Vec<u8>, Instant)>>>,
+    queue: &OracleQueue,
     inflight: &Rc<Cell<usize>>,
 ) {
     loop {

@@ -73,6 +73,9 @@ fn opts(port: u16, out: &str) -> bench::Opts {
         apps: 4,
         system_tokens: 512,
         turns: 8,
+        oracle_of: None,
+        oracle_shape: "4096:1:2.0:4".into(),
+        oracle_state: None,
     }
 }
 
@@ -406,4 +409,76 @@ fn conversations_reuse_their_prefix_on_one_engine() {
     let independent = hits(0);
     assert!(conv > 0.6, "conversations: {conv:.2} of the prompt cached");
     assert!(independent < 0.2, "independent prompts: {independent:.2}");
+}
+
+/// A sim's own prefix-cache hit counter, from its /metrics.
+fn sim_hits(port: u16) -> u64 {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n")
+        .expect("write");
+    let mut text = String::new();
+    c.read_to_string(&mut text).expect("read");
+    text.lines()
+        .find_map(|l| l.strip_prefix("vllm:prefix_cache_hits_total{model_name=\"sim-model\"} "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .expect("hits counter")
+}
+
+/// The oracle of cache affinity mirrors every sim's cache exactly: the
+/// cached tokens it predicted equal the sims' own counters, with a cache
+/// small enough that it evicts (a mirror that drifted would differ).
+#[test]
+fn the_oracle_mirrors_every_sim_cache_exactly() {
+    let flags = [
+        "--ttft",
+        "1ms",
+        "--itl",
+        "1ms",
+        "--output-tokens",
+        "4",
+        "--prefix-cache-tokens",
+        "300",
+        "--cache-block-tokens",
+        "1",
+        "--bytes-per-token",
+        "2.0",
+    ];
+    let (_a, pa) = sim(&flags);
+    let (_b, pb) = sim(&flags);
+    let mut o = opts(pa, &format!("oracle-{pa}.json"));
+    let state = std::env::temp_dir().join(format!("oracle-state-{pa}.json"));
+    let _ = std::fs::remove_file(&state);
+    o.rate = Some(40.0);
+    o.stream = true;
+    o.conversations = 6;
+    o.apps = 2;
+    o.system_tokens = 64;
+    o.turns = 4;
+    o.prompt_tokens = "8-16".into();
+    o.max_tokens = "4".into();
+    o.oracle_of = Some(format!("http://127.0.0.1:{pa},http://127.0.0.1:{pb}"));
+    o.oracle_shape = "300:1:2.0:2".into();
+    o.oracle_state = Some(state.to_string_lossy().to_string());
+    let r = bench::run(&o).expect("run");
+    assert!(
+        r.ok > 40 && r.errors == 0,
+        "ok {} errors {}",
+        r.ok,
+        r.errors
+    );
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state).expect("state written")).expect("json");
+    let predicted = saved["predicted"].as_u64().expect("predicted");
+    let (ha, hb) = (sim_hits(pa), sim_hits(pb));
+    let _ = std::fs::remove_file(&state);
+    assert!(
+        ha > 0 && hb > 0,
+        "both sims served cached prefixes: {ha} {hb}"
+    );
+    assert_eq!(predicted, ha + hb, "mirrors {predicted}, sims {ha} + {hb}");
+    // Bad shapes are refused with the flag's name.
+    o.oracle_shape = "300:0:2.0:2".into();
+    let e = bench::run(&o).err().expect("refused");
+    assert!(e.contains("--oracle-shape"), "{e}");
 }
