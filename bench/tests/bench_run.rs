@@ -479,6 +479,8 @@ fn the_oracle_mirrors_every_sim_cache_exactly() {
     assert_eq!(predicted, ha + hb, "mirrors {predicted}, sims {ha} + {hb}");
     // Bad shapes are refused with the flag's name.
     o.oracle_shape = "300:0:2.0:2".into();
-    let e = bench::run(&o).err().expect("refused");
+    let Err(e) = bench::run(&o) else {
+        panic!("a bad --oracle-shape was accepted");
+    };
     assert!(e.contains("--oracle-shape"), "{e}");
 }
