@@ -17,6 +17,11 @@ def report(strategy, n, step):
     return json.load(open(p)) if os.path.exists(p) else {}
 
 
+# least-loaded, prefix-aware at its default band, then at the BANDS asked.
+strategies = ["least-loaded", "prefix-aware"] + sorted(
+    {k[0] for k in rows if k[0].startswith("prefix-aware-b")}, key=lambda s: float(s[len("prefix-aware-b"):]))
+
+
 def share(key):
     _, prompt, cached = rows.get(key, (0, 0, 0))
     return cached / prompt if prompt else 0.0
@@ -28,7 +33,7 @@ print("|---|---|---|---|---|---|---|---|")
 for n in sorted({k[1] for k in rows}):
     for step in sorted({k[2] for k in rows if k[1] == n}):
         oracle = share(("oracle", n, step))
-        for strategy in ("least-loaded", "prefix-aware"):
+        for strategy in strategies:
             if (strategy, n, step) not in rows:
                 continue
             r = rows[(strategy, n, step)][0]
