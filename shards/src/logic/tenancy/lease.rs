@@ -39,12 +39,21 @@ pub fn spend(balance: i64, need: i64, lease: i64, exhausted: bool) -> Option<i64
     (after >= credit.saturating_neg()).then_some(after)
 }
 
+/// The share of what the global quota has left that one router may draw
+/// for its pace in one round: a quarter (the others find the rest).
+pub const PACE_SHARE: u64 = 4;
+
 /// The balance a router tops up to: one lease, or twice what it spent
 /// since the last round when that is more (a busy router then draws for
-/// its pace instead of refusing between rounds). A large balance admits
-/// nothing beyond the global quota: it was drawn from it.
-pub fn target(lease: i64, spent_last_round: u64) -> i64 {
-    lease.max(i64::try_from(spent_last_round.saturating_mul(2)).unwrap_or(i64::MAX))
+/// its pace instead of refusing between rounds), but never more of the
+/// pace than a quarter of what the global quota said it had `left` at the
+/// last draw. A large balance admits nothing beyond the global quota (it
+/// was drawn from it), but what a router holds unspent is refused on the
+/// others: near the quota's end, the lease shrinks back to one lease so
+/// that little stays stranded on a router its clients stopped calling.
+pub fn target(lease: i64, spent_last_round: u64, left: u64) -> i64 {
+    let pace = spent_last_round.saturating_mul(2).min(left / PACE_SHARE);
+    lease.max(i64::try_from(pace).unwrap_or(i64::MAX))
 }
 
 /// What the next draw asks of the global quota for a balance of `balance`
@@ -94,10 +103,20 @@ mod tests {
 
     #[test]
     fn a_busy_router_tops_up_for_its_pace() {
-        assert_eq!(target(3, 0), 3);
-        assert_eq!(target(3, 1), 3);
-        assert_eq!(target(3, 10), 20);
-        assert_eq!(draw(-3, target(3, 10)), (3, 20));
+        assert_eq!(target(3, 0, u64::MAX), 3);
+        assert_eq!(target(3, 1, u64::MAX), 3);
+        assert_eq!(target(3, 10, u64::MAX), 20);
+        assert_eq!(draw(-3, target(3, 10, u64::MAX)), (3, 20));
+    }
+
+    #[test]
+    fn the_pace_draws_at_most_a_quarter_of_what_is_left() {
+        // 19 left: the pace of 4 a round (target 8) draws 4.
+        assert_eq!(target(1, 4, 19), 4);
+        // Near the end, one lease whatever the pace.
+        assert_eq!(target(1, 4, 2), 1);
+        assert_eq!(target(3, 50, 0), 3);
+        assert_eq!(target(3, 50, 100), 25);
     }
 
     #[test]

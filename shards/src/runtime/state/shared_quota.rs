@@ -155,9 +155,9 @@ pub struct Drawer {
     pub active: bool,
     /// Monotonic ns of the last draw asked of an exhausted budget.
     probed_ns: u64,
-    /// Per bucket (by address): requests and tokens spent at the last
+    /// Per bucket (by address): requests and tokens wanted at the last
     /// round (the pace the next top-up is sized on).
-    spent: HashMap<usize, (u64, u64)>,
+    wanted: HashMap<usize, (u64, u64)>,
 }
 
 /// The buckets of the lookup snapshot, by name.
@@ -179,7 +179,7 @@ impl Drawer {
             day: 0,
             active: false,
             probed_ns: 0,
-            spent: HashMap::new(),
+            wanted: HashMap::new(),
         }
     }
 
@@ -253,7 +253,7 @@ impl Drawer {
     /// The draws every bucket in use needs now.
     fn plan(&mut self, buckets: &Buckets, now_ns: u64, today: u64) {
         let mut active = false;
-        let mut spent_now = HashMap::with_capacity(self.spent.len());
+        let mut wanted_now = HashMap::with_capacity(self.wanted.len());
         let probe = now_ns.saturating_sub(self.probed_ns) >= EXHAUSTED_PROBE.as_nanos() as u64;
         if probe {
             self.probed_ns = now_ns;
@@ -267,15 +267,15 @@ impl Drawer {
             let idle = now_ns.saturating_sub(last) >= IDLE_RETURN.as_nanos() as u64;
             active |= !idle;
             let spent = (
-                l.requests_spent.load(Ordering::Relaxed),
-                l.tokens_spent.load(Ordering::Relaxed),
+                l.requests_wanted.load(Ordering::Relaxed),
+                l.tokens_wanted.load(Ordering::Relaxed),
             );
             let before = self
-                .spent
+                .wanted
                 .get(&(Arc::as_ptr(b) as usize))
                 .copied()
                 .unwrap_or(spent);
-            spent_now.insert(Arc::as_ptr(b) as usize, spent);
+            wanted_now.insert(Arc::as_ptr(b) as usize, spent);
             let pace = (
                 spent.0.saturating_sub(before.0),
                 spent.1.saturating_sub(before.1),
@@ -290,7 +290,14 @@ impl Drawer {
                 let (charge, top) = if idle {
                     (bal.saturating_neg(), 0)
                 } else {
-                    lease::draw(bal, lease::target(lease::request_lease(burst), pace.0))
+                    lease::draw(
+                        bal,
+                        lease::target(
+                            lease::request_lease(burst),
+                            pace.0,
+                            l.requests_left.load(Ordering::Relaxed),
+                        ),
+                    )
                 };
                 if charge != 0 || top != 0 {
                     wants.push((Kind::Requests { per_minute, burst }, charge, top));
@@ -302,7 +309,14 @@ impl Drawer {
                 let (charge, top) = if idle {
                     (bal.saturating_neg(), 0)
                 } else {
-                    lease::draw(bal, lease::target(lease::token_lease(limit), pace.1))
+                    lease::draw(
+                        bal,
+                        lease::target(
+                            lease::token_lease(limit),
+                            pace.1,
+                            l.tokens_left.load(Ordering::Relaxed),
+                        ),
+                    )
                 };
                 let top = if l.tokens_exhausted.load(Ordering::Relaxed) && charge == 0 && !probe {
                     // Asking an exhausted budget every 20 ms helps nobody.
@@ -336,7 +350,7 @@ impl Drawer {
             }
         }
         self.active = active;
-        self.spent = spent_now;
+        self.wanted = wanted_now;
     }
 
     /// Send the pending draws in one pipeline and apply the answers.

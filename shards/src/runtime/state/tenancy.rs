@@ -84,10 +84,13 @@ pub struct Lease {
     /// Monotonic ns of the last spend (0: never): the thread draws for
     /// buckets in use and gives back the leases of idle ones.
     pub last_spend: AtomicU64,
-    /// Requests spent (the thread sizes the next top-up on the pace).
-    pub requests_spent: AtomicU64,
-    /// Tokens spent.
-    pub tokens_spent: AtomicU64,
+    /// Requests asked of the lease: spent, or refused for want of a lease
+    /// while the global quota had room (the thread sizes the next top-up
+    /// on this pace: counting only what was spent, a router whose lease
+    /// runs dry between rounds would never draw more than one lease).
+    pub requests_wanted: AtomicU64,
+    /// Tokens asked of the lease, the same way.
+    pub tokens_wanted: AtomicU64,
 }
 
 impl Lease {
@@ -153,8 +156,11 @@ impl Bucket {
             return self.away(link, &l.requests, 1);
         }
         let exhausted = l.requests_empty_until.load(Ordering::Relaxed) > now_ns;
-        if spend_from(&l.requests, 1, lease::request_lease(rate.burst), exhausted) {
-            l.requests_spent.fetch_add(1, Ordering::Relaxed);
+        let spent = spend_from(&l.requests, 1, lease::request_lease(rate.burst), exhausted);
+        if spent || !exhausted {
+            l.requests_wanted.fetch_add(1, Ordering::Relaxed);
+        }
+        if spent {
             LeaseAnswer::Spent
         } else {
             LeaseAnswer::Empty
@@ -174,9 +180,12 @@ impl Bucket {
             return self.away(link, &l.tokens, need);
         }
         let exhausted = l.tokens_exhausted.load(Ordering::Relaxed);
-        if spend_from(&l.tokens, need, lease::token_lease(limit), exhausted) {
-            l.tokens_spent
+        let spent = spend_from(&l.tokens, need, lease::token_lease(limit), exhausted);
+        if spent || !exhausted {
+            l.tokens_wanted
                 .fetch_add(need.unsigned_abs(), Ordering::Relaxed);
+        }
+        if spent {
             LeaseAnswer::Spent
         } else {
             LeaseAnswer::Empty
@@ -200,6 +209,8 @@ impl Bucket {
     fn unspend_request(&self) {
         if self.link.is_some() {
             self.lease.requests.fetch_add(1, Ordering::AcqRel);
+            // Not wanted of the global quota: the local limit refused it.
+            self.lease.requests_wanted.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
