@@ -18,7 +18,7 @@
 # own count). IDEAL=1 also runs the old upper bound: one sim whose cache
 # never evicts (more than any routing over evicting caches can reach).
 # BANDS="0.5 1" also runs prefix-aware with these load bands beside its
-# default (0.25), as strategies prefix-aware-b0.5 and so on.
+# default (0.5), as strategies prefix-aware-b0.5 and so on.
 # Writes OUT/summary.md.
 # Usage: AGENTS="8 32" RAMP="0.5 1 2 4" DUR=30s scripts/bench/affinity-ramp.sh
 set -euo pipefail
@@ -41,7 +41,7 @@ printf 'routing_policy:\n  strategy: prefix-aware\n' >"$POLICY"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   echo "sim: $SIM_FLAGS"
   echo "bench: $BENCH_FLAGS --conversations (agents x $CONV_PER_AGENT) --stream --rate (agents x step) --duration $DUR --seed (step)"
-  echo "prefix-aware policy: defaults (load_band 0.25, ttl_seconds 600, block_bytes 2048)"
+  echo "prefix-aware policy: defaults (load_band 0.5, ttl_seconds 600, block_bytes 2048)"
 } >"$OUT/env.txt"
 echo "${IDEAL:+IDEAL=$IDEAL }${BANDS:+BANDS=\"$BANDS\" }AGENTS=\"$AGENTS\" RAMP=\"$RAMP\" DUR=$DUR CONV_PER_AGENT=$CONV_PER_AGENT scripts/bench/affinity-ramp.sh" >"$OUT/cmd.txt"
 export HIVENET_ROUTER_ADMIN_API_KEYS=bench-admin
