@@ -499,3 +499,56 @@ fn a_freed_slot_goes_to_a_waiter_its_agent_holds_the_prefix_of() {
     assert_eq!(decisions(r.metrics, "prefix_hit"), hits + 1.0);
     assert_eq!(decisions(r.metrics, "overloaded"), over + 1.0);
 }
+
+#[test]
+fn holder_wait_waits_for_a_full_holder_instead_of_another_agent() {
+    // One slot per agent and a slow first token, as in the guard test;
+    // with `holder_wait_ms` the turn waits for its holder instead.
+    let f = fleet(
+        "affinity-holder-wait",
+        &policy("  affinity:\n    holder_wait_ms: 10000\n"),
+        &["--ttft", "1500ms"],
+        "1",
+    );
+    let http = f.r.http;
+    let first = send_and_see(http, Req::post("/v1/chat/completions", turn_body(1, 0)));
+    let busy = std::thread::spawn(move || {
+        Req::post("/v1/chat/completions", turn_body(1, 1))
+            .send(http)
+            .map(Resp::pair)
+            .map(|(s, _)| s)
+    });
+    let before = successes_by_machine(http);
+    std::thread::sleep(Duration::from_millis(300));
+    let (over, hits) = (
+        decisions(f.r.metrics, "overloaded"),
+        decisions(f.r.metrics, "prefix_hit"),
+    );
+    let t = std::time::Instant::now();
+    let (st, body) = Req::post("/v1/chat/completions", turn_body(1, 2))
+        .send(http)
+        .map(Resp::pair)
+        .expect("second");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(busy.join().expect("thread").expect("request"), 200);
+    // It waited for the busy request to end (about 1.2 s), then took the
+    // holder's slot: a second first-token time in all.
+    assert!(t.elapsed() >= Duration::from_millis(2000), "{:?}", t.elapsed());
+    let mut moved = Vec::new();
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            let after = successes_by_machine(http);
+            moved = after
+                .iter()
+                .filter(|(k, v)| before.get(*k).copied().unwrap_or(0) < **v)
+                .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+                .collect();
+            moved.iter().map(|(_, n)| n).sum::<u64>() == 2
+        },
+        "both requests counted",
+    );
+    assert_eq!(moved, vec![(first, 2)], "both turns on the holder");
+    assert_eq!(decisions(f.r.metrics, "overloaded"), over);
+    assert_eq!(decisions(f.r.metrics, "prefix_hit"), hits + 1.0);
+}

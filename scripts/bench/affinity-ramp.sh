@@ -19,6 +19,8 @@
 # never evicts (more than any routing over evicting caches can reach).
 # BANDS="0.5 1" also runs prefix-aware with these load bands beside its
 # default (0.5), as strategies prefix-aware-b0.5 and so on.
+# HOLDER_WAITS="1000 3000" also runs prefix-aware with these
+# holder_wait_ms (wait for a full cache holder), as prefix-aware-w1000 ...
 # Writes OUT/summary.md.
 # Usage: AGENTS="8 32" RAMP="0.5 1 2 4" DUR=30s scripts/bench/affinity-ramp.sh
 set -euo pipefail
@@ -26,7 +28,9 @@ cd "$(dirname "$0")/../.."
 AGENTS="${AGENTS:-8 32}"; RAMP="${RAMP:-0.5 1 2 4}"; DUR="${DUR:-30s}"
 CONV_PER_AGENT="${CONV_PER_AGENT:-4}"
 BANDS="${BANDS:-}"
+HOLDER_WAITS="${HOLDER_WAITS:-}"
 SIM_FLAGS="${SIM_FLAGS:---ttft 5ms --prefill-per-token 9.65ms --itl 30.8ms --output-tokens 16 --prefix-cache-tokens 4096 --cache-block-tokens 1 --bytes-per-token 2.0}"
+BENCH_FLAGS_SET="${BENCH_FLAGS:+1}"
 BENCH_FLAGS="${BENCH_FLAGS:---apps 8 --system-tokens 256 --turns 8 --prompt-tokens 8-16 --max-tokens 16}"
 OUT="${OUT:-perf/$(date -u +%Y-%m-%d)-affinity-sim}"
 [ -n "${HN_BIN:-}" ] || { cargo build -q --release --workspace --bins; HN_BIN="$PWD/target/release"; }
@@ -43,7 +47,7 @@ printf 'routing_policy:\n  strategy: prefix-aware\n' >"$POLICY"
   echo "bench: $BENCH_FLAGS --conversations (agents x $CONV_PER_AGENT) --stream --rate (agents x step) --duration $DUR --seed (step)"
   echo "prefix-aware policy: defaults (load_band 0.5, ttl_seconds 600, block_bytes 2048)"
 } >"$OUT/env.txt"
-echo "${IDEAL:+IDEAL=$IDEAL }${BANDS:+BANDS=\"$BANDS\" }AGENTS=\"$AGENTS\" RAMP=\"$RAMP\" DUR=$DUR CONV_PER_AGENT=$CONV_PER_AGENT scripts/bench/affinity-ramp.sh" >"$OUT/cmd.txt"
+echo "${IDEAL:+IDEAL=$IDEAL }${BANDS:+BANDS=\"$BANDS\" }${HOLDER_WAITS:+HOLDER_WAITS=\"$HOLDER_WAITS\" }${BENCH_FLAGS_SET:+BENCH_FLAGS=\"$BENCH_FLAGS\" }AGENTS=\"$AGENTS\" RAMP=\"$RAMP\" DUR=$DUR CONV_PER_AGENT=$CONV_PER_AGENT scripts/bench/affinity-ramp.sh" >"$OUT/cmd.txt"
 export HIVENET_ROUTER_ADMIN_API_KEYS=bench-admin
 metric_sum() {
   curl -sf "http://127.0.0.1:$MET/metrics" | awk -v n="$1" 'index($0, n "{") == 1 {s += $NF} END {printf "%.0f", s}'
@@ -88,7 +92,7 @@ run_steps() { # strategy n url [router]
   done
 }
 for n in $AGENTS; do
-  for strategy in least-loaded prefix-aware $(for b in $BANDS; do echo "prefix-aware-b$b"; done); do
+  for strategy in least-loaded prefix-aware $(for b in $BANDS; do echo "prefix-aware-b$b"; done) $(for w in $HOLDER_WAITS; do echo "prefix-aware-w$w"; done); do
     HN_WORK="$(mktemp -d -t hivenet-aff-XXXX)"; HN_PIDS=()
     HTTP=$(hn_free_port); MET=$(hn_free_port); P2P=$(hn_free_port)
     args=(--disk-db-path "$HN_WORK/db")
@@ -97,6 +101,9 @@ for n in $AGENTS; do
       prefix-aware-b*)
         printf 'routing_policy:\n  strategy: prefix-aware\n  affinity:\n    load_band: %s\n' "${strategy#prefix-aware-b}" >"$HN_WORK/band.yaml"
         args+=(--policy-file "$HN_WORK/band.yaml") ;;
+      prefix-aware-w*)
+        printf 'routing_policy:\n  strategy: prefix-aware\n  affinity:\n    holder_wait_ms: %s\n' "${strategy#prefix-aware-w}" >"$HN_WORK/wait.yaml"
+        args+=(--policy-file "$HN_WORK/wait.yaml") ;;
     esac
     hn_router "$HTTP" "$MET" "$P2P" "${args[@]}"
     for i in $(seq 1 "$n"); do

@@ -19,7 +19,8 @@ def report(strategy, n, step):
 
 # least-loaded, prefix-aware at its default band, then at the BANDS asked.
 strategies = ["least-loaded", "prefix-aware"] + sorted(
-    {k[0] for k in rows if k[0].startswith("prefix-aware-b")}, key=lambda s: float(s[len("prefix-aware-b"):]))
+    {k[0] for k in rows if k[0].startswith("prefix-aware-b")}, key=lambda s: float(s[len("prefix-aware-b"):])) + sorted(
+    {k[0] for k in rows if k[0].startswith("prefix-aware-w")}, key=lambda s: int(s[len("prefix-aware-w"):]))
 
 
 def share(key):

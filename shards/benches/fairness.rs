@@ -99,7 +99,7 @@ fn main() {
         // the worst case).
         let look = time(iters, || {
             let _ = black_box(q.push_displacing(1, usize::MAX, arrival(&mut r)));
-            black_box(q.pop_for(LOOK_AHEAD, MAX_PASSES, |v| *v == u64::MAX));
+            black_box(q.pop_for(LOOK_AHEAD, MAX_PASSES, |v| *v == u64::MAX, |_| true));
         });
         let mut fifo: VecDeque<u64> = (0..n as u64).collect();
         let fifo_ns = time(iters, || {

@@ -46,6 +46,12 @@ pub struct AffinityCfg {
     /// Bytes of text between marks inside a long message (a multiple of
     /// [`BASE_BLOCK`]).
     pub block_bytes: u32,
+    /// When every holder of the request's prefix is at capacity, wait up
+    /// to this long in the queue for a slot on one of them before going
+    /// to another agent and paying the prefill again (0: go at once, the
+    /// strict load guard). Past saturation a miss costs a whole prefill
+    /// and a hit a few tokens, so a short wait can be worth many misses.
+    pub holder_wait_ms: u32,
 }
 
 impl Default for AffinityCfg {
@@ -54,6 +60,7 @@ impl Default for AffinityCfg {
             load_band: 0.5,
             ttl_seconds: 600,
             block_bytes: 2048,
+            holder_wait_ms: 0,
         }
     }
 }

@@ -184,6 +184,8 @@ pub enum Action {
         /// The holders of its prefix (prefix-aware steps): a slot freed
         /// on one of them may wake it ahead of its turn.
         prefer: Prefer,
+        /// Only a slot on those holders may wake it (`holder_wait_ms`).
+        pinned: bool,
     },
     /// Answer with this refusal (nothing is written when the client is
     /// gone).
@@ -255,6 +257,11 @@ pub struct Decision {
     full_refusals: u32,
     /// The queue place it left for its last forward.
     forwarded_from: Option<crate::logic::routing::wait_queue::Place>,
+    /// Until when it may wait for a full holder of its prefix
+    /// (`holder_wait_ms`; set at the first such wait).
+    pin_until: Option<Instant>,
+    /// The wait under way is one for its holders only.
+    pinned: bool,
 }
 
 // === impl Decision ===
@@ -277,6 +284,8 @@ impl Decision {
             verdict: None,
             full_refusals: 0,
             forwarded_from: None,
+            pin_until: None,
+            pinned: false,
         }
     }
 
@@ -424,7 +433,7 @@ impl Decision {
                 (Some(cfg), Some(src)) => src.lookup(cfg),
                 _ => Default::default(),
             };
-            let (mut pick, outcome) = policy::select_with(
+            let (mut pick, mut outcome) = policy::select_with(
                 step,
                 cap,
                 n,
@@ -433,6 +442,46 @@ impl Decision {
                 model.rotation,
                 &holders,
             );
+            // Every holder full: wait for one of them a while rather than
+            // pay the prefill again elsewhere (`holder_wait_ms`).
+            let mut pinned = false;
+            if let (Some(super::affinity::Outcome::Overloaded), Some(cfg)) =
+                (outcome, step.affinity.as_ref())
+            {
+                if cfg.holder_wait_ms > 0 && (self.place.is_some() || self.limits.queue_depth > 0) {
+                    let until = *self
+                        .pin_until
+                        .get_or_insert(now + Duration::from_millis(u64::from(cfg.holder_wait_ms)));
+                    let get = |i| model.pool.facts(i);
+                    let waited = self.pin_until.is_some_and(|_| self.place.is_some());
+                    let free = (waited && now < until)
+                        .then(|| {
+                            policy::free_holder(step, cap, n, get, &self.session.failed, &holders)
+                        })
+                        .flatten();
+                    if let Some(h) = free {
+                        // It waited for this slot: taken whatever the band.
+                        pick = StepPick::Agent(h);
+                        outcome = Some(match holders.kind {
+                            super::affinity::HitKind::Key => super::affinity::Outcome::KeyHit,
+                            super::affinity::HitKind::Prefix => super::affinity::Outcome::PrefixHit,
+                        });
+                    } else if now < until
+                        && now < self.request.deadline
+                        && policy::holder_full(
+                            step,
+                            cap,
+                            n,
+                            |i| model.pool.facts(i),
+                            &self.session.failed,
+                            &holders,
+                        )
+                    {
+                        pick = StepPick::Full(GateCounts::default());
+                        pinned = true;
+                    }
+                }
+            }
             let mut wake_first = None;
             if matches!(pick, StepPick::Agent(_)) && model.reserved_for_others {
                 pick = StepPick::Full(GateCounts::default());
@@ -488,11 +537,17 @@ impl Decision {
                     // queue decides: [`WaitEnd::Refused`] when it has none).
                     if self.place.is_some() || self.limits.queue_depth > 0 {
                         self.waiting_counts = counts;
+                        self.pinned = pinned;
+                        let until = match (pinned, self.pin_until) {
+                            (true, Some(p)) => p.min(self.request.deadline),
+                            _ => self.request.deadline,
+                        };
                         return Action::Wait {
-                            until: self.request.deadline,
+                            until,
                             place: self.place,
                             wake_first,
                             prefer: Prefer::of(holders.iter().map(|h| h.agent)),
+                            pinned,
                         };
                     }
                     self.session.trail.push((self.session.step, counts));
@@ -542,6 +597,11 @@ impl Decision {
         match end {
             // Same step again; the place is kept if it loses the race.
             WaitEnd::Woken => {}
+            // The wait for its holders is over, not its wait budget: the
+            // same step again, now free to go anywhere, at the same place.
+            WaitEnd::TimedOut if self.pinned && now < self.request.deadline => {
+                self.pinned = false;
+            }
             WaitEnd::TimedOut => {
                 self.place = None;
                 self.session

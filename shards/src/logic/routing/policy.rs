@@ -537,6 +537,55 @@ pub fn select_with<'a>(
     }
 }
 
+/// The least-loaded holder of the request's prefix that passes every gate
+/// of `step`, whatever the load band (a request that waited for its
+/// holders takes the slot it waited for).
+pub fn free_holder<'a>(
+    step: &Step,
+    cap: Capability,
+    n: usize,
+    get: impl Fn(usize) -> Option<AgentFacts<'a>>,
+    failed: &[u64],
+    holders: &Holders,
+) -> Option<usize> {
+    let mut best: Option<(usize, u64, u64)> = None;
+    for h in holders.iter() {
+        let Some(i) = index_of(n, &get, u64::from(h.agent)) else {
+            continue;
+        };
+        let Some(a) = get(i).filter(|a| eligible(step, cap, a, failed)) else {
+            continue;
+        };
+        let (act, capy) = (u64::from(a.active), u64::from(a.capacity));
+        if best.is_none_or(|(_, ba, bc)| act * bc < ba * capy) {
+            best = Some((i, act, capy));
+        }
+    }
+    best.map(|(i, _, _)| i)
+}
+
+/// Whether a holder of the request's prefix passes every gate of `step`
+/// but capacity: it is full, and a slot will free on it (the wait of
+/// `holder_wait_ms`). Asked only after an [`Outcome::Overloaded`].
+pub fn holder_full<'a>(
+    step: &Step,
+    cap: Capability,
+    n: usize,
+    get: impl Fn(usize) -> Option<AgentFacts<'a>>,
+    failed: &[u64],
+    holders: &Holders,
+) -> bool {
+    holders.iter().any(|h| {
+        index_of(n, &get, u64::from(h.agent))
+            .and_then(&get)
+            .is_some_and(|a| {
+                a.capacity > 0
+                    && a.active >= a.capacity
+                    && eligible(step, cap, &AgentFacts { active: 0, ..a }, failed)
+            })
+    })
+}
+
 /// Whether `a` passes every gate of `step` (the pass of [`select_with`],
 /// without its counts).
 fn eligible(step: &Step, cap: Capability, a: &AgentFacts<'_>, failed: &[u64]) -> bool {

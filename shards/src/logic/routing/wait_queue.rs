@@ -410,21 +410,28 @@ impl<T> WaitQueue<T> {
     /// The waiter a slot freed on one agent goes to: the first of the
     /// first `look_ahead` that `wants` it, unless the head was already
     /// passed over `max_passes` times; otherwise (or when none wants it)
-    /// the head. An aged waiter goes first.
+    /// the first of them that is `movable`, the head when it is. A waiter
+    /// that is not movable (held for its cache holders: `holder_wait_ms`)
+    /// takes only a slot it wants, and passing it over is no pass; with
+    /// none movable the slot stays free. An aged waiter goes first.
     pub fn pop_for(
         &mut self,
         look_ahead: usize,
         max_passes: u32,
         mut wants: impl FnMut(&T) -> bool,
+        mut movable: impl FnMut(&T) -> bool,
     ) -> Option<(Place, T)> {
         if let Some(p) = self.aged() {
-            return self.take(p, true);
+            if self.items.get(&p).is_some_and(|v| movable(v) || wants(v)) {
+                return self.take(p, true);
+            }
         }
-        let head = *self.items.keys().next()?;
+        let (&head, first) = self.items.iter().next()?;
+        let head_movable = movable(first);
         if self.passes.0 != head {
             self.passes = (head, 0);
         }
-        if self.passes.1 < max_passes {
+        if self.passes.1 < max_passes || !head_movable {
             let found = self
                 .items
                 .iter()
@@ -432,13 +439,22 @@ impl<T> WaitQueue<T> {
                 .find(|(_, v)| wants(v))
                 .map(|(k, _)| *k);
             if let Some(place) = found {
-                if place != head {
+                if place != head && head_movable {
                     self.passes.1 += 1;
                 }
                 return self.take(place, false);
             }
         }
-        self.take(head, false)
+        if head_movable {
+            return self.take(head, false);
+        }
+        let next = self
+            .items
+            .iter()
+            .take(look_ahead)
+            .find(|(_, v)| movable(v))
+            .map(|(k, _)| *k)?;
+        self.take(next, false)
     }
 
     /// Everyone, in order.
@@ -506,19 +522,100 @@ mod tests {
             q.push(v, 100).expect("room");
         }
         // 5 wants it: it goes ahead of 0..4.
-        assert_eq!(q.pop_for(16, 2, |&v| v == 5).map(|(_, v)| v), Some(5));
+        assert_eq!(
+            q.pop_for(16, 2, |&v| v == 5, |_| true).map(|(_, v)| v),
+            Some(5)
+        );
         // 17 is beyond the look-ahead (the 16 oldest are 0..=16 without 5).
-        assert_eq!(q.pop_for(16, 2, |&v| v == 17).map(|(_, v)| v), Some(0));
+        assert_eq!(
+            q.pop_for(16, 2, |&v| v == 17, |_| true).map(|(_, v)| v),
+            Some(0)
+        );
         // 1 is the head now: passed twice, then served whoever wants what.
-        assert_eq!(q.pop_for(16, 2, |&v| v == 6).map(|(_, v)| v), Some(6));
-        assert_eq!(q.pop_for(16, 2, |&v| v == 7).map(|(_, v)| v), Some(7));
-        assert_eq!(q.pop_for(16, 2, |&v| v == 8).map(|(_, v)| v), Some(1));
+        assert_eq!(
+            q.pop_for(16, 2, |&v| v == 6, |_| true).map(|(_, v)| v),
+            Some(6)
+        );
+        assert_eq!(
+            q.pop_for(16, 2, |&v| v == 7, |_| true).map(|(_, v)| v),
+            Some(7)
+        );
+        assert_eq!(
+            q.pop_for(16, 2, |&v| v == 8, |_| true).map(|(_, v)| v),
+            Some(1)
+        );
         // The head itself wanting it is no pass.
-        assert_eq!(q.pop_for(16, 0, |&v| v == 2).map(|(_, v)| v), Some(2));
+        assert_eq!(
+            q.pop_for(16, 0, |&v| v == 2, |_| true).map(|(_, v)| v),
+            Some(2)
+        );
         let p = Prefer::of([3, 9, 4, 5, 6]);
         assert!(p.contains(9) && p.contains(5) && !p.contains(6) && !p.contains(1));
         assert!(p.contains((7u64 << 32) | 3), "ids are compared truncated");
         assert!(Prefer::default().is_empty() && !p.is_empty());
+    }
+
+    #[test]
+    fn a_waiter_held_for_its_holders_takes_only_their_slots() {
+        let mut q = WaitQueue::default();
+        // Even numbers wait for their holders (not movable), odd ones do not.
+        for v in 0..6u32 {
+            q.push(v, 100).expect("room");
+        }
+        let movable = |v: &u32| v % 2 == 1;
+        // A slot nobody wants goes to the first movable waiter, past the
+        // held head, and that is no pass of the head.
+        assert_eq!(
+            q.pop_for(16, 0, |_| false, movable).map(|(_, v)| v),
+            Some(1)
+        );
+        // A slot the held head wants goes to it even with no passes left.
+        assert_eq!(
+            q.pop_for(16, 0, |&v| v == 0, movable).map(|(_, v)| v),
+            Some(0)
+        );
+        // Held 2 at the head: a slot 4 wants goes to 4 (max_passes 0 does
+        // not apply: the head could not take it anyway).
+        assert_eq!(
+            q.pop_for(16, 0, |&v| v == 4, movable).map(|(_, v)| v),
+            Some(4)
+        );
+        assert_eq!(
+            q.pop_for(16, 0, |_| false, movable).map(|(_, v)| v),
+            Some(3)
+        );
+        assert_eq!(
+            q.pop_for(16, 0, |_| false, movable).map(|(_, v)| v),
+            Some(5)
+        );
+        // Only held waiters left: the slot stays free.
+        assert_eq!(q.pop_for(16, 4, |_| false, movable), None);
+        assert_eq!(q.len(), 1);
+    }
+
+    proptest! {
+        /// A waiter that is not movable leaves only for a slot it wants;
+        /// a slot goes unused only when no waiter within the look-ahead
+        /// may take it.
+        #[test]
+        fn held_waiters_take_only_wanted_slots(ops in proptest::collection::vec((0u8..3, 0u64..16), 0..300), look in 1usize..20, max in 0u32..6) {
+            let mut q = WaitQueue::default();
+            let movable = |v: &u64| !v.is_multiple_of(3);
+            for (i, (op, want)) in ops.into_iter().enumerate() {
+                if op == 0 {
+                    q.push(i as u64, 1000).expect("room");
+                    continue;
+                }
+                let window: Vec<u64> = q.items.values().take(look).copied().collect();
+                match q.pop_for(look, max, |&v| v % 16 == want, movable) {
+                    Some((_, v)) => prop_assert!(movable(&v) || v % 16 == want, "held {} took a slot it did not want", v),
+                    None => prop_assert!(
+                        window.iter().all(|v| !movable(v) && v % 16 != want),
+                        "a free slot left unused with {:?} waiting", window
+                    ),
+                }
+            }
+        }
     }
 
     proptest! {
@@ -539,7 +636,7 @@ mod tests {
                 }
                 let order: Vec<u64> = q.items.values().copied().collect();
                 let Some(&head) = order.first() else { continue };
-                let Some((_, v)) = q.pop_for(look, max, |&v| v % 64 == want) else { continue };
+                let Some((_, v)) = q.pop_for(look, max, |&v| v % 64 == want, |_| true) else { continue };
                 left += 1;
                 let pos = order.iter().position(|&x| x == v).expect("was queued");
                 prop_assert!(pos < look.max(1));

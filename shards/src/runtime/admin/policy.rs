@@ -28,6 +28,7 @@ fn step_json(s: &crate::logic::routing::policy::Step) -> Value {
             "load_band": a.load_band,
             "ttl_seconds": a.ttl_seconds,
             "block_bytes": a.block_bytes,
+            "holder_wait_ms": a.holder_wait_ms,
         });
     }
     if !s.exclude_if.is_empty() {

@@ -265,6 +265,7 @@ async fn pick_or_wait(
         let waiter = Waiter {
             tx,
             prefer: Prefer::default(),
+            pinned: false,
         };
         let place = queue.borrow_mut().push_head(waiter);
         let left = deadline.saturating_duration_since(clock::now());

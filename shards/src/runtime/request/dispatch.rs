@@ -59,6 +59,8 @@ enum Next {
         place: Option<Place>,
         wake_first: Option<u64>,
         prefer: Prefer,
+        /// Only a slot on its cache holders wakes it.
+        pinned: bool,
     },
     Reject(Refusal),
 }
@@ -192,11 +194,13 @@ fn decide(
             place,
             wake_first,
             prefer,
+            pinned,
         } => Next::Wait {
             until,
             place,
             wake_first,
             prefer,
+            pinned,
         },
         Action::Reject(r) => Next::Reject(r),
     }
@@ -388,12 +392,20 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                 place,
                 wake_first,
                 prefer,
+                pinned,
             } => {
                 let at = (until, place, run.queue_depth);
                 let fair = run.fair_of();
                 run.fair = Some(fair);
-                let w = wait_for_capacity(shard, c, model, &mut d, at, (wake_first, prefer, fair))
-                    .await;
+                let w = wait_for_capacity(
+                    shard,
+                    c,
+                    model,
+                    &mut d,
+                    at,
+                    (wake_first, prefer, pinned, fair),
+                )
+                .await;
                 d.wait_ended(w, clock::now());
             }
             Next::Reject(r) => {
@@ -857,7 +869,7 @@ async fn wait_for_capacity(
     model: &str,
     d: &mut Decision,
     (until, place, depth): (clock::Instant, Option<Place>, usize),
-    (wake_first, prefer, fair): (Option<u64>, Prefer, Fair),
+    (wake_first, prefer, pinned, fair): (Option<u64>, Prefer, bool, Fair),
 ) -> WaitEnd {
     use futures::future::{select, Either};
     let queue = shard.models.borrow().get(model).map(|m| m.queue.clone());
@@ -865,7 +877,7 @@ async fn wait_for_capacity(
         return WaitEnd::TimedOut;
     };
     let (tx, mut rx) = futures::channel::oneshot::channel();
-    let w = Waiter { tx, prefer };
+    let w = Waiter { tx, prefer, pinned };
     let seq = match place {
         Some(seq) => {
             queue.borrow_mut().requeue(seq, w);

@@ -186,6 +186,7 @@ fn full_waits_then_forwards_with_its_wait_and_keeps_its_place() {
             place: None,
             wake_first: None,
             prefer: Prefer::default(),
+            pinned: false,
         }
     );
     d.queued(4, t0);
@@ -812,5 +813,140 @@ fn a_reserved_slot_is_left_to_its_class() {
         8,
         7,
         &[0, 0, 7]
+    ));
+}
+
+/// The holders of every request: agent 2.
+struct HeldBy2;
+impl crate::logic::routing::affinity::AffinitySource for HeldBy2 {
+    fn lookup(
+        &self,
+        _: &crate::logic::routing::affinity::AffinityCfg,
+    ) -> crate::logic::routing::affinity::Holders {
+        use crate::logic::routing::affinity::{HitKind, Holder, Holders};
+        Holders::of(
+            HitKind::Prefix,
+            &[Holder {
+                agent: 2,
+                depth: 4096,
+                age: 1,
+                hash: 9,
+            }],
+        )
+    }
+}
+
+fn prefix_step(holder_wait_ms: u32) -> Step {
+    let mut s = step("p", None, 0);
+    s.affinity = Some(crate::logic::routing::affinity::AffinityCfg {
+        holder_wait_ms,
+        ..Default::default()
+    });
+    s
+}
+
+#[test]
+fn a_full_holder_is_waited_for_up_to_holder_wait_then_anyone_serves() {
+    use crate::logic::routing::affinity::Outcome;
+    let t0 = Instant::now();
+    // Agent 1 idle, agent 2 (the holder) full.
+    let mut pool = vec![agent(1, 0, 4, None), agent(2, 4, 4, None)];
+    fn with(pool: &Vec<Agent>) -> ModelFacts<'_, Vec<Agent>> {
+        ModelFacts {
+            affinity: Some(&HeldBy2),
+            ..facts(pool, 0)
+        }
+    }
+    // Off (the default): the idle agent at once, counted overloaded.
+    let mut d = Decision::new(policy(vec![prefix_step(0)]), request(t0), LIMITS);
+    assert!(matches!(
+        d.next(&with(&pool), t0),
+        Action::Forward {
+            agent_id: 1,
+            affinity: Some(AffinityPick {
+                outcome: Outcome::Overloaded,
+                ..
+            }),
+            ..
+        }
+    ));
+    // On: a wait for the holder only, bounded by holder_wait_ms.
+    let mut d = Decision::new(policy(vec![prefix_step(500)]), request(t0), LIMITS);
+    let a = d.next(&with(&pool), t0);
+    assert_eq!(
+        a,
+        Action::Wait {
+            until: t0 + Duration::from_millis(500),
+            place: None,
+            wake_first: None,
+            prefer: Prefer::of([2]),
+            pinned: true,
+        }
+    );
+    d.queued(7, t0);
+    // A slot on the holder frees: a prefix hit there.
+    pool[1].active = 3;
+    d.wait_ended(WaitEnd::Woken, t0 + Duration::from_millis(100));
+    assert!(matches!(
+        d.next(&with(&pool), t0 + Duration::from_millis(100)),
+        Action::Forward {
+            agent_id: 2,
+            affinity: Some(AffinityPick {
+                outcome: Outcome::PrefixHit,
+                ..
+            }),
+            ..
+        }
+    ));
+    // Another request: the holder stays full past the wait; the timeout
+    // ends the wait for the holder, not the request, and anyone serves it.
+    pool[1].active = 4;
+    let mut d = Decision::new(policy(vec![prefix_step(500)]), request(t0), LIMITS);
+    assert!(matches!(
+        d.next(&with(&pool), t0),
+        Action::Wait { pinned: true, .. }
+    ));
+    d.queued(8, t0);
+    let late = t0 + Duration::from_millis(500);
+    d.wait_ended(WaitEnd::TimedOut, late);
+    assert!(matches!(
+        d.next(&with(&pool), late),
+        Action::Forward {
+            agent_id: 1,
+            affinity: Some(AffinityPick {
+                outcome: Outcome::Overloaded,
+                ..
+            }),
+            ..
+        }
+    ));
+    // Everyone full after the wait: an ordinary wait at its place, to the deadline.
+    pool[0].active = 4;
+    let mut d = Decision::new(policy(vec![prefix_step(500)]), request(t0), LIMITS);
+    pool[0].active = 0;
+    assert!(matches!(
+        d.next(&with(&pool), t0),
+        Action::Wait { pinned: true, .. }
+    ));
+    d.queued(9, t0);
+    d.wait_ended(WaitEnd::TimedOut, late);
+    pool[0].active = 4;
+    assert_eq!(
+        d.next(&with(&pool), late),
+        Action::Wait {
+            until: t0 + Duration::from_secs(60),
+            place: Some(9),
+            wake_first: None,
+            prefer: Prefer::of([2]),
+            pinned: false,
+        }
+    );
+    // A holder that fails a gate other than capacity is not waited for.
+    pool[0].active = 0;
+    pool[1].healthy = false;
+    let mut d = Decision::new(policy(vec![prefix_step(500)]), request(t0), LIMITS);
+    assert!(matches!(
+        d.next(&with(&pool), t0),
+        Action::Forward { agent_id: 1, .. }
     ));
 }

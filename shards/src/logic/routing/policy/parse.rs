@@ -70,6 +70,8 @@ struct RawAffinity {
     ttl_seconds: Option<i64>,
     #[serde(default)]
     block_bytes: Option<i64>,
+    #[serde(default)]
+    holder_wait_ms: Option<i64>,
 }
 
 /// A validation error: file, line, field path and message.
@@ -346,6 +348,17 @@ fn affinity(
             ));
         }
         cfg.load_band = b;
+    }
+    if let Some(w) = raw.holder_wait_ms {
+        if !(0..=60_000).contains(&w) {
+            return Err(err(
+                file,
+                text,
+                &format!("{path}.holder_wait_ms"),
+                format!("holder_wait_ms must be between 0 and 60000, not {w}"),
+            ));
+        }
+        cfg.holder_wait_ms = w as u32;
     }
     if let Some(t) = raw.ttl_seconds {
         if !(1..=86_400).contains(&t) {

@@ -478,7 +478,7 @@ fn prefix_aware_picks_a_holder_within_the_load_band_only() {
 fn prefix_aware_fields_are_validated() {
     let p = parse(
         "p.yaml",
-        "routing_policy:\n  strategy: prefix-aware\n  affinity:\n    load_band: 0.5\n    ttl_seconds: 60\n    block_bytes: 4096\n",
+        "routing_policy:\n  strategy: prefix-aware\n  affinity:\n    load_band: 0.5\n    ttl_seconds: 60\n    block_bytes: 4096\n    holder_wait_ms: 750\n",
     )
     .expect("accepted");
     assert_eq!(
@@ -486,7 +486,8 @@ fn prefix_aware_fields_are_validated() {
         Some(AffinityCfg {
             load_band: 0.5,
             ttl_seconds: 60,
-            block_bytes: 4096
+            block_bytes: 4096,
+            holder_wait_ms: 750,
         })
     );
     let d = parse("p.yaml", "routing_policy:\n  strategy: prefix-aware\n").expect("defaults");
@@ -501,6 +502,16 @@ fn prefix_aware_fields_are_validated() {
             "  affinity:\n    load_band: .nan\n",
             "routing_policy.affinity.load_band",
             "between 0 and 1",
+        ),
+        (
+            "  affinity:\n    holder_wait_ms: -1\n",
+            "routing_policy.affinity.holder_wait_ms",
+            "between 0 and 60000",
+        ),
+        (
+            "  affinity:\n    holder_wait_ms: 60001\n",
+            "routing_policy.affinity.holder_wait_ms",
+            "between 0 and 60000",
         ),
         (
             "  affinity:\n    ttl_seconds: 0\n",

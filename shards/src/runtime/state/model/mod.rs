@@ -25,6 +25,9 @@ pub struct Waiter {
     pub tx: futures::channel::oneshot::Sender<()>,
     /// The agents that hold its prefix (prefix-aware steps only).
     pub prefer: Prefer,
+    /// Waiting for a slot on those agents only (`holder_wait_ms`): a slot
+    /// freed elsewhere passes it by.
+    pub pinned: bool,
 }
 
 /// The capacity queue's waiters.
@@ -33,7 +36,10 @@ pub type Waiters = WaitQueue<Waiter>;
 /// Wake the oldest waiter still waiting (a cancelled one passes the signal on).
 pub fn wake_head(q: &RefCell<Waiters>) {
     loop {
-        let next = q.borrow_mut().pop_head();
+        // A waiter held for its cache holders is passed by (see wake_for).
+        let next = q
+            .borrow_mut()
+            .pop_for(LOOK_AHEAD, 0, |_| false, |w: &Waiter| !w.pinned);
         match next {
             Some((_, w)) => {
                 if w.tx.send(()).is_ok() {
@@ -49,9 +55,12 @@ pub fn wake_head(q: &RefCell<Waiters>) {
 /// (within the queue's bounded look-ahead), else the oldest.
 pub fn wake_for(q: &RefCell<Waiters>, agent: u64) {
     loop {
-        let next = q.borrow_mut().pop_for(LOOK_AHEAD, MAX_PASSES, |w| {
-            !w.tx.is_canceled() && w.prefer.contains(agent)
-        });
+        let next = q.borrow_mut().pop_for(
+            LOOK_AHEAD,
+            MAX_PASSES,
+            |w| !w.tx.is_canceled() && w.prefer.contains(agent),
+            |w| !w.pinned,
+        );
         match next {
             Some((_, w)) => {
                 if w.tx.send(()).is_ok() {
