@@ -57,6 +57,31 @@ fn turn_body(conv: usize, turn: usize) -> String {
     serde_json::json!({"model": MODEL, "max_tokens": 4, "messages": msgs}).to_string()
 }
 
+/// Requests served per machine since `before`, once `n` are counted
+/// (read after both ended, not from whichever count moved first).
+fn served_since(
+    http: u16,
+    before: &std::collections::HashMap<String, u64>,
+    n: u64,
+) -> Vec<(String, u64)> {
+    let mut moved = Vec::new();
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            let after = successes_by_machine(http);
+            moved = after
+                .iter()
+                .filter(|(k, v)| before.get(*k).copied().unwrap_or(0) < **v)
+                .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+                .collect();
+            moved.iter().map(|(_, c)| c).sum::<u64>() == n
+        },
+        "the requests counted",
+    );
+    moved.sort();
+    moved
+}
+
 fn decisions(metrics: u16, outcome: &str) -> f64 {
     metric(
         metrics,
@@ -209,21 +234,7 @@ fn a_full_holder_is_skipped_and_a_departed_one_forgotten() {
     // Both end about together: who served which is read from the counts
     // once both are done (the holder one, another agent the other), not
     // from whichever count moved first.
-    let mut moved = Vec::new();
-    wait_until(
-        Duration::from_secs(5),
-        || {
-            let after = successes_by_machine(http);
-            moved = after
-                .iter()
-                .filter(|(k, v)| before.get(*k).copied().unwrap_or(0) < **v)
-                .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
-                .collect();
-            moved.iter().map(|(_, n)| n).sum::<u64>() == 2
-        },
-        "both requests counted",
-    );
-    moved.sort();
+    let moved = served_since(http, &before, 2);
     assert_eq!(
         moved.len(),
         2,
@@ -533,21 +544,12 @@ fn holder_wait_waits_for_a_full_holder_instead_of_another_agent() {
     assert_eq!(busy.join().expect("thread").expect("request"), 200);
     // It waited for the busy request to end (about 1.2 s), then took the
     // holder's slot: a second first-token time in all.
-    assert!(t.elapsed() >= Duration::from_millis(2000), "{:?}", t.elapsed());
-    let mut moved = Vec::new();
-    wait_until(
-        Duration::from_secs(5),
-        || {
-            let after = successes_by_machine(http);
-            moved = after
-                .iter()
-                .filter(|(k, v)| before.get(*k).copied().unwrap_or(0) < **v)
-                .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
-                .collect();
-            moved.iter().map(|(_, n)| n).sum::<u64>() == 2
-        },
-        "both requests counted",
+    assert!(
+        t.elapsed() >= Duration::from_millis(2000),
+        "{:?}",
+        t.elapsed()
     );
+    let moved = served_since(http, &before, 2);
     assert_eq!(moved, vec![(first, 2)], "both turns on the holder");
     assert_eq!(decisions(f.r.metrics, "overloaded"), over);
     assert_eq!(decisions(f.r.metrics, "prefix_hit"), hits + 1.0);

@@ -500,21 +500,7 @@ pub fn select_with<'a>(
             // tested at every agent of it: a hit at 1,000 agents cost 1.6-
             // 2.6 us more than least-loaded that way, this costs a few
             // binary searches.
-            let mut held: Option<(usize, u64, u64)> = None;
-            for h in holders.iter() {
-                let Some(hi) = index_of(n, &get, u64::from(h.agent)) else {
-                    continue;
-                };
-                let Some(a) = get(hi) else { continue };
-                if !eligible(step, cap, &a, failed) {
-                    continue;
-                }
-                let (act, capy) = (u64::from(a.active), u64::from(a.capacity));
-                if held.is_none_or(|(_, ha, hc)| act * hc < ha * capy) {
-                    held = Some((hi, act, capy));
-                }
-            }
-            match held {
+            match least_loaded_holder(step, cap, n, &get, failed, holders) {
                 // util(holder) <= util(best) + band, in integers where it
                 // can be: ha/hc <= ba/bc + band.
                 Some((h, ha, hc))
@@ -548,20 +534,42 @@ pub fn free_holder<'a>(
     failed: &[u64],
     holders: &Holders,
 ) -> Option<usize> {
+    least_loaded_holder(step, cap, n, &get, failed, holders).map(|(i, _, _)| i)
+}
+
+/// The holders (at most four) found in the pool: index and facts.
+fn holders_in_pool<'a, 'g>(
+    n: usize,
+    get: &'g impl Fn(usize) -> Option<AgentFacts<'a>>,
+    holders: &'g Holders,
+) -> impl Iterator<Item = (usize, AgentFacts<'a>)> + 'g {
+    holders.iter().filter_map(move |h| {
+        let i = index_of(n, get, u64::from(h.agent))?;
+        get(i).map(|a| (i, a))
+    })
+}
+
+/// The eligible holder with the smallest share of its capacity in flight:
+/// (index, in flight, capacity).
+fn least_loaded_holder<'a>(
+    step: &Step,
+    cap: Capability,
+    n: usize,
+    get: &impl Fn(usize) -> Option<AgentFacts<'a>>,
+    failed: &[u64],
+    holders: &Holders,
+) -> Option<(usize, u64, u64)> {
     let mut best: Option<(usize, u64, u64)> = None;
-    for h in holders.iter() {
-        let Some(i) = index_of(n, &get, u64::from(h.agent)) else {
+    for (i, a) in holders_in_pool(n, get, holders) {
+        if !eligible(step, cap, &a, failed) {
             continue;
-        };
-        let Some(a) = get(i).filter(|a| eligible(step, cap, a, failed)) else {
-            continue;
-        };
+        }
         let (act, capy) = (u64::from(a.active), u64::from(a.capacity));
         if best.is_none_or(|(_, ba, bc)| act * bc < ba * capy) {
             best = Some((i, act, capy));
         }
     }
-    best.map(|(i, _, _)| i)
+    best
 }
 
 /// Whether a holder of the request's prefix passes every gate of `step`
@@ -575,14 +583,10 @@ pub fn holder_full<'a>(
     failed: &[u64],
     holders: &Holders,
 ) -> bool {
-    holders.iter().any(|h| {
-        index_of(n, &get, u64::from(h.agent))
-            .and_then(&get)
-            .is_some_and(|a| {
-                a.capacity > 0
-                    && a.active >= a.capacity
-                    && eligible(step, cap, &AgentFacts { active: 0, ..a }, failed)
-            })
+    holders_in_pool(n, &get, holders).any(|(_, a)| {
+        a.capacity > 0
+            && a.active >= a.capacity
+            && eligible(step, cap, &AgentFacts { active: 0, ..a }, failed)
     })
 }
 

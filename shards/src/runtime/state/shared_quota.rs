@@ -284,40 +284,33 @@ impl Drawer {
             let burst = l.burst.load(Ordering::Relaxed);
             let limit = l.tokens_limit.load(Ordering::Relaxed);
             let mut wants: Vec<(Kind, i64, i64)> = Vec::new();
-            if per_minute > 0 {
-                let bal = l.requests.load(Ordering::Relaxed);
-                // Idle: the debt is charged, an unspent lease given back.
-                let (charge, top) = if idle {
+            // (charge, top-up) of one balance. Idle: the debt is charged,
+            // an unspent lease given back.
+            let settle = |bal: i64, base: i64, spent: u64, left: u64| {
+                if idle {
                     (bal.saturating_neg(), 0)
                 } else {
-                    lease::draw(
-                        bal,
-                        lease::target(
-                            lease::request_lease(burst),
-                            pace.0,
-                            l.requests_left.load(Ordering::Relaxed),
-                        ),
-                    )
-                };
+                    lease::draw(bal, lease::target(base, spent, left))
+                }
+            };
+            if per_minute > 0 {
+                let (charge, top) = settle(
+                    l.requests.load(Ordering::Relaxed),
+                    lease::request_lease(burst),
+                    pace.0,
+                    l.requests_left.load(Ordering::Relaxed),
+                );
                 if charge != 0 || top != 0 {
                     wants.push((Kind::Requests { per_minute, burst }, charge, top));
                 }
             }
             if limit > 0 {
-                let bal = l.tokens.load(Ordering::Relaxed);
-                // Idle: the debt is charged, an unspent lease given back.
-                let (charge, top) = if idle {
-                    (bal.saturating_neg(), 0)
-                } else {
-                    lease::draw(
-                        bal,
-                        lease::target(
-                            lease::token_lease(limit),
-                            pace.1,
-                            l.tokens_left.load(Ordering::Relaxed),
-                        ),
-                    )
-                };
+                let (charge, top) = settle(
+                    l.tokens.load(Ordering::Relaxed),
+                    lease::token_lease(limit),
+                    pace.1,
+                    l.tokens_left.load(Ordering::Relaxed),
+                );
                 let top = if l.tokens_exhausted.load(Ordering::Relaxed) && charge == 0 && !probe {
                     // Asking an exhausted budget every 20 ms helps nobody.
                     0
