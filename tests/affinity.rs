@@ -82,6 +82,43 @@ fn served_since(
     moved
 }
 
+/// Conversation 1's first turn (its agent: the holder), then its second
+/// turn kept in flight on the holder (one slot, slow first token) while
+/// the third is sent. Returns the holder, the counts before, the
+/// overloaded and prefix-hit decisions before the third turn, and when it
+/// was sent; both later turns were answered 200.
+fn turn_behind_a_busy_holder(
+    http: u16,
+    metrics: u16,
+) -> (
+    String,
+    std::collections::HashMap<String, u64>,
+    (f64, f64),
+    std::time::Instant,
+) {
+    let first = send_and_see(http, Req::post("/v1/chat/completions", turn_body(1, 0)));
+    let busy = std::thread::spawn(move || {
+        Req::post("/v1/chat/completions", turn_body(1, 1))
+            .send(http)
+            .map(Resp::pair)
+            .map(|(s, _)| s)
+    });
+    let before = successes_by_machine(http);
+    std::thread::sleep(Duration::from_millis(300));
+    let seen = (
+        decisions(metrics, "overloaded"),
+        decisions(metrics, "prefix_hit"),
+    );
+    let t = std::time::Instant::now();
+    let (st, body) = Req::post("/v1/chat/completions", turn_body(1, 2))
+        .send(http)
+        .map(Resp::pair)
+        .expect("third turn");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(busy.join().expect("thread").expect("request"), 200);
+    (first, before, seen, t)
+}
+
 fn decisions(metrics: u16, outcome: &str) -> f64 {
     metric(
         metrics,
@@ -213,24 +250,9 @@ fn a_full_holder_is_skipped_and_a_departed_one_forgotten() {
     // fills its agent.
     let mut f = fleet("affinity-guard", &policy(""), &["--ttft", "1500ms"], "1");
     let http = f.r.http;
-    let first = send_and_see(http, Req::post("/v1/chat/completions", turn_body(1, 0)));
     // Its next turn, sent while another request of the same prefix keeps
     // the holder busy: the holder is full, another agent serves it.
-    let busy = std::thread::spawn(move || {
-        Req::post("/v1/chat/completions", turn_body(1, 1))
-            .send(http)
-            .map(Resp::pair)
-            .map(|(s, _)| s)
-    });
-    let before = successes_by_machine(http);
-    std::thread::sleep(Duration::from_millis(300));
-    let over = decisions(f.r.metrics, "overloaded");
-    let (st, body) = Req::post("/v1/chat/completions", turn_body(1, 2))
-        .send(http)
-        .map(Resp::pair)
-        .expect("second");
-    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
-    assert_eq!(busy.join().expect("thread").expect("request"), 200);
+    let (first, before, (over, _), _) = turn_behind_a_busy_holder(http, f.r.metrics);
     // Both end about together: who served which is read from the counts
     // once both are done (the holder one, another agent the other), not
     // from whichever count moved first.
@@ -522,26 +544,7 @@ fn holder_wait_waits_for_a_full_holder_instead_of_another_agent() {
         "1",
     );
     let http = f.r.http;
-    let first = send_and_see(http, Req::post("/v1/chat/completions", turn_body(1, 0)));
-    let busy = std::thread::spawn(move || {
-        Req::post("/v1/chat/completions", turn_body(1, 1))
-            .send(http)
-            .map(Resp::pair)
-            .map(|(s, _)| s)
-    });
-    let before = successes_by_machine(http);
-    std::thread::sleep(Duration::from_millis(300));
-    let (over, hits) = (
-        decisions(f.r.metrics, "overloaded"),
-        decisions(f.r.metrics, "prefix_hit"),
-    );
-    let t = std::time::Instant::now();
-    let (st, body) = Req::post("/v1/chat/completions", turn_body(1, 2))
-        .send(http)
-        .map(Resp::pair)
-        .expect("second");
-    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
-    assert_eq!(busy.join().expect("thread").expect("request"), 200);
+    let (first, before, (over, hits), t) = turn_behind_a_busy_holder(http, f.r.metrics);
     // It waited for the busy request to end (about 1.2 s), then took the
     // holder's slot: a second first-token time in all.
     assert!(
