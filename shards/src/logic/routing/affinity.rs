@@ -405,6 +405,14 @@ impl Outcome {
         Outcome::Overloaded,
     ];
 
+    /// A hit of this kind (sent to a holder).
+    pub fn hit(kind: HitKind) -> Outcome {
+        match kind {
+            HitKind::Key => Outcome::KeyHit,
+            HitKind::Prefix => Outcome::PrefixHit,
+        }
+    }
+
     /// The metric label.
     pub fn as_str(self) -> &'static str {
         match self {

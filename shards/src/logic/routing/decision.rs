@@ -28,7 +28,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::affinity::{AffinityPick, AffinitySource};
+use super::affinity::{AffinityPick, AffinitySource, Outcome};
 use super::failure::{Failure, Side};
 use super::policy::{self, AgentFacts, GateCounts, Policy, Session, StepPick};
 pub use super::refusal::Rejection;
@@ -443,40 +443,28 @@ impl Decision {
                 &holders,
             );
             // Every holder full: wait for one of them a while rather than
-            // pay the prefill again elsewhere (`holder_wait_ms`).
+            // pay the prefill again elsewhere (`holder_wait_ms`); a request
+            // that waited takes a holder's free slot whatever the band.
             let mut pinned = false;
-            if let (Some(super::affinity::Outcome::Overloaded), Some(cfg)) =
-                (outcome, step.affinity.as_ref())
-            {
-                if cfg.holder_wait_ms > 0 && (self.place.is_some() || self.limits.queue_depth > 0) {
-                    let until = *self
-                        .pin_until
-                        .get_or_insert(now + Duration::from_millis(u64::from(cfg.holder_wait_ms)));
+            if let (Some(Outcome::Overloaded), Some(cfg)) = (outcome, step.affinity.as_ref()) {
+                let until = self
+                    .pin_until
+                    .unwrap_or(now + Duration::from_millis(u64::from(cfg.holder_wait_ms)));
+                if cfg.holder_wait_ms > 0
+                    && (self.place.is_some() || self.limits.queue_depth > 0)
+                    && now < until
+                    && now < self.request.deadline
+                {
                     let get = |i| model.pool.facts(i);
-                    let waited = self.pin_until.is_some_and(|_| self.place.is_some());
-                    let free = (waited && now < until)
-                        .then(|| {
-                            policy::free_holder(step, cap, n, get, &self.session.failed, &holders)
-                        })
-                        .flatten();
+                    let failed = &self.session.failed;
+                    let free = self
+                        .pin_until
+                        .and_then(|_| policy::free_holder(step, cap, n, get, failed, &holders));
                     if let Some(h) = free {
-                        // It waited for this slot: taken whatever the band.
                         pick = StepPick::Agent(h);
-                        outcome = Some(match holders.kind {
-                            super::affinity::HitKind::Key => super::affinity::Outcome::KeyHit,
-                            super::affinity::HitKind::Prefix => super::affinity::Outcome::PrefixHit,
-                        });
-                    } else if now < until
-                        && now < self.request.deadline
-                        && policy::holder_full(
-                            step,
-                            cap,
-                            n,
-                            |i| model.pool.facts(i),
-                            &self.session.failed,
-                            &holders,
-                        )
-                    {
+                        outcome = Some(Outcome::hit(holders.kind));
+                    } else if policy::holder_full(step, cap, n, get, failed, &holders) {
+                        self.pin_until = Some(until);
                         pick = StepPick::Full(GateCounts::default());
                         pinned = true;
                     }
@@ -512,11 +500,7 @@ impl Decision {
                             outcome,
                             block_bytes: cfg.block_bytes,
                             hit: holders.find(agent_id).copied().filter(|_| {
-                                matches!(
-                                    outcome,
-                                    super::affinity::Outcome::KeyHit
-                                        | super::affinity::Outcome::PrefixHit
-                                )
+                                matches!(outcome, Outcome::KeyHit | Outcome::PrefixHit)
                             }),
                         }),
                         _ => None,

@@ -506,11 +506,7 @@ pub fn select_with<'a>(
                 Some((h, ha, hc))
                     if (ha as f64) / (hc as f64) <= (ba as f64) / (bc as f64) + cfg.load_band =>
                 {
-                    let hit = match holders.kind {
-                        crate::logic::routing::affinity::HitKind::Key => Outcome::KeyHit,
-                        crate::logic::routing::affinity::HitKind::Prefix => Outcome::PrefixHit,
-                    };
-                    (StepPick::Agent(h), Some(hit))
+                    (StepPick::Agent(h), Some(Outcome::hit(holders.kind)))
                 }
                 _ => (StepPick::Agent(i), Some(Outcome::Overloaded)),
             }

@@ -921,9 +921,7 @@ fn a_full_holder_is_waited_for_up_to_holder_wait_then_anyone_serves() {
         }
     ));
     // Everyone full after the wait: an ordinary wait at its place, to the deadline.
-    pool[0].active = 4;
     let mut d = Decision::new(policy(vec![prefix_step(500)]), request(t0), LIMITS);
-    pool[0].active = 0;
     assert!(matches!(
         d.next(&with(&pool), t0),
         Action::Wait { pinned: true, .. }
