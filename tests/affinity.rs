@@ -247,8 +247,13 @@ fn sum_metric(port: u16, name: &str) -> f64 {
 #[test]
 fn a_full_holder_is_skipped_and_a_departed_one_forgotten() {
     // One slot per agent and a slow first token: a request in flight
-    // fills its agent.
-    let mut f = fleet("affinity-guard", &policy(""), &["--ttft", "1500ms"], "1");
+    // fills its agent. The strict guard: no wait for the holder.
+    let mut f = fleet(
+        "affinity-guard",
+        &policy("  affinity:\n    holder_wait_ms: 0\n"),
+        &["--ttft", "1500ms"],
+        "1",
+    );
     let http = f.r.http;
     // Its next turn, sent while another request of the same prefix keeps
     // the holder busy: the holder is full, another agent serves it.
@@ -452,8 +457,9 @@ fn a_freed_slot_goes_to_a_waiter_its_agent_holds_the_prefix_of() {
     // Three agents of one slot each, whose engines take 1 s, 1.5 s and 4 s
     // to the first token: when all three are busy, a0 frees first, then a1.
     let dir = tmpdir("affinity-wake");
+    // The strict guard: the wake alone, no wait for a holder.
     let pf = dir.join("policy.yaml");
-    std::fs::write(&pf, policy("")).expect("policy");
+    std::fs::write(&pf, policy("  affinity:\n    holder_wait_ms: 0\n")).expect("policy");
     let pfs = pf.to_string_lossy().to_string();
     let r = start_router(&dir, &["--shards", "1", "--policy-file", &pfs], &[]);
     let mut procs = Vec::new();
@@ -556,4 +562,74 @@ fn holder_wait_waits_for_a_full_holder_instead_of_another_agent() {
     assert_eq!(moved, vec![(first, 2)], "both turns on the holder");
     assert_eq!(decisions(f.r.metrics, "overloaded"), over);
     assert_eq!(decisions(f.r.metrics, "prefix_hit"), hits + 1.0);
+    // Counted as a wait for a holder that did not run out.
+    let waits = |name: &str| {
+        metric(
+            f.r.metrics,
+            &format!("hivenet_affinity_{name}_total{{model=\"{MODEL}\"}}"),
+        )
+    };
+    assert_eq!(waits("holder_waits"), Some(1.0));
+    assert_eq!(waits("holder_wait_timeouts"), Some(0.0));
+}
+
+#[test]
+fn holder_wait_is_cut_to_the_prefill_a_hit_saves() {
+    // Engines whose prefill is nearly free and whose answers are slow (a
+    // GPU's shape): once the router has learned it from the engines'
+    // usage, a full holder is not worth waiting for, whatever
+    // `holder_wait_ms` allows (here 10 s, as in the test above where the
+    // holder is waited for).
+    let f = fleet(
+        "affinity-wait-learned",
+        &policy("  affinity:\n    holder_wait_ms: 10000\n"),
+        &[
+            "--ttft",
+            "5ms",
+            "--prefill-per-token",
+            "0.001ms",
+            "--itl",
+            "300ms",
+        ],
+        "1",
+    );
+    let http = f.r.http;
+    // Enough answered requests to learn from, hits and misses
+    // (conversations other than the one measured below).
+    let warm: Vec<_> = (10..19)
+        .map(|conv| {
+            std::thread::spawn(move || {
+                for turn in 0..2 {
+                    let (st, body) = Req::post("/v1/chat/completions", turn_body(conv, turn))
+                        .send(http)
+                        .map(Resp::pair)
+                        .expect("warm-up");
+                    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+                }
+            })
+        })
+        .collect();
+    for w in warm {
+        w.join().expect("warm-up thread");
+    }
+    let waits = |name: &str| {
+        metric(
+            f.r.metrics,
+            &format!("hivenet_affinity_{name}_total{{model=\"{MODEL}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    let (w0, t0) = (waits("holder_waits"), waits("holder_wait_timeouts"));
+    let (first, before, (over, _), _) = turn_behind_a_busy_holder(http, f.r.metrics);
+    // Served by another agent, not after the busy holder's turn.
+    let moved = served_since(http, &before, 2);
+    assert_eq!(moved.len(), 2, "waited for the full holder: {moved:?}");
+    assert!(moved.iter().any(|(k, _)| *k == first), "{moved:?}");
+    assert_eq!(decisions(f.r.metrics, "overloaded"), over + 1.0);
+    // Any wait there was ran out (a wait cut to a few microseconds may
+    // still be counted): none ended on the holder.
+    assert_eq!(
+        waits("holder_waits") - w0,
+        waits("holder_wait_timeouts") - t0
+    );
 }

@@ -8,9 +8,12 @@ history (temperature 0), turns interleaved across users; CLIENTS clients
 at once (each one drives its share of the users). Fresh engines, router
 and agents for every configuration.
 
+HOLDER_WAITS="3000" adds prefix-aware with `holder_wait_ms: 3000`.
+
 Per configuration: the cached share of prompt tokens (from the engines'
 usage, prompt_tokens_details.cached_tokens), mean and p95 latency per
-request, and the mean per turn. Writes OUT/summary.md and OUT/raw.json.
+request, and throughput (requests per second of wall time) against
+least-loaded. Writes OUT/summary.md and OUT/raw.json.
 
 Usage: python3 scripts/bench/affinity-real.py BIN_DIR OUT [USERS TURNS CLIENTS...]
 (BIN_DIR: release binaries; the engine from scripts/install-llama.sh.)
@@ -28,6 +31,10 @@ CLIENTS = [int(c) for c in sys.argv[5:]] or [1, 3]
 # run yet, so an agent may take more than one request (CAPACITY=1: the
 # router never sends a busy engine a second one).
 CAPACITY = os.environ.get("CAPACITY", "4")
+# Extra prefix-aware configurations with `holder_wait_ms` (wait for a full
+# cache holder): HOLDER_WAITS="3000" adds prefix-aware-w3000.
+HOLDER_WAITS = os.environ.get("HOLDER_WAITS", "").split()
+CONFIGS = ["least-loaded", "prefix-aware"] + [f"prefix-aware-w{w}" for w in HOLDER_WAITS] + ["oracle"]
 env = dict(line.split("=", 1) for line in subprocess.check_output(["scripts/install-llama.sh"], text=True).split()
            if "=" in line)
 SERVER, MODEL = env["LLAMA_SERVER"].strip("'\""), env["LLAMA_MODEL"].strip("'\"")
@@ -89,7 +96,11 @@ def run_config(name, clients):
         else:
             http, met, p2p = free_port(), free_port(), free_port()
             pol = f"{work}/policy.yaml"
-            open(pol, "w").write(f"routing_policy:\n  strategy: {name}\n")
+            if name.startswith("prefix-aware-w"):
+                open(pol, "w").write("routing_policy:\n  strategy: prefix-aware\n  affinity:\n"
+                                     f"    holder_wait_ms: {name[len('prefix-aware-w'):]}\n")
+            else:
+                open(pol, "w").write(f"routing_policy:\n  strategy: {name}\n")
             e = dict(os.environ, HIVENET_ROUTER_ADMIN_API_KEYS="bench-admin")
             procs.append(subprocess.Popen([f"{BIN}/hivenet-router", "--http-port", f"127.0.0.1:{http}",
                                            "--metrics-port", f"127.0.0.1:{met}", "--p2p-port", str(p2p),
@@ -136,7 +147,7 @@ def run_config(name, clients):
         affinity = ""
         if name != "oracle":
             with urllib.request.urlopen(f"http://127.0.0.1:{met}/metrics") as r:
-                affinity = "\n".join(l for l in r.read().decode().splitlines() if l.startswith("hivenet_affinity_decisions"))
+                affinity = "\n".join(l for l in r.read().decode().splitlines() if l.startswith("hivenet_affinity_"))
         return {"config": name, "clients": clients, "wall": wall, "requests": results, "affinity": affinity}
     finally:
         for p in procs:
@@ -150,8 +161,9 @@ def run_config(name, clients):
 
 
 def summary(runs):
-    lines = ["| clients | config | requests | cached share | of the oracle's | mean s | p95 s | mean vs least-loaded | wall s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| clients | config | requests | cached share | of the oracle's | mean s | p95 s | mean vs least-loaded "
+             "| wall s | throughput vs least-loaded |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for clients in CLIENTS:
         by = {r["config"]: r for r in runs if r["clients"] == clients}
         def share(r):
@@ -159,7 +171,8 @@ def summary(runs):
             return sum(x["cached"] for x in r["requests"]) / p if p else 0
         oracle = share(by["oracle"]) if "oracle" in by else 0
         ll_mean = statistics.mean(x["seconds"] for x in by["least-loaded"]["requests"]) if "least-loaded" in by else 0
-        for name in ("least-loaded", "prefix-aware", "oracle"):
+        ll_rate = len(by["least-loaded"]["requests"]) / by["least-loaded"]["wall"] if "least-loaded" in by else 0
+        for name in CONFIGS:
             r = by.get(name)
             if not r:
                 continue
@@ -168,13 +181,14 @@ def summary(runs):
             p95 = secs[min(len(secs) - 1, int(round(0.95 * (len(secs) - 1))))]
             s = share(r)
             lines.append(f"| {clients} | {name} | {len(secs)} | {s:.1%} | {(s / oracle if oracle else 0):.0%} | "
-                         f"{mean:.2f} | {p95:.2f} | {(mean / ll_mean if ll_mean else 0):.2f}x | {r['wall']:.0f} |")
+                         f"{mean:.2f} | {p95:.2f} | {(mean / ll_mean if ll_mean else 0):.2f}x | {r['wall']:.0f} | "
+                         f"{(len(secs) / r['wall'] / ll_rate if ll_rate else 0):.2f}x |")
     return "\n".join(lines)
 
 
 runs = []
 for clients in CLIENTS:
-    for name in ("least-loaded", "prefix-aware", "oracle"):
+    for name in CONFIGS:
         r = run_config(name, clients)
         runs.append(r)
         print(f"{name} clients={clients}: {len(r['requests'])} requests in {r['wall']:.0f} s", flush=True)

@@ -60,7 +60,7 @@ impl Default for AffinityCfg {
             load_band: 0.5,
             ttl_seconds: 600,
             block_bytes: 2048,
-            holder_wait_ms: 0,
+            holder_wait_ms: 3000,
         }
     }
 }
@@ -380,6 +380,8 @@ pub struct AffinityPick {
     pub block_bytes: u32,
     /// The holder chosen, on a hit (its depth predicts cached tokens).
     pub hit: Option<Holder>,
+    /// The request waited for a full holder first (`holder_wait_ms`).
+    pub held: bool,
 }
 
 /// How one prefix-aware decision went (`hivenet_affinity_decisions_total`).

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use super::affinity::{AffinityPick, AffinitySource, Outcome};
 use super::failure::{Failure, Side};
+use super::miss_cost;
 use super::policy::{self, AgentFacts, GateCounts, Policy, Session, StepPick};
 pub use super::refusal::Rejection;
 use super::refusal::{QuotaRefusal, Refusal};
@@ -59,6 +60,10 @@ pub struct ModelFacts<'p, P: Pool + ?Sized> {
     /// The model's free slots are reserved for other priority classes
     /// (`min_share`): the request waits as if the step were full.
     pub reserved_for_others: bool,
+    /// Seconds a byte of prompt prefix costs to prefill on the model's
+    /// engines, once learned ([`crate::logic::routing::miss_cost`]): a
+    /// wait for a full holder never outlasts what its hit would save.
+    pub miss_secs_per_byte: Option<f64>,
 }
 
 /// The request's facts.
@@ -447,10 +452,20 @@ impl Decision {
             // that waited takes a holder's free slot whatever the band.
             let mut pinned = false;
             if let (Some(Outcome::Overloaded), Some(cfg)) = (outcome, step.affinity.as_ref()) {
-                let until = self
-                    .pin_until
-                    .unwrap_or(now + Duration::from_millis(u64::from(cfg.holder_wait_ms)));
-                if cfg.holder_wait_ms > 0
+                // What the hit saves: the holders' prefix, or for a session
+                // key (no depth) half of this prompt, as `check_prediction`.
+                let depth = holders.iter().map(|h| h.depth).max().unwrap_or(0);
+                let bytes = if depth > 0 {
+                    depth as f64
+                } else {
+                    self.request.body_bytes as f64 / 2.0
+                };
+                let wait = miss_cost::holder_wait(
+                    cfg.holder_wait_ms,
+                    model.miss_secs_per_byte.map(|s| s * bytes),
+                );
+                let until = self.pin_until.unwrap_or(now + wait);
+                if (self.pin_until.is_some() || !wait.is_zero())
                     && (self.place.is_some() || self.limits.queue_depth > 0)
                     && now < until
                     && now < self.request.deadline
@@ -502,6 +517,7 @@ impl Decision {
                             hit: holders.find(agent_id).copied().filter(|_| {
                                 matches!(outcome, Outcome::KeyHit | Outcome::PrefixHit)
                             }),
+                            held: self.pin_until.is_some(),
                         }),
                         _ => None,
                     };

@@ -4,7 +4,8 @@
 //! [`admission`] (B1-B4), [`srtt`] (the latency estimator), [`failure`]
 //! (who failed, retry or not), [`wait_queue`] (the capacity queue),
 //! [`directory`] (model to shard), [`history`] (an agent's persisted
-//! record), [`refusal`] (the one refusal type).
+//! record), [`miss_cost`] (what a cache miss costs: the bound of a wait
+//! for a cache holder), [`refusal`] (the one refusal type).
 
 pub mod admission;
 pub mod affinity;
@@ -12,6 +13,7 @@ pub mod decision;
 pub mod directory;
 pub mod failure;
 pub mod history;
+pub mod miss_cost;
 pub mod policy;
 pub mod policy_set;
 pub mod refusal;

@@ -322,12 +322,24 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
         }
     }
     type PGet = fn(&ModelStats) -> f64;
-    let pm: [(&'static str, Kind, &str, PGet); 7] = [
+    let pm: [(&'static str, Kind, &str, PGet); 9] = [
         (
             "hivenet_affinity_stale_total",
             Counter,
             "Prefix-aware hits whose engine reported under a quarter of the predicted prefix as cached (the entry was stale).",
             |s| s.affinity_stale as f64,
+        ),
+        (
+            "hivenet_affinity_holder_waits_total",
+            Counter,
+            "Requests sent after waiting for a full cache holder (holder_wait_ms).",
+            |s| s.holder_waits as f64,
+        ),
+        (
+            "hivenet_affinity_holder_wait_timeouts_total",
+            Counter,
+            "Requests whose wait for a full cache holder ran out: sent where least-loaded chose (counted overloaded too).",
+            |s| s.holder_wait_timeouts as f64,
         ),
         (
             "hivenet_policy_primary_routed_total",

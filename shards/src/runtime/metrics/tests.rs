@@ -72,6 +72,8 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.usage_clamped = 1;
     s.affinity = [3, 5, 7, 1];
     s.affinity_stale = 2;
+    s.holder_waits = 4;
+    s.holder_wait_timeouts = 1;
     s.backend_errors.insert(502, 2);
     s.provider_calls.insert(
         ("openai", 200),
@@ -403,6 +405,18 @@ const FAMILIES: &[Want] = &[
         "counter",
         2,
         Some(("model", "m1", 2.0)),
+    ),
+    (
+        "hivenet_affinity_holder_waits_total",
+        "counter",
+        2,
+        Some(("model", "m1", 4.0)),
+    ),
+    (
+        "hivenet_affinity_holder_wait_timeouts_total",
+        "counter",
+        2,
+        Some(("model", "m1", 1.0)),
     ),
     (
         "hivenet_policy_provider_fallback_total",

@@ -103,12 +103,25 @@ fn decide(
             _ => None,
         };
         let models = shard.models.borrow();
-        let (pool, rotation, queue_len, running): (&[Rc<Agent>], usize, usize, [u32; 3]) =
-            match models.get(model) {
-                Some(m) => (&m.agents, m.rotation, m.queue.borrow().len(), m.running),
-                // No agent ever registered here: the gates answer 404.
-                None => (&[], 0, 0, [0; 3]),
-            };
+        let (pool, rotation, queue_len, running, miss_secs_per_byte): (
+            &[Rc<Agent>],
+            usize,
+            usize,
+            [u32; 3],
+            Option<f64>,
+        ) = match models.get(model) {
+            Some(m) => (
+                &m.agents,
+                m.rotation,
+                m.queue.borrow().len(),
+                m.running,
+                // Prefix-aware policies only (a few flops).
+                keys.and_then(|_| m.miss_cost.get().per_token())
+                    .map(|a| a * m.admission.borrow().tokens_per_byte),
+            ),
+            // No agent ever registered here: the gates answer 404.
+            None => (&[], 0, 0, [0; 3], None),
+        };
         // `min_share`: only computed when the policy reserves anything.
         let reserved = min_share.iter().any(|s| *s > 0.0) && {
             use crate::logic::routing::decision::Pool;
@@ -133,6 +146,7 @@ fn decide(
             queue_len,
             affinity: view.as_ref().map(|v| v as &dyn AffinitySource),
             reserved_for_others: reserved,
+            miss_secs_per_byte,
         };
         let action = d.next(&facts, now);
         let agent = match &action {
@@ -152,6 +166,12 @@ fn decide(
             m.rotation = m.rotation.wrapping_add(1);
             if let Some(pick) = affinity {
                 m.stats.affinity[pick.outcome.index()] += 1;
+                if pick.held {
+                    m.stats.holder_waits += 1;
+                    if pick.outcome == crate::logic::routing::affinity::Outcome::Overloaded {
+                        m.stats.holder_wait_timeouts += 1;
+                    }
+                }
             }
         }
         // The agent now holds the request's key and prefixes.
@@ -650,6 +670,8 @@ impl Run<'_> {
             kept: kept.as_mut(),
             splice: None,
         };
+        // Prefix-aware requests time their attempt: what a miss costs.
+        let started = affinity.is_some().then(clock::now);
         let (outcome, sample) = attempt(shard, c, p, &agent, ask, &mut self.last_backend).await;
         let (agent, mut outcome, sample, continued) = match (outcome, api, kept.take()) {
             (Outcome::Broken(why), Some(api), Some(kept)) => {
@@ -701,6 +723,24 @@ impl Run<'_> {
         ) = (affinity.and_then(|a| a.hit), &outcome)
         {
             self.check_prediction(&agent, hit, t);
+        }
+        if let (
+            Some(t0),
+            false,
+            Outcome::Served {
+                tokens: Some(t), ..
+            },
+        ) = (started, continued, &outcome)
+        {
+            // Only an engine that reports its cache tells prefill apart.
+            if t.cache_reported {
+                let secs = clock::now().saturating_duration_since(t0).as_secs_f64();
+                if let Some(m) = shard.models.borrow().get(self.model) {
+                    let mut cost = m.miss_cost.get();
+                    cost.learn(t.input.saturating_sub(t.cached), t.output, secs);
+                    m.miss_cost.set(cost);
+                }
+            }
         }
         if let Outcome::Served {
             tokens: Some(t), ..

@@ -105,6 +105,7 @@ fn facts(pool: &Vec<Agent>, queue_len: usize) -> ModelFacts<'_, Vec<Agent>> {
         queue_len,
         affinity: None,
         reserved_for_others: false,
+        miss_secs_per_byte: None,
     }
 }
 
@@ -329,6 +330,7 @@ fn run_all_failing(
                 queue_len,
                 affinity: None,
                 reserved_for_others: false,
+                miss_secs_per_byte: None,
             },
             now,
         );
@@ -626,7 +628,7 @@ proptest! {
         let (mut attempts, mut waits) = (o.attempts.iter(), o.waits.iter());
         for k in 0..100u64 {
             let now = t0 + Duration::from_millis(k);
-            let a = d.next(&ModelFacts { pool: &pool, rotation: k as usize, queue_len: 0, affinity: None, reserved_for_others: false }, now);
+            let a = d.next(&ModelFacts { pool: &pool, rotation: k as usize, queue_len: 0, affinity: None, reserved_for_others: false, miss_secs_per_byte: None }, now);
             actions.push(a.clone());
             match a {
                 Action::TakeQuota => d.quota_taken(if o.quota_ok {
@@ -663,7 +665,7 @@ proptest! {
                 }
                 Action::Reject(ref r) => {
                     // Sticky: asked again, the same refusal.
-                    let again = d.next(&ModelFacts { pool: &pool, rotation: 0, queue_len: 0, affinity: None, reserved_for_others: false }, now);
+                    let again = d.next(&ModelFacts { pool: &pool, rotation: 0, queue_len: 0, affinity: None, reserved_for_others: false, miss_secs_per_byte: None }, now);
                     prop_assert_eq!(&again, &Action::Reject(r.clone()));
                     ended = Some("refused");
                     break;
@@ -865,6 +867,7 @@ fn a_full_holder_is_waited_for_up_to_holder_wait_then_anyone_serves() {
             agent_id: 1,
             affinity: Some(AffinityPick {
                 outcome: Outcome::Overloaded,
+                held: false,
                 ..
             }),
             ..
@@ -893,6 +896,7 @@ fn a_full_holder_is_waited_for_up_to_holder_wait_then_anyone_serves() {
             agent_id: 2,
             affinity: Some(AffinityPick {
                 outcome: Outcome::PrefixHit,
+                held: true,
                 ..
             }),
             ..
@@ -915,6 +919,7 @@ fn a_full_holder_is_waited_for_up_to_holder_wait_then_anyone_serves() {
             agent_id: 1,
             affinity: Some(AffinityPick {
                 outcome: Outcome::Overloaded,
+                held: true,
                 ..
             }),
             ..
@@ -945,6 +950,46 @@ fn a_full_holder_is_waited_for_up_to_holder_wait_then_anyone_serves() {
     let mut d = Decision::new(policy(vec![prefix_step(500)]), request(t0), LIMITS);
     assert!(matches!(
         d.next(&with(&pool), t0),
+        Action::Forward { agent_id: 1, .. }
+    ));
+}
+
+#[test]
+fn the_holder_wait_never_outlasts_the_prefill_it_saves() {
+    let t0 = Instant::now();
+    let pool = vec![agent(1, 0, 4, None), agent(2, 4, 4, None)];
+    let with = |miss_secs_per_byte| ModelFacts {
+        affinity: Some(&HeldBy2),
+        miss_secs_per_byte,
+        ..facts(&pool, 0)
+    };
+    let waits_until = |facts: &ModelFacts<'_, Vec<Agent>>| {
+        let mut d = Decision::new(policy(vec![prefix_step(3000)]), request(t0), LIMITS);
+        match d.next(facts, t0) {
+            Action::Wait {
+                until,
+                pinned: true,
+                ..
+            } => Some(until - t0),
+            _ => None,
+        }
+    };
+    // Nothing learned yet: the configured bound.
+    assert_eq!(waits_until(&with(None)), Some(Duration::from_millis(3000)));
+    // A slow engine (1 ms a byte: the 4,096-byte prefix saves 4 s): the bound.
+    assert_eq!(
+        waits_until(&with(Some(0.001))),
+        Some(Duration::from_millis(3000))
+    );
+    // A fast one (the prefix saves 41 ms): no longer than that.
+    assert_eq!(
+        waits_until(&with(Some(0.00001))),
+        Some(Duration::from_secs_f64(4096.0 * 0.00001))
+    );
+    // Free: no wait at all, the idle agent at once.
+    let mut d = Decision::new(policy(vec![prefix_step(3000)]), request(t0), LIMITS);
+    assert!(matches!(
+        d.next(&with(Some(0.0)), t0),
         Action::Forward { agent_id: 1, .. }
     ));
 }

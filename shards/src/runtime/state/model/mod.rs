@@ -101,6 +101,9 @@ pub struct ModelState {
     pub admission: self::admission::Shared,
     /// Since when it has had no agent (None: it has some).
     pub empty_since: Option<crate::runtime::wire::clock::Instant>,
+    /// What an uncached prompt token costs on its engines, learned from
+    /// prefix-aware requests (bounds `holder_wait_ms`).
+    pub miss_cost: std::cell::Cell<crate::logic::routing::miss_cost::MissCost>,
 }
 
 // === impl ModelState ===

@@ -283,6 +283,10 @@ pub struct ModelStats {
     pub affinity: [u64; 4],
     /// Predicted cache hits that came back with few cached tokens.
     pub affinity_stale: u64,
+    /// Requests sent after waiting for a full cache holder.
+    pub holder_waits: u64,
+    /// Of those, the ones whose wait ran out (sent elsewhere).
+    pub holder_wait_timeouts: u64,
     /// Backend failures reported by agents, by status (502 closed or
     /// malformed, 503 unreachable or busy, 504 timed out).
     pub backend_errors: BTreeMap<u16, u64>,
@@ -326,6 +330,8 @@ impl ModelStats {
             *a += b;
         }
         self.affinity_stale += st.affinity_stale;
+        self.holder_waits += st.holder_waits;
+        self.holder_wait_timeouts += st.holder_wait_timeouts;
         for (k, n) in &st.backend_errors {
             *self.backend_errors.entry(*k).or_default() += n;
         }
