@@ -21,6 +21,7 @@
 # default (0.5), as strategies prefix-aware-b0.5 and so on.
 # HOLDER_WAITS="1000 3000" also runs prefix-aware with these
 # holder_wait_ms (wait for a full cache holder), as prefix-aware-w1000 ...
+# ORACLE=0 skips the oracle (its column then reads 0 %).
 # Writes OUT/summary.md.
 # Usage: AGENTS="8 32" RAMP="0.5 1 2 4" DUR=30s scripts/bench/affinity-ramp.sh
 set -euo pipefail
@@ -45,9 +46,9 @@ printf 'routing_policy:\n  strategy: prefix-aware\n' >"$POLICY"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   echo "sim: $SIM_FLAGS"
   echo "bench: $BENCH_FLAGS --conversations (agents x $CONV_PER_AGENT) --stream --rate (agents x step) --duration $DUR --seed (step)"
-  echo "prefix-aware policy: defaults (load_band 0.5, ttl_seconds 600, block_bytes 2048)"
+  echo "prefix-aware policy: defaults (load_band 0.5, ttl_seconds 600, block_bytes 2048, holder_wait_ms 3000 bounded by the learned miss cost, since 0aabf7c; 0 before)"
 } >"$OUT/env.txt"
-echo "${IDEAL:+IDEAL=$IDEAL }${BANDS:+BANDS=\"$BANDS\" }${HOLDER_WAITS:+HOLDER_WAITS=\"$HOLDER_WAITS\" }${BENCH_FLAGS_SET:+BENCH_FLAGS=\"$BENCH_FLAGS\" }AGENTS=\"$AGENTS\" RAMP=\"$RAMP\" DUR=$DUR CONV_PER_AGENT=$CONV_PER_AGENT scripts/bench/affinity-ramp.sh" >"$OUT/cmd.txt"
+echo "${ORACLE:+ORACLE=$ORACLE }${IDEAL:+IDEAL=$IDEAL }${BANDS:+BANDS=\"$BANDS\" }${HOLDER_WAITS:+HOLDER_WAITS=\"$HOLDER_WAITS\" }${BENCH_FLAGS_SET:+BENCH_FLAGS=\"$BENCH_FLAGS\" }AGENTS=\"$AGENTS\" RAMP=\"$RAMP\" DUR=$DUR CONV_PER_AGENT=$CONV_PER_AGENT scripts/bench/affinity-ramp.sh" >"$OUT/cmd.txt"
 export HIVENET_ROUTER_ADMIN_API_KEYS=bench-admin
 metric_sum() {
   curl -sf "http://127.0.0.1:$MET/metrics" | awk -v n="$1" 'index($0, n "{") == 1 {s += $NF} END {printf "%.0f", s}'
@@ -119,6 +120,7 @@ for n in $AGENTS; do
     rm -rf "$HN_WORK"
   done
   # The oracle: the same fleet of sims, every cache known.
+  [ "${ORACLE:-1}" = 0 ] && continue
   HN_WORK="$(mktemp -d -t hivenet-oracle-XXXX)"; HN_PIDS=()
   SIM_URLS=""
   for i in $(seq 1 "$n"); do

@@ -44,6 +44,8 @@ for n in sorted({k[1] for k in rows}):
             print(f"| {n} | {n * r:g} | {strategy} | {j.get('achieved_rps', 0):.1f} | {j.get('errors', 0)} | "
                   f"{fc.get('p50', 0):.0f} / {fc.get('p95', fc.get('p90', 0)):.0f} | {s:.1%} | "
                   f"{(s / oracle if oracle else 0):.0%} |")
+        if ("oracle", n, step) not in rows:
+            continue
         j = report("oracle", n, step)
         fc = j.get("first_content") or {}
         print(f"| {n} | | oracle (every engine's cache known, same fleet and requests) | {j.get('achieved_rps', 0):.1f} | "
