@@ -619,6 +619,14 @@ fn holder_wait_is_cut_to_the_prefill_a_hit_saves() {
         )
         .unwrap_or(0.0)
     };
+    // Learned: nearly free (the sim's prefill is 1 us a token; the
+    // fixed 5 ms of each answer spreads over prefill and decode).
+    let cost = metric(
+        f.r.metrics,
+        &format!("hivenet_affinity_miss_cost_seconds_per_token{{model=\"{MODEL}\"}}"),
+    )
+    .expect("the miss cost is learned");
+    assert!((0.0..0.001).contains(&cost), "{cost}");
     let (w0, t0) = (waits("holder_waits"), waits("holder_wait_timeouts"));
     let (first, before, (over, _), _) = turn_behind_a_busy_holder(http, f.r.metrics);
     // Served by another agent, not after the busy holder's turn.

@@ -60,10 +60,11 @@ pub struct ModelFacts<'p, P: Pool + ?Sized> {
     /// The model's free slots are reserved for other priority classes
     /// (`min_share`): the request waits as if the step were full.
     pub reserved_for_others: bool,
-    /// Seconds a byte of prompt prefix costs to prefill on the model's
-    /// engines, once learned ([`crate::logic::routing::miss_cost`]): a
-    /// wait for a full holder never outlasts what its hit would save.
-    pub miss_secs_per_byte: Option<f64>,
+    /// What a miss and a request cost on the model's engines, once
+    /// learned ([`miss_cost`]): a wait for a full holder never outlasts
+    /// what its hit would save, and none is made (nor the queue reordered)
+    /// where the saving is a small share of a request.
+    pub miss: Option<miss_cost::Learned>,
 }
 
 /// The request's facts.
@@ -447,23 +448,24 @@ impl Decision {
                 model.rotation,
                 &holders,
             );
+            // What a hit saves: the holders' prefix, or for a session key
+            // (no depth) half of this prompt, as `check_prediction`.
+            let depth = holders.iter().map(|h| h.depth).max().unwrap_or(0);
+            let bytes = if depth > 0 {
+                depth as f64
+            } else {
+                self.request.body_bytes as f64 / 2.0
+            };
+            let saving = model.miss.map(|m| m.saving(bytes));
+            let worth = saving.is_none_or(|(_, w)| w);
             // Every holder full: wait for one of them a while rather than
             // pay the prefill again elsewhere (`holder_wait_ms`); a request
             // that waited takes a holder's free slot whatever the band.
             let mut pinned = false;
-            if let (Some(Outcome::Overloaded), Some(cfg)) = (outcome, step.affinity.as_ref()) {
-                // What the hit saves: the holders' prefix, or for a session
-                // key (no depth) half of this prompt, as `check_prediction`.
-                let depth = holders.iter().map(|h| h.depth).max().unwrap_or(0);
-                let bytes = if depth > 0 {
-                    depth as f64
-                } else {
-                    self.request.body_bytes as f64 / 2.0
-                };
-                let wait = miss_cost::holder_wait(
-                    cfg.holder_wait_ms,
-                    model.miss_secs_per_byte.map(|s| s * bytes),
-                );
+            if let (Some(Outcome::Overloaded), Some(cfg), true) =
+                (outcome, step.affinity.as_ref(), worth)
+            {
+                let wait = miss_cost::holder_wait(cfg.holder_wait_ms, saving.map(|(s, _)| s));
                 let until = self.pin_until.unwrap_or(now + wait);
                 if (self.pin_until.is_some() || !wait.is_zero())
                     && (self.place.is_some() || self.limits.queue_depth > 0)
@@ -546,7 +548,9 @@ impl Decision {
                             until,
                             place: self.place,
                             wake_first,
-                            prefer: Prefer::of(holders.iter().map(|h| h.agent)),
+                            // A slot freed on a holder may go to it ahead
+                            // of the line, where the hit is worth it.
+                            prefer: Prefer::of(holders.iter().filter(|_| worth).map(|h| h.agent)),
                             pinned,
                         };
                     }

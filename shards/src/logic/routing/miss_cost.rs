@@ -12,6 +12,14 @@
 //! sums, with no intercept: the fixed part of a request spreads over `a`
 //! and `b` and overstates them a little, which can only lengthen a wait up
 //! to its configured bound. Queueing inside the engine does the same.
+//!
+//! It also says when affinity is not worth bending the queue for: where a
+//! hit saves under [`WORTH`] of a typical request's time (fast prefill,
+//! long answers), waiting for a holder or letting a holder's waiter pass
+//! the head of the line buys little throughput and costs the passed
+//! requests their tail (8 simulated engines at 0.3 ms a prompt token and
+//! 128-token answers: p95 up to 1.8x least-loaded's with the reordering,
+//! `perf/2026-12-04-affinity-miss-cost`).
 
 use std::time::Duration;
 
@@ -22,6 +30,10 @@ const DECAY: f64 = 0.995;
 /// Requests learned before `a` is trusted.
 pub const MIN_SAMPLES: u32 = 8;
 
+/// The share of a typical request's time a hit must save for affinity to
+/// wait for a holder or reorder the queue for it.
+pub const WORTH: f64 = 0.2;
+
 /// The decayed least-squares sums of one model's requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct MissCost {
@@ -30,7 +42,28 @@ pub struct MissCost {
     oo: f64,
     ud: f64,
     od: f64,
+    /// Decayed sum of request seconds, and of weights (their mean).
+    secs: f64,
+    weight: f64,
     samples: u32,
+}
+
+/// What a model's requests cost, once learned.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Learned {
+    /// Seconds a byte of prompt prefix costs to prefill.
+    pub secs_per_byte: f64,
+    /// A typical request's seconds on its agent (decayed mean).
+    pub mean_request_secs: f64,
+}
+
+impl Learned {
+    /// What a hit on `bytes` of prefix saves, and whether that is worth
+    /// waiting or reordering for ([`WORTH`]).
+    pub fn saving(&self, bytes: f64) -> (f64, bool) {
+        let s = self.secs_per_byte * bytes;
+        (s, s >= WORTH * self.mean_request_secs)
+    }
 }
 
 impl MissCost {
@@ -48,6 +81,8 @@ impl MissCost {
         self.oo = self.oo * DECAY + o * o;
         self.ud = self.ud * DECAY + u * secs;
         self.od = self.od * DECAY + o * secs;
+        self.secs = self.secs * DECAY + secs;
+        self.weight = self.weight * DECAY + 1.0;
         self.samples = self.samples.saturating_add(1);
     }
 
@@ -74,6 +109,22 @@ impl MissCost {
         // time is noise, refit with prefill alone.
         let a = if b < 0.0 { self.ud / self.uu } else { a };
         a.is_finite().then_some(a.max(0.0))
+    }
+}
+
+impl MissCost {
+    /// The learned costs, with `tokens_per_byte` of the model's prompts
+    /// (None until [`MissCost::per_token`] is known).
+    pub fn learned(&self, tokens_per_byte: f64) -> Option<Learned> {
+        let a = self.per_token()?;
+        Some(Learned {
+            secs_per_byte: a * tokens_per_byte,
+            mean_request_secs: if self.weight > 0.0 {
+                self.secs / self.weight
+            } else {
+                0.0
+            },
+        })
     }
 }
 

@@ -396,6 +396,20 @@ fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTotals) {
             }
         }
     }
+    {
+        let mut f = Family::new(
+            o,
+            "hivenet_affinity_miss_cost_seconds_per_token",
+            Gauge,
+            "Seconds an uncached prompt token adds to a request on the model's engines, learned from prefix-aware requests: a wait for a full cache holder never outlasts the prefill its hit saves (absent until learned).",
+            ["model"],
+        );
+        for (m, st) in &t.models {
+            if let Some(v) = st.miss_cost_per_token {
+                f.series([m], v);
+            }
+        }
+    }
     for (name, kind, help, get) in pm {
         let mut f = Family::new(o, name, kind, help, ["model"]);
         for (m, st) in &t.models {

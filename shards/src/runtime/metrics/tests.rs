@@ -74,6 +74,7 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.affinity_stale = 2;
     s.holder_waits = 4;
     s.holder_wait_timeouts = 1;
+    s.miss_cost_per_token = Some(0.25);
     s.backend_errors.insert(502, 2);
     s.provider_calls.insert(
         ("openai", 200),
@@ -411,6 +412,12 @@ const FAMILIES: &[Want] = &[
         "counter",
         2,
         Some(("model", "m1", 4.0)),
+    ),
+    (
+        "hivenet_affinity_miss_cost_seconds_per_token",
+        "gauge",
+        2,
+        Some(("model", "m1", 0.25)),
     ),
     (
         "hivenet_affinity_holder_wait_timeouts_total",

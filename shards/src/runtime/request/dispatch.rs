@@ -103,12 +103,12 @@ fn decide(
             _ => None,
         };
         let models = shard.models.borrow();
-        let (pool, rotation, queue_len, running, miss_secs_per_byte): (
+        let (pool, rotation, queue_len, running, miss): (
             &[Rc<Agent>],
             usize,
             usize,
             [u32; 3],
-            Option<f64>,
+            Option<crate::logic::routing::miss_cost::Learned>,
         ) = match models.get(model) {
             Some(m) => (
                 &m.agents,
@@ -116,8 +116,11 @@ fn decide(
                 m.queue.borrow().len(),
                 m.running,
                 // Prefix-aware policies only (a few flops).
-                keys.and_then(|_| m.miss_cost.get().per_token())
-                    .map(|a| a * m.admission.borrow().tokens_per_byte),
+                keys.and_then(|_| {
+                    m.miss_cost
+                        .get()
+                        .learned(m.admission.borrow().tokens_per_byte)
+                }),
             ),
             // No agent ever registered here: the gates answer 404.
             None => (&[], 0, 0, [0; 3], None),
@@ -146,7 +149,7 @@ fn decide(
             queue_len,
             affinity: view.as_ref().map(|v| v as &dyn AffinitySource),
             reserved_for_others: reserved,
-            miss_secs_per_byte,
+            miss,
         };
         let action = d.next(&facts, now);
         let agent = match &action {

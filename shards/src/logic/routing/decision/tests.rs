@@ -105,7 +105,7 @@ fn facts(pool: &Vec<Agent>, queue_len: usize) -> ModelFacts<'_, Vec<Agent>> {
         queue_len,
         affinity: None,
         reserved_for_others: false,
-        miss_secs_per_byte: None,
+        miss: None,
     }
 }
 
@@ -330,7 +330,7 @@ fn run_all_failing(
                 queue_len,
                 affinity: None,
                 reserved_for_others: false,
-                miss_secs_per_byte: None,
+                miss: None,
             },
             now,
         );
@@ -628,7 +628,7 @@ proptest! {
         let (mut attempts, mut waits) = (o.attempts.iter(), o.waits.iter());
         for k in 0..100u64 {
             let now = t0 + Duration::from_millis(k);
-            let a = d.next(&ModelFacts { pool: &pool, rotation: k as usize, queue_len: 0, affinity: None, reserved_for_others: false, miss_secs_per_byte: None }, now);
+            let a = d.next(&ModelFacts { pool: &pool, rotation: k as usize, queue_len: 0, affinity: None, reserved_for_others: false, miss: None }, now);
             actions.push(a.clone());
             match a {
                 Action::TakeQuota => d.quota_taken(if o.quota_ok {
@@ -665,7 +665,7 @@ proptest! {
                 }
                 Action::Reject(ref r) => {
                     // Sticky: asked again, the same refusal.
-                    let again = d.next(&ModelFacts { pool: &pool, rotation: 0, queue_len: 0, affinity: None, reserved_for_others: false, miss_secs_per_byte: None }, now);
+                    let again = d.next(&ModelFacts { pool: &pool, rotation: 0, queue_len: 0, affinity: None, reserved_for_others: false, miss: None }, now);
                     prop_assert_eq!(&again, &Action::Reject(r.clone()));
                     ended = Some("refused");
                     break;
@@ -958,9 +958,13 @@ fn a_full_holder_is_waited_for_up_to_holder_wait_then_anyone_serves() {
 fn the_holder_wait_never_outlasts_the_prefill_it_saves() {
     let t0 = Instant::now();
     let pool = vec![agent(1, 0, 4, None), agent(2, 4, 4, None)];
-    let with = |miss_secs_per_byte| ModelFacts {
+    // Learned: `secs_per_byte` a byte of prefix, 1 s a request.
+    let with = |secs: Option<f64>| ModelFacts {
         affinity: Some(&HeldBy2),
-        miss_secs_per_byte,
+        miss: secs.map(|secs_per_byte| crate::logic::routing::miss_cost::Learned {
+            secs_per_byte,
+            mean_request_secs: 1.0,
+        }),
         ..facts(&pool, 0)
     };
     let waits_until = |facts: &ModelFacts<'_, Vec<Agent>>| {
@@ -981,15 +985,37 @@ fn the_holder_wait_never_outlasts_the_prefill_it_saves() {
         waits_until(&with(Some(0.001))),
         Some(Duration::from_millis(3000))
     );
-    // A fast one (the prefix saves 41 ms): no longer than that.
+    // A faster one (the prefix saves 410 ms of a 1 s request): no
+    // longer than that.
     assert_eq!(
-        waits_until(&with(Some(0.00001))),
-        Some(Duration::from_secs_f64(4096.0 * 0.00001))
+        waits_until(&with(Some(0.0001))),
+        Some(Duration::from_secs_f64(4096.0 * 0.0001))
     );
-    // Free: no wait at all, the idle agent at once.
+    // Fast (it saves 41 ms, under WORTH of a request): no wait at all,
+    // the idle agent at once.
     let mut d = Decision::new(policy(vec![prefix_step(3000)]), request(t0), LIMITS);
     assert!(matches!(
-        d.next(&with(Some(0.0)), t0),
+        d.next(&with(Some(0.00001)), t0),
         Action::Forward { agent_id: 1, .. }
     ));
+    // And when every agent is full the request waits in line with no
+    // preference: a slot freed on the holder goes to the head.
+    let full = vec![agent(1, 4, 4, None), agent(2, 4, 4, None)];
+    let facts_full = |secs: f64| ModelFacts {
+        affinity: Some(&HeldBy2),
+        miss: Some(crate::logic::routing::miss_cost::Learned {
+            secs_per_byte: secs,
+            mean_request_secs: 1.0,
+        }),
+        ..facts(&full, 0)
+    };
+    let prefer_of = |secs| {
+        let mut d = Decision::new(policy(vec![prefix_step(3000)]), request(t0), LIMITS);
+        match d.next(&facts_full(secs), t0) {
+            Action::Wait { prefer, .. } => prefer,
+            a => panic!("{a:?}"),
+        }
+    };
+    assert_eq!(prefer_of(0.00001), Prefer::default());
+    assert_eq!(prefer_of(0.001), Prefer::of([2]));
 }

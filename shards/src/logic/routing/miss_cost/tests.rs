@@ -123,3 +123,22 @@ proptest! {
         prop_assert!(w <= Duration::from_millis(u64::from(cap)));
     }
 }
+
+#[test]
+fn a_saving_is_worth_it_from_a_fifth_of_a_request() {
+    let mut m = MissCost::default();
+    assert_eq!(m.learned(0.5), None);
+    // 10 ms a prompt token, 30 ms an output token, requests of 2.5 s on
+    // average (hits of 1 s, misses of 4 s).
+    for i in 0..40u64 {
+        let (u, o) = if i % 2 == 0 { (370, 10) } else { (70, 10) };
+        m.learn(u, o, 0.01 * u as f64 + 0.03 * o as f64);
+    }
+    let l = m.learned(0.5).expect("learned");
+    assert!((l.secs_per_byte - 0.005).abs() < 1e-9, "{l:?}");
+    assert!((2.0..2.5).contains(&l.mean_request_secs), "{l:?}");
+    // 200 bytes save 1 s: worth it; 50 bytes save 0.25 s: not.
+    let (s, worth) = l.saving(200.0);
+    assert!((s - 1.0).abs() < 1e-6 && worth);
+    assert!(!l.saving(50.0).1);
+}

@@ -287,6 +287,9 @@ pub struct ModelStats {
     pub holder_waits: u64,
     /// Of those, the ones whose wait ran out (sent elsewhere).
     pub holder_wait_timeouts: u64,
+    /// The learned seconds per uncached prompt token (filled at
+    /// snapshot; None until learned).
+    pub miss_cost_per_token: Option<f64>,
     /// Backend failures reported by agents, by status (502 closed or
     /// malformed, 503 unreachable or busy, 504 timed out).
     pub backend_errors: BTreeMap<u16, u64>,
@@ -341,6 +344,8 @@ impl ModelStats {
         if st.admission.active {
             self.admission = st.admission;
         }
+        // A model lives on one shard: at most one has learned it.
+        self.miss_cost_per_token = self.miss_cost_per_token.or(st.miss_cost_per_token);
     }
 
     /// Record one completed response of agent `id`.
