@@ -127,6 +127,14 @@ fn decisions(metrics: u16, outcome: &str) -> f64 {
     .unwrap_or(0.0)
 }
 
+/// `hivenet_affinity_<name>{model}` of the test model.
+fn model_metric(metrics: u16, name: &str) -> Option<f64> {
+    metric(
+        metrics,
+        &format!("hivenet_affinity_{name}{{model=\"{MODEL}\"}}"),
+    )
+}
+
 struct Fleet {
     r: Router,
     _sims: Vec<Proc>,
@@ -563,14 +571,11 @@ fn holder_wait_waits_for_a_full_holder_instead_of_another_agent() {
     assert_eq!(decisions(f.r.metrics, "overloaded"), over);
     assert_eq!(decisions(f.r.metrics, "prefix_hit"), hits + 1.0);
     // Counted as a wait for a holder that did not run out.
-    let waits = |name: &str| {
-        metric(
-            f.r.metrics,
-            &format!("hivenet_affinity_{name}_total{{model=\"{MODEL}\"}}"),
-        )
-    };
-    assert_eq!(waits("holder_waits"), Some(1.0));
-    assert_eq!(waits("holder_wait_timeouts"), Some(0.0));
+    assert_eq!(model_metric(f.r.metrics, "holder_waits_total"), Some(1.0));
+    assert_eq!(
+        model_metric(f.r.metrics, "holder_wait_timeouts_total"),
+        Some(0.0)
+    );
 }
 
 #[test]
@@ -612,22 +617,16 @@ fn holder_wait_is_cut_to_the_prefill_a_hit_saves() {
     for w in warm {
         w.join().expect("warm-up thread");
     }
-    let waits = |name: &str| {
-        metric(
-            f.r.metrics,
-            &format!("hivenet_affinity_{name}_total{{model=\"{MODEL}\"}}"),
-        )
-        .unwrap_or(0.0)
-    };
+    let waits = |name: &str| model_metric(f.r.metrics, name).unwrap_or(0.0);
     // Learned: nearly free (the sim's prefill is 1 us a token; the
     // fixed 5 ms of each answer spreads over prefill and decode).
-    let cost = metric(
-        f.r.metrics,
-        &format!("hivenet_affinity_miss_cost_seconds_per_token{{model=\"{MODEL}\"}}"),
-    )
-    .expect("the miss cost is learned");
+    let cost =
+        model_metric(f.r.metrics, "miss_cost_seconds_per_token").expect("the miss cost is learned");
     assert!((0.0..0.001).contains(&cost), "{cost}");
-    let (w0, t0) = (waits("holder_waits"), waits("holder_wait_timeouts"));
+    let (w0, t0) = (
+        waits("holder_waits_total"),
+        waits("holder_wait_timeouts_total"),
+    );
     let (first, before, (over, _), _) = turn_behind_a_busy_holder(http, f.r.metrics);
     // Served by another agent, not after the busy holder's turn.
     let moved = served_since(http, &before, 2);
@@ -637,7 +636,7 @@ fn holder_wait_is_cut_to_the_prefill_a_hit_saves() {
     // Any wait there was ran out (a wait cut to a few microseconds may
     // still be counted): none ended on the holder.
     assert_eq!(
-        waits("holder_waits") - w0,
-        waits("holder_wait_timeouts") - t0
+        waits("holder_waits_total") - w0,
+        waits("holder_wait_timeouts_total") - t0
     );
 }
