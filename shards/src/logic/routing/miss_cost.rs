@@ -110,9 +110,7 @@ impl MissCost {
         let a = if b < 0.0 { self.ud / self.uu } else { a };
         a.is_finite().then_some(a.max(0.0))
     }
-}
 
-impl MissCost {
     /// The learned costs, with `tokens_per_byte` of the model's prompts
     /// (None until [`MissCost::per_token`] is known).
     pub fn learned(&self, tokens_per_byte: f64) -> Option<Learned> {

@@ -957,16 +957,19 @@ fn a_full_holder_is_waited_for_up_to_holder_wait_then_anyone_serves() {
 #[test]
 fn the_holder_wait_never_outlasts_the_prefill_it_saves() {
     let t0 = Instant::now();
+    // Held by agent 2; learned: `secs` a byte of prefix, 1 s a request.
+    fn learned(pool: &Vec<Agent>, secs: Option<f64>) -> ModelFacts<'_, Vec<Agent>> {
+        ModelFacts {
+            affinity: Some(&HeldBy2),
+            miss: secs.map(|secs_per_byte| crate::logic::routing::miss_cost::Learned {
+                secs_per_byte,
+                mean_request_secs: 1.0,
+            }),
+            ..facts(pool, 0)
+        }
+    }
     let pool = vec![agent(1, 0, 4, None), agent(2, 4, 4, None)];
-    // Learned: `secs_per_byte` a byte of prefix, 1 s a request.
-    let with = |secs: Option<f64>| ModelFacts {
-        affinity: Some(&HeldBy2),
-        miss: secs.map(|secs_per_byte| crate::logic::routing::miss_cost::Learned {
-            secs_per_byte,
-            mean_request_secs: 1.0,
-        }),
-        ..facts(&pool, 0)
-    };
+    let with = |secs| learned(&pool, secs);
     let waits_until = |facts: &ModelFacts<'_, Vec<Agent>>| {
         let mut d = Decision::new(policy(vec![prefix_step(3000)]), request(t0), LIMITS);
         match d.next(facts, t0) {
@@ -1001,17 +1004,9 @@ fn the_holder_wait_never_outlasts_the_prefill_it_saves() {
     // And when every agent is full the request waits in line with no
     // preference: a slot freed on the holder goes to the head.
     let full = vec![agent(1, 4, 4, None), agent(2, 4, 4, None)];
-    let facts_full = |secs: f64| ModelFacts {
-        affinity: Some(&HeldBy2),
-        miss: Some(crate::logic::routing::miss_cost::Learned {
-            secs_per_byte: secs,
-            mean_request_secs: 1.0,
-        }),
-        ..facts(&full, 0)
-    };
     let prefer_of = |secs| {
         let mut d = Decision::new(policy(vec![prefix_step(3000)]), request(t0), LIMITS);
-        match d.next(&facts_full(secs), t0) {
+        match d.next(&learned(&full, Some(secs)), t0) {
             Action::Wait { prefer, .. } => prefer,
             a => panic!("{a:?}"),
         }
