@@ -526,3 +526,56 @@ fn a_tenant_is_ordered_by_what_it_really_used() {
         "a2 ordered by its real usage: {labels:?}"
     );
 }
+
+/// Headroom for a calm tenant (`tenant_headroom`): 8 slots of 2 s, a calm
+/// tenant runs one request while a flooding tenant sends 12. With the
+/// default headroom (2 of 8 slots: a quarter of the capacity at most) the
+/// flood stops taking free slots at its share and the headroom (4 + 2),
+/// so the calm tenant's second request starts at once: answered after
+/// one service time. With `tenant_headroom: 0` the flood takes every free
+/// slot and the calm request waits for the first to end (about 1.4 s
+/// more): the same scenario, to show the assertion can fail.
+#[test]
+fn a_flooding_tenant_leaves_a_calm_one_its_headroom() {
+    let run = |policy: Option<&str>, name: &str| -> Duration {
+        let f = slots(name, "8", policy, "2s", &[]);
+        let http = f.r.http;
+        let spawn = |key: &'static str| {
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let st = chat(key, None).send(http).map(|r| r.status).unwrap_or(0);
+                (st, t.elapsed())
+            })
+        };
+        let calm1 = spawn("sk-calm");
+        std::thread::sleep(Duration::from_millis(150));
+        let flood: Vec<_> = (0..12)
+            .map(|_| {
+                let h = spawn("sk-flood");
+                std::thread::sleep(Duration::from_millis(20));
+                h
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(400));
+        let (st, calm2) = spawn("sk-calm").join().expect("calm2");
+        assert_eq!(st, 200);
+        assert_eq!(calm1.join().expect("calm1").0, 200);
+        for h in flood {
+            assert_eq!(h.join().expect("flood").0, 200);
+        }
+        calm2
+    };
+    let kept = run(None, "fair-headroom");
+    assert!(
+        kept < Duration::from_millis(2900),
+        "the calm request waited for a slot: {kept:?}"
+    );
+    let none = run(
+        Some("routing_policy:\n  strategy: least-loaded\ntenant_headroom: 0\n"),
+        "fair-no-headroom",
+    );
+    assert!(
+        none > Duration::from_millis(2900),
+        "without headroom the flood took every slot: {none:?}"
+    );
+}

@@ -47,6 +47,17 @@ SIM_ARGS = (["--ttft", "1s", "--itl", "20ms"] if LIGHT else ["--ttft", "100ms", 
     ["--output-tokens", "256", "--threads", "2"]  # each request's max_tokens decides (MAX_TOKENS)
 # MIN_SHARE="interactive: 0.1": this build runs with that policy's min_share.
 MIN_SHARE = os.environ.get("MIN_SHARE", "")
+# FLOOD_AFTER=2: the flooding tenant starts that many seconds after the
+# calm ones (they are running when it starts, the steady state the target
+# is about); 0: all at once (the calm tenants then find every slot taken
+# by the flood's first wave and wait for its end).
+FLOOD_AFTER = float(os.environ.get("FLOOD_AFTER", "2"))
+# SAME_SEED=1: every tenant's bench with seed 1, as before 2026-12-04 (the
+# calm tenants' requests then arrive at the same instants).
+SAME_SEED = os.environ.get("SAME_SEED", "0") == "1"
+# TENANT_HEADROOM=4: this build runs with that policy's tenant_headroom
+# (unset: the default).
+HEADROOM = os.environ.get("TENANT_HEADROOM", "")
 CALM_RATE, FLOOD_RATE, INT_RATE, BATCH_CONNS = ("4", "60", "2", "64") if LIGHT else ("30", "440", "10", "96")
 OUT = os.environ.get("OUT", "")
 # MAX_TOKENS="4-64": each request's max_tokens drawn in that range (the sim
@@ -106,9 +117,11 @@ class Setup:
                    RUST_LOG="warn")
         self.fleet = Fleet(BIN, work, env)
         self.http, self.met, p2p, sim = free_port(), free_port(), free_port(), free_port()
-        if MIN_SHARE and router_bin == BIN:
+        if (MIN_SHARE or HEADROOM) and router_bin == BIN:
             with open(os.path.join(work, "policy.yaml"), "w") as f:
-                f.write(f"routing_policy:\n  strategy: least-loaded\nmin_share: {{{MIN_SHARE}}}\n")
+                f.write("routing_policy:\n  strategy: least-loaded\n"
+                        + (f"min_share: {{{MIN_SHARE}}}\n" if MIN_SHARE else "")
+                        + (f"tenant_headroom: {HEADROOM}\n" if HEADROOM else ""))
             extra = list(extra) + ["--policy-file", "policy.yaml"]
         # The router under test may come from another build.
         self.fleet.bin = router_bin
@@ -128,8 +141,14 @@ class Setup:
     def load(self, name, specs):
         """Run one hivenet-bench per (tenant, args) at once; their reports."""
         procs = []
-        for tenant, args in specs:
+        for i, (tenant, args) in enumerate(specs):
             out = os.path.join(self.work, f"{name}-{tenant}.json")
+            # Each tenant its own seed: independent arrivals (one seed for
+            # all made the calm tenants' requests arrive at the same
+            # instants, three at a time).
+            args = list(args) + ["--seed", str(1 if SAME_SEED else 1 + i)]
+            if tenant == "flood" and FLOOD_AFTER > 0:
+                time.sleep(FLOOD_AFTER)
             p = subprocess.Popen([os.path.join(BIN, "hivenet-bench"), "--url", f"http://127.0.0.1:{self.http}",
                                   "--model", MODEL, "--stream", "--max-tokens", MAX_TOKENS, "--quiet",
                                   "--duration", f"{DUR}s", "--api-key", f"sk-{tenant}", "--out", out] + args,
@@ -203,7 +222,10 @@ def main():
     results = {label: run_build(label.replace(" ", "-"), b, root) for label, b in builds}
     lines = [f"{DUR} s per load; sim {' '.join(SIM_ARGS)}; agent capacity 32; rates: calm {CALM_RATE}/s each, "
              f"flood {FLOOD_RATE}/s, interactive {INT_RATE}/s, batch {BATCH_CONNS} connections"
-             + (f"; this build with min_share {{{MIN_SHARE}}}" if MIN_SHARE else ""), ""]
+             + (f"; this build with min_share {{{MIN_SHARE}}}" if MIN_SHARE else "")
+             + (f"; this build with tenant_headroom {HEADROOM}" if HEADROOM else "")
+             + f"; max_tokens {MAX_TOKENS}; flood starts {FLOOD_AFTER:g} s after the calm tenants"
+             + ("; every tenant seed 1" if SAME_SEED else "; a seed per tenant"), ""]
     lines += ["## 1. A tenant flooding at 10x its share", "",
               "| build | calm tenant | p99 first event alone ms | with the flood ms | ratio | flood served / sent |",
               "|---|---|---|---|---|---|"]

@@ -60,6 +60,11 @@ pub struct ModelFacts<'p, P: Pool + ?Sized> {
     /// The model's free slots are reserved for other priority classes
     /// (`min_share`): the request waits as if the step were full.
     pub reserved_for_others: bool,
+    /// The request's tenant runs its share of the slots or more, and the
+    /// free ones are other tenants' headroom (`tenant_headroom`): a
+    /// newcomer waits as if the step were full (a woken waiter was
+    /// already chosen for the slot).
+    pub headroom_for_others: bool,
     /// What a miss and a request cost on the model's engines, once
     /// learned ([`miss_cost`]): a wait for a full holder never outlasts
     /// what its hit would save, and none is made (nor the queue reordered)
@@ -488,7 +493,9 @@ impl Decision {
                 }
             }
             let mut wake_first = None;
-            if matches!(pick, StepPick::Agent(_)) && model.reserved_for_others {
+            let held_back =
+                model.reserved_for_others || (model.headroom_for_others && self.place.is_none());
+            if matches!(pick, StepPick::Agent(_)) && held_back {
                 pick = StepPick::Full(GateCounts::default());
             }
             if let StepPick::Agent(i) = pick {

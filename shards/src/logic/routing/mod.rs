@@ -18,4 +18,5 @@ pub mod policy;
 pub mod policy_set;
 pub mod refusal;
 pub mod srtt;
+pub mod tenant_slots;
 pub mod wait_queue;

@@ -200,6 +200,11 @@ pub struct Policy {
     /// class finds a free slot while others saturate the model.
     #[serde(skip)]
     pub min_share: [f64; 3],
+    /// `tenant_headroom`: slots kept free for each tenant under its share
+    /// of a contended model, that a tenant at its share or over does not
+    /// take ([`super::tenant_slots`]; 0: none).
+    #[serde(skip)]
+    pub tenant_headroom: u32,
 }
 
 /// Whether a request of class `class` must leave the model's free slots
@@ -295,6 +300,7 @@ impl Default for Policy {
             admission: AdmissionPolicy::default(),
             fallback_provider: None,
             min_share: [0.0; 3],
+            tenant_headroom: super::tenant_slots::DEFAULT_HEADROOM,
         }
     }
 }

@@ -77,6 +77,9 @@ pub fn policy_json(p: &crate::logic::routing::policy::Policy) -> Value {
         }
         v["min_share"] = Value::Object(m);
     }
+    if p.tenant_headroom != crate::logic::routing::tenant_slots::DEFAULT_HEADROOM {
+        v["tenant_headroom"] = json!(p.tenant_headroom);
+    }
     let a = &p.admission;
     if a.any() {
         v["mode"] = json!(a.mode);

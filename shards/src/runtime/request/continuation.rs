@@ -266,11 +266,13 @@ async fn pick_or_wait(
             tx,
             prefer: Prefer::default(),
             pinned: false,
+            // Charged to no tenant: never held back for the others' headroom.
+            tenant: 0,
         };
         let place = queue.borrow_mut().push_head(waiter);
         let left = deadline.saturating_duration_since(clock::now());
         match monoio::time::timeout(left, rx).await {
-            Ok(Ok(())) => {
+            Ok(Ok(_)) => {
                 // Woken for a free slot; if another took it first, or a
                 // gate keeps this one away, the next waiter is told.
                 if let Pick::Agent(a, prefill) = pick(shard, model, tried) {

@@ -6,6 +6,7 @@
 //!
 //! Entry point: [`serve_inference`].
 
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +35,7 @@ use crate::logic::routing::wait_queue::{Class, Fair, Place, Prefer};
 use crate::logic::tenancy::quota;
 use crate::runtime::state::model::admission::Admitted;
 use crate::runtime::state::model::agent::Agent;
-use crate::runtime::state::model::{wake_for, Waiter};
+use crate::runtime::state::model::{tenant_ended, wake_for, wake_head, Claim, Waiter, Waiters};
 use crate::runtime::state::pending::{Held, PendingRequest};
 use crate::runtime::state::router::AFFINITY_OUTBOX_MAX;
 use crate::runtime::state::scope::Client;
@@ -88,7 +89,8 @@ fn decide(
     model: &str,
     d: &mut Decision,
     keys: Option<&RequestKeys<'_>>,
-    (class, min_share): (Class, &[f64; 3]),
+    (class, min_share, tenant): (Class, &[f64; 3], u64),
+    headroom: u32,
 ) -> Next {
     let now = clock::now();
     let unix = clock::unix_secs() as u32;
@@ -103,12 +105,13 @@ fn decide(
             _ => None,
         };
         let models = shard.models.borrow();
-        let (pool, rotation, queue_len, running, miss): (
+        let (pool, rotation, queue_len, running, miss, queue): (
             &[Rc<Agent>],
             usize,
             usize,
             [u32; 3],
             Option<crate::logic::routing::miss_cost::Learned>,
+            Option<&RefCell<Waiters>>,
         ) = match models.get(model) {
             Some(m) => (
                 &m.agents,
@@ -121,12 +124,22 @@ fn decide(
                         .get()
                         .learned(m.admission.borrow().tokens_per_byte)
                 }),
+                Some(&*m.queue),
             ),
             // No agent ever registered here: the gates answer 404.
-            None => (&[], 0, 0, [0; 3], None),
+            None => (&[], 0, 0, [0; 3], None, None),
         };
-        // `min_share`: only computed when the policy reserves anything.
-        let reserved = min_share.iter().any(|s| *s > 0.0) && {
+        let shares = min_share.iter().any(|s| *s > 0.0);
+        // The tenant runs a request and so does another: the others'
+        // headroom may bind (otherwise it is under its share, or alone).
+        let tenants = headroom > 0
+            && queue.is_some_and(|q| {
+                let q = q.borrow();
+                q.tenants.tenants() > 1 && q.tenants.running(tenant) > 0
+            });
+        // `min_share` and the tenants' headroom: the model's free slots,
+        // only counted when one of them may apply.
+        let (reserved, headroom_held) = if shares || tenants {
             use crate::logic::routing::decision::Pool;
             let (mut capacity, mut in_flight) = (0u64, 0u64);
             for i in 0..pool.agent_count() {
@@ -135,13 +148,25 @@ fn decide(
                     in_flight += u64::from(f.active);
                 }
             }
-            crate::logic::routing::policy::reserved_for_others(
-                min_share,
-                class.index(),
-                capacity,
-                in_flight,
-                &running,
-            )
+            let by_tenant = tenants
+                && queue.is_some_and(|q| {
+                    let mut q = q.borrow_mut();
+                    q.tenants.set_view(capacity, headroom);
+                    // Woken waiters on their way to a slot count too.
+                    let free = capacity.saturating_sub(in_flight.max(q.tenants.in_flight()));
+                    !q.tenants.may_start(tenant, capacity, free, headroom)
+                });
+            let by_class = shares
+                && crate::logic::routing::policy::reserved_for_others(
+                    min_share,
+                    class.index(),
+                    capacity,
+                    in_flight,
+                    &running,
+                );
+            (by_class, by_tenant)
+        } else {
+            (false, false)
         };
         let facts = ModelFacts {
             pool,
@@ -149,6 +174,7 @@ fn decide(
             queue_len,
             affinity: view.as_ref().map(|v| v as &dyn AffinitySource),
             reserved_for_others: reserved,
+            headroom_for_others: headroom_held,
             miss,
         };
         let action = d.next(&facts, now);
@@ -315,6 +341,10 @@ struct Run<'a> {
     /// How it waited in the capacity queue, if it did: its tenant's
     /// order is trued up with the real usage when it is served.
     fair: Option<Fair>,
+    /// Its tenant, hashed (fair order, headroom).
+    tenant: u64,
+    /// The slot its last wake claimed for its tenant, until it starts.
+    claim: Option<Claim>,
 }
 
 /// The decision machine's loop: it says what comes next (quota,
@@ -370,6 +400,8 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
         last_backend: None,
         class,
         sent: false,
+        tenant: p.principal.tenant_hash(),
+        claim: None,
         fair: None,
     };
     // Cache affinity: the session key (header first, then the body's) and
@@ -395,7 +427,8 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
             model,
             &mut d,
             keys.as_ref(),
-            (class, &run.policy.min_share),
+            (class, &run.policy.min_share, run.tenant),
+            run.policy.tenant_headroom,
         ) {
             Next::TakeQuota => d.quota_taken(run.take_quota()),
             Next::Admit(park) => d.admitted(run.admit(c, park).await),
@@ -420,7 +453,10 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                 let at = (until, place, run.queue_depth);
                 let fair = run.fair_of();
                 run.fair = Some(fair);
-                let w = wait_for_capacity(
+                // A slot claimed by an earlier wake and lost to another
+                // request is given back before waiting again.
+                run.claim = None;
+                let (w, claim) = wait_for_capacity(
                     shard,
                     c,
                     model,
@@ -429,6 +465,7 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                     (wake_first, prefer, pinned, fair),
                 )
                 .await;
+                run.claim = claim;
                 d.wait_ended(w, clock::now());
             }
             Next::Reject(r) => {
@@ -473,7 +510,7 @@ impl Run<'_> {
     fn fair_of(&self) -> Fair {
         Fair {
             class: self.class,
-            tenant: self.p.principal.tenant_hash(),
+            tenant: self.tenant,
             cost: self.estimate.saturating_add(self.p.meta.declared_output),
         }
     }
@@ -644,7 +681,13 @@ impl Run<'_> {
         affinity: Option<AffinityPick>,
     ) -> Option<bool> {
         let (shard, p) = (self.shard, self.p);
-        let _running = ClassRunning::start(shard, self.model, self.class, !self.sent);
+        let claimed = self.claim.take().map(Claim::started).is_some();
+        let _running = ClassRunning::start(
+            shard,
+            self.model,
+            (self.class, self.tenant, claimed),
+            !self.sent,
+        );
         self.sent = true;
         if let Some(w) = waited {
             let class = self.class;
@@ -913,17 +956,24 @@ async fn wait_for_capacity(
     d: &mut Decision,
     (until, place, depth): (clock::Instant, Option<Place>, usize),
     (wake_first, prefer, pinned, fair): (Option<u64>, Prefer, bool, Fair),
-) -> WaitEnd {
+) -> (WaitEnd, Option<Claim>) {
     use futures::future::{select, Either};
     let queue = shard.models.borrow().get(model).map(|m| m.queue.clone());
     let Some(queue) = queue else {
-        return WaitEnd::TimedOut;
+        return (WaitEnd::TimedOut, None);
     };
     let (tx, mut rx) = futures::channel::oneshot::channel();
-    let w = Waiter { tx, prefer, pinned };
+    let w = Waiter {
+        tx,
+        prefer,
+        pinned,
+        tenant: fair.tenant,
+    };
     let seq = match place {
         Some(seq) => {
-            queue.borrow_mut().requeue(seq, w);
+            let mut q = queue.borrow_mut();
+            q.tenants.wait(fair.tenant);
+            q.requeue(seq, w);
             seq
         }
         // A full queue: a higher class goes ahead and nobody leaves (up to
@@ -931,13 +981,19 @@ async fn wait_for_capacity(
         // last waiter takes its place, and the displaced waiter's wait
         // ends (its sender dropped): refused as a full queue, as if it had
         // come last.
-        None => match queue.borrow_mut().push_displacing(w, depth, fair) {
-            Ok((seq, displaced)) => {
-                drop(displaced);
-                seq
+        None => {
+            let mut q = queue.borrow_mut();
+            match q.push_displacing(w, depth, fair) {
+                Ok((seq, displaced)) => {
+                    q.tenants.wait(fair.tenant);
+                    if let Some((_, d)) = displaced {
+                        q.tenants.unwait(d.tenant);
+                    }
+                    seq
+                }
+                Err(_) => return (WaitEnd::Refused, None),
             }
-            Err(_) => return WaitEnd::Refused,
-        },
+        }
     };
     // A newcomer that saw a free slot wakes the waiter it goes to once
     // this one is in line: itself when it comes first (a higher class; or
@@ -949,14 +1005,27 @@ async fn wait_for_capacity(
     d.queued(seq, now);
     let timer = monoio::time::sleep(until.saturating_duration_since(now));
     futures::pin_mut!(timer);
-    let end = match c.unless_gone(select(&mut rx, timer)).await {
-        Some(Either::Left((Ok(()), _))) => WaitEnd::Woken,
-        Some(Either::Left((Err(_), _))) => WaitEnd::Refused,
-        Some(Either::Right(_)) => WaitEnd::TimedOut,
-        None => WaitEnd::ClientGone,
+    let (end, claimed) = match c.unless_gone(select(&mut rx, timer)).await {
+        Some(Either::Left((Ok(claimed), _))) => (WaitEnd::Woken, claimed),
+        Some(Either::Left((Err(_), _))) => (WaitEnd::Refused, false),
+        Some(Either::Right(_)) => (WaitEnd::TimedOut, false),
+        None => (WaitEnd::ClientGone, false),
     };
+    let claim = claimed.then(|| Claim::new(queue.clone(), fair.tenant));
     if end != WaitEnd::Woken {
-        queue.borrow_mut().remove(seq);
+        let mut q = queue.borrow_mut();
+        if let Some(w) = q.remove(seq) {
+            q.tenants.unwait(w.tenant);
+        }
+        drop(q);
+        // Woken in the same turn as it gave up: the slot goes on (and its
+        // claim is given back first).
+        if let Ok(Some(claimed)) = rx.try_recv() {
+            if claimed {
+                tenant_ended(&queue, fair.tenant);
+            }
+            wake_head(&queue);
+        }
     }
     if end == WaitEnd::ClientGone {
         debug!(
@@ -964,23 +1033,34 @@ async fn wait_for_capacity(
             "client closed its connection while queued; left the queue"
         );
     }
-    end
+    (end, claim)
 }
 
-/// A request of a class in flight on its model, for `min_share` (counted
-/// from the forward's start to its end, whichever way it ends).
+/// A request of a class and tenant in flight on its model, for
+/// `min_share` and `tenant_headroom` (counted from the forward's start
+/// to its end, whichever way it ends).
 struct ClassRunning<'a> {
     shard: &'a Shard,
     model: &'a str,
     class: Class,
+    tenant: u64,
 }
 
 impl<'a> ClassRunning<'a> {
     /// `first`: the request's first forward, counted admitted in its class.
-    fn start(shard: &'a Shard, model: &'a str, class: Class, first: bool) -> Self {
+    /// `claimed`: its wake already counted it in its tenant's requests.
+    fn start(
+        shard: &'a Shard,
+        model: &'a str,
+        (class, tenant, claimed): (Class, u64, bool),
+        first: bool,
+    ) -> Self {
         if let Some(m) = shard.models.borrow_mut().get_mut(model) {
             if let Some(n) = m.running.get_mut(class.index()) {
                 *n += 1;
+            }
+            if !claimed {
+                m.queue.borrow_mut().tenants.start(tenant);
             }
             if let Some(n) = m.stats.class_admitted.get_mut(class.index()) {
                 *n += u64::from(first);
@@ -990,19 +1070,26 @@ impl<'a> ClassRunning<'a> {
             shard,
             model,
             class,
+            tenant,
         }
     }
 }
 
 impl Drop for ClassRunning<'_> {
     fn drop(&mut self) {
-        if let Ok(mut models) = self.shard.models.try_borrow_mut() {
-            if let Some(n) = models
-                .get_mut(self.model)
-                .and_then(|m| m.running.get_mut(self.class.index()))
-            {
-                *n = n.saturating_sub(1);
-            }
+        let queue = match self.shard.models.try_borrow_mut() {
+            Ok(mut models) => models.get_mut(self.model).map(|m| {
+                if let Some(n) = m.running.get_mut(self.class.index()) {
+                    *n = n.saturating_sub(1);
+                }
+                m.queue.clone()
+            }),
+            Err(_) => None,
+        };
+        // The slot was freed before its tenant's count fell: a waiter
+        // passed by for its tenant meanwhile may take a slot now.
+        if let Some(queue) = queue {
+            tenant_ended(&queue, self.tenant);
         }
     }
 }

@@ -80,6 +80,7 @@ fn policy(steps: Vec<Step>) -> Arc<Policy> {
         admission: Default::default(),
         fallback_provider: None,
         min_share: [0.0; 3],
+        tenant_headroom: 0,
     })
 }
 
@@ -105,6 +106,7 @@ fn facts(pool: &Vec<Agent>, queue_len: usize) -> ModelFacts<'_, Vec<Agent>> {
         queue_len,
         affinity: None,
         reserved_for_others: false,
+        headroom_for_others: false,
         miss: None,
     }
 }
@@ -330,6 +332,7 @@ fn run_all_failing(
                 queue_len,
                 affinity: None,
                 reserved_for_others: false,
+                headroom_for_others: false,
                 miss: None,
             },
             now,
@@ -628,7 +631,7 @@ proptest! {
         let (mut attempts, mut waits) = (o.attempts.iter(), o.waits.iter());
         for k in 0..100u64 {
             let now = t0 + Duration::from_millis(k);
-            let a = d.next(&ModelFacts { pool: &pool, rotation: k as usize, queue_len: 0, affinity: None, reserved_for_others: false, miss: None }, now);
+            let a = d.next(&ModelFacts { pool: &pool, rotation: k as usize, queue_len: 0, affinity: None, reserved_for_others: false, headroom_for_others: false, miss: None }, now);
             actions.push(a.clone());
             match a {
                 Action::TakeQuota => d.quota_taken(if o.quota_ok {
@@ -665,7 +668,7 @@ proptest! {
                 }
                 Action::Reject(ref r) => {
                     // Sticky: asked again, the same refusal.
-                    let again = d.next(&ModelFacts { pool: &pool, rotation: 0, queue_len: 0, affinity: None, reserved_for_others: false, miss: None }, now);
+                    let again = d.next(&ModelFacts { pool: &pool, rotation: 0, queue_len: 0, affinity: None, reserved_for_others: false, headroom_for_others: false, miss: None }, now);
                     prop_assert_eq!(&again, &Action::Reject(r.clone()));
                     ended = Some("refused");
                     break;

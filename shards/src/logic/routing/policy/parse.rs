@@ -33,6 +33,8 @@ struct RawPolicy {
     fallback_provider: Option<RawProvider>,
     #[serde(default)]
     min_share: Option<BTreeMap<String, f64>>,
+    #[serde(default)]
+    tenant_headroom: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -509,6 +511,20 @@ pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
             "the shares add up to more than 1",
         ));
     }
+    let tenant_headroom = match raw.tenant_headroom {
+        None => crate::logic::routing::tenant_slots::DEFAULT_HEADROOM,
+        Some(n) => u32::try_from(n)
+            .ok()
+            .filter(|n| *n <= 1024)
+            .ok_or_else(|| {
+                err(
+                    file,
+                    text,
+                    "tenant_headroom",
+                    "tenant_headroom is a number of slots, 0 to 1024 (0: none)",
+                )
+            })?,
+    };
     Ok(Policy {
         models: raw.models,
         steps,
@@ -516,5 +532,6 @@ pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
         admission,
         fallback_provider,
         min_share,
+        tenant_headroom,
     })
 }

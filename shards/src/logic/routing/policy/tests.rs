@@ -54,6 +54,8 @@ fn validation_table() {
         ("routing_policy:\n  strategy: least-loaded\nmin_share:\n  urgent: 0.1\n", "min_share.urgent", 0, "unknown class"),
         ("routing_policy:\n  strategy: least-loaded\nmin_share:\n  batch: 1.5\n", "min_share.batch", 0, "between 0 and 1"),
         ("routing_policy:\n  strategy: least-loaded\nmin_share:\n  batch: 0.6\n  interactive: 0.6\n", "min_share", 0, "more than 1"),
+        ("routing_policy:\n  strategy: least-loaded\ntenant_headroom: -1\n", "tenant_headroom", 0, "0 to 1024"),
+        ("routing_policy:\n  strategy: least-loaded\ntenant_headroom: 5000\n", "tenant_headroom", 0, "0 to 1024"),
     ];
     for (text, path, line, msg) in cases {
         let e = parse("p.yaml", text).expect_err(text);
@@ -67,6 +69,15 @@ fn validation_table() {
         assert!(e.message.contains(msg), "{text}: {e}");
         assert!(e.to_string().starts_with("policy: p.yaml:"), "{e}");
     }
+}
+
+#[test]
+fn tenant_headroom_defaults_to_six_and_zero_turns_it_off() {
+    let base = "routing_policy:\n  strategy: least-loaded\n";
+    assert_eq!(parse("p.yaml", base).expect("default").tenant_headroom, 6);
+    let off = parse("p.yaml", &format!("{base}tenant_headroom: 0\n")).expect("off");
+    assert_eq!(off.tenant_headroom, 0);
+    assert_eq!(Policy::default().tenant_headroom, 6);
 }
 
 #[test]

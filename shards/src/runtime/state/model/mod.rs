@@ -16,67 +16,169 @@ use self::agent::Agent;
 use self::stats::ModelStats;
 use crate::logic::routing::decision::Pool;
 use crate::logic::routing::policy::AgentFacts;
+use crate::logic::routing::tenant_slots::TenantSlots;
 use crate::logic::routing::wait_queue::{Prefer, WaitQueue, LOOK_AHEAD, MAX_PASSES};
 use crate::logic::system::log_gate::LogGate;
 
 /// One request in the capacity queue.
 pub struct Waiter {
-    /// Woken through it.
-    pub tx: futures::channel::oneshot::Sender<()>,
+    /// Woken through it: `true` when the wake claimed a slot for its
+    /// tenant (see [`Claim`]).
+    pub tx: futures::channel::oneshot::Sender<bool>,
     /// The agents that hold its prefix (prefix-aware steps only).
     pub prefer: Prefer,
     /// Waiting for a slot on those agents only (`holder_wait_ms`): a slot
     /// freed elsewhere passes it by.
     pub pinned: bool,
+    /// Its tenant, hashed (0: none, a continued stream): a freed slot
+    /// passes by the heaviest tenant while others keep their headroom.
+    pub tenant: u64,
 }
 
-/// The capacity queue's waiters.
-pub type Waiters = WaitQueue<Waiter>;
+/// The capacity queue's waiters, and the requests in flight per tenant
+/// that decide who may take a freed slot (`tenant_headroom`).
+#[derive(Default)]
+pub struct Waiters {
+    /// In order: class, fair tag, arrival.
+    pub line: WaitQueue<Waiter>,
+    /// Requests in flight per tenant, and woken ones on their way to a
+    /// slot (claimed at the wake, or several slots freed in one turn would
+    /// all look free to a flooding tenant's waiters).
+    pub tenants: TenantSlots,
+    /// A freed slot found no waiter that could take it (every one near the
+    /// head of a tenant that must leave it): the next request end tries
+    /// again.
+    pub skipped: bool,
+}
 
-/// Wake the oldest waiter still waiting (a cancelled one passes the signal on).
-pub fn wake_head(q: &RefCell<Waiters>) {
-    loop {
-        // A waiter held for its cache holders is passed by (see wake_for).
-        let next = q
-            .borrow_mut()
-            .pop_for(LOOK_AHEAD, 0, |_| false, |w: &Waiter| !w.pinned);
-        match next {
-            Some((_, w)) => {
-                if w.tx.send(()).is_ok() {
-                    return;
-                }
-            }
-            None => return,
+impl std::ops::Deref for Waiters {
+    type Target = WaitQueue<Waiter>;
+    fn deref(&self) -> &Self::Target {
+        &self.line
+    }
+}
+
+impl std::ops::DerefMut for Waiters {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.line
+    }
+}
+
+/// A slot claimed for a woken waiter's tenant, counted as in flight until
+/// its request starts on an agent ([`Claim::started`]) or gives up (drop:
+/// counted out, and a waiter passed by for it may go).
+pub struct Claim {
+    /// None once started.
+    queue: Option<Rc<RefCell<Waiters>>>,
+    tenant: u64,
+}
+
+impl Claim {
+    /// A claim the wake made for `tenant` on `queue`.
+    pub fn new(queue: Rc<RefCell<Waiters>>, tenant: u64) -> Self {
+        Claim {
+            queue: Some(queue),
+            tenant,
         }
     }
+
+    /// Its request started: the count stays, now the request's own.
+    pub fn started(mut self) {
+        self.queue = None;
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(q) = self.queue.take() {
+            tenant_ended(&q, self.tenant);
+        }
+    }
+}
+
+/// A request of `tenant` left (ended, or gave up a claimed slot): counted
+/// out; a waiter passed by while it was counted may take a slot now.
+pub fn tenant_ended(queue: &RefCell<Waiters>, tenant: u64) {
+    let skipped = match queue.try_borrow_mut() {
+        Ok(mut q) => {
+            q.tenants.end(tenant);
+            std::mem::take(&mut q.skipped)
+        }
+        Err(_) => false,
+    };
+    if skipped {
+        wake_head(queue);
+    }
+}
+
+/// The next waiter a freed slot goes to (see [`WaitQueue::pop_for`]);
+/// passing by waiters held for their cache holders and those of a tenant
+/// that must leave the slot to the others' headroom. The slot is claimed
+/// for its tenant.
+fn pop_eligible(q: &RefCell<Waiters>, max_passes: u32, agent: Option<u64>) -> Option<Waiter> {
+    let mut q = q.borrow_mut();
+    let Waiters {
+        line,
+        tenants,
+        skipped,
+    } = &mut *q;
+    let bound = tenants.tenants() > 1;
+    let next = line.pop_for(
+        LOOK_AHEAD,
+        max_passes,
+        |w| {
+            agent.is_some_and(|a| !w.tx.is_canceled() && w.prefer.contains(a))
+                && (!bound || tenants.may_take_now(w.tenant))
+        },
+        |w| !w.pinned && (!bound || tenants.may_take_now(w.tenant)),
+    );
+    *skipped = next.is_none() && !line.is_empty();
+    let (_, w) = next?;
+    tenants.unwait(w.tenant);
+    if w.tenant != 0 {
+        tenants.start(w.tenant);
+    }
+    Some(w)
+}
+
+/// Wake the first eligible waiter still waiting (a cancelled one passes
+/// the signal and its claim on).
+pub fn wake_head(q: &RefCell<Waiters>) {
+    wake(q, 0, None);
 }
 
 /// A slot freed on `agent`: wake the waiter it serves from its cache
-/// (within the queue's bounded look-ahead), else the oldest.
+/// (within the queue's bounded look-ahead), else the oldest eligible.
 pub fn wake_for(q: &RefCell<Waiters>, agent: u64) {
-    loop {
-        let next = q.borrow_mut().pop_for(
-            LOOK_AHEAD,
-            MAX_PASSES,
-            |w| !w.tx.is_canceled() && w.prefer.contains(agent),
-            |w| !w.pinned,
-        );
-        match next {
-            Some((_, w)) => {
-                if w.tx.send(()).is_ok() {
-                    return;
-                }
+    wake(q, MAX_PASSES, Some(agent));
+}
+
+fn wake(q: &RefCell<Waiters>, max_passes: u32, agent: Option<u64>) {
+    while let Some(w) = pop_eligible(q, max_passes, agent) {
+        let claimed = w.tenant != 0;
+        if w.tx.send(claimed).is_ok() {
+            return;
+        }
+        if claimed {
+            if let Ok(mut q) = q.try_borrow_mut() {
+                q.tenants.end(w.tenant);
             }
-            None => return,
         }
     }
 }
 
-/// Wake every waiter (a new or recovered agent).
+/// Wake every waiter (a new or recovered agent); no slot is claimed.
 pub fn wake_all(q: &RefCell<Waiters>) {
-    let all = q.borrow_mut().drain();
+    let all = {
+        let mut q = q.borrow_mut();
+        let all = q.drain();
+        for (_, w) in &all {
+            q.tenants.unwait(w.tenant);
+        }
+        all
+    };
     for (_, w) in all {
-        let _ = w.tx.send(());
+        let _ = w.tx.send(false);
     }
 }
 
