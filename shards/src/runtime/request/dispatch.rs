@@ -105,13 +105,13 @@ fn decide(
             _ => None,
         };
         let models = shard.models.borrow();
-        let (pool, rotation, queue_len, running, miss, queue): (
+        let queue: Option<&RefCell<Waiters>> = models.get(model).map(|m| &*m.queue);
+        let (pool, rotation, queue_len, running, miss): (
             &[Rc<Agent>],
             usize,
             usize,
             [u32; 3],
             Option<crate::logic::routing::miss_cost::Learned>,
-            Option<&RefCell<Waiters>>,
         ) = match models.get(model) {
             Some(m) => (
                 &m.agents,
@@ -124,10 +124,9 @@ fn decide(
                         .get()
                         .learned(m.admission.borrow().tokens_per_byte)
                 }),
-                Some(&*m.queue),
             ),
             // No agent ever registered here: the gates answer 404.
-            None => (&[], 0, 0, [0; 3], None, None),
+            None => (&[], 0, 0, [0; 3], None),
         };
         let shares = min_share.iter().any(|s| *s > 0.0);
         // The tenant runs a request and so does another: the others'
