@@ -60,8 +60,8 @@ pub struct ModelFacts<'p, P: Pool + ?Sized> {
     /// The model's free slots are reserved for other priority classes
     /// (`min_share`): the request waits as if the step were full.
     pub reserved_for_others: bool,
-    /// The request's tenant runs its share of the slots or more, and the
-    /// free ones are other tenants' headroom (`tenant_headroom`): a
+    /// The request's tenant floods, and the free slots are calm tenants'
+    /// headroom (`tenant_headroom`): a
     /// newcomer waits as if the step were full (a woken waiter was
     /// already chosen for the slot).
     pub headroom_for_others: bool,

@@ -200,9 +200,9 @@ pub struct Policy {
     /// class finds a free slot while others saturate the model.
     #[serde(skip)]
     pub min_share: [f64; 3],
-    /// `tenant_headroom`: slots kept free for each tenant under its share
-    /// of a contended model, that a tenant at its share or over does not
-    /// take ([`super::tenant_slots`]; 0: none).
+    /// `tenant_headroom`: slots of a contended model that a flooding
+    /// tenant leaves free for calm ones ([`super::tenant_slots`]; 0:
+    /// none).
     #[serde(skip)]
     pub tenant_headroom: u32,
 }

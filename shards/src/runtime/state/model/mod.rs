@@ -31,7 +31,7 @@ pub struct Waiter {
     /// freed elsewhere passes it by.
     pub pinned: bool,
     /// Its tenant, hashed (0: none, a continued stream): a freed slot
-    /// passes by the heaviest tenant while others keep their headroom.
+    /// passes by a flooding tenant while calm ones keep their headroom.
     pub tenant: u64,
 }
 
