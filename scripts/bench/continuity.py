@@ -56,7 +56,12 @@ SIM_TOKENS = 40
 # LLAMA_EXTRA="-ub 1": llama-server evaluates prompts one token at a time,
 # as it generates, so a prefilled answer's state is bit for bit the one it
 # had while generating (separates the engine's numerics from the seam).
+# LLAMA_BATCH_INVARIANT=1 LLAMA_EXTRA="-fa off": the build without
+# llamafile's tinyBLAS (scripts/install-llama.sh) and no flash attention:
+# batched prompt evaluation with one-token decoding's arithmetic, at the
+# default batch size.
 LLAMA_EXTRA = os.environ.get("LLAMA_EXTRA", "").split()
+BATCH_INVARIANT = os.environ.get("LLAMA_BATCH_INVARIANT", "0") == "1"
 ENV = dict(os.environ, HIVENET_ROUTER_ADMIN_API_KEYS="bench-admin", HIVENET_ROUTER_AUDIT_LOG_PATH="off")
 
 
@@ -401,7 +406,7 @@ def run_real(trials):
             "seam_ms_median": median([r["seam_ms"] for r in seams]),
             "seam_minus_engine_ttft_ms_median": median([r["seam_ms"] - r["engine_ttft_ms"] for r in seams]),
             "seam_minus_engine_ttft_ms_max": max([r["seam_ms"] - r["engine_ttft_ms"] for r in seams], default=None),
-            "migrations": mig, "reference_chars": len(ref), "reference_s": round(ref_dur, 2), "rows": rows}
+            "migrations": mig, "engine": server, "engine_args": LLAMA_EXTRA, "reference_chars": len(ref), "reference_s": round(ref_dur, 2), "rows": rows}
 
 
 def median(v):
@@ -420,7 +425,8 @@ def main():
     print(json.dumps(summary, indent=1))
     if OUT:
         os.makedirs(OUT, exist_ok=True)
-        tag = MODE + ("-" + "".join(LLAMA_EXTRA).replace("-", "") if LLAMA_EXTRA else "")
+        tag = MODE + ("-batch-invariant" if BATCH_INVARIANT and MODE == "real" else "")
+        tag += "-" + "".join(LLAMA_EXTRA).replace("-", "") if LLAMA_EXTRA else ""
         with open(os.path.join(OUT, f"{tag}.json"), "w") as fh:
             json.dump(rep, fh, indent=1)
 

@@ -13,12 +13,14 @@
 //!   SSE bytes: the response ID, the text delivered, how many content
 //!   deltas, whether the stream ended.
 //! - [`continuation_body`]: the request to send to the next agent: the
-//!   original messages plus the delivered text as the assistant message
-//!   to continue, `max_tokens` reduced by what was produced.
+//!   original messages plus the delivered text (less its trailing
+//!   whitespace, [`Transcript::prefill`]) as the assistant message to
+//!   continue, `max_tokens` reduced by what was produced.
 //! - [`Splice`]: the continuation's events made part of the first stream:
 //!   its opening events dropped (the role and the message start were
-//!   already sent), its ID replaced by the first one's, its usage made
-//!   the whole answer's.
+//!   already sent), llama.cpp's echo of the prefill and the regenerated
+//!   trailing whitespace dropped, its ID replaced by the first one's, its
+//!   usage made the whole answer's.
 
 use serde_json::{Map, Value};
 
@@ -136,6 +138,8 @@ pub struct Transcript {
     /// Content deltas delivered (the produced-token count when the
     /// engine reported no usage before the cut: one token per delta).
     pub deltas: u64,
+    /// Of them, the last ones that were whitespace only.
+    pub blank_deltas: u64,
     /// The stream reached its final event.
     pub done: bool,
     /// Input tokens the first part reported (Anthropic's `message_start`;
@@ -149,6 +153,50 @@ pub struct Transcript {
 const MAX_LINE: usize = 256 * 1024;
 
 impl Transcript {
+    /// The text the continuation is asked to continue: the delivered text
+    /// less its trailing whitespace, which is [`Transcript::held`] back.
+    /// A text ending in whitespace tokenizes differently as a prompt than
+    /// it was generated (`"all.\n\n"` is one token as a prompt, two as
+    /// generated), and the engine then continues from another state;
+    /// from `"all."` it generates the same newlines again, and the splice
+    /// drops them (perf/2026-12-05-continuity-batch-invariant).
+    pub fn prefill(&self) -> &str {
+        let trimmed = self.text.trim_end();
+        if trimmed.is_empty() {
+            &self.text
+        } else {
+            trimmed
+        }
+    }
+
+    /// The delivered whitespace the continuation regenerates.
+    pub fn held(&self) -> &str {
+        &self.text[self.prefill().len()..]
+    }
+
+    /// Tokens produced for the prefill: the deltas less the whitespace
+    /// ones held back, which the continuation produces (and counts) again.
+    pub fn produced(&self) -> u64 {
+        if self.held().is_empty() {
+            self.deltas
+        } else {
+            self.deltas.saturating_sub(self.blank_deltas)
+        }
+    }
+
+    fn delivered(&mut self, t: &str) {
+        if t.is_empty() {
+            return;
+        }
+        self.text.push_str(t);
+        self.deltas += 1;
+        if t.trim().is_empty() {
+            self.blank_deltas += 1;
+        } else {
+            self.blank_deltas = 0;
+        }
+    }
+
     /// Feed decoded body bytes of `api`'s stream.
     pub fn feed(&mut self, api: Api, data: &[u8]) {
         for b in data {
@@ -194,10 +242,7 @@ impl Transcript {
                     self.not_text = true;
                 }
                 if let Some(t) = delta.and_then(|d| d.get("content")).and_then(Value::as_str) {
-                    if !t.is_empty() {
-                        self.text.push_str(t);
-                        self.deltas += 1;
-                    }
+                    self.delivered(t);
                 }
                 if choice.get("finish_reason").is_some_and(|f| !f.is_null()) {
                     self.done = true;
@@ -225,10 +270,7 @@ impl Transcript {
                     match d.and_then(|d| d.get("type")).and_then(Value::as_str) {
                         Some("text_delta") => {
                             if let Some(t) = d.and_then(|d| d.get("text")).and_then(Value::as_str) {
-                                if !t.is_empty() {
-                                    self.text.push_str(t);
-                                    self.deltas += 1;
-                                }
+                                self.delivered(t);
                             }
                         }
                         _ => self.not_text = true,
@@ -292,6 +334,9 @@ pub struct Splice {
     /// (llama.cpp sends its prefill before what it generates), not yet
     /// seen.
     echo: String,
+    /// Delivered whitespace left out of the prefill ([`Transcript::held`]),
+    /// dropped from the start of the new text as far as it matches.
+    held: String,
 }
 
 impl Splice {
@@ -301,15 +346,38 @@ impl Splice {
         Splice {
             api,
             id: first.id.clone(),
-            produced: first.deltas,
+            produced: first.produced(),
             input: first.input,
             line: Vec::new(),
             dropped: false,
             echo: match prefill {
-                Prefill::LastAssistant => first.text.clone(),
+                Prefill::LastAssistant => first.prefill().to_string(),
                 Prefill::ContinueFinalMessage => String::new(),
             },
+            held: first.held().to_string(),
         }
+    }
+
+    /// What of a content piece the client has not seen: the echo dropped,
+    /// then the held-back whitespace the engine generates again.
+    fn fresh(&mut self, t: &str) -> String {
+        let t = self.unechoed(t);
+        if !self.echo.is_empty() || self.held.is_empty() || t.is_empty() {
+            return t;
+        }
+        let same = t
+            .char_indices()
+            .zip(self.held.chars())
+            .take_while(|((_, a), b)| a == b)
+            .last()
+            .map_or(0, |((i, a), _)| i + a.len_utf8());
+        if same == t.len() {
+            self.held.drain(..same);
+            return String::new();
+        }
+        // New text (or other whitespace): what was held is the client's.
+        self.held.clear();
+        t[same..].to_string()
     }
 
     /// What of a content piece is new: the echoed prefill is dropped (a
@@ -377,9 +445,9 @@ impl Splice {
             return;
         };
         let api = self.api;
-        if !self.echo.is_empty() {
+        if !self.echo.is_empty() || !self.held.is_empty() {
             if let Some(t) = Self::content_of(api, &mut v) {
-                let new = self.unechoed(t.as_str().unwrap_or(""));
+                let new = self.fresh(t.as_str().unwrap_or(""));
                 *t = Value::from(new);
             }
         }

@@ -139,7 +139,8 @@ pub async fn continue_stream(
                 }
             };
         tried.push(agent.id);
-        let Ok(next) = continuation::continuation_body(api, body, prefill, &t.text, t.deltas)
+        let Ok(next) =
+            continuation::continuation_body(api, body, prefill, t.prefill(), t.produced())
         else {
             done.label = "malformed";
             break;

@@ -178,6 +178,7 @@ proptest! {
         cut in 0usize..20,
         split in 1usize..50,
         echo in proptest::option::of(0usize..64),
+        regen in 1usize..4,
     ) {
         let cut = cut.min(pieces.len());
         let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
@@ -188,25 +189,38 @@ proptest! {
             t.feed(Api::OpenAi, c);
         }
         prop_assert_eq!(t.deltas, first.len() as u64);
+        // The prefill is the delivered text less its trailing whitespace,
+        // which the engine generates again (here in pieces of `regen`
+        // chars) before the rest.
+        let prefill_text = t.prefill().to_string();
+        let held = t.held().to_string();
+        prop_assert_eq!(format!("{prefill_text}{held}"), first.concat());
+        prop_assert!(held.trim().is_empty());
+        let mut generated: Vec<String> = held
+            .chars()
+            .collect::<Vec<_>>()
+            .chunks(regen)
+            .map(|c| c.iter().collect())
+            .collect();
+        generated.extend(rest.iter().map(|p| p.to_string()));
         // llama.cpp streams the prefill back first: in two pieces cut
         // anywhere (on a char boundary), the second one joined to the
         // first new piece.
-        let delivered = first.concat();
         let (prefill, continued) = match echo {
-            None => (Prefill::ContinueFinalMessage, rest.iter().map(|p| p.to_string()).collect::<Vec<_>>()),
+            None => (Prefill::ContinueFinalMessage, generated),
             Some(at) => {
-                let mut at = at.min(delivered.len());
-                while !delivered.is_char_boundary(at) {
+                let mut at = at.min(prefill_text.len());
+                while !prefill_text.is_char_boundary(at) {
                     at -= 1;
                 }
-                let (a, b) = delivered.split_at(at);
+                let (a, b) = prefill_text.split_at(at);
                 let mut v = vec![a.to_string()];
                 let mut joined = b.to_string();
-                if let Some(r) = rest.first() {
+                if let Some(r) = generated.first() {
                     joined.push_str(r);
                 }
                 v.push(joined);
-                v.extend(rest.iter().skip(1).map(|p| p.to_string()));
+                v.extend(generated.iter().skip(1).cloned());
                 v.retain(|p| !p.is_empty());
                 (Prefill::LastAssistant, v)
             }
@@ -284,4 +298,54 @@ fn the_splice_makes_the_usage_the_whole_answers() {
         b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":9}}}\n\n",
     );
     assert_eq!((t.input, t.id.as_deref()), (Some(9), Some("msg_1")));
+}
+
+#[test]
+fn trailing_whitespace_is_generated_again_not_prefilled() {
+    let mut t = Transcript::default();
+    t.feed(
+        Api::OpenAi,
+        openai_stream(
+            "c",
+            &["It", " had", " seen", " it", " all", ".", "\n", "\n"],
+            false,
+        )
+        .as_bytes(),
+    );
+    assert_eq!((t.prefill(), t.held()), ("It had seen it all.", "\n\n"));
+    assert_eq!((t.deltas, t.blank_deltas, t.produced()), (8, 2, 6));
+    // The engine generates the newlines again, then goes on: the client
+    // sees each once.
+    let regenerated = openai_stream("d", &["\n", "\n", "One", " day"], true);
+    let mut s = Splice::new(Api::OpenAi, &t, Prefill::ContinueFinalMessage);
+    let mut whole = t.clone();
+    whole.feed(Api::OpenAi, &s.feed(regenerated.as_bytes()));
+    assert_eq!(whole.text, "It had seen it all.\n\nOne day");
+    // llama.cpp echoes the prefill (without the newlines) first.
+    let echoed = openai_stream("d", &["It had seen it all.", "\n\nOne", " day"], true);
+    let mut s = Splice::new(Api::OpenAi, &t, Prefill::LastAssistant);
+    let mut whole = t.clone();
+    whole.feed(Api::OpenAi, &s.feed(echoed.as_bytes()));
+    assert_eq!(whole.text, "It had seen it all.\n\nOne day");
+    // An engine that goes another way keeps what the client has: no
+    // newline lost, none doubled.
+    let other = openai_stream("d", &["\n", " But"], true);
+    let mut s = Splice::new(Api::OpenAi, &t, Prefill::ContinueFinalMessage);
+    let mut whole = t.clone();
+    whole.feed(Api::OpenAi, &s.feed(other.as_bytes()));
+    assert_eq!(whole.text, "It had seen it all.\n\n But");
+    // A text of whitespace only is continued as it is.
+    let mut blank = Transcript::default();
+    blank.feed(Api::OpenAi, openai_stream("c", &["\n"], false).as_bytes());
+    assert_eq!(
+        (blank.prefill(), blank.held(), blank.produced()),
+        ("\n", "", 1)
+    );
+    // A word after whitespace ends the run of blank deltas.
+    let mut t = Transcript::default();
+    t.feed(
+        Api::OpenAi,
+        openai_stream("c", &["\n", "a", " "], false).as_bytes(),
+    );
+    assert_eq!((t.prefill(), t.held(), t.produced()), ("\na", " ", 2));
 }
