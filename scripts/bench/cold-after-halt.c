@@ -12,16 +12,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-static uint64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
+#include "probe-clock.h"
 
 /* One pointer per 64-byte line, linked in a random cycle. */
 static void **build(size_t lines) {
