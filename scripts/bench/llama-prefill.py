@@ -66,10 +66,11 @@ def main():
     servers = []
     for k, spec in enumerate(specs):
         name, rest = spec.split("=", 1)
-        build, args = rest.split(":", 1)
+        build, joined = rest.split(":", 1)
+        args = [a for a in joined.split(",") if a]
         server, model = install(build)
         port = 18600 + k
-        servers.append((name, build, [a for a in args.split(",") if a], start(server, model, [a for a in args.split(",") if a], port), port))
+        servers.append((name, build, args, start(server, model, args, port), port))
     rows = {s[0]: [] for s in servers}
     try:
         for _ in range(REPS):
