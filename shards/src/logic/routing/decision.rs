@@ -14,19 +14,33 @@
 //! 3. [`Action::ChargeDaily`]: the key's daily token budget;
 //! 4. [`GATES`], then the policy steps: [`Action::Forward`] to an agent,
 //!    [`Action::Wait`] in the capacity queue, retries;
-//! 5. or [`Action::Reject`] with the one [`Refusal`], at any step.
+//! 5. or [`Action::Reject`] with the one [`Refusal`], at any step; when
+//!    the steps ran out and the policy names a fallback provider,
+//!    [`Action::Provider`] first (once, before the deadline);
+//! 6. after a forwarded stream broke mid-answer ([`Decision::stream_broke`]),
+//!    [`Action::Continue`] on another agent, [`Action::Wait`] at the head
+//!    of the line, or [`Action::Cut`] ([`continuing`]).
+//!
+//! The machine is the only decider: the shell has no second selector and
+//! no second wait loop. A feature that changes where a request goes
+//! grows here (or in a sibling module of this one), never in the driver.
 //!
 //! The runtime's driver carries each action out and reports how it ended
 //! ([`Decision::quota_taken`], [`Decision::admitted`],
 //! [`Decision::daily_charged`], [`Decision::attempt_ended`],
-//! [`Decision::queued`], [`Decision::wait_ended`]); every order, retry and
+//! [`Decision::queued`], [`Decision::wait_ended`],
+//! [`Decision::continuation_ended`]); every order, retry and
 //! error choice is made here. Authentication and "not served here" come
 //! before, on the accepting shard.
 //!
 //! Time comes only from the `now` arguments; the machine reads no clock.
 
+mod continuing;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub use self::continuing::CutReason;
 
 use super::affinity::{AffinityPick, AffinitySource, Outcome};
 use super::failure::{Failure, Side};
@@ -197,10 +211,33 @@ pub enum Action {
         prefer: Prefer,
         /// Only a slot on those holders may wake it (`holder_wait_ms`).
         pinned: bool,
+        /// A continuation: at the head of the line (its answer was
+        /// admitted already), charged to no tenant.
+        head: bool,
+        /// Its last wake found no agent it may take: pass the wake on to
+        /// the next waiter before waiting again.
+        pass_on: bool,
     },
     /// Answer with this refusal (nothing is written when the client is
     /// gone).
     Reject(Refusal),
+    /// Every step ran out: send the request to the policy's fallback
+    /// provider (spec 04 §7). The request ends with it.
+    Provider,
+    /// Continue the broken stream on the agent at `agent`; report with
+    /// [`Decision::continuation_ended`].
+    Continue {
+        /// Index in the pool.
+        agent: usize,
+        /// The agent's id.
+        agent_id: u64,
+        /// Policy step it was found in.
+        step: usize,
+        /// How its engine continues an assistant message.
+        prefill: crate::logic::http::continuation::Prefill,
+    },
+    /// The broken stream cannot be continued: cut the client's stream.
+    Cut(CutReason),
 }
 
 /// How a forward attempt ended.
@@ -273,6 +310,10 @@ pub struct Decision {
     pin_until: Option<Instant>,
     /// The wait under way is one for its holders only.
     pinned: bool,
+    /// The fallback provider was chosen (at most once).
+    provider_tried: bool,
+    /// A broken stream being continued.
+    continuing: Option<continuing::Continuing>,
 }
 
 // === impl Decision ===
@@ -297,6 +338,8 @@ impl Decision {
             forwarded_from: None,
             pin_until: None,
             pinned: false,
+            provider_tried: false,
+            continuing: None,
         }
     }
 
@@ -337,10 +380,35 @@ impl Decision {
         }
     }
 
-    fn reject(&mut self, r: impl Into<Refusal>) -> Action {
-        let r = r.into();
-        self.verdict = Some(r.clone());
-        Action::Reject(r)
+    fn reject(&mut self, r: impl Into<Refusal>, now: Instant) -> Action {
+        self.verdict = Some(r.into());
+        self.verdict_action(now)
+    }
+
+    /// The action of the verdict: the fallback provider once, where the
+    /// steps ran out on a chat or messages request and the policy names
+    /// one (a request already past its deadline is refused as timed out
+    /// instead); otherwise the refusal.
+    fn verdict_action(&mut self, now: Instant) -> Action {
+        let Some(r) = &self.verdict else {
+            return Action::Reject(Rejection::Exhausted.into());
+        };
+        let exhausted = matches!(r, Refusal::Routing(x) if x.exhausted_policy());
+        let api = matches!(
+            self.request.endpoint,
+            Endpoint::ChatCompletions | Endpoint::Messages
+        );
+        if exhausted && api && !self.provider_tried && self.policy.fallback_provider.is_some() {
+            self.provider_tried = true;
+            if now < self.request.deadline {
+                return Action::Provider;
+            }
+            self.verdict = Some(Rejection::ProviderTimeout.into());
+        }
+        match &self.verdict {
+            Some(r) => Action::Reject(r.clone()),
+            None => Action::Reject(Rejection::Exhausted.into()),
+        }
     }
 
     /// The step before routing due now, if any (skipping those that do
@@ -423,8 +491,11 @@ impl Decision {
 
     /// The next action for this request.
     pub fn next<P: Pool + ?Sized>(&mut self, model: &ModelFacts<'_, P>, now: Instant) -> Action {
-        if let Some(r) = &self.verdict {
-            return Action::Reject(r.clone());
+        if self.verdict.is_some() {
+            return self.verdict_action(now);
+        }
+        if self.continuing.is_some() {
+            return self.next_continuation(model, now);
         }
         if let Some(a) = self.before_routing(now) {
             return a;
@@ -432,7 +503,7 @@ impl Decision {
         if !self.gates_passed {
             for g in GATES {
                 if let Some(r) = self.gate(*g, model) {
-                    return self.reject(r);
+                    return self.reject(r, now);
                 }
             }
             self.gates_passed = true;
@@ -510,7 +581,7 @@ impl Decision {
             match pick {
                 StepPick::Agent(i) => {
                     let Some(agent_id) = model.pool.facts(i).map(|f| f.id) else {
-                        return self.reject(Rejection::Exhausted);
+                        return self.reject(Rejection::Exhausted, now);
                     };
                     self.last_full = false;
                     // Kept aside: a full refusal sends it back there.
@@ -559,6 +630,8 @@ impl Decision {
                             // of the line, where the hit is worth it.
                             prefer: Prefer::of(holders.iter().filter(|_| worth).map(|h| h.agent)),
                             pinned,
+                            head: false,
+                            pass_on: false,
                         };
                     }
                     self.session.trail.push((self.session.step, counts));
@@ -572,7 +645,7 @@ impl Decision {
             }
         }
         let r = self.out_of_steps(model);
-        self.reject(r)
+        self.reject(r, now)
     }
 
     /// Why every step ran out: no agent with the endpoint's capability,
@@ -599,12 +672,20 @@ impl Decision {
 
     /// The driver queued the request at `seq`.
     pub fn queued(&mut self, seq: crate::logic::routing::wait_queue::Place, now: Instant) {
+        if self.continuing.is_some() {
+            // A continuation's place is at the head, never kept.
+            return;
+        }
         self.place = Some(seq);
         self.queued_at.get_or_insert(now);
     }
 
     /// The wait ended (the driver already left the queue on a timeout).
     pub fn wait_ended(&mut self, end: WaitEnd, now: Instant) {
+        if let Some(c) = self.continuing.as_mut() {
+            c.wait_ended(end);
+            return;
+        }
         match end {
             // Same step again; the place is kept if it loses the race.
             WaitEnd::Woken => {}

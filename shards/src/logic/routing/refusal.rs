@@ -50,6 +50,9 @@ pub enum Rejection {
     AgentTimeout,
     /// The client went away while the request waited: nothing is written.
     ClientGone,
+    /// The steps ran out past the deadline, so the fallback provider was
+    /// not tried.
+    ProviderTimeout,
 }
 
 impl Rejection {
@@ -87,6 +90,10 @@ impl Rejection {
                 ErrorCode::RequestTimeout,
                 "Request deadline exceeded while contacting agent",
             ),
+            Rejection::ProviderTimeout => ApiError::new(
+                ErrorCode::RequestTimeout,
+                "Request timed out before provider fallback could be attempted",
+            ),
             // Never sent (nobody is there to read it); for logs.
             Rejection::ClientGone => ApiError::new(
                 ErrorCode::ClientTimeout,
@@ -106,6 +113,7 @@ impl Rejection {
             Rejection::QueueTimeout => "queue_timeout",
             Rejection::AgentTimeout => "agent_timeout",
             Rejection::ClientGone => "client_gone",
+            Rejection::ProviderTimeout => "request_timeout",
         }
     }
 

@@ -1,12 +1,19 @@
 //! The driver of the decision machine on the model's shard: it asks
-//! [`Decision::next`] what to do, carries the action out (forward over
-//! the agent's link, wait in the capacity queue, write the error), tells
-//! the machine how it ended, and records every statistic in one place
-//! ([`record_attempt`], [`record_refusal`]).
+//! [`Decision::next`] what to do and carries the action out (take the
+//! quota, admit, charge, forward over the agent's link, continue a broken
+//! stream, wait in the capacity queue, call the fallback provider, write
+//! the refusal), then tells the machine how it ended.
+//!
+//! The rule of this room: it stays a short loop. The machine is the only
+//! decider (no selector and no wait loop here); a feature keeps its state,
+//! bookkeeping and metrics in its own room ([`super::affinity`],
+//! [`super::fairness`], [`super::continuation`], [`super::provider`],
+//! [`super::refusals`], [`super::wait`]) and is called at the fixed hooks:
+//! facts for the decision ([`Run::decide`]), forwarded ([`Run::forward`]),
+//! ended ([`Run::settle`]). A new feature adds a line here, never a block.
 //!
 //! Entry point: [`serve_inference`].
 
-use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,245 +21,37 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use super::admission;
-use super::continuation;
+use super::affinity::{IndexView, RequestAffinity};
+use super::continuation::{self, Broke, Continuity, Pending};
+use super::fairness::{self, ClassRunning};
 use super::forward::{attempt, build_request, record_attempt, Ask, Outcome};
 use super::provider;
+use super::refusals;
 use super::respond;
+use super::wait::{self, Wait};
+use crate::logic::http::continuation::Prefill;
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
-use crate::logic::routing::affinity::{
-    model_salt, peer_hash, raw_key_hash, AffinityCfg, AffinityIndex, AffinityNote, AffinityPick,
-    AffinitySource, Holders, RequestKeys,
-};
+use crate::logic::http::usage::Tokens;
+use crate::logic::routing::affinity::AffinitySource;
 use crate::logic::routing::decision::{
-    Action, AdmitEnd, Decision, Entry, Limits, ModelFacts, Park, Rejection, Released, RequestFacts,
-    WaitEnd,
+    Action, AdmitEnd, CutReason, Decision, Entry, Limits, ModelFacts, Park, Rejection, Released,
+    RequestFacts,
 };
 use crate::logic::routing::policy::Policy;
-use crate::logic::routing::refusal::{QuotaLimit, QuotaRefusal, Refusal};
-use crate::logic::routing::wait_queue::{Class, Fair, Place, Prefer};
+use crate::logic::routing::refusal::{QuotaRefusal, Refusal};
+use crate::logic::routing::wait_queue::{Class, Fair};
 use crate::logic::tenancy::quota;
 use crate::runtime::state::model::admission::Admitted;
 use crate::runtime::state::model::agent::Agent;
-use crate::runtime::state::model::{tenant_ended, wake_for, wake_head, Claim, Waiter, Waiters};
+use crate::runtime::state::model::{Claim, ModelState};
 use crate::runtime::state::pending::{Held, PendingRequest};
-use crate::runtime::state::router::AFFINITY_OUTBOX_MAX;
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::{inc, Shard};
 use crate::runtime::state::tenancy::{self, Principal, QuotaFacts, Ticket};
-use crate::runtime::wire::bufpool::Pooled;
+use crate::runtime::wire::bufpool::{self, Pooled};
 use crate::runtime::wire::clock;
-
-/// What the driver does, with the agent resolved out of the pool.
-enum Next {
-    TakeQuota,
-    Admit(Park),
-    ChargeDaily,
-    Forward {
-        agent: Rc<Agent>,
-        step: usize,
-        waited: Option<Duration>,
-        affinity: Option<AffinityPick>,
-    },
-    Wait {
-        until: clock::Instant,
-        place: Option<Place>,
-        wake_first: Option<u64>,
-        prefer: Prefer,
-        /// Only a slot on its cache holders wakes it.
-        pinned: bool,
-    },
-    Reject(Refusal),
-}
-
-/// The shard's affinity index asked for one request (the decision
-/// machine's [`AffinitySource`]).
-struct IndexView<'a> {
-    index: &'a AffinityIndex,
-    keys: RequestKeys<'a>,
-    now: u32,
-}
-
-impl AffinitySource for IndexView<'_> {
-    fn lookup(&self, cfg: &AffinityCfg) -> Holders {
-        self.index.lookup(&self.keys, cfg, self.now)
-    }
-}
-
-/// Ask the machine with the model's current facts (one short borrow);
-/// a routing decision moves the model's tie-break rotation on. `keys`:
-/// the request's cache-affinity keys when its policy has a prefix-aware
-/// step (the index is then made on first use).
-fn decide(
-    shard: &Shard,
-    model: &str,
-    d: &mut Decision,
-    keys: Option<&RequestKeys<'_>>,
-    (class, min_share, tenant): (Class, &[f64; 3], u64),
-    headroom: u32,
-) -> Next {
-    let now = clock::now();
-    let unix = clock::unix_secs() as u32;
-    let (action, agent) = {
-        let index = keys.map(|_| shard.affinity_index());
-        let view = match (keys, index.as_deref()) {
-            (Some(keys), Some(index)) => Some(IndexView {
-                index,
-                keys: *keys,
-                now: unix,
-            }),
-            _ => None,
-        };
-        let models = shard.models.borrow();
-        let queue: Option<&RefCell<Waiters>> = models.get(model).map(|m| &*m.queue);
-        let (pool, rotation, queue_len, running, miss): (
-            &[Rc<Agent>],
-            usize,
-            usize,
-            [u32; 3],
-            Option<crate::logic::routing::miss_cost::Learned>,
-        ) = match models.get(model) {
-            Some(m) => (
-                &m.agents,
-                m.rotation,
-                m.queue.borrow().len(),
-                m.running,
-                // Prefix-aware policies only (a few flops).
-                keys.and_then(|_| {
-                    m.miss_cost
-                        .get()
-                        .learned(m.admission.borrow().tokens_per_byte)
-                }),
-            ),
-            // No agent ever registered here: the gates answer 404.
-            None => (&[], 0, 0, [0; 3], None),
-        };
-        let shares = min_share.iter().any(|s| *s > 0.0);
-        // The tenant runs a request and so does another: the others'
-        // headroom may bind (otherwise it is under its share, or alone).
-        let tenants = headroom > 0
-            && queue.is_some_and(|q| {
-                let q = q.borrow();
-                q.tenants.tenants() > 1 && q.tenants.running(tenant) > 0
-            });
-        // `min_share` and the tenants' headroom: the model's free slots,
-        // only counted when one of them may apply.
-        let (reserved, headroom_held) = if shares || tenants {
-            use crate::logic::routing::decision::Pool;
-            let (mut capacity, mut in_flight) = (0u64, 0u64);
-            for i in 0..pool.agent_count() {
-                if let Some(f) = pool.facts(i).filter(|f| f.healthy) {
-                    capacity += u64::from(f.capacity);
-                    in_flight += u64::from(f.active);
-                }
-            }
-            let by_tenant = tenants
-                && queue.is_some_and(|q| {
-                    let mut q = q.borrow_mut();
-                    q.tenants.set_view(capacity, headroom);
-                    // Woken waiters on their way to a slot count too.
-                    let free = capacity.saturating_sub(in_flight.max(q.tenants.in_flight()));
-                    !q.tenants.may_start(tenant, capacity, free, headroom)
-                });
-            let by_class = shares
-                && crate::logic::routing::policy::reserved_for_others(
-                    min_share,
-                    class.index(),
-                    capacity,
-                    in_flight,
-                    &running,
-                );
-            (by_class, by_tenant)
-        } else {
-            (false, false)
-        };
-        let facts = ModelFacts {
-            pool,
-            rotation,
-            queue_len,
-            affinity: view.as_ref().map(|v| v as &dyn AffinitySource),
-            reserved_for_others: reserved,
-            headroom_for_others: headroom_held,
-            miss,
-        };
-        let action = d.next(&facts, now);
-        let agent = match &action {
-            Action::Forward { agent, .. } => pool.get(*agent).cloned(),
-            _ => None,
-        };
-        (action, agent)
-    };
-    // The tie rotation moves on once per forward, never on a wait or a
-    // refusal: a request that timed out must not move it twice and send
-    // the next one back to the same (hung) agent (issue 29 #10).
-    if let Action::Forward {
-        agent_id, affinity, ..
-    } = &action
-    {
-        if let Some(m) = shard.models.borrow_mut().get_mut(model) {
-            m.rotation = m.rotation.wrapping_add(1);
-            if let Some(pick) = affinity {
-                m.stats.affinity[pick.outcome.index()] += 1;
-                if pick.held {
-                    m.stats.holder_waits += 1;
-                    if pick.outcome == crate::logic::routing::affinity::Outcome::Overloaded {
-                        m.stats.holder_wait_timeouts += 1;
-                    }
-                }
-            }
-        }
-        // The agent now holds the request's key and prefixes.
-        if let (Some(pick), Some(keys)) = (affinity, keys) {
-            if let Some(ix) = shard.affinity.borrow_mut().as_mut() {
-                ix.record_request(keys, pick.block_bytes, *agent_id, unix);
-            }
-            // And the other routers hear of it (never waiting: a note that
-            // finds the outbox busy or full is dropped).
-            if let (Some(out), Some(a)) = (&shard.router.affinity_outbox, &agent) {
-                let note = AffinityNote::of(keys, pick.block_bytes, peer_hash(&a.reg.peer_id));
-                if let Ok(mut v) = out.try_lock() {
-                    if v.len() < AFFINITY_OUTBOX_MAX {
-                        v.push(note);
-                    }
-                }
-            }
-        }
-    }
-    match action {
-        Action::TakeQuota => Next::TakeQuota,
-        Action::Admit(park) => Next::Admit(park),
-        Action::ChargeDaily => Next::ChargeDaily,
-        Action::Forward {
-            step,
-            waited,
-            affinity,
-            ..
-        } => match agent {
-            Some(agent) => Next::Forward {
-                agent,
-                step,
-                waited,
-                affinity,
-            },
-            None => Next::Reject(Rejection::Exhausted.into()),
-        },
-        Action::Wait {
-            until,
-            place,
-            wake_first,
-            prefer,
-            pinned,
-        } => Next::Wait {
-            until,
-            place,
-            wake_first,
-            prefer,
-            pinned,
-        },
-        Action::Reject(r) => Next::Reject(r),
-    }
-}
 
 /// Serve one inference request on its model's shard. Returns whether the
 /// client connection stays open; how it ended is left in the client's
@@ -310,10 +109,11 @@ fn request_facts(
 
 /// One request's driver state on its model's shard: what the steps of
 /// the decision machine read and leave (the quota ticket, the admission
-/// reservation, the hold's pending demand).
+/// reservation, the hold's pending demand), and each feature's part.
 struct Run<'a> {
-    shard: &'a Rc<Shard>,
+    shard: &'a Shard,
     p: &'a PendingRequest,
+    /// Its model: [`Run::with_model`] is the one lookup.
     model: &'a str,
     policy: Arc<Policy>,
     /// Chat or messages: the estimator learns from their usage.
@@ -344,10 +144,13 @@ struct Run<'a> {
     tenant: u64,
     /// The slot its last wake claimed for its tenant, until it starts.
     claim: Option<Claim>,
+    /// Cache affinity: its keys and its last forward's pick.
+    affinity: RequestAffinity<'a>,
+    /// A broken stream under continuation.
+    cont: Option<Continuity<'a>>,
 }
 
-/// The decision machine's loop: it says what comes next (quota,
-/// admission, daily tokens, a forward, a wait, a refusal), the [`Run`]
+/// The decision machine's loop: it says what comes next, the [`Run`]
 /// carries it out and reports back.
 async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> bool {
     inc(&shard.counters.requests);
@@ -362,7 +165,7 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
     // The request bytes carry the body from here on: one copy is held for
     // the whole exchange (streams included), not two; the body permit still
     // counts it until the request is done.
-    crate::runtime::wire::bufpool::give(std::mem::take(&mut p.body));
+    bufpool::give(std::mem::take(&mut p.body));
     let p = &*p;
     let model = p.meta.model.as_str();
     let class = match p.class() {
@@ -387,6 +190,7 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
         shard,
         p,
         model,
+        affinity: RequestAffinity::of(&policy, p),
         policy,
         llm,
         // From the probe's sums and the model's learned ratio.
@@ -402,108 +206,156 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
         tenant: p.principal.tenant_hash(),
         claim: None,
         fair: None,
+        cont: None,
     };
-    // Cache affinity: the session key (header first, then the body's) and
-    // the probe's marks, read by prefix-aware steps only.
-    let keys = run
-        .policy
-        .steps
-        .iter()
-        .any(|s| s.affinity.is_some())
-        .then(|| RequestKeys {
-            salt: model_salt(model),
-            key: SESSION_HEADERS
-                .iter()
-                .find_map(|h| p.head.header(h).filter(|v| !v.is_empty()))
-                .map(raw_key_hash)
-                .or(p.meta.affinity.body_key),
-            marks: &p.meta.affinity.marks,
-        });
     debug!(shard = shard.id, model, "serving request");
     loop {
-        match decide(
-            shard,
-            model,
-            &mut d,
-            keys.as_ref(),
-            (class, &run.policy.min_share, run.tenant),
-            run.policy.tenant_headroom,
-        ) {
-            Next::TakeQuota => d.quota_taken(run.take_quota()),
-            Next::Admit(park) => d.admitted(run.admit(c, park).await),
-            Next::ChargeDaily => d.daily_charged(run.charge_daily(c), clock::now()),
-            Next::Forward {
-                agent,
-                step,
-                waited,
-                affinity,
-            } => {
-                if let Some(keep) = run.forward(c, &mut d, agent, step, waited, affinity).await {
-                    return keep;
-                }
+        let done = match run.decide(&mut d) {
+            (Action::TakeQuota, _) => {
+                d.quota_taken(run.take_quota());
+                None
             }
-            Next::Wait {
-                until,
-                place,
-                wake_first,
-                prefer,
-                pinned,
-            } => {
-                let at = (until, place, run.queue_depth);
+            (Action::Admit(park), _) => {
+                let end = run.admit(c, park).await;
+                d.admitted(end);
+                None
+            }
+            (Action::ChargeDaily, _) => {
+                d.daily_charged(run.charge_daily(c), clock::now());
+                None
+            }
+            (Action::Forward { step, waited, .. }, Some(agent)) => {
+                run.forward(c, &mut d, agent, step, waited).await
+            }
+            (Action::Continue { prefill, .. }, Some(agent)) => {
+                run.continue_on(c, &mut d, agent, prefill).await
+            }
+            (
+                Action::Wait {
+                    until,
+                    place,
+                    wake_first,
+                    prefer,
+                    pinned,
+                    head,
+                    pass_on,
+                },
+                _,
+            ) => {
                 let fair = run.fair_of();
-                run.fair = Some(fair);
+                if !head {
+                    run.fair = Some(fair);
+                }
+                let w = Wait {
+                    until,
+                    place,
+                    depth: run.queue_depth,
+                    wake_first,
+                    prefer,
+                    pinned,
+                    head,
+                    pass_on,
+                    fair,
+                };
                 // A slot claimed by an earlier wake and lost to another
                 // request is given back before waiting again.
                 run.claim = None;
-                let (w, claim) = wait_for_capacity(
-                    shard,
-                    c,
-                    model,
-                    &mut d,
-                    at,
-                    (wake_first, prefer, pinned, fair),
-                )
-                .await;
-                run.claim = claim;
-                d.wait_ended(w, clock::now());
+                run.claim = wait::wait_for_capacity(shard, c, model, &mut d, w).await;
+                None
             }
-            Next::Reject(r) => {
-                let exhausted = matches!(&r, Refusal::Routing(x) if x.exhausted_policy());
-                if exhausted {
-                    if let Some(keep) = run.provider_fallback(c).await {
-                        return keep;
-                    }
-                }
-                record_refusal(shard, model, &d, &r, &p.principal);
-                if !matches!(r, Refusal::Routing(Rejection::ClientGone)) {
-                    let class = run.class;
-                    with_stats(shard, model, |s| {
-                        if let Some(n) = s.class_refused.get_mut(class.index()) {
-                            *n += 1;
-                        }
-                    });
-                }
-                if let Some(e) = run.last_backend.take().filter(|_| exhausted) {
-                    // The backends' own answer, not a generic 503.
-                    return respond::send_error(c, &e, p.head.keep_alive).await;
-                }
-                return respond::send_refusal(c, r, model, p.head.keep_alive).await;
+            (Action::Cut(reason), _) => Some(run.cut(c, &mut d, reason).await),
+            (Action::Provider, _) => Some(run.provider(c, &d).await),
+            (Action::Reject(r), _) => Some(run.refuse(c, &d, r).await),
+            // The pool changed under the decision (it cannot: one borrow).
+            (Action::Forward { .. } | Action::Continue { .. }, None) => {
+                Some(run.refuse(c, &d, Rejection::Exhausted.into()).await)
             }
+        };
+        if let Some(keep) = done {
+            return keep;
         }
     }
 }
 
-/// Headers that carry a session key, first found wins (then the body's
-/// `prompt_cache_key`, then `metadata.user_id`).
-pub const SESSION_HEADERS: [&str; 1] = ["x-session-id"];
-
-/// A predicted hit is stale when the engine read less than this share of
-/// the predicted prefix from its cache.
-const STALE_SHARE: f64 = 0.25;
-
 // === impl Run ===
 
-impl Run<'_> {
+impl<'a> Run<'a> {
+    /// The one lookup of the run's model (`None`: no agent ever
+    /// registered it here).
+    fn with_model<R>(&self, f: impl FnOnce(&mut ModelState) -> R) -> Option<R> {
+        self.shard.models.borrow_mut().get_mut(self.model).map(f)
+    }
+
+    /// Facts hook: ask the machine with the model's current facts (one
+    /// borrow), each feature adding its own; a forward moves the model's
+    /// tie-break rotation on and tells the affinity room. Returns the
+    /// action and, for a forward or a continuation, its agent.
+    fn decide(&mut self, d: &mut Decision) -> (Action, Option<Rc<Agent>>) {
+        let now = clock::now();
+        let keys = self.affinity.keys;
+        let asker = fairness::Asker {
+            class: self.class,
+            min_share: &self.policy.min_share,
+            tenant: self.tenant,
+            headroom: self.policy.tenant_headroom,
+        };
+        // The index is made on first use (prefix-aware policies only),
+        // before the models are borrowed: making it reads them.
+        let index = keys.map(|_| self.shard.affinity_index());
+        let mut models = self.shard.models.borrow_mut();
+        let Some(m) = models.get_mut(self.model) else {
+            // No agent ever registered here: the gates answer 404.
+            let none: &[Rc<Agent>] = &[];
+            let facts = ModelFacts {
+                pool: none,
+                rotation: 0,
+                queue_len: 0,
+                affinity: None,
+                reserved_for_others: false,
+                headroom_for_others: false,
+                miss: None,
+            };
+            return (d.next(&facts, now), None);
+        };
+        let (reserved, headroom) = fairness::held_back(m, asker);
+        let action = {
+            let view = match (keys, index.as_deref()) {
+                (Some(k), Some(ix)) => Some(IndexView::new(ix, k, clock::unix_secs() as u32)),
+                _ => None,
+            };
+            let facts = ModelFacts {
+                pool: &m.agents[..],
+                rotation: m.rotation,
+                queue_len: m.queue.borrow().len(),
+                affinity: view.as_ref().map(|v| v as &dyn AffinitySource),
+                reserved_for_others: reserved,
+                headroom_for_others: headroom,
+                // Prefix-aware policies only (a few flops).
+                miss: keys.and_then(|_| {
+                    let per_byte = m.admission.borrow().tokens_per_byte;
+                    m.miss_cost.get().learned(per_byte)
+                }),
+            };
+            d.next(&facts, now)
+        };
+        // The affinity room records into the index below.
+        drop(index);
+        let agent = match &action {
+            Action::Forward { agent, .. } | Action::Continue { agent, .. } => {
+                m.agents.get(*agent).cloned()
+            }
+            _ => None,
+        };
+        // The tie rotation moves on once per forward, never on a wait or a
+        // refusal: a request that timed out must not move it twice and send
+        // the next one back to the same (hung) agent (issue 29 #10).
+        if let (Action::Forward { affinity, .. }, Some(a)) = (&action, &agent) {
+            m.rotation = m.rotation.wrapping_add(1);
+            self.affinity.forwarded(self.shard, m, a, *affinity);
+        }
+        (action, agent)
+    }
+
     /// Its place in a fair order (the capacity queue, the admission
     /// park): class, tenant, and the tokens it is expected to use.
     fn fair_of(&self) -> Fair {
@@ -512,102 +364,6 @@ impl Run<'_> {
             tenant: self.tenant,
             cost: self.estimate.saturating_add(self.p.meta.declared_output),
         }
-    }
-
-    /// A key or prefix hit came back: did the engine's cache hold what
-    /// the index predicted? An engine that reports no cached count tells
-    /// nothing. Few cached tokens: the entry was stale, and the agent's
-    /// engine keeps prefixes for less time than the entry's age.
-    fn check_prediction(
-        &self,
-        agent: &Agent,
-        hit: crate::logic::routing::affinity::Holder,
-        t: &crate::logic::http::usage::Tokens,
-    ) {
-        if !t.cache_reported {
-            return;
-        }
-        let predicted = if hit.depth > 0 {
-            (f64::from(hit.depth) * tokens_per_byte(self.shard, self.model)).min(t.input as f64)
-        } else {
-            // A key hit predicts the previous turn's prompt: at least half.
-            t.input as f64 / 2.0
-        };
-        let stale = (t.cached as f64) < predicted * STALE_SHARE;
-        if let Some(ix) = self.shard.affinity.borrow_mut().as_mut() {
-            if stale {
-                ix.stale(agent.id, hit.age);
-            } else {
-                ix.confirmed(agent.id, hit.age);
-            }
-        }
-        if stale {
-            with_stats(self.shard, self.model, |s| s.affinity_stale += 1);
-        }
-    }
-
-    /// Every local step exhausted: the policy's fallback provider, for a
-    /// chat or messages request not yet expired (spec 04 §7). `None`:
-    /// no provider applies, the refusal stands.
-    async fn provider_fallback(&mut self, c: &mut Client) -> Option<bool> {
-        let fp = self.policy.fallback_provider.clone()?;
-        let api = provider::api_of(self.p.endpoint)?;
-        let keep = self.p.head.keep_alive;
-        let deadline = self.p.received_at + self.shard.router.cfg.request_timeout;
-        if clock::now() >= deadline {
-            let e = ApiError::new(
-                ErrorCode::RequestTimeout,
-                "Request timed out before provider fallback could be attempted",
-            );
-            return Some(respond::send_error(c, &e, keep).await);
-        }
-        // Local occupancy is not used by a provider call.
-        self.admitted = Admitted::default();
-        let started = clock::now();
-        let (end, status) =
-            provider::fallback(self.shard, c, &fp, api, &self.request, deadline, keep).await;
-        let engine = fp.engine.name();
-        let labels = (
-            Arc::<str>::from("cloud"),
-            Arc::<str>::from(engine),
-            self.p.principal.tenant_arc(),
-        );
-        let secs = started.elapsed().as_secs_f64();
-        let ok = matches!(end, provider::Fallback::Served { .. });
-        if let Some(m) = self.shard.models.borrow_mut().get_mut(self.model) {
-            let s = &mut m.stats;
-            s.provider_fallback += 1;
-            if let Some(st) = status {
-                s.provider_calls
-                    .entry((engine, st))
-                    .or_default()
-                    .observe(&crate::runtime::state::model::stats::CLIENT_BUCKETS, secs);
-            }
-            if ok {
-                *s.routed.entry(labels).or_default() += 1;
-            } else {
-                *s.failed.entry(labels).or_default() += 1;
-                s.exhausted += 1;
-            }
-        }
-        Some(match end {
-            provider::Fallback::Served { status, tokens } => {
-                c.scope.ending.status = status;
-                c.scope.ending.relayed = true;
-                c.scope.ending.tokens = tokens;
-                keep && !c.scope.committed
-            }
-            provider::Fallback::Failed(e) => {
-                warn!(
-                    model = self.model,
-                    provider = engine,
-                    "provider fallback failed: {}",
-                    e.message
-                );
-                respond::send_error(c, &e, keep).await
-            }
-            provider::Fallback::Cut => false,
-        })
     }
 
     /// What the quotas read of this request.
@@ -668,8 +424,9 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// One forward to `agent`, counted and reported to the machine;
-    /// `Some(keep)` when the request is finished.
+    /// Forwarded hook: one forward to `agent`, counted and reported to
+    /// the machine; `Some(keep)` when the request is finished. A stream
+    /// that breaks mid-answer and can be continued is left to the machine.
     async fn forward(
         &mut self,
         c: &mut Client,
@@ -677,126 +434,153 @@ impl Run<'_> {
         agent: Rc<Agent>,
         step: usize,
         waited: Option<Duration>,
-        affinity: Option<AffinityPick>,
     ) -> Option<bool> {
-        let (shard, p) = (self.shard, self.p);
+        let (shard, p, class) = (self.shard, self.p, self.class);
         let claimed = self.claim.take().map(Claim::started).is_some();
-        let _running = ClassRunning::start(
-            shard,
-            self.model,
-            (self.class, self.tenant, claimed),
-            !self.sent,
-        );
+        let (model, tenant, first) = (self.model, self.tenant, !self.sent);
+        let running = self.with_model(|m| {
+            if let Some(w) = waited {
+                fairness::waited(m, class, &p.principal, w);
+            }
+            ClassRunning::start(shard, m, model, (class, tenant, claimed), first)
+        });
         self.sent = true;
-        if let Some(w) = waited {
-            let class = self.class;
-            let (tenant, key) = p.principal.names();
-            with_stats(shard, self.model, |s| {
-                s.observe_wait(class, w.as_secs_f64());
-                if let Some(t) = s.tenant(tenant, key) {
-                    t.queue_waits += 1;
-                    t.queue_wait_us += u64::try_from(w.as_micros()).unwrap_or(u64::MAX);
-                }
-            });
-        }
         // A slot on an agent: a released request leaves the pending demand.
         if let Some(h) = self.held.as_mut() {
             h.demand.leave();
         }
-        let deadline = d.request().deadline;
-        let reserved = self.admitted.reservation.as_ref();
         // A stream that may be continued keeps what it relayed.
         let api = continuation::api_of(shard, p);
-        let mut kept = api.map(|_| crate::runtime::wire::bufpool::take(16 * 1024));
+        let mut kept = api.map(|_| bufpool::take(16 * 1024));
         let ask = Ask {
             request: &self.request,
-            deadline,
-            held: reserved,
+            deadline: d.request().deadline,
+            held: self.admitted.reservation.as_ref(),
             kept: kept.as_mut(),
             splice: None,
         };
-        // Prefix-aware requests time their attempt: what a miss costs.
-        let started = affinity.is_some().then(clock::now);
         let (outcome, sample) = attempt(shard, c, p, &agent, ask, &mut self.last_backend).await;
-        let (agent, mut outcome, sample, continued) = match (outcome, api, kept.take()) {
-            (Outcome::Broken(why), Some(api), Some(kept)) => {
-                let b = continuation::Broken {
-                    api,
-                    request: &self.request,
-                    kept,
-                    first: agent,
-                    why,
-                    deadline,
-                    held: reserved,
-                };
-                let (a, o, s) = self.continued(c, b, step, sample).await;
-                (a, o, s, true)
-            }
+        let (why, api, kept) = match (outcome, api, kept) {
+            (Outcome::Broken(why), Some(api), Some(kept)) => (why, api, kept),
             (o, _, kept) => {
                 if let Some(k) = kept {
-                    crate::runtime::wire::bufpool::give(k);
+                    bufpool::give(k);
                 }
-                (agent, o, sample, false)
+                return self.settle(c, d, (agent, step, o, sample), false);
             }
         };
-        // A backend's usage is bounded by what the request could produce
-        // (issue 29 #3): a claim of 10^15 tokens must not lock the tenant out.
+        let broke = continuation::broke(c, api, &self.request, &kept, &why).await;
+        bufpool::give(kept);
+        let last = match broke {
+            Broke::Continuable(t) => {
+                d.stream_broke(agent.id, shard.router.cfg.stream_migrations);
+                let first = (agent, step, Outcome::Failed(why.clone()), sample);
+                self.cont = Some(Continuity::new((shard, p), api, t, first, &why, running));
+                return None;
+            }
+            Broke::Whole => {
+                self.count_migration("finished");
+                let whole = Outcome::Served {
+                    status: 200,
+                    tokens: None,
+                };
+                (agent, step, whole, sample)
+            }
+            Broke::Cut(label) => {
+                self.count_migration(label);
+                (agent, step, Outcome::Failed(why), sample)
+            }
+        };
+        self.settle(c, d, last, true)
+    }
+
+    /// One continuation try (the machine's [`Action::Continue`]).
+    async fn continue_on(
+        &mut self,
+        c: &mut Client,
+        d: &mut Decision,
+        agent: Rc<Agent>,
+        prefill: Prefill,
+    ) -> Option<bool> {
+        let (shard, p) = (self.shard, self.p);
+        let cont = self.cont.as_mut()?;
+        let deadline = d.request().deadline;
+        let held = self.admitted.reservation.as_ref();
+        let tried = cont
+            .try_on(c, &self.request, (agent, prefill), deadline, held)
+            .await;
+        let Some((end, before)) = tried else {
+            cont.cut(c, "malformed").await;
+            return Some(self.end_continuation(c, d));
+        };
+        // The attempt it replaced: counted as failed, its agent one the
+        // answer continued from.
+        if let Some((a, step, o, s)) = before {
+            c.scope.ending.continued_from.push(a.peer.clone());
+            record_attempt(
+                shard,
+                self.model,
+                &a,
+                step,
+                p,
+                p.principal.tenant_arc(),
+                o,
+                s,
+            );
+        }
+        if d.continuation_ended(&end) {
+            return None;
+        }
+        Some(self.end_continuation(c, d))
+    }
+
+    /// The machine cut the broken stream.
+    async fn cut(&mut self, c: &mut Client, d: &mut Decision, reason: CutReason) -> bool {
+        if let Some(cont) = self.cont.as_mut() {
+            cont.cut(c, reason.label()).await;
+        }
+        self.end_continuation(c, d)
+    }
+
+    /// The continuation is over: counted once, its last attempt as the
+    /// request's. After it the client's stream has ended one way or the
+    /// other.
+    fn end_continuation(&mut self, c: &mut Client, d: &mut Decision) -> bool {
+        let Some(cont) = self.cont.take() else {
+            return false;
+        };
+        let (label, last, _running) = cont.finish();
+        self.count_migration(label);
+        last.and_then(|l| self.settle(c, d, l, true))
+            .unwrap_or(false)
+    }
+
+    fn count_migration(&self, label: &'static str) {
+        self.with_model(|m| *m.stats.stream_migrations.entry(label).or_default() += 1);
+    }
+
+    /// Ended hook: what an attempt leaves (usage bounded, the features'
+    /// bookkeeping, the ending, the counters) and the machine's verdict;
+    /// `Some(keep)` when the request is finished (`continued`: always).
+    fn settle(
+        &mut self,
+        c: &mut Client,
+        d: &mut Decision,
+        (agent, step, mut outcome, sample): Pending,
+        continued: bool,
+    ) -> Option<bool> {
+        let (shard, p) = (self.shard, self.p);
         if let Outcome::Served {
             tokens: Some(t), ..
         } = &mut outcome
         {
-            let bound = crate::logic::http::usage::UsageBound {
-                // The whole request's bytes: every endpoint's text is in
-                // them (embedding inputs, rerank documents too).
-                text_bytes: self.request.len() as u64,
-                messages: p.meta.messages,
-                images: p.meta.images,
-                declared_output: p.meta.declared_output,
-            };
-            let (kept, cut) = bound.clamp(*t);
-            if cut {
-                warn!(model = self.model, peer_id = %agent.reg.peer_id, claimed_input = t.input, claimed_output = t.output, "usage beyond what the request could produce: clamped");
-                *t = kept;
-                with_stats(shard, self.model, |s| s.usage_clamped += 1);
-            }
-        }
-        if let (
-            Some(hit),
-            Outcome::Served {
-                tokens: Some(t), ..
-            },
-        ) = (affinity.and_then(|a| a.hit), &outcome)
-        {
-            self.check_prediction(&agent, hit, t);
-        }
-        if let (
-            Some(t0),
-            false,
-            Outcome::Served {
-                tokens: Some(t), ..
-            },
-        ) = (started, continued, &outcome)
-        {
-            // Only an engine that reports its cache tells prefill apart.
-            if t.cache_reported {
-                let secs = clock::now().saturating_duration_since(t0).as_secs_f64();
-                if let Some(m) = shard.models.borrow().get(self.model) {
-                    let mut cost = m.miss_cost.get();
-                    cost.learn(t.input.saturating_sub(t.cached), t.output, secs);
-                    m.miss_cost.set(cost);
-                }
-            }
-        }
-        if let Outcome::Served {
-            tokens: Some(t), ..
-        } = &outcome
-        {
-            // Only a request that waited: an idle queue costs nothing.
-            if let Some(who) = self.fair.take() {
-                if let Some(m) = shard.models.borrow().get(self.model) {
-                    m.queue
-                        .borrow_mut()
-                        .true_up(who, t.input.saturating_add(t.output));
+            self.bound_usage(&agent, t);
+            let (fair, affinity) = (self.fair.take(), &mut self.affinity);
+            if let Some(m) = shard.models.borrow_mut().get_mut(self.model) {
+                affinity.ended(shard, m, &agent, t, continued);
+                // Only a request that waited: an idle queue costs nothing.
+                if let Some(who) = fair {
+                    fairness::true_up(m, who, t.input.saturating_add(t.output));
                 }
             }
         }
@@ -804,58 +588,56 @@ impl Run<'_> {
         served(shard, c, p, &agent, &outcome, &mut self.admitted, self.llm);
         let tenant = p.principal.tenant_arc();
         let ended = record_attempt(shard, self.model, &agent, step, p, tenant, outcome, sample);
-        // After a continuation the client's stream has ended one way or
-        // the other: nothing more may be written to it.
         (continued || !d.attempt_ended(agent.id, &ended)).then_some(keep)
     }
 
-    /// Continue a broken stream on other agents. The tries before the
-    /// last are counted here; the last one (or, when none was made, the
-    /// first agent's) is returned for the caller to count.
-    async fn continued(
-        &self,
-        c: &mut Client,
-        b: continuation::Broken<'_>,
-        step: usize,
-        sample: Option<f64>,
-    ) -> (Rc<Agent>, Outcome, Option<f64>) {
-        let (shard, p) = (self.shard, self.p);
-        let first = b.first.clone();
-        let why = b.why.clone();
-        let cont = continuation::continue_stream(shard, c, p, b).await;
-        with_stats(shard, self.model, |s| {
-            *s.stream_migrations.entry(cont.label).or_default() += 1;
-        });
-        let mut tries = cont.tries;
-        let Some(last) = tries.pop() else {
-            let outcome = if cont.whole {
-                Outcome::Served {
-                    status: 200,
-                    tokens: None,
-                }
-            } else {
-                Outcome::Failed(why)
-            };
-            return (first, outcome, sample);
+    /// A backend's usage is bounded by what the request could produce
+    /// (issue 29 #3): a claim of 10^15 tokens must not lock the tenant out.
+    fn bound_usage(&self, agent: &Agent, t: &mut Tokens) {
+        let bound = crate::logic::http::usage::UsageBound {
+            // The whole request's bytes: every endpoint's text is in them
+            // (embedding inputs, rerank documents too).
+            text_bytes: self.request.len() as u64,
+            messages: self.p.meta.messages,
+            images: self.p.meta.images,
+            declared_output: self.p.meta.declared_output,
         };
-        c.scope.ending.continued_from.push(first.peer.clone());
-        let tenant = p.principal.tenant_arc();
-        let failed = Outcome::Failed(why);
-        record_attempt(
-            shard,
-            self.model,
-            &first,
-            step,
-            p,
-            tenant.clone(),
-            failed,
-            sample,
-        );
-        for (a, o, s) in tries {
-            c.scope.ending.continued_from.push(a.peer.clone());
-            record_attempt(shard, self.model, &a, step, p, tenant.clone(), o, s);
+        let (kept, cut) = bound.clamp(*t);
+        if cut {
+            warn!(model = self.model, peer_id = %agent.reg.peer_id, claimed_input = t.input, claimed_output = t.output, "usage beyond what the request could produce: clamped");
+            *t = kept;
+            self.with_model(|m| m.stats.usage_clamped += 1);
         }
-        last
+    }
+
+    /// The machine's [`Action::Provider`]: the request ends there.
+    async fn provider(&mut self, c: &mut Client, d: &Decision) -> bool {
+        // Local occupancy is not used by a provider call.
+        self.admitted = Admitted::default();
+        let call = provider::Call {
+            model: self.model,
+            endpoint: self.p.endpoint,
+            provider: self.policy.fallback_provider.as_ref(),
+            request: &self.request,
+            deadline: d.request().deadline,
+            tenant: self.p.principal.tenant_arc(),
+            keep: self.p.head.keep_alive,
+        };
+        provider::serve(self.shard, c, call).await
+    }
+
+    /// The machine's [`Action::Reject`]: counted once, written once (the
+    /// backends' own 502-504 answer rather than a generic 503 when the
+    /// tries ran out on such answers).
+    async fn refuse(&mut self, c: &mut Client, d: &Decision, r: Refusal) -> bool {
+        let exhausted = matches!(&r, Refusal::Routing(x) if x.exhausted_policy());
+        let (p, class, model) = (self.p, self.class, self.model);
+        self.with_model(|m| refusals::record(m, model, d, &r, (&p.principal, class)));
+        let keep = p.head.keep_alive;
+        if let Some(e) = self.last_backend.take().filter(|_| exhausted) {
+            return respond::send_error(c, &e, keep).await;
+        }
+        respond::send_refusal(c, r, model, keep).await
     }
 }
 
@@ -916,224 +698,4 @@ fn healthy_replicas(shard: &Shard, model: &str) -> u64 {
     shard.models.borrow().get(model).map_or(0, |m| {
         m.agents.iter().filter(|a| a.healthy()).count() as u64
     })
-}
-
-/// Count a refusal (the one place that does): quota refusals and
-/// admission gates per reason and on the tenant, an exhausted policy on
-/// the model (and logged).
-fn record_refusal(shard: &Shard, model: &str, d: &Decision, r: &Refusal, principal: &Principal) {
-    let (limited, tokens) = match r {
-        Refusal::Routing(rejection) => {
-            return record_rejection(shard, model, d, *rejection, principal.tenant_arc())
-        }
-        Refusal::HoldNoRoom { .. } => return,
-        Refusal::Quota(q) => (
-            q.limit == QuotaLimit::Requests,
-            q.limit == QuotaLimit::Tokens,
-        ),
-        Refusal::Admission { error, .. } => (error.code == ErrorCode::RateLimitExceeded, false),
-    };
-    with_stats(shard, model, |s| {
-        if !tokens {
-            *s.admission_rejections.entry(r.reason()).or_default() += 1;
-        }
-        let (tenant, key) = principal.names();
-        if let Some(t) = s.tenant(tenant, key) {
-            t.rate_limited += u64::from(limited);
-            t.token_limited += u64::from(tokens);
-        }
-    });
-}
-
-/// Queue the request (at its original place when it has one) and wait for
-/// a slot until `until`, watching the client socket: a client that closes
-/// its connection leaves the queue at once and never reaches a backend.
-async fn wait_for_capacity(
-    shard: &Shard,
-    c: &mut Client,
-    model: &str,
-    d: &mut Decision,
-    (until, place, depth): (clock::Instant, Option<Place>, usize),
-    (wake_first, prefer, pinned, fair): (Option<u64>, Prefer, bool, Fair),
-) -> (WaitEnd, Option<Claim>) {
-    use futures::future::{select, Either};
-    let queue = shard.models.borrow().get(model).map(|m| m.queue.clone());
-    let Some(queue) = queue else {
-        return (WaitEnd::TimedOut, None);
-    };
-    let (tx, mut rx) = futures::channel::oneshot::channel();
-    let w = Waiter {
-        tx,
-        prefer,
-        pinned,
-        tenant: fair.tenant,
-    };
-    let seq = match place {
-        Some(seq) => {
-            let mut q = queue.borrow_mut();
-            q.tenants.wait(fair.tenant);
-            q.requeue(seq, w);
-            seq
-        }
-        // A full queue: a higher class goes ahead and nobody leaves (up to
-        // twice the bound); within a class, an arrival served before the
-        // last waiter takes its place, and the displaced waiter's wait
-        // ends (its sender dropped): refused as a full queue, as if it had
-        // come last.
-        None => {
-            let mut q = queue.borrow_mut();
-            match q.push_displacing(w, depth, fair) {
-                Ok((seq, displaced)) => {
-                    q.tenants.wait(fair.tenant);
-                    if let Some((_, d)) = displaced {
-                        q.tenants.unwait(d.tenant);
-                    }
-                    seq
-                }
-                Err(_) => return (WaitEnd::Refused, None),
-            }
-        }
-    };
-    // A newcomer that saw a free slot wakes the waiter it goes to once
-    // this one is in line: itself when it comes first (a higher class; or
-    // the only one the free slot's reservation admits).
-    if let Some(agent) = wake_first {
-        wake_for(&queue, agent);
-    }
-    let now = clock::now();
-    d.queued(seq, now);
-    let timer = monoio::time::sleep(until.saturating_duration_since(now));
-    futures::pin_mut!(timer);
-    let (end, claimed) = match c.unless_gone(select(&mut rx, timer)).await {
-        Some(Either::Left((Ok(claimed), _))) => (WaitEnd::Woken, claimed),
-        Some(Either::Left((Err(_), _))) => (WaitEnd::Refused, false),
-        Some(Either::Right(_)) => (WaitEnd::TimedOut, false),
-        None => (WaitEnd::ClientGone, false),
-    };
-    let claim = claimed.then(|| Claim::new(queue.clone(), fair.tenant));
-    if end != WaitEnd::Woken {
-        let mut q = queue.borrow_mut();
-        if let Some(w) = q.remove(seq) {
-            q.tenants.unwait(w.tenant);
-        }
-        drop(q);
-        // Woken in the same turn as it gave up: the slot goes on (and its
-        // claim is given back first).
-        if let Ok(Some(claimed)) = rx.try_recv() {
-            if claimed {
-                tenant_ended(&queue, fair.tenant);
-            }
-            wake_head(&queue);
-        }
-    }
-    if end == WaitEnd::ClientGone {
-        debug!(
-            model,
-            "client closed its connection while queued; left the queue"
-        );
-    }
-    (end, claim)
-}
-
-/// A request of a class and tenant in flight on its model, for
-/// `min_share` and `tenant_headroom` (counted from the forward's start
-/// to its end, whichever way it ends).
-struct ClassRunning<'a> {
-    shard: &'a Shard,
-    model: &'a str,
-    class: Class,
-    tenant: u64,
-}
-
-impl<'a> ClassRunning<'a> {
-    /// `first`: the request's first forward, counted admitted in its class.
-    /// `claimed`: its wake already counted it in its tenant's requests.
-    fn start(
-        shard: &'a Shard,
-        model: &'a str,
-        (class, tenant, claimed): (Class, u64, bool),
-        first: bool,
-    ) -> Self {
-        if let Some(m) = shard.models.borrow_mut().get_mut(model) {
-            if let Some(n) = m.running.get_mut(class.index()) {
-                *n += 1;
-            }
-            if !claimed {
-                m.queue.borrow_mut().tenants.start(tenant);
-            }
-            if let Some(n) = m.stats.class_admitted.get_mut(class.index()) {
-                *n += u64::from(first);
-            }
-        }
-        ClassRunning {
-            shard,
-            model,
-            class,
-            tenant,
-        }
-    }
-}
-
-impl Drop for ClassRunning<'_> {
-    fn drop(&mut self) {
-        let queue = match self.shard.models.try_borrow_mut() {
-            Ok(mut models) => models.get_mut(self.model).map(|m| {
-                if let Some(n) = m.running.get_mut(self.class.index()) {
-                    *n = n.saturating_sub(1);
-                }
-                m.queue.clone()
-            }),
-            Err(_) => None,
-        };
-        // The slot was freed before its tenant's count fell: a waiter
-        // passed by for its tenant meanwhile may take a slot now.
-        if let Some(queue) = queue {
-            tenant_ended(&queue, self.tenant);
-        }
-    }
-}
-
-fn with_stats(
-    shard: &Shard,
-    model: &str,
-    f: impl FnOnce(&mut crate::runtime::state::model::stats::ModelStats),
-) {
-    if let Some(m) = shard.models.borrow_mut().get_mut(model) {
-        f(&mut m.stats);
-    }
-}
-
-/// Count a rejection and log it (an exhausted policy at most once a
-/// second per model, with the count it stands for).
-fn record_rejection(
-    shard: &Shard,
-    model: &str,
-    d: &Decision,
-    r: Rejection,
-    tenant: std::sync::Arc<str>,
-) {
-    if !r.exhausted_policy() {
-        return;
-    }
-    let mut models = shard.models.borrow_mut();
-    let Some(m) = models.get_mut(model) else {
-        return;
-    };
-    m.stats.exhausted += 1;
-    if r != Rejection::QueueTimeout {
-        *m.stats
-            .failed
-            .entry(("".into(), "".into(), tenant))
-            .or_default() += 1;
-    }
-    if let Some(n) = m.shed_log.hit(clock::now(), Duration::from_secs(1)) {
-        warn!(
-            model,
-            capability = d.request().endpoint.capability().as_str(),
-            rejected = n,
-            code = r.error().code.as_str(),
-            "policy_exhausted: {} (this line stands for {n} rejections since the previous one)",
-            d.trail()
-        );
-    }
 }

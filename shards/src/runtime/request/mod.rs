@@ -1,5 +1,9 @@
 //! One inference request on its model's shard: [`dispatch`] drives the
-//! pure decision machine, [`admission`] is the admission gate,
+//! pure decision machine; each feature in its own room, called by the
+//! driver at fixed hooks: [`affinity`] (cache affinity), [`fairness`]
+//! (classes and tenants), [`wait`] (the one capacity wait), [`refusals`]
+//! (a refusal counted once), [`provider`] (the fallback provider);
+//! [`admission`] is the admission gate,
 //! [`forward`] one forward to an agent and its counting, [`exchange`] one
 //! exchange with an agent, [`continuation`] a broken stream continued on
 //! another agent, [`respond`] every response the
@@ -7,11 +11,15 @@
 //! counters, audit), [`models_api`] the `/v1/models` bodies.
 
 pub mod admission;
+pub mod affinity;
 pub mod continuation;
 pub mod dispatch;
 pub mod ending;
 pub mod exchange;
+pub mod fairness;
 pub mod forward;
 pub mod models_api;
 pub mod provider;
+pub mod refusals;
 pub mod respond;
+pub mod wait;

@@ -357,3 +357,83 @@ async fn cut(c: &mut Client, why: String) -> Fallback {
     let _ = c.conn.write_all(chunk).await;
     Fallback::Cut
 }
+
+/// A request the machine sent to its policy's fallback provider.
+pub struct Call<'a> {
+    /// Its model (the call is counted there).
+    pub model: &'a str,
+    /// Its endpoint.
+    pub endpoint: Endpoint,
+    /// The policy's fallback provider.
+    pub provider: Option<&'a FallbackProvider>,
+    /// The request bytes as an agent would receive them.
+    pub request: &'a [u8],
+    /// Its deadline.
+    pub deadline: clock::Instant,
+    /// Its tenant (the routed/failed label).
+    pub tenant: Arc<str>,
+    /// The client's connection may stay open.
+    pub keep: bool,
+}
+
+/// The machine's [`Action::Provider`]: send the request to the policy's
+/// fallback provider, answer the client and count the call on the model.
+/// Returns whether the client connection stays open.
+///
+/// [`Action::Provider`]: crate::logic::routing::decision::Action::Provider
+pub async fn serve(shard: &Shard, c: &mut Client, call: Call<'_>) -> bool {
+    let Call {
+        model,
+        endpoint,
+        provider,
+        request,
+        deadline,
+        tenant,
+        keep,
+    } = call;
+    let (Some(fp), Some(api)) = (provider, api_of(endpoint)) else {
+        // The machine names a provider only where one applies.
+        let e = ApiError::new(ErrorCode::NoAgentsAvailable, "no fallback provider applies");
+        return respond::send_error(c, &e, keep).await;
+    };
+    let started = clock::now();
+    let (end, status) = fallback(shard, c, fp, api, request, deadline, keep).await;
+    let engine = fp.engine.name();
+    let labels = (Arc::<str>::from("cloud"), Arc::<str>::from(engine), tenant);
+    let secs = started.elapsed().as_secs_f64();
+    let ok = matches!(end, Fallback::Served { .. });
+    if let Some(m) = shard.models.borrow_mut().get_mut(model) {
+        let s = &mut m.stats;
+        s.provider_fallback += 1;
+        if let Some(st) = status {
+            s.provider_calls
+                .entry((engine, st))
+                .or_default()
+                .observe(&crate::runtime::state::model::stats::CLIENT_BUCKETS, secs);
+        }
+        if ok {
+            *s.routed.entry(labels).or_default() += 1;
+        } else {
+            *s.failed.entry(labels).or_default() += 1;
+            s.exhausted += 1;
+        }
+    }
+    match end {
+        Fallback::Served { status, tokens } => {
+            c.scope.ending.status = status;
+            c.scope.ending.relayed = true;
+            c.scope.ending.tokens = tokens;
+            keep && !c.scope.committed
+        }
+        Fallback::Failed(e) => {
+            warn!(
+                model,
+                provider = engine,
+                "provider fallback failed: {}",
+                e.message
+            );
+            respond::send_error(c, &e, keep).await
+        }
+        Fallback::Cut => false,
+    }
+}

@@ -15,6 +15,7 @@ struct Agent {
     capacity: u32,
     srtt: Option<f64>,
     capability: Capability,
+    engine: &'static str,
 }
 
 impl Pool for Vec<Agent> {
@@ -26,7 +27,7 @@ impl Pool for Vec<Agent> {
             id: a.id,
             healthy: a.healthy,
             capability: a.capability,
-            engine: "vllm",
+            engine: a.engine,
             region: "",
             organization: "",
             machine: "",
@@ -51,6 +52,7 @@ fn agent(id: u64, active: u32, capacity: u32, srtt: Option<f64>) -> Agent {
         capacity,
         srtt,
         capability: Capability::Llm,
+        engine: "vllm",
     }
 }
 
@@ -190,6 +192,8 @@ fn full_waits_then_forwards_with_its_wait_and_keeps_its_place() {
             wake_first: None,
             prefer: Prefer::default(),
             pinned: false,
+            head: false,
+            pass_on: false,
         }
     );
     d.queued(4, t0);
@@ -309,6 +313,7 @@ fn arb_agent() -> impl Strategy<Value = Agent> {
                 0 | 1 => Capability::Llm,
                 _ => Capability::Embedding,
             },
+            engine: "vllm",
         })
 }
 
@@ -350,6 +355,9 @@ fn run_all_failing(
                 d.wait_ended(WaitEnd::TimedOut, now);
             }
             Action::Reject(_) => break,
+            Action::Provider | Action::Continue { .. } | Action::Cut(_) => {
+                panic!("no provider and no broken stream: {a:?}")
+            }
         }
     }
     out
@@ -600,7 +608,8 @@ fn rank(a: &Action) -> Option<u8> {
         Action::Admit(_) => Some(1),
         Action::ChargeDaily => Some(2),
         Action::Forward { .. } | Action::Wait { .. } => Some(3),
-        Action::Reject(_) => None,
+        Action::Continue { .. } | Action::Cut(_) => Some(4),
+        Action::Reject(_) | Action::Provider => None,
     }
 }
 
@@ -672,6 +681,9 @@ proptest! {
                     prop_assert_eq!(&again, &Action::Reject(r.clone()));
                     ended = Some("refused");
                     break;
+                }
+                Action::Provider | Action::Continue { .. } | Action::Cut(_) => {
+                    panic!("no provider and no broken stream: {a:?}")
                 }
             }
         }
@@ -887,6 +899,8 @@ fn a_full_holder_is_waited_for_up_to_holder_wait_then_anyone_serves() {
             wake_first: None,
             prefer: Prefer::of([2]),
             pinned: true,
+            head: false,
+            pass_on: false,
         }
     );
     d.queued(7, t0);
@@ -945,6 +959,8 @@ fn a_full_holder_is_waited_for_up_to_holder_wait_then_anyone_serves() {
             wake_first: None,
             prefer: Prefer::of([2]),
             pinned: false,
+            head: false,
+            pass_on: false,
         }
     );
     // A holder that fails a gate other than capacity is not waited for.
@@ -1016,4 +1032,271 @@ fn the_holder_wait_never_outlasts_the_prefill_it_saves() {
     };
     assert_eq!(prefer_of(0.00001), Prefer::default());
     assert_eq!(prefer_of(0.001), Prefer::of([2]));
+}
+
+// === the machine's continuation and provider (issue 50) ===
+
+fn with_provider(steps: Vec<Step>) -> Arc<Policy> {
+    let mut p = (*policy(steps)).clone();
+    p.fallback_provider = Some(crate::logic::http::provider::FallbackProvider {
+        engine: crate::logic::http::provider::Engine::OpenAi,
+        model: "gpt".into(),
+    });
+    Arc::new(p)
+}
+
+/// Forward once to the only free agent and break its stream.
+fn broken(pool: &Vec<Agent>, migrations: u32, t0: Instant) -> Decision {
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    let Action::Forward { agent_id, .. } = d.next(&facts(pool, 0), t0) else {
+        panic!("forward expected");
+    };
+    d.stream_broke(agent_id, migrations);
+    d
+}
+
+#[test]
+fn a_continuation_goes_to_an_untried_agent_that_can_prefill() {
+    let t0 = Instant::now();
+    let mut pool = vec![
+        agent(1, 0, 2, None),
+        agent(2, 0, 2, None),
+        agent(3, 0, 2, None),
+    ];
+    pool[1].engine = "ollama";
+    // Agent 1 is the least loaded: the first forward goes there.
+    pool[2].active = 1;
+    let mut d = broken(&pool, 3, t0);
+    assert!(d.is_continuing());
+    // Agent 2 is free but its engine cannot continue; 3 can.
+    let a = d.next(&facts(&pool, 0), t0);
+    assert!(matches!(a, Action::Continue { agent_id: 3, .. }), "{a:?}");
+    // It broke too: 1 and 3 were tried, 2 cannot: nothing is left.
+    assert!(d.continuation_ended(&retryable()));
+    assert_eq!(
+        d.next(&facts(&pool, 0), t0),
+        Action::Cut(CutReason::NoAgent)
+    );
+    // The end is sticky.
+    assert_eq!(
+        d.next(&facts(&pool, 0), t0),
+        Action::Cut(CutReason::NoAgent)
+    );
+}
+
+#[test]
+fn a_continuation_waits_at_the_head_when_all_are_full_and_passes_a_vain_wake_on() {
+    let t0 = Instant::now();
+    let mut pool = vec![agent(1, 0, 1, None), agent(2, 1, 1, None)];
+    let mut d = broken(&pool, 2, t0);
+    pool[0].active = 1;
+    let a = d.next(&facts(&pool, 0), t0);
+    assert!(
+        matches!(
+            a,
+            Action::Wait {
+                head: true,
+                pass_on: false,
+                place: None,
+                ..
+            }
+        ),
+        "{a:?}"
+    );
+    d.queued(9, t0);
+    d.wait_ended(WaitEnd::Woken, t0);
+    // Woken, yet still full (another took the slot): wait again, and the
+    // wake goes on to the next waiter.
+    assert!(matches!(
+        d.next(&facts(&pool, 0), t0),
+        Action::Wait {
+            head: true,
+            pass_on: true,
+            ..
+        }
+    ));
+    // The client left while it waited: the continuation ends, once.
+    d.wait_ended(WaitEnd::ClientGone, t0);
+    assert_eq!(
+        d.next(&facts(&pool, 0), t0),
+        Action::Cut(CutReason::ClientGone)
+    );
+}
+
+#[test]
+fn a_continuation_stops_after_its_tries_and_at_the_deadline() {
+    let t0 = Instant::now();
+    let pool = vec![
+        agent(1, 0, 2, None),
+        agent(2, 0, 2, None),
+        agent(3, 0, 2, None),
+    ];
+    let mut d = broken(&pool, 1, t0);
+    assert!(matches!(
+        d.next(&facts(&pool, 0), t0),
+        Action::Continue { .. }
+    ));
+    assert!(d.continuation_ended(&AttemptEnd::Full));
+    assert_eq!(d.next(&facts(&pool, 0), t0), Action::Cut(CutReason::Failed));
+    let mut d = broken(&pool, 3, t0);
+    let late = t0 + Duration::from_secs(61);
+    assert_eq!(
+        d.next(&facts(&pool, 0), late),
+        Action::Cut(CutReason::Deadline)
+    );
+    // Served: the answer is finished.
+    let mut d = broken(&pool, 3, t0);
+    assert!(matches!(
+        d.next(&facts(&pool, 0), t0),
+        Action::Continue { .. }
+    ));
+    assert!(!d.continuation_ended(&AttemptEnd::Responded));
+}
+
+#[test]
+fn the_provider_comes_only_after_the_steps_ran_out_and_once() {
+    let t0 = Instant::now();
+    let pool = vec![agent(1, 0, 1, None)];
+    let no_queue = Limits {
+        queue_depth: 0,
+        ..LIMITS
+    };
+    let mut d = Decision::new(
+        with_provider(vec![step("p", None, 1)]),
+        request(t0),
+        no_queue,
+    );
+    // A free agent: a forward, not the provider.
+    let Action::Forward { agent_id, .. } = d.next(&facts(&pool, 0), t0) else {
+        panic!("forward expected");
+    };
+    assert!(d.attempt_ended(agent_id, &retryable()));
+    // Its one try failed: the steps ran out, the provider now.
+    assert_eq!(d.next(&facts(&pool, 0), t0), Action::Provider);
+    // Never twice: asked again, the refusal stands.
+    assert!(matches!(d.next(&facts(&pool, 0), t0), Action::Reject(_)));
+    // Not for a model with no agent (404 is not an exhausted policy).
+    let mut d = Decision::new(with_provider(vec![step("p", None, 1)]), request(t0), LIMITS);
+    assert_eq!(
+        d.next(&facts(&Vec::new(), 0), t0),
+        Action::Reject(Rejection::ModelNotFound.into())
+    );
+    // Not for an embedding request.
+    let mut emb = request(t0);
+    emb.endpoint = Endpoint::Embeddings;
+    let mut e = agent(1, 1, 1, None);
+    e.capability = Capability::Embedding;
+    let mut d = Decision::new(with_provider(vec![step("p", None, 1)]), emb, no_queue);
+    assert_eq!(
+        d.next(&facts(&vec![e], 0), t0),
+        Action::Reject(Rejection::NoCapacity.into())
+    );
+    // Past the deadline: refused as timed out, the provider not tried.
+    let full = vec![agent(1, 1, 1, None)];
+    let mut d = Decision::new(
+        with_provider(vec![step("p", None, 1)]),
+        request(t0),
+        no_queue,
+    );
+    let late = t0 + Duration::from_secs(61);
+    assert_eq!(
+        d.next(&facts(&full, 0), late),
+        Action::Reject(Rejection::ProviderTimeout.into())
+    );
+}
+
+proptest! {
+    /// Whatever the pool and however each try ends, a continuation never
+    /// picks an agent already tried for the answer nor one whose engine
+    /// cannot prefill, makes at most its tries, and ends exactly once.
+    #[test]
+    fn a_continuation_never_repeats_an_agent_and_ends_once(
+        pool in proptest::collection::vec((0u32..3, 1u32..3, any::<bool>()), 1..6),
+        migrations in 1u32..4,
+        ends in proptest::collection::vec(0u8..4, 8),
+    ) {
+        let t0 = Instant::now();
+        let pool: Vec<Agent> = pool
+            .into_iter()
+            .enumerate()
+            .map(|(i, (active, capacity, prefill))| {
+                let mut a = agent(i as u64 + 1, active.min(capacity - 1), capacity, None);
+                a.engine = if prefill { "vllm" } else { "ollama" };
+                a
+            })
+            .collect();
+        let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+        let first = match d.next(&facts(&pool, 0), t0) {
+            Action::Forward { agent_id, .. } => agent_id,
+            a => panic!("a free agent exists: {a:?}"),
+        };
+        d.stream_broke(first, migrations);
+        let mut tried = vec![first];
+        let mut cuts = 0;
+        for e in ends {
+            match d.next(&facts(&pool, 0), t0) {
+                Action::Continue { agent_id, .. } => {
+                    prop_assert!(!tried.contains(&agent_id));
+                    let engine = pool.iter().find(|a| a.id == agent_id).map(|a| a.engine);
+                    prop_assert_eq!(engine, Some("vllm"));
+                    tried.push(agent_id);
+                    let end = match e {
+                        0 => AttemptEnd::Responded,
+                        1 => AttemptEnd::Full,
+                        _ => retryable(),
+                    };
+                    if !d.continuation_ended(&end) {
+                        break;
+                    }
+                }
+                Action::Cut(_) => {
+                    cuts += 1;
+                    break;
+                }
+                a => panic!("only continuations or a cut: {a:?}"),
+            }
+        }
+        prop_assert!(tried.len() as u32 <= migrations + 1);
+        prop_assert!(cuts <= 1);
+    }
+
+    /// For any pool and tries: a refusal ends the request exactly once
+    /// (the machine answers the same refusal however often it is asked),
+    /// and the provider comes at most once, only after the steps ran out.
+    #[test]
+    fn every_refusal_ends_exactly_once(
+        pool in proptest::collection::vec((0u32..3, 1u32..3), 0..4),
+        provider in any::<bool>(),
+    ) {
+        let t0 = Instant::now();
+        let pool: Vec<Agent> = pool
+            .into_iter()
+            .enumerate()
+            .map(|(i, (active, capacity))| agent(i as u64 + 1, active.min(capacity), capacity, None))
+            .collect();
+        let pol = if provider { with_provider(vec![step("p", None, 1)]) } else { policy(vec![step("p", None, 1)]) };
+        let no_queue = Limits { queue_depth: 0, ..LIMITS };
+        let mut d = Decision::new(pol, request(t0), no_queue);
+        let mut forwards = 0;
+        let mut providers = 0;
+        let verdict = loop {
+            match d.next(&facts(&pool, 0), t0) {
+                Action::Forward { agent_id, .. } => {
+                    forwards += 1;
+                    prop_assert!(d.attempt_ended(agent_id, &retryable()));
+                }
+                Action::Provider => {
+                    providers += 1;
+                    prop_assert!(!pool.is_empty());
+                }
+                Action::Reject(r) => break r,
+                a => panic!("unexpected: {a:?}"),
+            }
+        };
+        prop_assert!(providers <= usize::from(provider));
+        prop_assert!(forwards <= 1);
+        for _ in 0..3 {
+            prop_assert_eq!(d.next(&facts(&pool, 0), t0), Action::Reject(verdict.clone()));
+        }
+    }
 }
