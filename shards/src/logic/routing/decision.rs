@@ -36,16 +36,17 @@
 //! Time comes only from the `now` arguments; the machine reads no clock.
 
 mod continuing;
+mod steps;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use self::continuing::CutReason;
 
-use super::affinity::{AffinityPick, AffinitySource, Outcome};
+use super::affinity::{AffinityPick, AffinitySource};
 use super::failure::{Failure, Side};
 use super::miss_cost;
-use super::policy::{self, AgentFacts, GateCounts, Policy, Session, StepPick};
+use super::policy::{AgentFacts, GateCounts, Policy, Session};
 pub use super::refusal::Rejection;
 use super::refusal::{QuotaRefusal, Refusal};
 use super::wait_queue::Prefer;
@@ -508,166 +509,16 @@ impl Decision {
             }
             self.gates_passed = true;
         }
-        let cap = self.request.endpoint.capability();
-        let n = model.pool.agent_count();
-        while let Some(step) = self.policy.steps.get(self.session.step) {
-            let holders = match (&step.affinity, model.affinity) {
-                (Some(cfg), Some(src)) => src.lookup(cfg),
-                _ => Default::default(),
-            };
-            let (mut pick, mut outcome) = policy::select_with(
-                step,
-                cap,
-                n,
-                |i| model.pool.facts(i),
-                &self.session.failed,
-                model.rotation,
-                &holders,
-            );
-            // What a hit saves: the holders' prefix, or for a session key
-            // (no depth) half of this prompt, as `check_prediction`.
-            let depth = holders.iter().map(|h| h.depth).max().unwrap_or(0);
-            let bytes = if depth > 0 {
-                depth as f64
-            } else {
-                self.request.body_bytes as f64 / 2.0
-            };
-            let saving = model.miss.map(|m| m.saving(bytes));
-            let worth = saving.is_none_or(|(_, w)| w);
-            // Every holder full: wait for one of them a while rather than
-            // pay the prefill again elsewhere (`holder_wait_ms`); a request
-            // that waited takes a holder's free slot whatever the band.
-            let mut pinned = false;
-            if let (Some(Outcome::Overloaded), Some(cfg), true) =
-                (outcome, step.affinity.as_ref(), worth)
-            {
-                let wait = miss_cost::holder_wait(cfg.holder_wait_ms, saving.map(|(s, _)| s));
-                let until = self.pin_until.unwrap_or(now + wait);
-                if (self.pin_until.is_some() || !wait.is_zero())
-                    && (self.place.is_some() || self.limits.queue_depth > 0)
-                    && now < until
-                    && now < self.request.deadline
-                {
-                    let get = |i| model.pool.facts(i);
-                    let failed = &self.session.failed;
-                    let free = self
-                        .pin_until
-                        .and_then(|_| policy::free_holder(step, cap, n, get, failed, &holders));
-                    if let Some(h) = free {
-                        pick = StepPick::Agent(h);
-                        outcome = Some(Outcome::hit(holders.kind));
-                    } else if policy::holder_full(step, cap, n, get, failed, &holders) {
-                        self.pin_until = Some(until);
-                        pick = StepPick::Full(GateCounts::default());
-                        pinned = true;
-                    }
-                }
-            }
-            let mut wake_first = None;
-            let held_back =
-                model.reserved_for_others || (model.headroom_for_others && self.place.is_none());
-            if matches!(pick, StepPick::Agent(_)) && held_back {
-                pick = StepPick::Full(GateCounts::default());
-            }
-            if let StepPick::Agent(i) = pick {
-                if self.place.is_none() && self.limits.queue_depth > 0 && model.queue_len > 0 {
-                    // Requests already waiting came first: a newcomer joins
-                    // the line and the free slot goes to a waiter (the
-                    // head, or one that agent holds the prefix of).
-                    wake_first = model.pool.facts(i).map(|f| f.id);
-                    pick = StepPick::Full(GateCounts::default());
-                }
-            }
-            match pick {
-                StepPick::Agent(i) => {
-                    let Some(agent_id) = model.pool.facts(i).map(|f| f.id) else {
-                        return self.reject(Rejection::Exhausted, now);
-                    };
-                    self.last_full = false;
-                    // Kept aside: a full refusal sends it back there.
-                    self.forwarded_from = self.place.take();
-                    let waited = self
-                        .queued_at
-                        .take()
-                        .map(|t| now.saturating_duration_since(t));
-                    let affinity = match (outcome, &step.affinity) {
-                        (Some(outcome), Some(cfg)) => Some(AffinityPick {
-                            outcome,
-                            block_bytes: cfg.block_bytes,
-                            hit: holders.find(agent_id).copied().filter(|_| {
-                                matches!(outcome, Outcome::KeyHit | Outcome::PrefixHit)
-                            }),
-                            held: self.pin_until.is_some(),
-                        }),
-                        _ => None,
-                    };
-                    return Action::Forward {
-                        agent: i,
-                        agent_id,
-                        step: self.session.step,
-                        waited,
-                        affinity,
-                    };
-                }
-                StepPick::Full(counts) => {
-                    self.last_full = true;
-                    // A waiter that lost a race keeps its original place;
-                    // a newcomer needs room under `--queue-depth`, or a
-                    // place ahead of the last waiter of a full queue (the
-                    // queue decides: [`WaitEnd::Refused`] when it has none).
-                    if self.place.is_some() || self.limits.queue_depth > 0 {
-                        self.waiting_counts = counts;
-                        self.pinned = pinned;
-                        let until = match (pinned, self.pin_until) {
-                            (true, Some(p)) => p.min(self.request.deadline),
-                            _ => self.request.deadline,
-                        };
-                        return Action::Wait {
-                            until,
-                            place: self.place,
-                            wake_first,
-                            // A slot freed on a holder may go to it ahead
-                            // of the line, where the hit is worth it.
-                            prefer: Prefer::of(holders.iter().filter(|_| worth).map(|h| h.agent)),
-                            pinned,
-                            head: false,
-                            pass_on: false,
-                        };
-                    }
-                    self.session.trail.push((self.session.step, counts));
-                    self.session.advance();
-                }
-                StepPick::Empty(counts) => {
-                    self.last_full = false;
-                    self.session.trail.push((self.session.step, counts));
-                    self.session.advance();
-                }
+        // One reference count: the steps are read while the session moves.
+        let policy = self.policy.clone();
+        while let Some(step) = policy.steps.get(self.session.step) {
+            let choice = self.choose(step, model, now);
+            if let Some(a) = self.act(step, model, choice, now) {
+                return a;
             }
         }
         let r = self.out_of_steps(model);
         self.reject(r, now)
-    }
-
-    /// Why every step ran out: no agent with the endpoint's capability,
-    /// none of those healthy, every candidate full, or no eligible agent.
-    fn out_of_steps<P: Pool + ?Sized>(&self, model: &ModelFacts<'_, P>) -> Rejection {
-        let n = model.pool.agent_count();
-        let cap = self.request.endpoint.capability();
-        if n > 0 && (0..n).all(|i| model.pool.facts(i).is_none_or(|f| f.capability != cap)) {
-            Rejection::CapabilityMismatch(cap)
-        } else if (0..n).all(|i| {
-            model
-                .pool
-                .facts(i)
-                .is_none_or(|f| !f.healthy || f.capability != cap)
-        }) {
-            // Every agent that could serve it is down.
-            Rejection::NoAgentsAvailable
-        } else if self.last_full {
-            Rejection::NoCapacity
-        } else {
-            Rejection::Exhausted
-        }
     }
 
     /// The driver queued the request at `seq`.

@@ -14,42 +14,37 @@
 //!
 //! Entry point: [`serve_inference`].
 
+mod entry;
+
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use super::admission;
 use super::affinity::{IndexView, RequestAffinity};
 use super::continuation::{self, Broke, Continuity, Pending};
 use super::fairness::{self, ClassRunning};
-use super::forward::{attempt, build_request, record_attempt, Ask, Outcome};
+use super::forward::{attempt, record_attempt, Ask, Outcome};
 use super::provider;
 use super::refusals;
 use super::respond;
 use super::wait::{self, Wait};
 use crate::logic::http::continuation::Prefill;
-use crate::logic::http::endpoint::Endpoint;
-use crate::logic::http::errors::{ApiError, ErrorCode};
-use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
+use crate::logic::http::errors::ApiError;
 use crate::logic::http::usage::Tokens;
 use crate::logic::routing::affinity::AffinitySource;
-use crate::logic::routing::decision::{
-    Action, AdmitEnd, CutReason, Decision, Entry, Limits, ModelFacts, Park, Rejection, Released,
-    RequestFacts,
-};
+use crate::logic::routing::decision::{Action, CutReason, Decision, ModelFacts, Rejection};
 use crate::logic::routing::policy::Policy;
-use crate::logic::routing::refusal::{QuotaRefusal, Refusal};
+use crate::logic::routing::refusal::Refusal;
 use crate::logic::routing::wait_queue::{Class, Fair};
-use crate::logic::tenancy::quota;
 use crate::runtime::state::model::admission::Admitted;
 use crate::runtime::state::model::agent::Agent;
 use crate::runtime::state::model::{Claim, ModelState};
 use crate::runtime::state::pending::{Held, PendingRequest};
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::{inc, Shard};
-use crate::runtime::state::tenancy::{self, Principal, QuotaFacts, Ticket};
+use crate::runtime::state::tenancy::Ticket;
 use crate::runtime::wire::bufpool::{self, Pooled};
 use crate::runtime::wire::clock;
 
@@ -65,46 +60,6 @@ pub async fn serve_inference(shard: &Rc<Shard>, c: &mut Client, mut p: PendingRe
     }
     c.scope.ending.dispatched = true;
     serve(shard, c, &mut p).await
-}
-
-/// What applies to `p` before routing, and its deadline.
-fn request_facts(
-    shard: &Shard,
-    p: &PendingRequest,
-    held: Option<&Held>,
-    gated: bool,
-) -> RequestFacts {
-    let cfg = &shard.router.cfg;
-    let keyed = matches!(p.principal, Principal::Key(_));
-    let admission = gated.then(|| match held {
-        // Room may come until the hold budget ends (new replicas used).
-        Some(h) => Park {
-            until: h.until,
-            recompute: Some(Duration::from_secs(1)),
-        },
-        None => Park {
-            until: clock::now() + cfg.admit_park_timeout,
-            recompute: None,
-        },
-    });
-    RequestFacts {
-        endpoint: p.endpoint,
-        stream: p.meta.stream,
-        body_bytes: p.body.len(),
-        // A released request's deadline starts when its routing does.
-        deadline: p.received_at + cfg.request_timeout,
-        entry: Entry {
-            // A released request's quota was taken before its hold.
-            quota: keyed && held.is_none(),
-            admission,
-            daily: keyed,
-            released: held.map(|h| Released {
-                budget: h.budget,
-                retry_after: h.retry_after,
-                timeout: cfg.request_timeout,
-            }),
-        },
-    }
 }
 
 /// One request's driver state on its model's shard: what the steps of
@@ -154,60 +109,11 @@ struct Run<'a> {
 /// carries it out and reports back.
 async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> bool {
     inc(&shard.counters.requests);
-    let cfg = &shard.router.cfg;
-    let policy = shard.policy(&p.meta.model);
-    // Chat and messages: the estimator learns from their usage, and the
-    // admission gates apply to them when the policy has any.
-    let llm = matches!(p.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
-    let mut held = p.held.take();
-    let facts = request_facts(shard, p, held.as_ref(), llm && policy.admission.any());
-    let request = build_request(p);
-    // The request bytes carry the body from here on: one copy is held for
-    // the whole exchange (streams included), not two; the body permit still
-    // counts it until the request is done.
-    bufpool::give(std::mem::take(&mut p.body));
-    let p = &*p;
-    let model = p.meta.model.as_str();
-    let class = match p.class() {
-        Ok(class) => class,
-        Err(m) => {
-            let e = ApiError::new(ErrorCode::RequestInvalid, m);
-            return respond::send_error(c, &e, true).await;
-        }
+    let (mut run, mut d) = match Run::new(shard, p) {
+        Ok(r) => r,
+        Err(e) => return respond::send_error(c, &e, true).await,
     };
-    let limits = Limits {
-        max_tries_per_step: cfg.max_tries_per_step,
-        // A released request: the hold limits already bound how many;
-        // `--queue-depth 0` still means no queue at all (seed 2).
-        queue_depth: if held.is_some() && cfg.queue_depth > 0 {
-            usize::MAX
-        } else {
-            cfg.queue_depth
-        },
-    };
-    let mut d = Decision::new(policy.clone(), facts, limits);
-    let mut run = Run {
-        shard,
-        p,
-        model,
-        affinity: RequestAffinity::of(&policy, p),
-        policy,
-        llm,
-        // From the probe's sums and the model's learned ratio.
-        estimate: p.meta.estimate(tokens_per_byte(shard, model)),
-        request,
-        ticket: held.as_mut().and_then(|h| h.quota.take()),
-        held,
-        admitted: Admitted::default(),
-        queue_depth: limits.queue_depth,
-        last_backend: None,
-        class,
-        sent: false,
-        tenant: p.principal.tenant_hash(),
-        claim: None,
-        fair: None,
-        cont: None,
-    };
+    let model = run.model;
     debug!(shard = shard.id, model, "serving request");
     loop {
         let done = match run.decide(&mut d) {
@@ -230,37 +136,8 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
             (Action::Continue { prefill, .. }, Some(agent)) => {
                 run.continue_on(c, &mut d, agent, prefill).await
             }
-            (
-                Action::Wait {
-                    until,
-                    place,
-                    wake_first,
-                    prefer,
-                    pinned,
-                    head,
-                    pass_on,
-                },
-                _,
-            ) => {
-                let fair = run.fair_of();
-                if !head {
-                    run.fair = Some(fair);
-                }
-                let w = Wait {
-                    until,
-                    place,
-                    depth: run.queue_depth,
-                    wake_first,
-                    prefer,
-                    pinned,
-                    head,
-                    pass_on,
-                    fair,
-                };
-                // A slot claimed by an earlier wake and lost to another
-                // request is given back before waiting again.
-                run.claim = None;
-                run.claim = wait::wait_for_capacity(shard, c, model, &mut d, w).await;
+            (wait @ Action::Wait { .. }, _) => {
+                run.wait(c, &mut d, wait).await;
                 None
             }
             (Action::Cut(reason), _) => Some(run.cut(c, &mut d, reason).await),
@@ -356,72 +233,39 @@ impl<'a> Run<'a> {
         (action, agent)
     }
 
-    /// Its place in a fair order (the capacity queue, the admission
-    /// park): class, tenant, and the tokens it is expected to use.
-    fn fair_of(&self) -> Fair {
-        Fair {
-            class: self.class,
-            tenant: self.tenant,
-            cost: self.estimate.saturating_add(self.p.meta.declared_output),
-        }
-    }
-
-    /// What the quotas read of this request.
-    fn quota_facts<'f>(&'f self, replicas: &'f dyn Fn() -> u64) -> QuotaFacts<'f> {
-        QuotaFacts {
-            model: self.model,
-            endpoint: self.p.endpoint,
-            estimate: self.estimate,
-            declared_output: self.p.meta.declared_output,
-            replicas,
-            burst_secs: self.shard.router.cfg.rpm_burst_secs,
-        }
-    }
-
-    /// The request quota (RPM).
-    fn take_quota(&mut self) -> Result<(), QuotaRefusal> {
-        let replicas = || healthy_replicas(self.shard, self.model);
-        let facts = self.quota_facts(&replicas);
-        let t = tenancy::take_requests(&self.p.principal, &facts, clock::mono_ns())?;
-        self.ticket = Some(t);
-        Ok(())
-    }
-
-    /// The admission gates (B1-B4), parking as `park` says.
-    async fn admit(&mut self, c: &mut Client, park: Park) -> AdmitEnd {
-        let asked = admission::Request {
-            policy: &self.policy.admission,
-            principal: &self.p.principal,
-            estimate: self.estimate,
-            declared_output: self.p.meta.declared_output,
-            images: self.p.meta.images,
-            fraction: self.shard.router.cfg.admit_fraction,
-            fair: self.fair_of(),
+    /// The machine's [`Action::Wait`], through the one capacity wait.
+    async fn wait(&mut self, c: &mut Client, d: &mut Decision, a: Action) {
+        let Action::Wait {
+            until,
+            place,
+            wake_first,
+            prefer,
+            pinned,
+            head,
+            pass_on,
+        } = a
+        else {
+            return;
         };
-        match admission::admit(self.shard, c, self.model, asked, park).await {
-            Ok(a) => {
-                self.admitted = a;
-                AdmitEnd::Admitted
-            }
-            Err(end) => end,
+        let fair = self.fair_of();
+        if !head {
+            self.fair = Some(fair);
         }
-    }
-
-    /// The daily token budget; the ticket and its `X-RateLimit-*`
-    /// headers move into the request's scope when it passes.
-    fn charge_daily(&mut self, c: &mut Client) -> Result<(), QuotaRefusal> {
-        let mut ticket = self.ticket.take();
-        let replicas = || healthy_replicas(self.shard, self.model);
-        let facts = self.quota_facts(&replicas);
-        let today = || quota::day_of(clock::unix_secs());
-        if let Some(t) = ticket.as_mut() {
-            tenancy::take_daily(t, &facts, today)?;
-        }
-        if let Some(mut t) = ticket {
-            c.scope.reply_headers.append(&mut t.headers);
-            c.scope.ending.ticket = Some(t);
-        }
-        Ok(())
+        let w = Wait {
+            until,
+            place,
+            depth: self.queue_depth,
+            wake_first,
+            prefer,
+            pinned,
+            head,
+            pass_on,
+            fair,
+        };
+        // A slot claimed by an earlier wake and lost to another request is
+        // given back before waiting again.
+        self.claim = None;
+        self.claim = wait::wait_for_capacity(self.shard, c, self.model, d, w).await;
     }
 
     /// Forwarded hook: one forward to `agent`, counted and reported to
@@ -675,27 +519,9 @@ fn served(
     }
 }
 
-/// The model's learned input tokens per body text byte.
-fn tokens_per_byte(shard: &Shard, model: &str) -> f64 {
-    shard
-        .models
-        .borrow()
-        .get(model)
-        .map_or(COLD_TOKENS_PER_BYTE, |m| {
-            m.admission.borrow().tokens_per_byte
-        })
-}
-
 /// Teach the model's estimator one exact prompt count.
 fn learn(shard: &Shard, model: &str, prompt_tokens: u64, text_bytes: u64) {
     if let Some(m) = shard.models.borrow().get(model) {
         m.admission.borrow_mut().learn(prompt_tokens, text_bytes);
     }
-}
-
-/// Healthy agents of `model` on this (its owner) shard.
-fn healthy_replicas(shard: &Shard, model: &str) -> u64 {
-    shard.models.borrow().get(model).map_or(0, |m| {
-        m.agents.iter().filter(|a| a.healthy()).count() as u64
-    })
 }
