@@ -12,6 +12,7 @@ pub mod http_parse;
 pub mod http_write;
 pub mod inline_str;
 pub mod probe;
+pub mod prompt_hash;
 pub mod provider;
 pub mod request_id;
 pub mod trace_context;

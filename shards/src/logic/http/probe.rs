@@ -17,7 +17,7 @@ use xxhash_rust::xxh64::Xxh64;
 
 use super::errors::{ApiError, ErrorCode};
 use super::inline_str::InlineStr;
-use crate::logic::routing::affinity::{raw_key_hash, seed_of, PrefixHasher, PrefixMarks};
+use super::prompt_hash::{raw_key_hash, seed_of, PrefixHasher, PrefixMarks};
 
 /// Longest accepted model name (spec 01 §3).
 pub const MAX_MODEL_BYTES: usize = 256;

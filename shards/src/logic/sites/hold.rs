@@ -347,9 +347,9 @@ pub fn late_error(
 /// that held ten requests does not push another's one behind all ten),
 /// then arrival. The capacity queue's order, for a backlog that arrives
 /// all at once.
-pub fn release_order(held: &[(crate::logic::routing::wait_queue::Class, u64, u64)]) -> Vec<usize> {
-    let mut before: HashMap<(crate::logic::routing::wait_queue::Class, u64), u64> = HashMap::new();
-    let mut keyed: Vec<(crate::logic::routing::wait_queue::Class, u64, usize)> = held
+pub fn release_order(held: &[(crate::logic::tenancy::class::Class, u64, u64)]) -> Vec<usize> {
+    let mut before: HashMap<(crate::logic::tenancy::class::Class, u64), u64> = HashMap::new();
+    let mut keyed: Vec<(crate::logic::tenancy::class::Class, u64, usize)> = held
         .iter()
         .enumerate()
         .map(|(i, &(class, tenant, cost))| {

@@ -187,7 +187,7 @@ pub fn validate(dto: MapDto, local: &str) -> Result<SiteMap, String> {
     }
     let hints_at = match &dto.hints_generated_at {
         Some(t) => Some(
-            crate::logic::tenancy::auth::parse_rfc3339(t)
+            crate::logic::system::calendar::parse_rfc3339(t)
                 .ok_or_else(|| format!("hints_generated_at {t:?} is not RFC 3339"))?,
         ),
         None => None,

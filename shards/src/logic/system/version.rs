@@ -7,7 +7,7 @@ use std::cmp::Ordering;
 
 /// Compare two versions.
 pub fn cmp(a: &str, b: &str) -> Ordering {
-    use crate::logic::tenancy::auth::parse_rfc3339;
+    use crate::logic::system::calendar::parse_rfc3339;
     if let (Some(x), Some(y)) = (parse_rfc3339(a), parse_rfc3339(b)) {
         if x != y {
             return x.cmp(&y);
@@ -95,8 +95,8 @@ mod tests {
         fn a_total_order(a in "[a-z0-9_.:+TZ-]{0,12}", b in "[a-z0-9_.:+TZ-]{0,12}") {
             prop_assert_eq!(cmp(&a, &b), cmp(&b, &a).reverse());
             prop_assert_eq!(cmp(&a, &b) == Ordering::Equal, a == b || (
-                crate::logic::tenancy::auth::parse_rfc3339(&a).is_some()
-                && crate::logic::tenancy::auth::parse_rfc3339(&a) == crate::logic::tenancy::auth::parse_rfc3339(&b)
+                crate::logic::system::calendar::parse_rfc3339(&a).is_some()
+                && crate::logic::system::calendar::parse_rfc3339(&a) == crate::logic::system::calendar::parse_rfc3339(&b)
                 && natural(&a, &b) == Ordering::Equal));
         }
 

@@ -452,7 +452,7 @@ mod tests {
         let keys = r.keys();
         assert_eq!(
             keys.first().map(|(_, k)| k.priority),
-            Some(crate::logic::routing::wait_queue::Class::Batch)
+            Some(crate::logic::tenancy::class::Class::Batch)
         );
         assert_eq!(r.get("k").map(|v| v.priority), Some("batch"));
         // It travels to the other routers with the snapshot.
