@@ -182,8 +182,8 @@ struct Startup {
     psk: Option<libp2p_pnet::PreSharedKey>,
     keypair: libp2p_identity::Keypair,
     shared_state: Option<(
-        std::sync::Arc<shards::runtime::state::shared_state::SharedState>,
-        shards::runtime::state::shared_state::Pending,
+        std::sync::Arc<shards::runtime::services::shared_state::SharedState>,
+        shards::runtime::services::shared_state::Pending,
     )>,
     /// `--shared-state-affinity`.
     shared_affinity: bool,
@@ -349,7 +349,7 @@ fn build() -> Result<Startup, String> {
                 ),
                 None => None,
             };
-            Some(shards::runtime::state::shared_state::SharedState::new(
+            Some(shards::runtime::services::shared_state::SharedState::new(
                 &url,
                 fail_closed,
                 ca_pem,
@@ -458,7 +458,7 @@ fn build() -> Result<Startup, String> {
     };
     let policies = hivenet_router::policy_files::load(&policy_sources)?;
     cfg.providers =
-        shards::runtime::state::providers::Providers::from_env(|k| std::env::var(k).ok())?;
+        shards::runtime::services::providers::Providers::from_env(|k| std::env::var(k).ok())?;
     cfg.providers
         .check(&policies)
         .map_err(|e| format!("policy: {e}"))?;
@@ -599,7 +599,7 @@ fn audit_path_of(env: Option<String>) -> Option<(std::path::PathBuf, bool)> {
 }
 
 /// Send today's token usage to the store (`wait`: until persisted).
-fn flush_quota(shared: &Router, store: &shards::runtime::state::store_api::StoreTx, wait: bool) {
+fn flush_quota(shared: &Router, store: &shards::runtime::services::store_api::StoreTx, wait: bool) {
     let states: Vec<((String, String), u64)> = shared
         .auth
         .load()
@@ -611,7 +611,7 @@ fn flush_quota(shared: &Router, store: &shards::runtime::state::store_api::Store
         return;
     }
     let (t, r) = futures::channel::oneshot::channel();
-    let msg = shards::runtime::state::store_api::StoreMsg::QuotaFlush {
+    let msg = shards::runtime::services::store_api::StoreMsg::QuotaFlush {
         states,
         done: if wait { Some(t) } else { None },
     };
@@ -638,7 +638,7 @@ impl QuotaFlusher {
 
 fn start_quota_flush(
     shared: Arc<Router>,
-    store: shards::runtime::state::store_api::StoreTx,
+    store: shards::runtime::services::store_api::StoreTx,
 ) -> QuotaFlusher {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s = stop.clone();
@@ -789,7 +789,7 @@ fn run(startup: Startup) -> Result<(), String> {
     let audit = match &audit_path {
         Some((p, explicit, audit_max_bytes)) => {
             let audit_max_bytes = *audit_max_bytes;
-            match shards::runtime::state::audit::AuditLog::start(p, audit_max_bytes) {
+            match shards::runtime::services::audit::AuditLog::start(p, audit_max_bytes) {
                 Ok((log, _writer)) => {
                     info!(path = %p.display(), max_bytes = audit_max_bytes, "audit log on");
                     Some(log)
@@ -960,7 +960,7 @@ fn run(startup: Startup) -> Result<(), String> {
     flush_quota(&shared, &store_tx, true);
     let (t, r) = futures::channel::oneshot::channel();
     if store_tx
-        .send(shards::runtime::state::store_api::StoreMsg::Shutdown { done: t })
+        .send(shards::runtime::services::store_api::StoreMsg::Shutdown { done: t })
         .is_ok()
     {
         let _ = futures::executor::block_on(r);

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use shards::logic::routing::history::History;
-use shards::runtime::state::store_api::StoreMsg;
+use shards::runtime::services::store_api::StoreMsg;
 use shards::runtime::wire::clock;
 use tracing::{error, info, warn};
 

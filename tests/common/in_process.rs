@@ -103,7 +103,7 @@ pub fn start_router_with(
         affinity_outbox: None,
         // On, as by default: its record costs the shard no allocation.
         audit: Some(
-            shards::runtime::state::audit::AuditLog::start(&dir.join("audit.jsonl"), 0)
+            shards::runtime::services::audit::AuditLog::start(&dir.join("audit.jsonl"), 0)
                 .expect("audit log")
                 .0,
         ),

@@ -12,7 +12,9 @@
 //!   an agent, every response the router writes, the one ending;
 //! - [`state`]: what a shard owns and reads: the shard, per-model state,
 //!   the router-wide config and snapshots, tenancy, holds, the request
-//!   scope, the messages between shards, the audit writer;
+//!   scope, the messages between shards;
+//! - [`services`]: the threads beside the shards (store messages, audit,
+//!   Redis shared state, quota leases, affinity notes, providers);
 //! - [`wire`]: bytes and time: the buffered connection, the libp2p stack
 //!   (link, own yamux, socket), hand-off, buffers, budgets, executor,
 //!   clock.
@@ -21,5 +23,6 @@ pub mod admin;
 pub mod front;
 pub mod metrics;
 pub mod request;
+pub mod services;
 pub mod state;
 pub mod wire;

@@ -149,11 +149,11 @@ const SHARED_TRIES: usize = 3;
 /// rule holds across them); applied again on a conflict.
 async fn shared_call(
     router: &Router,
-    shared: &crate::runtime::state::shared_state::SharedState,
+    shared: &crate::runtime::services::shared_state::SharedState,
     call: (&str, &str, &str, &str),
     body: &[u8],
 ) -> AdminReply {
-    use crate::runtime::state::shared_state::PushError;
+    use crate::runtime::services::shared_state::PushError;
     for _ in 0..SHARED_TRIES {
         let mut next = match router.registry.lock() {
             Ok(g) => g.clone(),

@@ -20,11 +20,11 @@ use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::http_parse::RequestHead;
 use crate::runtime::request::models_api;
 use crate::runtime::request::respond;
+use crate::runtime::services::store_api::StoreMsg;
 use crate::runtime::state::mesh::ShardMsg;
 use crate::runtime::state::router::Router;
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;
-use crate::runtime::state::store_api::StoreMsg;
 use crate::runtime::state::views::AgentView;
 
 /// Admin bodies (policy documents) are small.

@@ -202,7 +202,7 @@ fn render_router(
 
 /// `--shared-state` (only when it is set): whether Redis answers, how old
 /// the last sync is, failed calls.
-fn render_shared_state(o: &mut String, st: &crate::runtime::state::shared_state::SharedState) {
+fn render_shared_state(o: &mut String, st: &crate::runtime::services::shared_state::SharedState) {
     use std::sync::atomic::Ordering::Relaxed;
     Family::new(
         o,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::exposition::Family;
 use super::exposition::Kind::{Counter, Gauge, Histogram};
 use crate::logic::tenancy::quota;
-use crate::runtime::state::audit::AuditLog;
+use crate::runtime::services::audit::AuditLog;
 use crate::runtime::state::model::stats::{TenantStats, DURATION_BUCKETS};
 use crate::runtime::state::tenancy::AuthState;
 use crate::runtime::state::views::ShardSnapshot;

@@ -5,7 +5,7 @@
 //! [`crate::runtime::front::ingress`] calls it once per request answered on this shard; a
 //! request handed to another shard is finished there.
 
-use crate::runtime::state::audit::{self, AuditRecord};
+use crate::runtime::services::audit::{self, AuditRecord};
 use crate::runtime::state::model::stats::{self, DURATION_BUCKETS};
 use crate::runtime::state::scope::{Client, RequestScope};
 use crate::runtime::state::shard::Shard;

@@ -7,7 +7,7 @@
 //! are in [`crate::logic::http::provider`].
 //!
 //! Key items: [`fallback`]; the accounts are
-//! [`crate::runtime::state::providers::Providers`].
+//! [`crate::runtime::services::providers::Providers`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use crate::logic::http::http_parse::ChunkedDecoder;
 use crate::logic::http::http_write;
 use crate::logic::http::provider::{self as shape, Api, Engine, FallbackProvider};
 use crate::logic::http::usage::{self, SseUsage, Tokens};
-use crate::runtime::state::providers::Account;
+use crate::runtime::services::providers::Account;
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;
 use crate::runtime::wire::clock;

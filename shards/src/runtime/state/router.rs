@@ -48,7 +48,7 @@ pub struct RouterConfig {
     /// (`--stream-idle-timeout`): then it is cut with an error event.
     pub stream_idle_timeout: Duration,
     /// Fallback providers' accounts (spec 04 §7).
-    pub providers: super::providers::Providers,
+    pub providers: crate::runtime::services::providers::Providers,
     /// An agent whose control stream stays silent this long is removed
     /// and its link closed (`--remove-after`).
     pub remove_after: Duration,
@@ -149,7 +149,7 @@ pub struct Router {
     /// Fleet secret for the private network; `None`: noise only.
     pub psk: Option<PreSharedKey>,
     /// The store thread (None: no persistence).
-    pub store: Option<super::store_api::StoreTx>,
+    pub store: Option<crate::runtime::services::store_api::StoreTx>,
     /// Router-wide memory bounds (body bytes, client connections).
     pub budget: std::sync::Arc<crate::runtime::wire::budget::Budget>,
     /// Caps on agent links, in total and per source address.
@@ -170,7 +170,7 @@ pub struct Router {
     /// keys are published into `auth`).
     pub registry: std::sync::Mutex<crate::logic::tenancy::registry::Registry>,
     /// The audit log (None: off).
-    pub audit: Option<std::sync::Arc<super::audit::AuditLog>>,
+    pub audit: Option<std::sync::Arc<crate::runtime::services::audit::AuditLog>>,
     /// Subscribers of `/admin/registration-stream` (16 events buffered each;
     /// a slow subscriber loses events rather than slowing registrations).
     pub feed: std::sync::Mutex<Vec<futures::channel::mpsc::Sender<String>>>,
@@ -180,7 +180,7 @@ pub struct Router {
     pub holds: Arc<super::hold_book::HoldBook>,
     /// `--shared-state`: Redis shared with the other routers (None: this
     /// router alone).
-    pub shared_state: Option<Arc<super::shared_state::SharedState>>,
+    pub shared_state: Option<Arc<crate::runtime::services::shared_state::SharedState>>,
     /// `--shared-state-affinity`: the forwards to publish to the other
     /// routers, taken by the shared-state thread every round (None: off).
     pub affinity_outbox:
@@ -192,7 +192,7 @@ pub struct Router {
 /// affinity is a hint).
 pub const AFFINITY_OUTBOX_MAX: usize = 16_384;
 
-impl super::shared_state::Host for Router {
+impl crate::runtime::services::shared_state::Host for Router {
     fn name(&self) -> String {
         self.keypair.public().to_peer_id().to_string()
     }
@@ -209,8 +209,13 @@ impl super::shared_state::Host for Router {
         f(&mut self.holds.lock().ledger)
     }
 
-    fn auth(&self) -> Arc<super::tenancy::AuthState> {
-        self.auth.load()
+    fn with_buckets<R>(
+        &self,
+        f: impl FnOnce(
+            &std::collections::BTreeMap<super::tenancy::BucketKey, Arc<super::tenancy::Bucket>>,
+        ) -> R,
+    ) -> R {
+        f(&self.auth.load().buckets)
     }
 
     fn shares_affinity(&self) -> bool {

@@ -19,7 +19,6 @@ use super::model::agent::Agent;
 use super::model::ModelState;
 use super::router::Router;
 use super::snapshot::Cached;
-use super::store_api::StoreMsg;
 use super::tenancy::{AuthFailure, AuthState, Principal};
 use super::views::{AgentView, ShardSnapshot};
 use crate::logic::link::control::Registration;
@@ -29,6 +28,7 @@ use crate::logic::routing::history::History;
 use crate::logic::routing::policy::Policy;
 use crate::logic::routing::policy_set::PolicySet;
 use crate::logic::system::log_gate::LogGate;
+use crate::runtime::services::store_api::StoreMsg;
 use crate::runtime::wire::clock;
 use crate::runtime::wire::link::LinkHandle;
 
@@ -540,7 +540,7 @@ mod tests {
     use crate::runtime::state::snapshot::Versioned;
     use crate::runtime::wire::executor::{run_on_runtime, DriverChoice};
 
-    fn router(store: super::super::store_api::StoreTx) -> Arc<Router> {
+    fn router(store: crate::runtime::services::store_api::StoreTx) -> Arc<Router> {
         Arc::new(Router {
             cfg: RouterConfig::default(),
             directory: Versioned::new(Directory::new(1)),

@@ -1,5 +1,15 @@
 use super::*;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use sha2::{Digest, Sha256};
+
+use crate::logic::http::endpoint::Endpoint;
+use crate::logic::http::errors::ErrorCode;
+use crate::logic::http::usage::Tokens;
+use crate::logic::tenancy::auth;
 use crate::logic::tenancy::auth::parse_config;
+use crate::logic::tenancy::quota::{self as quota_math};
 
 const KEY: &str = "sk-test-1";
 
@@ -70,7 +80,7 @@ fn rpm_then_daily_then_settle() {
         cache_reported: false,
     }));
     let b = s.buckets.values().next().expect("bucket");
-    assert_eq!(quota::used_on(b.daily.load(Ordering::Relaxed), 7), 7);
+    assert_eq!(quota_math::used_on(b.daily.load(Ordering::Relaxed), 7), 7);
     // 33 left: a request needing 15 passes later, one needing 34 does not.
     let later = 1_000 + 60_000_000_000;
     let mut big = facts("m");
@@ -88,7 +98,7 @@ fn rpm_then_daily_then_settle() {
     let c = parse_config("a", &format!("api:\n  mode: api-key\n  keys:\n    - key_hash: \"{h}\"\n      metadata: {{name: n, owner: acme}}\n      quota: {{tokens_per_day: 40}}\n")).expect("c");
     let s2 = AuthState::build(c.api, c.keys, Some(&s), &HashMap::new());
     let b2 = s2.buckets.values().next().expect("bucket");
-    assert_eq!(quota::used_on(b2.daily.load(Ordering::Relaxed), 7), 7);
+    assert_eq!(quota_math::used_on(b2.daily.load(Ordering::Relaxed), 7), 7);
 }
 
 #[test]
@@ -126,12 +136,12 @@ fn the_declared_output_is_reserved_then_given_back() {
     let r = admit(&p, facts("m"), 4, || 7).expect_err("over");
     assert_eq!(r.limit, QuotaLimit::Tokens);
     let b = s.buckets.values().next().expect("bucket").clone();
-    assert_eq!(quota::used_on(b.daily.load(Ordering::Relaxed), 7), 45);
+    assert_eq!(quota_math::used_on(b.daily.load(Ordering::Relaxed), 7), 45);
     for t in held {
         t.settle(Settle::Unknown);
     }
     assert_eq!(
-        quota::used_on(b.daily.load(Ordering::Relaxed), 7),
+        quota_math::used_on(b.daily.load(Ordering::Relaxed), 7),
         30,
         "estimates stand"
     );

@@ -33,8 +33,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::buckets::{Bucket, BucketKey, QuotaLink};
 use crate::logic::tenancy::lease;
-use crate::runtime::state::tenancy::{Bucket, BucketKey, QuotaLink};
 
 /// How often the thread draws while some bucket is in use.
 pub const QUOTA_EVERY: Duration = Duration::from_millis(20);

@@ -40,11 +40,11 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::buckets::{Bucket, BucketKey, QuotaLink};
 use crate::logic::routing::affinity::AffinityNote;
 use crate::logic::sites::hold::DemandId;
 use crate::logic::tenancy::registry::{Registry, Snapshot};
-use crate::runtime::state::shared_quota::{Drawer, QUOTA_EVERY};
-use crate::runtime::state::tenancy::{AuthState, QuotaLink};
+use crate::runtime::services::shared_quota::{Drawer, QUOTA_EVERY};
 
 /// What the shared state reads and writes of its router (implemented by
 /// [`super::router::Router`]; a trait, so this module does not depend on
@@ -58,8 +58,11 @@ pub trait Host: Send + Sync + 'static {
     fn publish_registry(&self, reg: &Registry);
     /// Run `f` on the hold ledger.
     fn with_ledger<R>(&self, f: impl FnOnce(&mut crate::logic::sites::hold::Ledger) -> R) -> R;
-    /// The lookup snapshot (its quota buckets).
-    fn auth(&self) -> Arc<AuthState>;
+    /// Run `f` on the quota buckets of the lookup snapshot.
+    fn with_buckets<R>(
+        &self,
+        f: impl FnOnce(&std::collections::BTreeMap<BucketKey, Arc<Bucket>>) -> R,
+    ) -> R;
     /// Whether forwards are published to the other routers
     /// (`--shared-state-affinity`).
     fn shares_affinity(&self) -> bool;
@@ -331,7 +334,7 @@ impl SharedState {
         let me = router.name();
         let mut claims = Claims::default();
         let mut drawer = Drawer::new(me.clone());
-        let mut share = crate::runtime::state::shared_affinity::Share::new(me.clone());
+        let mut share = crate::runtime::services::shared_affinity::Share::new(me.clone());
         let mut conn: Option<redis::Connection> = None;
         let mut logged_down = false;
         let mut synced_at: Option<std::time::Instant> = None;
@@ -395,14 +398,15 @@ impl SharedState {
                     demand_cycle(c, router, &me, &mut claims)?;
                     drawer.check_generation(c)?;
                 }
-                let auth = router.auth();
-                drawer.cycle(
-                    c,
-                    &self.link,
-                    &auth.buckets,
-                    crate::runtime::wire::clock::mono_ns(),
-                    crate::runtime::wire::clock::unix_secs(),
-                )?;
+                router.with_buckets(|buckets| {
+                    drawer.cycle(
+                        c,
+                        &self.link,
+                        buckets,
+                        crate::runtime::wire::clock::mono_ns(),
+                        crate::runtime::wire::clock::unix_secs(),
+                    )
+                })?;
                 if !router.shares_affinity() {
                     return Ok(());
                 }
