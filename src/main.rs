@@ -825,7 +825,7 @@ fn run(startup: Startup) -> Result<(), String> {
             cfg.max_buffered_body_bytes,
             cfg.max_client_connections,
         ),
-        links: shards::runtime::wire::link_budget::LinkBudget::new(
+        links: shards::runtime::wire::link::budget::LinkBudget::new(
             cfg.max_agent_links,
             cfg.max_agent_links_per_address,
         ),

@@ -88,7 +88,7 @@ pub fn start_router_with(
             cfg.max_buffered_body_bytes,
             cfg.max_client_connections,
         ),
-        links: shards::runtime::wire::link_budget::LinkBudget::new(0, 0),
+        links: shards::runtime::wire::link::budget::LinkBudget::new(0, 0),
         storage_errors,
         admin_keys: Vec::new(),
         insecure_admin: false,

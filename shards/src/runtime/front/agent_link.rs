@@ -18,8 +18,8 @@ use crate::runtime::state::shard::{inc, Shard, WarmStart};
 use crate::runtime::wire::clock;
 use crate::runtime::wire::conn::Conn;
 use crate::runtime::wire::handoff;
+use crate::runtime::wire::link::budget::{LinkCap, LinkPermit};
 use crate::runtime::wire::link::{self, LinkStream};
-use crate::runtime::wire::link_budget::{LinkCap, LinkPermit};
 
 /// Read the preamble, reserve the model's shard, then serve the link here
 /// or hand it to the owner.

@@ -8,13 +8,15 @@
 //! decider (no selector and no wait loop here); a feature keeps its state,
 //! bookkeeping and metrics in its own room ([`super::affinity`],
 //! [`super::fairness`], [`super::continuation`], [`super::provider`],
-//! [`super::refusals`], [`super::wait`]) and is called at the fixed hooks:
+//! [`refusals`], [`wait`]) and is called at the fixed hooks:
 //! facts for the decision ([`Run::decide`]), forwarded ([`Run::forward`]),
 //! ended ([`Run::settle`]). A new feature adds a line here, never a block.
 //!
 //! Entry point: [`serve_inference`].
 
 mod entry;
+mod refusals;
+mod wait;
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -22,14 +24,13 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
+use self::wait::Wait;
 use super::affinity::{IndexView, RequestAffinity};
 use super::continuation::{self, Broke, Continuity, Pending};
 use super::fairness::{self, ClassRunning};
 use super::forward::{attempt, record_attempt, Ask, Outcome};
 use super::provider;
-use super::refusals;
 use super::respond;
-use super::wait::{self, Wait};
 use crate::logic::http::continuation::Prefill;
 use crate::logic::http::errors::ApiError;
 use crate::logic::http::usage::Tokens;

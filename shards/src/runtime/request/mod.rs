@@ -1,8 +1,9 @@
 //! One inference request on its model's shard: [`dispatch`] drives the
 //! pure decision machine; each feature in its own room, called by the
 //! driver at fixed hooks: [`affinity`] (cache affinity), [`fairness`]
-//! (classes and tenants), [`wait`] (the one capacity wait), [`refusals`]
-//! (a refusal counted once), [`provider`] (the fallback provider);
+//! (classes and tenants), [`continuation`] (a broken stream),
+//! [`provider`] (the fallback provider); the driver's one capacity wait
+//! and its refusal counting are its own (`dispatch/`);
 //! [`admission`] is the admission gate,
 //! [`forward`] one forward to an agent and its counting, [`exchange`] one
 //! exchange with an agent, [`continuation`] a broken stream continued on
@@ -20,6 +21,4 @@ pub mod fairness;
 pub mod forward;
 pub mod models_api;
 pub mod provider;
-pub mod refusals;
 pub mod respond;
-pub mod wait;

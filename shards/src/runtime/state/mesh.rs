@@ -19,7 +19,7 @@ pub enum ShardMsg {
         /// The model the preamble named (reserved in the directory).
         model: String,
         /// Its place under the link caps.
-        permit: crate::runtime::wire::link_budget::LinkPermit,
+        permit: crate::runtime::wire::link::budget::LinkPermit,
     },
     /// Drain (or undrain) an agent by peer ID if it is on this shard; the
     /// reply is its requests in flight, `None` when it is not here.

@@ -153,7 +153,7 @@ pub struct Router {
     /// Router-wide memory bounds (body bytes, client connections).
     pub budget: std::sync::Arc<crate::runtime::wire::budget::Budget>,
     /// Caps on agent links, in total and per source address.
-    pub links: std::sync::Arc<crate::runtime::wire::link_budget::LinkBudget>,
+    pub links: std::sync::Arc<crate::runtime::wire::link::budget::LinkBudget>,
     /// Failed store operations.
     pub storage_errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// SHA-256 of each admin key; empty with `insecure_admin`.

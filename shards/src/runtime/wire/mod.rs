@@ -1,6 +1,6 @@
 //! Bytes and time: [`conn`] (one buffered read-and-parse loop over TCP and
-//! yamux), [`link`] + [`mux`] + [`io`] + [`link_socket`] +
-//! [`http_stream`] (the libp2p stack), [`handoff`] (a socket between
+//! yamux), [`link`] (with its socket, futures-io adapter and memory
+//! budget) + [`mux`] + [`http_stream`] (the libp2p stack), [`handoff`] (a socket between
 //! cores), [`bufpool`] and [`budget`] (buffers and memory budgets),
 //! [`executor`] (pinned runtimes), [`clock`] (the one place that reads
 //! time).
@@ -12,8 +12,5 @@ pub mod conn;
 pub mod executor;
 pub mod handoff;
 pub mod http_stream;
-pub mod io;
 pub mod link;
-pub mod link_budget;
-pub mod link_socket;
 pub mod mux;

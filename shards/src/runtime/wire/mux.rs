@@ -35,7 +35,7 @@ use crate::logic::link::mux_frame::{
     HEADER_LEN, INITIAL_WINDOW, MAX_SEND_FRAME, RST, SYN,
 };
 
-use super::io::BoxIo;
+use super::link::adapter::BoxIo;
 
 mod stream;
 pub use stream::{Inbound, Opener, Stream};

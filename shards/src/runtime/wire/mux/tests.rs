@@ -1,6 +1,6 @@
 use super::*;
-use crate::runtime::wire::io::ThreadBound;
-use crate::runtime::wire::link_socket::LinkSocket;
+use crate::runtime::wire::link::adapter::ThreadBound;
+use crate::runtime::wire::link::socket::LinkSocket;
 use futures::channel::oneshot;
 use futures::{AsyncReadExt, AsyncWriteExt, StreamExt};
 

@@ -1,6 +1,6 @@
 //! The link stack's stream type and small futures-io adapters: a prefix
 //! replay reader and a thread-bound `Send` wrapper (the socket itself is
-//! [`super::link_socket::LinkSocket`]).
+//! [`super::socket::LinkSocket`]).
 //!
 //! Key types: [`Prefixed`], [`ThreadBound`], [`BoxIo`].
 

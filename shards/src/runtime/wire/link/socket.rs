@@ -192,7 +192,7 @@ impl Drop for LinkSocket {
         // with it): end the connection now so the peer sees it.
         if matches!(self.reading, Reading::Busy) {
             // Open: the read half inside the operation still owns it.
-            super::handoff::shut_down(self.fd);
+            crate::runtime::wire::handoff::shut_down(self.fd);
         }
     }
 }

@@ -1,8 +1,8 @@
 //! The agent link stack, without a libp2p `Swarm`:
-//! monoio TCP ([`super::link_socket::LinkSocket`]: completion-based
+//! monoio TCP ([`socket::LinkSocket`]: completion-based
 //! reads, writes gathered and sent once per driver wake) -> thread-bound `Send` wrapper ->
 //! optional pre-shared-key private network (`libp2p-pnet`) -> `noise`
-//! (authenticates both PeerIds) -> yamux ([`super::mux`], the wire
+//! (authenticates both PeerIds) -> yamux ([`crate::runtime::wire::mux`], the wire
 //! format of the `yamux` crate) -> streams negotiated with
 //! `multistream-select` (`V1Lazy`).
 //!
@@ -10,10 +10,10 @@
 //! (agent side, sends the preamble), [`spawn_driver`] and [`LinkHandle`]
 //! (the task that owns the multiplexed connection; handles open streams
 //! without it), [`accept_protocol`] for the control stream
-//! (request streams, on both sides, are [`super::http_stream`]: their
+//! (request streams, on both sides, are [`crate::runtime::wire::http_stream`]: their
 //! multistream-select lines go out with their first bytes),
 //! [`write_frame`] for the control stream (frames are read through
-//! [`super::conn::Conn::read_frame`]).
+//! [`crate::runtime::wire::conn::Conn::read_frame`]).
 
 use std::io;
 use std::net::SocketAddr;
@@ -28,11 +28,15 @@ use libp2p_identity::{Keypair, PeerId};
 use libp2p_pnet::{PnetConfig, PreSharedKey};
 use monoio::io::AsyncWriteRentExt;
 
-use super::io::{BoxIo, Prefixed, ThreadBound};
-use super::link_socket::{Flusher, LinkSocket};
-use super::mux;
+pub mod adapter;
+pub mod budget;
+pub mod socket;
+
+use self::adapter::{BoxIo, Prefixed, ThreadBound};
+use self::socket::{Flusher, LinkSocket};
 use crate::logic::link::control::{self, ControlMsg};
 use crate::logic::link::preamble;
+use crate::runtime::wire::mux;
 
 /// Protocol of request streams (one HTTP/1.1 exchange per stream).
 pub const HTTP_PROTOCOL: &str = "/http/1.1";
