@@ -4,11 +4,11 @@
 //! type, series and values.
 
 use super::*;
-use crate::runtime::state::model::stats::{ModelStats, DURATION_BUCKETS, QUEUE_BUCKETS};
-use crate::runtime::state::views::AgentView;
 use crate::logic::link::control::Registration;
 use crate::logic::link::engine_metrics::EngineSignals;
 use crate::runtime::state::model::stats::{DurationSeries, Histogram};
+use crate::runtime::state::model::stats::{ModelStats, DURATION_BUCKETS, QUEUE_BUCKETS};
+use crate::runtime::state::views::AgentView;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
