@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::{json, Value};
-use shards::logic::http::http_parse::BodyFraming;
-use shards::logic::http::http_write::{self, OutFraming};
+use shards::logic::http::framing::http_parse::BodyFraming;
+use shards::logic::http::framing::http_write::{self, OutFraming};
 use shards::runtime::wire::conn::Conn;
 
 /// Simulator settings.
@@ -361,7 +361,7 @@ async fn serve(sim: Rc<Sim>, mut conn: Conn) {
     }
 }
 
-fn record_trace(stats: &SimStats, head: &shards::logic::http::http_parse::RequestHead) {
+fn record_trace(stats: &SimStats, head: &shards::logic::http::framing::http_parse::RequestHead) {
     let values = |name: &str| -> Vec<String> {
         head.header_values(name)
             .map(|v| String::from_utf8_lossy(v).into_owned())

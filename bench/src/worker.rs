@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shards::logic::http::http_parse::{BodyFraming, ChunkedDecoder};
-use shards::logic::http::http_write::{self, OutFraming};
+use shards::logic::http::framing::http_parse::{BodyFraming, ChunkedDecoder};
+use shards::logic::http::framing::http_write::{self, OutFraming};
 use shards::runtime::wire::conn::Conn;
 
 use crate::report::{Recorder, Sample};
@@ -168,7 +168,7 @@ async fn exchange(conn: &mut Conn, rest: Vec<u8>) -> io::Result<Exchange> {
     let sse = head.is_event_stream();
     let keep = !head
         .header("connection")
-        .map(|v| shards::logic::http::http_parse::contains_ci(v, b"close"))
+        .map(|v| shards::logic::http::framing::http_parse::contains_ci(v, b"close"))
         .unwrap_or(false);
     if !(200..300).contains(&head.status) || !sse {
         let body = conn.read_body(head.framing, 256 * 1024 * 1024).await?;

@@ -9,7 +9,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use shards::logic::http::probe::{self, COLD_TOKENS_PER_BYTE};
+use shards::logic::http::api::probe::{self, COLD_TOKENS_PER_BYTE};
 
 /// A chat body of about `size` bytes: messages of ~200 bytes of text.
 fn body(size: usize) -> Vec<u8> {

@@ -12,8 +12,8 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
+use shards::logic::http::api::usage::Tokens;
 use shards::logic::http::endpoint::Endpoint;
-use shards::logic::http::usage::Tokens;
 use shards::logic::tenancy::auth::{self, ApiMode, KeyRecord, Limits};
 use shards::runtime::state::tenancy::{admit, AuthState, QuotaFacts, Settle};
 

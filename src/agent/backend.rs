@@ -9,8 +9,8 @@ use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use shards::logic::http::http_parse::{contains_ci, BodyFraming, Headers, ResponseHead};
-use shards::logic::http::http_write::{self, OutFraming};
+use shards::logic::http::framing::http_parse::{contains_ci, BodyFraming, Headers, ResponseHead};
+use shards::logic::http::framing::http_write::{self, OutFraming};
 use shards::runtime::wire::conn::Conn;
 
 /// A parsed `http://host:port/prefix` URL.

@@ -11,8 +11,8 @@ use std::rc::Rc;
 
 use futures::AsyncWriteExt;
 use shards::logic::http::errors::{self, ApiError, ErrorCode, Source};
-use shards::logic::http::http_parse::{self, BodyFraming, ChunkedDecoder, Headers};
-use shards::logic::http::http_write::{self, OutFraming};
+use shards::logic::http::framing::http_parse::{self, BodyFraming, ChunkedDecoder, Headers};
+use shards::logic::http::framing::http_write::{self, OutFraming};
 use shards::logic::http::trace_context;
 use shards::logic::link::control::AGENT_FULL_HEADER;
 use shards::runtime::wire::bufpool::{self, Pooled};

@@ -129,7 +129,7 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
         return Err("--engine custom requires --model (it has no model discovery)".into());
     }
     if let Some(m) = &f.model {
-        if m.is_empty() || m.len() > shards::logic::http::probe::MAX_MODEL_BYTES {
+        if m.is_empty() || m.len() > shards::logic::http::api::probe::MAX_MODEL_BYTES {
             return Err("--model must be 1 to 256 bytes".into());
         }
     }

@@ -3,7 +3,7 @@
 //! result does not depend on how the input is split across reads.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shards::logic::http::http_parse::ChunkedDecoder;
+use shards::logic::http::framing::http_parse::ChunkedDecoder;
 
 /// Whole-input reference: Some((payload, used)) for a complete body.
 fn reference(input: &[u8]) -> Option<(Vec<u8>, usize)> {

@@ -5,7 +5,7 @@
 //! registry's JSON.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shards::logic::http::probe;
+use shards::logic::http::api::probe;
 use shards::logic::tenancy::{auth, registry};
 
 fuzz_target!(|data: &[u8]| {

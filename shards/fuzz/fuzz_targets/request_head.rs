@@ -3,10 +3,10 @@
 //! (forwardable) headers.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shards::logic::http::http_parse::{
+use shards::logic::http::framing::http_parse::{
     parse_forwarded_request_head, parse_request_head, BodyFraming, Headers,
 };
-use shards::logic::http::http_write::{is_hop_header, write_request_head_from, OutFraming};
+use shards::logic::http::framing::http_write::{is_hop_header, write_request_head_from, OutFraming};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(Some((head, used))) = parse_request_head(data) else {

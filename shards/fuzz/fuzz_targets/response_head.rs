@@ -2,8 +2,8 @@
 //! parses is written back and parses to the same status and headers.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use shards::logic::http::http_parse::{parse_response_head, Headers};
-use shards::logic::http::http_write::{is_hop_header, write_response_head, OutFraming};
+use shards::logic::http::framing::http_parse::{parse_response_head, Headers};
+use shards::logic::http::framing::http_write::{is_hop_header, write_response_head, OutFraming};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(Some((head, used))) = parse_response_head(data) else {

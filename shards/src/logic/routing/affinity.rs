@@ -2,7 +2,7 @@
 //! likely holds a request's prompt.
 //!
 //! - [`PrefixHasher`] and [`PrefixMarks`] (the prompt's hashes, made by
-//!   the body probe) live in [`crate::logic::http::prompt_hash`].
+//!   the body probe) live in [`crate::logic::http::api::prompt_hash`].
 //! - [`AffinityIndex`]: a fixed-size set-associative table, hash -> up to
 //!   [`HOLDERS`] agents with their last use; entries expire by TTL, the
 //!   oldest is replaced when a bucket is full, and an agent that left is
@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-pub use crate::logic::http::prompt_hash::{
+pub use crate::logic::http::api::prompt_hash::{
     key_hash, model_salt, raw_key_hash, salted, seed_of, Mark, PrefixHasher, PrefixMarks,
     BASE_BLOCK, MAX_MARKS,
 };

@@ -235,7 +235,7 @@ pub enum Action {
         /// Policy step it was found in.
         step: usize,
         /// How its engine continues an assistant message.
-        prefill: crate::logic::http::continuation::Prefill,
+        prefill: crate::logic::http::api::continuation::Prefill,
     },
     /// The broken stream cannot be continued: cut the client's stream.
     Cut(CutReason),

@@ -193,7 +193,7 @@ pub struct Policy {
     pub admission: AdmissionPolicy,
     /// Used when every local step is exhausted (spec 04 §7).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub fallback_provider: Option<crate::logic::http::provider::FallbackProvider>,
+    pub fallback_provider: Option<crate::logic::http::api::provider::FallbackProvider>,
     /// `min_share`: the share of a model's capacity reserved for each
     /// priority class (interactive, standard, batch; 0: none), so that a
     /// class finds a free slot while others saturate the model.

@@ -157,7 +157,7 @@ pub fn parse_go_duration(s: &str) -> Option<std::time::Duration> {
 /// fragment or user info: it is written into `Location` headers, so a
 /// control byte or raw non-ASCII must never get there (issue 29 #12).
 fn valid_base_url(u: &str) -> bool {
-    crate::logic::http::provider::BaseUrl::parse(u).is_ok()
+    crate::logic::http::api::provider::BaseUrl::parse(u).is_ok()
 }
 
 /// `s` with every byte a `Location` header must not carry raw (controls,

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::logic::http::errors::{ApiError, ErrorCode};
-use crate::logic::http::http_parse::RequestHead;
+use crate::logic::http::framing::http_parse::RequestHead;
 use crate::runtime::request::models_api;
 use crate::runtime::request::respond;
 use crate::runtime::services::store_api::StoreMsg;
@@ -64,7 +64,8 @@ pub async fn serve(shard: &Rc<Shard>, c: &mut Client, head: &RequestHead, path: 
         let err = ApiError::new(ErrorCode::Unauthorized, "unauthorized");
         let www: &[(&'static str, &[u8])] =
             &[("WWW-Authenticate", br#"Bearer realm="hivenet-router""#)];
-        let keep = keep && head.framing == crate::logic::http::http_parse::BodyFraming::None;
+        let keep =
+            keep && head.framing == crate::logic::http::framing::http_parse::BodyFraming::None;
         return respond::send_error_with(c, &err, keep, www).await;
     }
     let mut permit = shard.router.budget.body();
@@ -217,7 +218,7 @@ async fn registration_stream(shard: &Rc<Shard>, c: &mut Client) {
             Err(_) => ": keep-alive\n\n".to_string(),
         };
         let mut chunk = Vec::with_capacity(frame.len() + 16);
-        crate::logic::http::http_write::write_chunk(&mut chunk, frame.as_bytes());
+        crate::logic::http::framing::http_write::write_chunk(&mut chunk, frame.as_bytes());
         if c.write_all(chunk).await.is_err() {
             return;
         }

@@ -12,9 +12,9 @@
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::logic::http::api::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
-use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::link::control::Capability;
 use crate::logic::routing::admission;
 use crate::logic::routing::wait_queue::Fair;

@@ -8,11 +8,11 @@
 use crate::runtime::state::model::stats::ActiveRequest;
 use std::rc::Rc;
 
+use crate::logic::http::api::probe::{self, RequestMeta};
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
-use crate::logic::http::http_parse::{BodyFraming, HeadError, RequestHead};
-use crate::logic::http::inline_str::InlineStr;
-use crate::logic::http::probe::{self, RequestMeta};
+use crate::logic::http::framing::http_parse::{BodyFraming, HeadError, RequestHead};
+use crate::logic::http::framing::inline_str::InlineStr;
 use crate::logic::sites::serving::{self, LocalAgents, Serving};
 use crate::logic::sites::Kind;
 use crate::logic::tenancy::auth::Access;

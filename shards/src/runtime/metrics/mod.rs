@@ -13,7 +13,7 @@ use self::models::{render_models, ModelTotals};
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use crate::logic::http::http_parse;
+use crate::logic::http::framing::http_parse;
 use crate::logic::routing::directory::DirectoryStats;
 use crate::runtime::metrics::exposition::Family;
 use crate::runtime::metrics::exposition::Kind::{Counter, Gauge, Histogram};

@@ -8,7 +8,7 @@
 //! are in [`crate::logic::routing::affinity`] and
 //! [`crate::logic::routing::miss_cost`].
 
-use crate::logic::http::usage::Tokens;
+use crate::logic::http::api::usage::Tokens;
 use crate::logic::routing::affinity::{
     model_salt, peer_hash, raw_key_hash, AffinityCfg, AffinityIndex, AffinityNote, AffinityPick,
     AffinitySource, Holder, Holders, Outcome, RequestKeys,

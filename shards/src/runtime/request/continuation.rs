@@ -6,7 +6,7 @@
 //! room keeps the answer's transcript and carries out one try at a time
 //! ([`Continuity::try_on`]). The pure parts (eligibility, the engines'
 //! prefill, the transcript, the continuation body, the splice) are in
-//! [`crate::logic::http::continuation`].
+//! [`crate::logic::http::api::continuation`].
 //!
 //! Cost on the request path: a streamed chat or messages request keeps a
 //! copy of the events it relayed (a pooled buffer, one copy per event);
@@ -19,9 +19,9 @@ use tracing::{info, warn};
 use super::exchange;
 use super::fairness::ClassRunning;
 use super::forward::{attempt, build_request_with, Ask, Outcome};
-use crate::logic::http::continuation::{self, Api, Prefill, Splice, Transcript};
+use crate::logic::http::api::continuation::{self, Api, Prefill, Splice, Transcript};
 use crate::logic::http::endpoint::Endpoint;
-use crate::logic::http::http_write;
+use crate::logic::http::framing::http_write;
 use crate::logic::routing::decision::AttemptEnd;
 use crate::logic::routing::failure::Failure;
 use crate::runtime::state::model::admission::Reservation;

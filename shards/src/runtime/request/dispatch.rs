@@ -31,9 +31,9 @@ use super::fairness::{self, ClassRunning};
 use super::forward::{attempt, record_attempt, Ask, Outcome};
 use super::provider;
 use super::respond;
-use crate::logic::http::continuation::Prefill;
+use crate::logic::http::api::continuation::Prefill;
+use crate::logic::http::api::usage::Tokens;
 use crate::logic::http::errors::ApiError;
-use crate::logic::http::usage::Tokens;
 use crate::logic::routing::affinity::AffinitySource;
 use crate::logic::routing::decision::{Action, CutReason, Decision, ModelFacts, Rejection};
 use crate::logic::routing::policy::Policy;
@@ -439,7 +439,7 @@ impl<'a> Run<'a> {
     /// A backend's usage is bounded by what the request could produce
     /// (issue 29 #3): a claim of 10^15 tokens must not lock the tenant out.
     fn bound_usage(&self, agent: &Agent, t: &mut Tokens) {
-        let bound = crate::logic::http::usage::UsageBound {
+        let bound = crate::logic::http::api::usage::UsageBound {
             // The whole request's bytes: every endpoint's text is in them
             // (embedding inputs, rerank documents too).
             text_bytes: self.request.len() as u64,

@@ -11,10 +11,10 @@ use std::io;
 use futures::AsyncWriteExt;
 
 use super::respond;
+use crate::logic::http::api::usage::{self, SseUsage, Tokens};
 use crate::logic::http::errors::{ApiError, ErrorCode};
-use crate::logic::http::http_parse::{BodyFraming, ChunkedDecoder, ResponseHead};
-use crate::logic::http::http_write::{self, OutFraming};
-use crate::logic::http::usage::{self, SseUsage, Tokens};
+use crate::logic::http::framing::http_parse::{BodyFraming, ChunkedDecoder, ResponseHead};
+use crate::logic::http::framing::http_write::{self, OutFraming};
 use crate::logic::routing::failure::{Failure, Side, Stage};
 use crate::runtime::state::model::admission::Reservation;
 use crate::runtime::state::scope::Client;
@@ -146,7 +146,7 @@ pub struct Upstream<'a> {
     pub kept: Option<&'a mut Vec<u8>>,
     /// A continuation's stream is spliced into the client's (opening
     /// events dropped, ID and usage the first part's).
-    pub splice: Option<&'a mut crate::logic::http::continuation::Splice>,
+    pub splice: Option<&'a mut crate::logic::http::api::continuation::Splice>,
 }
 
 /// Most of a stream kept for its continuation: a longer one is cut as

@@ -8,9 +8,9 @@ use std::rc::Rc;
 use tracing::{debug, warn};
 
 use super::exchange::{self, Progress, RelayEnd};
+use crate::logic::http::api::usage::Tokens;
 use crate::logic::http::errors::{self, ApiError};
-use crate::logic::http::http_write::{self, OutFraming};
-use crate::logic::http::usage::Tokens;
+use crate::logic::http::framing::http_write::{self, OutFraming};
 use crate::logic::link::control::AGENT_FULL_HEADER;
 use crate::logic::routing::decision::AttemptEnd;
 use crate::logic::routing::failure::{Failure, Side, Stage};
@@ -106,7 +106,7 @@ pub struct Ask<'a> {
     pub kept: Option<&'a mut Vec<u8>>,
     /// A continuation: the answer must be an event stream (anything else
     /// fails the try), spliced into the client's.
-    pub splice: Option<&'a mut crate::logic::http::continuation::Splice>,
+    pub splice: Option<&'a mut crate::logic::http::api::continuation::Splice>,
 }
 
 /// Take a slot, exchange with the agent under the request deadline, relay.

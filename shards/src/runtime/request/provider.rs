@@ -4,7 +4,7 @@
 //! compatible server at a base URL override) over HTTPS or HTTP, and the
 //! answer comes back whole or streamed as it arrives, in the client's
 //! own API, stamped `processed_by`. The pure parts (shapes, translation)
-//! are in [`crate::logic::http::provider`].
+//! are in [`crate::logic::http::api::provider`].
 //!
 //! Key items: [`fallback`]; the accounts are
 //! [`crate::runtime::services::providers::Providers`].
@@ -19,13 +19,13 @@ use monoio::net::TcpStream;
 use tracing::warn;
 
 use super::respond;
+use crate::logic::http::api::provider::{self as shape, Api, Engine, FallbackProvider};
+use crate::logic::http::api::usage::{self, SseUsage, Tokens};
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
-use crate::logic::http::http_parse::BodyFraming;
-use crate::logic::http::http_parse::ChunkedDecoder;
-use crate::logic::http::http_write;
-use crate::logic::http::provider::{self as shape, Api, Engine, FallbackProvider};
-use crate::logic::http::usage::{self, SseUsage, Tokens};
+use crate::logic::http::framing::http_parse::BodyFraming;
+use crate::logic::http::framing::http_parse::ChunkedDecoder;
+use crate::logic::http::framing::http_write;
 use crate::runtime::services::providers::Account;
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;

@@ -4,8 +4,8 @@
 //! headers, the request's `X-Request-ID` and its `traceparent`.
 
 use crate::logic::http::errors::{ApiError, ErrorCode};
-use crate::logic::http::http_parse::ResponseHead;
-use crate::logic::http::http_write::{self, OutFraming};
+use crate::logic::http::framing::http_parse::ResponseHead;
+use crate::logic::http::framing::http_write::{self, OutFraming};
 use crate::logic::routing::refusal::{QuotaRefusal, Refusal};
 use crate::runtime::state::scope::{Client, RequestScope};
 

@@ -17,7 +17,7 @@ use std::borrow::Cow;
 
 use serde::Serialize;
 
-use crate::logic::http::inline_str::InlineStr;
+use crate::logic::http::framing::inline_str::InlineStr;
 
 use crate::logic::system::timefmt;
 

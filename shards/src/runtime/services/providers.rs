@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::logic::http::provider::{BaseUrl, Engine};
+use crate::logic::http::api::provider::{BaseUrl, Engine};
 use crate::logic::routing::policy_set::PolicySet;
 
 /// One provider's account: its key and where it is.
@@ -137,7 +137,7 @@ fn tls_config(ca_file: Option<&str>) -> Result<rustls::ClientConfig, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::logic::http::provider::FallbackProvider;
+    use crate::logic::http::api::provider::FallbackProvider;
 
     #[test]
     fn accounts_come_from_the_environment_and_keys_stay_hidden() {

@@ -1,9 +1,9 @@
 //! A request read and probed on the shard that accepted it, and the
 //! hand-off payload that carries it to its model's shard.
 
+use crate::logic::http::api::probe::RequestMeta;
 use crate::logic::http::endpoint::Endpoint;
-use crate::logic::http::http_parse::RequestHead;
-use crate::logic::http::probe::RequestMeta;
+use crate::logic::http::framing::http_parse::RequestHead;
 use crate::runtime::wire::budget::{BodyPermit, ConnPermit};
 use crate::runtime::wire::clock::Instant;
 

@@ -18,11 +18,11 @@ use monoio::net::TcpStream;
 
 use super::model::agent::Agent;
 use super::tenancy::{Principal, Ticket};
-use crate::logic::http::http_parse::RequestHead;
-use crate::logic::http::inline_str::InlineStr;
+use crate::logic::http::api::usage::Tokens;
+use crate::logic::http::framing::http_parse::RequestHead;
+use crate::logic::http::framing::inline_str::InlineStr;
 use crate::logic::http::request_id::RequestId;
 use crate::logic::http::trace_context::{self, Trace};
-use crate::logic::http::usage::Tokens;
 use crate::runtime::wire::clock;
 use crate::runtime::wire::conn::Conn;
 
@@ -238,7 +238,7 @@ fn next_keepalive(keepalive: &mut Option<KeepAlive>, committed: &mut bool) -> Ve
         out.extend_from_slice(&k.head);
         *committed = true;
     }
-    crate::logic::http::http_write::write_chunk(&mut out, k.bytes);
+    crate::logic::http::framing::http_write::write_chunk(&mut out, k.bytes);
     out
 }
 

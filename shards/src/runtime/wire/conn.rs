@@ -16,7 +16,7 @@ use monoio::net::TcpStream;
 use super::budget::BodyPermit;
 use super::link::LinkStream;
 use crate::logic::http::errors::{ApiError, ErrorCode};
-use crate::logic::http::http_parse::{
+use crate::logic::http::framing::http_parse::{
     self, BodyFraming, ChunkError, ChunkedDecoder, HeadError, RequestHead, ResponseHead,
 };
 use crate::logic::link::control::{self, ControlMsg};

@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use super::{Action, AttemptEnd, Decision, ModelFacts, Pool, WaitEnd};
-use crate::logic::http::continuation::prefill_for;
+use crate::logic::http::api::continuation::prefill_for;
 use crate::logic::routing::policy::{self, StepPick};
 use crate::logic::routing::wait_queue::Prefer;
 

@@ -1038,8 +1038,8 @@ fn the_holder_wait_never_outlasts_the_prefill_it_saves() {
 
 fn with_provider(steps: Vec<Step>) -> Arc<Policy> {
     let mut p = (*policy(steps)).clone();
-    p.fallback_provider = Some(crate::logic::http::provider::FallbackProvider {
-        engine: crate::logic::http::provider::Engine::OpenAi,
+    p.fallback_provider = Some(crate::logic::http::api::provider::FallbackProvider {
+        engine: crate::logic::http::api::provider::Engine::OpenAi,
         model: "gpt".into(),
     });
     Arc::new(p)

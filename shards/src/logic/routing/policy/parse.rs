@@ -460,7 +460,7 @@ pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
     let fallback_provider = match raw.fallback_provider {
         None => None,
         Some(fp) => {
-            let Some(engine) = crate::logic::http::provider::Engine::parse(&fp.engine) else {
+            let Some(engine) = crate::logic::http::api::provider::Engine::parse(&fp.engine) else {
                 return Err(err(
                     file,
                     text,
@@ -479,7 +479,7 @@ pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
                     "fallback_provider.model is required".to_string(),
                 ));
             }
-            Some(crate::logic::http::provider::FallbackProvider {
+            Some(crate::logic::http::api::provider::FallbackProvider {
                 engine,
                 model: fp.model,
             })

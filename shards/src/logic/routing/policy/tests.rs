@@ -340,8 +340,8 @@ fn fallback_provider_is_parsed_and_checked() {
     let p = parse("p.yaml", ok).expect("accepted");
     assert_eq!(
         p.fallback_provider,
-        Some(crate::logic::http::provider::FallbackProvider {
-            engine: crate::logic::http::provider::Engine::Anthropic,
+        Some(crate::logic::http::api::provider::FallbackProvider {
+            engine: crate::logic::http::api::provider::Engine::Anthropic,
             model: "claude-x".into()
         })
     );

@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use super::Run;
+use crate::logic::http::api::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
-use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::routing::decision::{
     AdmitEnd, Decision, Entry, Limits, Park, Released, RequestFacts,
 };

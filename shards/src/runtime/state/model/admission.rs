@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use futures::channel::oneshot;
 
-use crate::logic::http::probe::COLD_TOKENS_PER_BYTE;
+use crate::logic::http::api::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::routing::admission::{
     self, Admit, Ask, Grant, Occupancy, Reason, Room, TokenBucket,
 };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use super::Waiters;
-use crate::logic::http::usage::Tokens;
+use crate::logic::http::api::usage::Tokens;
 use crate::logic::link::control::Registration;
 use crate::logic::link::engine_metrics::EngineSignals;
 use crate::logic::link::hardware::HardwareSignals;

@@ -6,9 +6,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::keys::Principal;
+use crate::logic::http::api::usage::Tokens;
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
-use crate::logic::http::usage::Tokens;
 use crate::logic::routing::refusal::{QuotaLimit, QuotaRefusal};
 use crate::logic::tenancy::auth::Limits;
 use crate::logic::tenancy::quota::{self, Daily, Rate, Verdict};

@@ -4,9 +4,9 @@ use std::sync::atomic::Ordering;
 
 use sha2::{Digest, Sha256};
 
+use crate::logic::http::api::usage::Tokens;
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::ErrorCode;
-use crate::logic::http::usage::Tokens;
 use crate::logic::tenancy::auth;
 use crate::logic::tenancy::auth::parse_config;
 use crate::logic::tenancy::quota::{self as quota_math};

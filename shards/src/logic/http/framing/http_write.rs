@@ -1,7 +1,7 @@
 //! HTTP/1.1 writing: response and request heads, chunk framing, the JSON
 //! error response. Pure: everything appends to a `Vec<u8>`.
 
-use super::errors::ApiError;
+use crate::logic::http::errors::ApiError;
 
 /// Reason phrase for the statuses we emit.
 pub fn reason(status: u16) -> &'static str {
@@ -190,7 +190,7 @@ pub fn write_request_head_from<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::logic::http::http_parse::{parse_response_head, BodyFraming};
+    use crate::logic::http::framing::http_parse::{parse_response_head, BodyFraming};
 
     #[test]
     fn the_routers_headers_replace_the_backends() {

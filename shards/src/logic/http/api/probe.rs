@@ -15,9 +15,9 @@ use serde_json::value::RawValue;
 
 use xxhash_rust::xxh64::Xxh64;
 
-use super::errors::{ApiError, ErrorCode};
-use super::inline_str::InlineStr;
 use super::prompt_hash::{raw_key_hash, seed_of, PrefixHasher, PrefixMarks};
+use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::logic::http::framing::inline_str::InlineStr;
 
 /// Longest accepted model name (spec 01 §3).
 pub const MAX_MODEL_BYTES: usize = 256;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::logic::http::usage::SseUsage;
+use crate::logic::http::api::usage::SseUsage;
 
 fn base(s: &str) -> BaseUrl {
     BaseUrl::parse(s).expect("base URL")

@@ -1,5 +1,5 @@
 use super::*;
-use crate::logic::http::chunked::has_bare_line_end;
+use crate::logic::http::framing::chunked::has_bare_line_end;
 use proptest::prelude::*;
 
 #[test]
