@@ -13,6 +13,8 @@
 //! The choice itself (holder within the load band, else least-loaded) is
 //! made in [`super::policy::select_with`]. Time comes in as seconds.
 
+pub mod miss_cost;
+
 use std::collections::HashMap;
 
 pub use crate::logic::http::api::prompt_hash::{

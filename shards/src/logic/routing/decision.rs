@@ -43,9 +43,9 @@ use std::time::{Duration, Instant};
 
 pub use self::continuing::CutReason;
 
+use super::affinity::miss_cost;
 use super::affinity::{AffinityPick, AffinitySource};
 use super::failure::{Failure, Side};
-use super::miss_cost;
 use super::policy::{AgentFacts, GateCounts, Policy, Session};
 pub use super::refusal::Rejection;
 use super::refusal::{QuotaRefusal, Refusal};

@@ -200,7 +200,7 @@ pub struct Policy {
     #[serde(skip)]
     pub min_share: [f64; 3],
     /// `tenant_headroom`: slots of a contended model that a flooding
-    /// tenant leaves free for calm ones ([`super::tenant_slots`]; 0:
+    /// tenant leaves free for calm ones ([`super::wait_queue::tenant_slots`]; 0:
     /// none).
     #[serde(skip)]
     pub tenant_headroom: u32,
@@ -299,7 +299,7 @@ impl Default for Policy {
             admission: AdmissionPolicy::default(),
             fallback_provider: None,
             min_share: [0.0; 3],
-            tenant_headroom: super::tenant_slots::DEFAULT_HEADROOM,
+            tenant_headroom: super::wait_queue::tenant_slots::DEFAULT_HEADROOM,
         }
     }
 }

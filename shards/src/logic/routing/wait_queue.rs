@@ -21,6 +21,8 @@ use std::collections::{BTreeMap, HashMap};
 /// sequence (64 bits), compared as one number.
 pub type Place = u128;
 
+pub mod tenant_slots;
+
 pub use crate::logic::tenancy::class::{request_class, Class, PRIORITY_HEADER};
 
 /// Who queues and what it will cost: its class, its tenant (a hash) and

@@ -77,7 +77,7 @@ pub fn policy_json(p: &crate::logic::routing::policy::Policy) -> Value {
         }
         v["min_share"] = Value::Object(m);
     }
-    if p.tenant_headroom != crate::logic::routing::tenant_slots::DEFAULT_HEADROOM {
+    if p.tenant_headroom != crate::logic::routing::wait_queue::tenant_slots::DEFAULT_HEADROOM {
         v["tenant_headroom"] = json!(p.tenant_headroom);
     }
     let a = &p.admission;

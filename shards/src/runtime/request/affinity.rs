@@ -6,7 +6,7 @@
 //! what a miss cost). The index itself is the shard's
 //! ([`crate::runtime::state::shard::Shard::affinity`]); the pure parts
 //! are in [`crate::logic::routing::affinity`] and
-//! [`crate::logic::routing::miss_cost`].
+//! [`crate::logic::routing::affinity::miss_cost`].
 
 use crate::logic::http::api::usage::Tokens;
 use crate::logic::routing::affinity::{

@@ -5,7 +5,7 @@
 //! its end, [`waited`] when a request leaves the capacity queue,
 //! [`true_up`] when its usage is known. The per-tenant state itself is
 //! the capacity queue's ([`crate::runtime::state::model::Waiters`]); the
-//! pure parts are in [`crate::logic::routing::tenant_slots`] and
+//! pure parts are in [`crate::logic::routing::wait_queue::tenant_slots`] and
 //! [`crate::logic::routing::wait_queue`].
 
 use std::time::Duration;

@@ -6,8 +6,8 @@
 use std::time::Instant;
 
 use super::{Action, Decision, ModelFacts, Pool, Rejection};
+use crate::logic::routing::affinity::miss_cost;
 use crate::logic::routing::affinity::{AffinityPick, Outcome};
-use crate::logic::routing::miss_cost;
 use crate::logic::routing::policy::{self, GateCounts, StepPick};
 use crate::logic::routing::wait_queue::Prefer;
 

@@ -980,10 +980,12 @@ fn the_holder_wait_never_outlasts_the_prefill_it_saves() {
     fn learned(pool: &Vec<Agent>, secs: Option<f64>) -> ModelFacts<'_, Vec<Agent>> {
         ModelFacts {
             affinity: Some(&HeldBy2),
-            miss: secs.map(|secs_per_byte| crate::logic::routing::miss_cost::Learned {
-                secs_per_byte,
-                mean_request_secs: 1.0,
-            }),
+            miss: secs.map(
+                |secs_per_byte| crate::logic::routing::affinity::miss_cost::Learned {
+                    secs_per_byte,
+                    mean_request_secs: 1.0,
+                },
+            ),
             ..facts(pool, 0)
         }
     }

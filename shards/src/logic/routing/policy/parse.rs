@@ -512,7 +512,7 @@ pub fn parse(file: &str, text: &str) -> Result<Policy, PolicyError> {
         ));
     }
     let tenant_headroom = match raw.tenant_headroom {
-        None => crate::logic::routing::tenant_slots::DEFAULT_HEADROOM,
+        None => crate::logic::routing::wait_queue::tenant_slots::DEFAULT_HEADROOM,
         Some(n) => u32::try_from(n)
             .ok()
             .filter(|n| *n <= 1024)

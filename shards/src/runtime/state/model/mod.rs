@@ -16,7 +16,7 @@ use self::agent::Agent;
 use self::stats::ModelStats;
 use crate::logic::routing::decision::Pool;
 use crate::logic::routing::policy::AgentFacts;
-use crate::logic::routing::tenant_slots::TenantSlots;
+use crate::logic::routing::wait_queue::tenant_slots::TenantSlots;
 use crate::logic::routing::wait_queue::{Prefer, WaitQueue, LOOK_AHEAD, MAX_PASSES};
 use crate::logic::system::log_gate::LogGate;
 
@@ -205,7 +205,7 @@ pub struct ModelState {
     pub empty_since: Option<crate::runtime::wire::clock::Instant>,
     /// What an uncached prompt token costs on its engines, learned from
     /// prefix-aware requests (bounds `holder_wait_ms`).
-    pub miss_cost: std::cell::Cell<crate::logic::routing::miss_cost::MissCost>,
+    pub miss_cost: std::cell::Cell<crate::logic::routing::affinity::miss_cost::MissCost>,
 }
 
 // === impl ModelState ===
