@@ -22,7 +22,7 @@ pub fn load(src: &AuthSources) -> Result<AuthConfig, String> {
         Some(f) => {
             let text = std::fs::read_to_string(f)
                 .map_err(|e| format!("auth: cannot read {}: {e}", f.display()))?;
-            auth::parse_config(&f.display().to_string(), &text)
+            auth::parse_config(&f.display().to_string(), &text).map_err(String::from)
         }
         None => {
             let m = src.env_mode.as_deref().unwrap_or("none").trim();

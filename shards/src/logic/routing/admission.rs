@@ -17,6 +17,7 @@ use super::policy::{AdmissionPolicy, Field, Mode};
 use super::wait_queue::{Fair, Place, WaitQueue};
 use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::link::engine_metrics::EngineSignals;
+use crate::logic::system::config_error::ConfigError;
 
 /// Why admission refused a request: the metric's `reason` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -553,17 +554,17 @@ pub fn growth(content_bytes: u64) -> u64 {
 pub fn cross_check<'a>(
     keys: impl Iterator<Item = (&'a str, u64)> + Clone,
     policies: impl Iterator<Item = (&'a str, &'a AdmissionPolicy)>,
-) -> Result<(), String> {
+) -> Result<(), ConfigError> {
     for (doc, p) in policies {
         if p.mode != Mode::Serverless || p.max_input_tokens == 0 {
             continue;
         }
         for (key, itpm) in keys.clone() {
             if itpm > 0 && itpm < p.max_input_tokens {
-                return Err(format!(
+                return Err(ConfigError::from(format!(
                     "key {key:?}: input_tokens_per_minute {itpm} is below max_input_tokens {} of serverless policy {doc:?}: its largest requests could never be admitted",
                     p.max_input_tokens
-                ));
+                )));
             }
         }
     }

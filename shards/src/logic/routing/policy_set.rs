@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::policy::Policy;
+use crate::logic::system::config_error::ConfigError;
 
 /// The policies in force: the global one and the per-model documents.
 #[derive(Debug, Clone, Default)]
@@ -16,19 +17,19 @@ pub struct PolicySet {
 
 impl PolicySet {
     /// Check that no model is claimed twice.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let mut owner: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
         for (name, p) in &self.named {
             if p.models.is_empty() {
-                return Err(format!(
+                return Err(ConfigError::from(format!(
                     "policy {name:?} must include a 'models:' field with at least one model name"
-                ));
+                )));
             }
             for m in &p.models {
                 if let Some(other) = owner.insert(m, name) {
-                    return Err(format!(
+                    return Err(ConfigError::from(format!(
                         "model {m:?} is already claimed by policy {other:?}"
-                    ));
+                    )));
                 }
             }
         }

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 
 use crate::logic::http::endpoint::Endpoint;
+use crate::logic::system::config_error::ConfigError;
 
 /// Placement kinds (spec 07 §1.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -181,7 +182,7 @@ fn url_safe(s: &str) -> std::borrow::Cow<'_, str> {
 
 /// Validate a push for the router of `local` (spec 07 §4); the error is
 /// the reason the whole push is refused.
-pub fn validate(dto: MapDto, local: &str) -> Result<SiteMap, String> {
+pub fn validate(dto: MapDto, local: &str) -> Result<SiteMap, ConfigError> {
     if dto.version.is_empty() {
         return Err("version is required".into());
     }
@@ -195,42 +196,47 @@ pub fn validate(dto: MapDto, local: &str) -> Result<SiteMap, String> {
     let mut by_site = HashMap::new();
     for (i, s) in dto.sites.iter().enumerate() {
         if !valid_site_id(&s.site_id) {
-            return Err(format!(
+            return Err(ConfigError::from(format!(
                 "sites[{i}].site_id {:?} must match [A-Za-z0-9._-]{{1,64}}",
                 s.site_id
-            ));
+            )));
         }
         if !valid_base_url(&s.base_url) {
-            return Err(format!(
+            return Err(ConfigError::from(format!(
                 "sites[{i}].base_url {:?} must be an absolute http(s) URL without query",
                 s.base_url
-            ));
+            )));
         }
         if by_site.insert(s.site_id.clone(), i).is_some() {
-            return Err(format!("sites[{i}].site_id {:?} is duplicated", s.site_id));
+            return Err(ConfigError::from(format!(
+                "sites[{i}].site_id {:?} is duplicated",
+                s.site_id
+            )));
         }
     }
     if !by_site.contains_key(local) {
-        return Err(format!("local site {local} missing"));
+        return Err(ConfigError::from(format!("local site {local} missing")));
     }
     let mut by_model: HashMap<(String, Kind), Vec<usize>> = HashMap::new();
     let mut seen = std::collections::HashSet::new();
     let mut budgets = BTreeMap::new();
     for (i, p) in dto.placements.iter().enumerate() {
         if !by_site.contains_key(&p.site_id) {
-            return Err(format!(
+            return Err(ConfigError::from(format!(
                 "placements[{i}].site_id {:?} is not a listed site",
                 p.site_id
-            ));
+            )));
         }
         if p.model.is_empty() || p.model.len() > 256 {
-            return Err(format!("placements[{i}].model must be 1 to 256 bytes"));
+            return Err(ConfigError::from(format!(
+                "placements[{i}].model must be 1 to 256 bytes"
+            )));
         }
         if !seen.insert((p.site_id.as_str(), p.model.as_str(), p.kind)) {
-            return Err(format!(
+            return Err(ConfigError::from(format!(
                 "placements[{i}]: ({}, {}, {:?}) is duplicated",
                 p.site_id, p.model, p.kind
-            ));
+            )));
         }
         if let Some(b) = &p.hold_budget {
             match parse_go_duration(b) {
@@ -238,9 +244,9 @@ pub fn validate(dto: MapDto, local: &str) -> Result<SiteMap, String> {
                     budgets.insert(i, d);
                 }
                 _ => {
-                    return Err(format!(
+                    return Err(ConfigError::from(format!(
                         "placements[{i}].hold_budget {b:?} must be a duration in (0, 1h]"
-                    ))
+                    )))
                 }
             }
         }

@@ -1,8 +1,10 @@
 //! Which CPU each shard runs on, computed from a topology value (the CPUs
 //! the process may use) and the flags; discovery lives in the runtime.
 
+use crate::logic::system::config_error::ConfigError;
+
 /// Parse a CPU list such as `0-3,6`.
-pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
+pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, ConfigError> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         if let Some((a, b)) = part.split_once('-') {
@@ -15,7 +17,7 @@ pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
                 .parse()
                 .map_err(|_| format!("invalid CPU range {part:?}"))?;
             if a > b || b - a > 4096 {
-                return Err(format!("invalid CPU range {part:?}"));
+                return Err(ConfigError::from(format!("invalid CPU range {part:?}")));
             }
             out.extend(a..=b);
         } else {
@@ -36,16 +38,16 @@ pub fn plan(
     shards: Option<usize>,
     cpus: Option<&[usize]>,
     available: &[usize],
-) -> Result<Vec<Option<usize>>, String> {
+) -> Result<Vec<Option<usize>>, ConfigError> {
     let pool: Vec<usize> = match cpus {
         Some(list) => {
             if let Some(bad) = list
                 .iter()
                 .find(|c| !available.is_empty() && !available.contains(c))
             {
-                return Err(format!(
+                return Err(ConfigError::from(format!(
                     "CPU {bad} is not available to this process (available: {available:?})"
-                ));
+                )));
             }
             list.to_vec()
         }

@@ -3,6 +3,7 @@
 //! interval), [`timefmt`] and [`calendar`] (writing and reading dates).
 
 pub mod calendar;
+pub mod config_error;
 pub mod core_plan;
 pub mod log_gate;
 pub mod procfs;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use super::class::Class;
 pub use crate::logic::system::calendar::{days_from_civil, parse_expiry_day, parse_rfc3339};
+use crate::logic::system::config_error::ConfigError;
 use serde::{Deserialize, Serialize};
 
 /// Client authentication mode (`api.mode`).
@@ -154,11 +155,13 @@ pub struct KeyRecord {
 }
 
 /// A key's `priority` (absent: standard).
-pub fn parse_priority(v: Option<&str>, at: &str) -> Result<Class, String> {
+pub fn parse_priority(v: Option<&str>, at: &str) -> Result<Class, ConfigError> {
     match v.map(str::trim) {
         None | Some("") => Ok(Class::Standard),
         Some(s) => Class::parse(s).ok_or_else(|| {
-            format!("{at}.priority: {s:?} is not one of interactive, standard, batch")
+            ConfigError::from(format!(
+                "{at}.priority: {s:?} is not one of interactive, standard, batch"
+            ))
         }),
     }
 }
@@ -335,7 +338,7 @@ pub struct AuthConfig {
 
 /// Validate a quota (shared by `auth.yaml` and the registry); `at` names
 /// the entry in errors.
-pub fn validate_quota(q: &Quota, at: &str) -> Result<Limits, String> {
+pub fn validate_quota(q: &Quota, at: &str) -> Result<Limits, ConfigError> {
     let flat = [
         ("requests_per_minute", q.requests_per_minute),
         ("tokens_per_day", q.tokens_per_day),
@@ -344,7 +347,9 @@ pub fn validate_quota(q: &Quota, at: &str) -> Result<Limits, String> {
     ];
     for (name, v) in flat {
         if v < 0 {
-            return Err(format!("{at}.quota.{name}: must be >= 0 (0 = unlimited)"));
+            return Err(ConfigError::from(format!(
+                "{at}.quota.{name}: must be >= 0 (0 = unlimited)"
+            )));
         }
     }
     let nonneg = |v: i64| u64::try_from(v).unwrap_or(0);
@@ -357,28 +362,30 @@ pub fn validate_quota(q: &Quota, at: &str) -> Result<Limits, String> {
         }),
         Some(pm) => {
             if let Some((name, _)) = flat.iter().find(|(_, v)| *v != 0) {
-                return Err(format!(
+                return Err(ConfigError::from(format!(
                     "{at}.quota.{name}: per_model cannot be combined with flat quota fields"
-                ));
+                )));
             }
             if pm.is_empty() {
-                return Err(format!(
+                return Err(ConfigError::from(format!(
                     "{at}.quota.per_model: must list at least one model (or remove it)"
-                ));
+                )));
             }
             let mut out = BTreeMap::new();
             for (model, e) in pm {
                 if model.trim().is_empty() {
-                    return Err(format!("{at}.quota.per_model: empty model name"));
+                    return Err(ConfigError::from(format!(
+                        "{at}.quota.per_model: empty model name"
+                    )));
                 }
-                let field = |name: &str, v: Option<i64>| -> Result<u64, String> {
+                let field = |name: &str, v: Option<i64>| -> Result<u64, ConfigError> {
                     match v {
-                        None => Err(format!(
+                        None => Err(ConfigError::from(format!(
                             "{at}.quota.per_model.{model}.{name}: required (write 0 for unlimited)"
-                        )),
-                        Some(n) if n < 0 => {
-                            Err(format!("{at}.quota.per_model.{model}.{name}: must be >= 0"))
-                        }
+                        ))),
+                        Some(n) if n < 0 => Err(ConfigError::from(format!(
+                            "{at}.quota.per_model.{model}.{name}: must be >= 0"
+                        ))),
                         Some(n) => Ok(nonneg(n)),
                     }
                 };
@@ -399,19 +406,19 @@ pub fn validate_quota(q: &Quota, at: &str) -> Result<Limits, String> {
 }
 
 /// Validate `max_occupancy_share` (0 = unset, else (0, 1]).
-pub fn validate_share(v: Option<f64>, at: &str) -> Result<f64, String> {
+pub fn validate_share(v: Option<f64>, at: &str) -> Result<f64, ConfigError> {
     let v = v.unwrap_or(0.0);
     if !v.is_finite() || !(0.0..=1.0).contains(&v) {
-        return Err(format!(
+        return Err(ConfigError::from(format!(
             "{at}.max_occupancy_share: {v} is outside [0, 1] (0 = unset)"
-        ));
+        )));
     }
     Ok(v)
 }
 
 /// Parse and validate `auth.yaml` (`file` names it in errors). Every
 /// error is one line naming the file, the key entry and the field.
-pub fn parse_config(file: &str, text: &str) -> Result<AuthConfig, String> {
+pub fn parse_config(file: &str, text: &str) -> Result<AuthConfig, ConfigError> {
     let raw: RawFile = serde_saphyr::from_str(text).map_err(|e| {
         let line = e.location().map(|l| l.line()).unwrap_or(0);
         let msg = e.to_string();
@@ -434,9 +441,9 @@ pub fn parse_config(file: &str, text: &str) -> Result<AuthConfig, String> {
             "none" => AdminMode::None,
             "api-key" => AdminMode::ApiKey,
             other => {
-                return Err(format!(
+                return Err(ConfigError::from(format!(
                     "auth: {file}: admin.mode: unknown mode {other:?} (supported: none, api-key)"
-                ))
+                )))
             }
         }),
     };
@@ -445,15 +452,15 @@ pub fn parse_config(file: &str, text: &str) -> Result<AuthConfig, String> {
     let mut seen: std::collections::HashSet<[u8; 32]> = std::collections::HashSet::new();
     if mode == ApiMode::ApiKey {
         if api.keys.is_empty() {
-            return Err(format!(
+            return Err(ConfigError::from(format!(
                 "auth: {file}: api.keys: api-key mode needs at least one key (run `hivenet-router keygen`)"
-            ));
+            )));
         }
         for (i, k) in api.keys.into_iter().enumerate() {
             let at = format!("auth: {file}: api.keys[{i}]");
             let hash_s = k.key_hash.trim().to_ascii_lowercase();
             if hash_s.is_empty() {
-                return Err(format!("{at}.key_hash: required"));
+                return Err(ConfigError::from(format!("{at}.key_hash: required")));
             }
             // Better than the spec: a hash that is not 64 hex digits would
             // silently never match, so it is refused.
@@ -461,13 +468,17 @@ pub fn parse_config(file: &str, text: &str) -> Result<AuthConfig, String> {
                 format!("{at}.key_hash: must be the 64 hex digits of the key's SHA-256")
             })?;
             if !seen.insert(hash) {
-                return Err(format!("{at}.key_hash: duplicate of an earlier key"));
+                return Err(ConfigError::from(format!(
+                    "{at}.key_hash: duplicate of an earlier key"
+                )));
             }
             if k.metadata.name.trim().is_empty() {
-                return Err(format!("{at}.metadata.name: required"));
+                return Err(ConfigError::from(format!("{at}.metadata.name: required")));
             }
             if k.metadata.owner.trim().is_empty() {
-                return Err(format!("{at}.metadata.owner: required (it is the tenant)"));
+                return Err(ConfigError::from(format!(
+                    "{at}.metadata.owner: required (it is the tenant)"
+                )));
             }
             let expires_at = if k.metadata.expires_at.trim().is_empty() {
                 None
@@ -480,7 +491,9 @@ pub fn parse_config(file: &str, text: &str) -> Result<AuthConfig, String> {
                 })?)
             };
             if let Some(m) = k.models.iter().find(|m| m.trim().is_empty()) {
-                return Err(format!("{at}.models: empty model name {m:?}"));
+                return Err(ConfigError::from(format!(
+                    "{at}.models: empty model name {m:?}"
+                )));
             }
             let limits = match &k.quota {
                 Some(q) => validate_quota(q, &at)?,

@@ -3,6 +3,8 @@
 //! ([`crate::logic::routing::wait_queue`]) and the hold order
 //! ([`crate::logic::sites::hold`]) order by it.
 
+use crate::logic::http::errors::{ApiError, ErrorCode};
+
 /// A request's priority class (`priority` on a key, lowered by the
 /// `X-Hivenet-Priority` header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
@@ -50,22 +52,28 @@ pub const PRIORITY_HEADER: &str = "x-hivenet-priority";
 
 /// A request's class: its key's, or lower when `header` asks (a value
 /// above the key's, or not a class, is refused with the reason).
-pub fn request_class(key: Class, header: Option<&[u8]>) -> Result<Class, String> {
+pub fn request_class(key: Class, header: Option<&[u8]>) -> Result<Class, ApiError> {
     let Some(raw) = header else {
         return Ok(key);
     };
     let text = std::str::from_utf8(raw).unwrap_or("");
     let Some(asked) = Class::parse(text) else {
-        return Err(format!(
-            "X-Hivenet-Priority: {:?} is not one of interactive, standard, batch",
-            text.chars().take(32).collect::<String>()
+        return Err(ApiError::new(
+            ErrorCode::RequestInvalid,
+            format!(
+                "X-Hivenet-Priority: {:?} is not one of interactive, standard, batch",
+                text.chars().take(32).collect::<String>()
+            ),
         ));
     };
     if asked < key {
-        return Err(format!(
+        return Err(ApiError::new(
+            ErrorCode::RequestInvalid,
+            format!(
             "X-Hivenet-Priority: {} is above this key's class ({}); a request may only lower it",
             asked.as_str(),
             key.as_str()
+        ),
         ));
     }
     Ok(asked)

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::auth::{self, KeyRecord, Quota};
+use crate::logic::system::config_error::ConfigError;
 
 /// One key as `PUT /admin/api-keys/{id}` and `replace` carry it.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -130,7 +131,7 @@ pub struct Registry {
 }
 
 /// Validate one entry into its hash, record and view.
-fn validate(id: &str, dto: KeyDto) -> Result<Entry, String> {
+fn validate(id: &str, dto: KeyDto) -> Result<Entry, ConfigError> {
     let kept = KeyDto {
         id: id.to_string(),
         ..dto.clone()
@@ -222,7 +223,7 @@ impl Registry {
     pub fn put(&mut self, id: &str, dto: KeyDto) -> Result<(), RegistryError> {
         let version = dto.version.clone();
         self.check_version(&version)?;
-        let e = validate(id, dto).map_err(RegistryError::Invalid)?;
+        let e = validate(id, dto).map_err(|e| RegistryError::Invalid(e.into()))?;
         if let Some((other, _)) = self
             .entries
             .iter()

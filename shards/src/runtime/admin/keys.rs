@@ -5,6 +5,7 @@
 //! The registry lives in memory: after a restart it is empty until the
 //! operator's service pushes `replace` again (as in the spec).
 
+use crate::logic::system::config_error::ConfigError;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -68,7 +69,7 @@ fn stale_or_invalid(e: RegistryError) -> AdminReply {
 /// every serverless policy the key can reach (the global one always; a
 /// named one when the key has no allowlist or shares a model with it)
 /// with `max_input_tokens` needs the key's non-zero ITPM at or above it.
-fn serverless_reach_check(dto: &KeyDto, set: &PolicySet) -> Result<(), String> {
+fn serverless_reach_check(dto: &KeyDto, set: &PolicySet) -> Result<(), ConfigError> {
     let itpm = dto
         .quota
         .as_ref()

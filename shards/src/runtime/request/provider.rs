@@ -165,7 +165,7 @@ pub async fn fallback(
     let req =
         match shape::build_request(fp.engine, &fp.model, &account.base, &account.key, api, body) {
             Ok(r) => r,
-            Err(e) => return (fail(e), None),
+            Err(e) => return (fail(e.0), None),
         };
     let left = deadline
         .saturating_duration_since(clock::now())
@@ -221,7 +221,7 @@ pub async fn fallback(
     };
     let out = match shape::response_body(fp.engine, api, &answer) {
         Ok(b) => b,
-        Err(e) => return (fail(e), Some(status)),
+        Err(e) => return (fail(e.0), Some(status)),
     };
     let tokens = usage::from_body(&out);
     let sent = if c.scope.committed {
@@ -298,7 +298,7 @@ async fn relay_stream(
         let piece: &[u8] = match translator.as_mut() {
             Some(t) => {
                 if let Err(e) = t.feed(&payload, &mut events) {
-                    return cut(c, e).await;
+                    return cut(c, e.0).await;
                 }
                 &events
             }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::logic::http::api::provider::{BaseUrl, Engine};
 use crate::logic::routing::policy_set::PolicySet;
+use crate::logic::system::config_error::ConfigError;
 
 /// One provider's account: its key and where it is.
 #[derive(Clone)]
@@ -42,7 +43,7 @@ impl Providers {
     /// Read the accounts from `env` (a key variable makes an account;
     /// its base URL variable moves it) and build the TLS settings, with
     /// the PEM certificates of `ca_file` trusted beside the public roots.
-    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Providers, String> {
+    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Providers, ConfigError> {
         let account = |engine: Engine| -> Result<Option<Account>, String> {
             let Some(key) = env(engine.key_env()).filter(|k| !k.trim().is_empty()) else {
                 return Ok(None);
@@ -87,17 +88,17 @@ impl Providers {
 
     /// Every policy's provider must have an account (spec 04 §7: start-up,
     /// reload and PUT refuse a policy whose provider key is missing).
-    pub fn check(&self, set: &PolicySet) -> Result<(), String> {
+    pub fn check(&self, set: &PolicySet) -> Result<(), ConfigError> {
         let docs = std::iter::once(("global", &set.global))
             .chain(set.named.iter().map(|(n, p)| (n.as_str(), p)));
         for (name, p) in docs {
             if let Some(fp) = &p.fallback_provider {
                 if self.account(fp.engine).is_none() {
-                    return Err(format!(
+                    return Err(ConfigError::from(format!(
                         "policy {name:?}: fallback_provider {} needs {} to be set",
                         fp.engine.name(),
                         fp.engine.key_env()
-                    ));
+                    )));
                 }
             }
         }
@@ -105,7 +106,7 @@ impl Providers {
     }
 }
 
-fn tls_config(ca_file: Option<&str>) -> Result<rustls::ClientConfig, String> {
+fn tls_config(ca_file: Option<&str>) -> Result<rustls::ClientConfig, ConfigError> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
@@ -121,9 +122,9 @@ fn tls_config(ca_file: Option<&str>) -> Result<rustls::ClientConfig, String> {
             n += 1;
         }
         if n == 0 {
-            return Err(format!(
+            return Err(ConfigError::from(format!(
                 "HIVENET_ROUTER_PROVIDER_CA_FILE {path}: no certificate in it"
-            ));
+            )));
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());

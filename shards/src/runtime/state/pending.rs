@@ -47,7 +47,10 @@ impl PendingRequest {
     /// Its priority class: its key's, lowered by the `X-Hivenet-Priority`
     /// header; `Err` (a message for the client) when the header is not a
     /// class or would raise it.
-    pub fn class(&self) -> Result<crate::logic::routing::wait_queue::Class, String> {
+    pub fn class(
+        &self,
+    ) -> Result<crate::logic::routing::wait_queue::Class, crate::logic::http::errors::ApiError>
+    {
         crate::logic::routing::wait_queue::request_class(
             self.principal.key_class(),
             self.head

@@ -18,6 +18,7 @@ use super::mesh::ShardMsg;
 use super::snapshot::Versioned;
 use crate::logic::routing::directory::Directory;
 use crate::logic::routing::policy_set::PolicySet;
+use crate::logic::system::config_error::ConfigError;
 
 /// Router settings the shards need.
 #[derive(Debug, Clone)]
@@ -343,13 +344,10 @@ impl Router {
     }
 
     /// Replace the policy set (validated) and count the reload.
-    pub fn swap_policies(&self, set: PolicySet, trigger: &str) -> Result<(), String> {
-        let r = set.validate().and_then(|()| {
-            self.cfg
-                .providers
-                .check(&set)
-                .map_err(|e| format!("policy: {e}"))
-        });
+    pub fn swap_policies(&self, set: PolicySet, trigger: &str) -> Result<(), ConfigError> {
+        let r = set
+            .validate()
+            .and_then(|()| self.cfg.providers.check(&set).map_err(|e| e.at("policy")));
         self.count_reload(trigger, r.is_ok());
         r?;
         self.policies.store(set);

@@ -9,8 +9,35 @@
 //! Key types: [`Engine`], [`FallbackProvider`], [`BaseUrl`],
 //! [`StreamTranslator`].
 
+use crate::logic::system::config_error::ConfigError;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
+
+/// A body that could not be translated between the two API shapes: the
+/// client's request (its side) or the provider's answer (the provider's
+/// side, a 502), with the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeError(pub String);
+
+impl std::fmt::Display for ShapeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ShapeError {}
+
+impl From<String> for ShapeError {
+    fn from(m: String) -> Self {
+        ShapeError(m)
+    }
+}
+
+impl From<&str> for ShapeError {
+    fn from(m: &str) -> Self {
+        ShapeError(m.to_string())
+    }
+}
 
 /// A provider's API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -107,25 +134,25 @@ pub struct BaseUrl {
 impl BaseUrl {
     /// Parse `s`: an absolute http(s) URL of visible ASCII, no query,
     /// fragment or user info.
-    pub fn parse(s: &str) -> Result<BaseUrl, String> {
+    pub fn parse(s: &str) -> Result<BaseUrl, ConfigError> {
         if !s.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(format!(
+            return Err(ConfigError::from(format!(
                 "base URL {s:?}: only visible ASCII characters are allowed"
-            ));
+            )));
         }
         let (tls, rest) = if let Some(r) = s.strip_prefix("https://") {
             (true, r)
         } else if let Some(r) = s.strip_prefix("http://") {
             (false, r)
         } else {
-            return Err(format!(
+            return Err(ConfigError::from(format!(
                 "base URL {s:?}: must start with http:// or https://"
-            ));
+            )));
         };
         if rest.contains(['?', '#', '@']) {
-            return Err(format!(
+            return Err(ConfigError::from(format!(
                 "base URL {s:?}: no query, fragment or user info allowed"
-            ));
+            )));
         }
         let (authority, path) = match rest.find('/') {
             Some(i) => rest.split_at(i),
@@ -135,14 +162,14 @@ impl BaseUrl {
             Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
                 match p.parse::<u16>() {
                     Ok(p) if p > 0 => (h, p),
-                    _ => return Err(format!("base URL {s:?}: bad port {p:?}")),
+                    _ => return Err(ConfigError::from(format!("base URL {s:?}: bad port {p:?}"))),
                 }
             }
             _ => (authority, if tls { 443 } else { 80 }),
         };
         let host = host.trim_start_matches('[').trim_end_matches(']');
         if host.is_empty() {
-            return Err(format!("base URL {s:?}: no host"));
+            return Err(ConfigError::from(format!("base URL {s:?}: no host")));
         }
         Ok(BaseUrl {
             tls,
@@ -186,7 +213,7 @@ pub fn build_request(
     key: &str,
     api: Api,
     body: &[u8],
-) -> Result<ProviderRequest, String> {
+) -> Result<ProviderRequest, ShapeError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("request is not JSON: {e}"))?;
     let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let translated = engine.api() != api;
@@ -263,7 +290,7 @@ fn copy(from: &Value, to: &mut Map<String, Value>, fields: &[&str]) {
 /// An OpenAI chat request as an Anthropic messages request (spec 04 §7):
 /// system texts joined by `\n`, text content only, `max_tokens` the
 /// request's or 4096.
-fn chat_to_messages(v: &Value, model: &str) -> Result<Value, String> {
+fn chat_to_messages(v: &Value, model: &str) -> Result<Value, ShapeError> {
     let msgs = v
         .get("messages")
         .and_then(Value::as_array)
@@ -306,7 +333,7 @@ fn chat_to_messages(v: &Value, model: &str) -> Result<Value, String> {
 }
 
 /// An Anthropic messages request as an OpenAI chat request.
-fn messages_to_chat(v: &Value, model: &str) -> Result<Value, String> {
+fn messages_to_chat(v: &Value, model: &str) -> Result<Value, ShapeError> {
     let msgs = v
         .get("messages")
         .and_then(Value::as_array)
@@ -344,7 +371,7 @@ pub fn processed_by(engine: Engine) -> String {
 /// The client's body from a provider's whole (non-streamed) 2xx answer:
 /// translated to the client's API when needed, stamped `processed_by`
 /// (spec 04 §7; never the empty 200 of 08 A1).
-pub fn response_body(engine: Engine, api: Api, body: &[u8]) -> Result<Vec<u8>, String> {
+pub fn response_body(engine: Engine, api: Api, body: &[u8]) -> Result<Vec<u8>, ShapeError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("answer is not JSON: {e}"))?;
     let mut out = match (engine, api) {
         (Engine::OpenAi, Api::Chat) | (Engine::Anthropic, Api::Messages) => v,
@@ -367,7 +394,7 @@ pub fn response_body(engine: Engine, api: Api, body: &[u8]) -> Result<Vec<u8>, S
     if let Some(o) = out.as_object_mut() {
         o.insert("processed_by".into(), json!(processed_by(engine)));
     }
-    serde_json::to_vec(&out).map_err(|e| e.to_string())
+    serde_json::to_vec(&out).map_err(|e| ShapeError(e.to_string()))
 }
 
 pub(crate) fn finish_of_stop(stop: Option<&str>) -> &'static str {
@@ -387,7 +414,7 @@ pub(crate) fn stop_of_finish(finish: Option<&str>) -> &'static str {
 }
 
 /// An Anthropic message as an OpenAI chat completion (first text block).
-fn message_to_completion(v: &Value) -> Result<Value, String> {
+fn message_to_completion(v: &Value) -> Result<Value, ShapeError> {
     let text = v
         .get("content")
         .and_then(Value::as_array)
@@ -421,7 +448,7 @@ fn message_to_completion(v: &Value) -> Result<Value, String> {
 }
 
 /// An OpenAI chat completion as an Anthropic message.
-fn completion_to_message(v: &Value) -> Result<Value, String> {
+fn completion_to_message(v: &Value) -> Result<Value, ShapeError> {
     let choice = v
         .get("choices")
         .and_then(Value::as_array)

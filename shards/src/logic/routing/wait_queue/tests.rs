@@ -307,7 +307,12 @@ fn the_header_lowers_the_class_never_raises_it() {
         Ok(Class::Batch)
     );
     let e = request_class(Class::Standard, Some(b"interactive")).expect_err("raising");
-    assert!(e.contains("above this key's class (standard)"), "{e}");
+    assert!(
+        e.message.contains("above this key's class (standard)"),
+        "{}",
+        e.message
+    );
+    assert_eq!(e.status, 400);
     assert!(request_class(Class::Batch, Some(b"standard")).is_err());
     assert!(request_class(Class::Standard, Some(b"urgent")).is_err());
     assert!(request_class(Class::Standard, Some(&[0xff, 0xfe])).is_err());

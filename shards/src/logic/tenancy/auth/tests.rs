@@ -9,6 +9,7 @@ fn cfg(keys: &str) -> Result<AuthConfig, String> {
         "auth.yaml",
         &format!("api:\n  mode: api-key\n  keys:\n{keys}"),
     )
+    .map_err(String::from)
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::Run;
 use crate::logic::http::api::probe::COLD_TOKENS_PER_BYTE;
 use crate::logic::http::endpoint::Endpoint;
-use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::logic::http::errors::ApiError;
 use crate::logic::routing::decision::{
     AdmitEnd, Decision, Entry, Limits, Park, Released, RequestFacts,
 };
@@ -89,9 +89,7 @@ impl<'a> Run<'a> {
         bufpool::give(std::mem::take(&mut p.body));
         let p: &'a PendingRequest = p;
         let model = p.meta.model.as_str();
-        let class = p
-            .class()
-            .map_err(|m| ApiError::new(ErrorCode::RequestInvalid, m))?;
+        let class = p.class()?;
         let limits = Limits {
             max_tries_per_step: cfg.max_tries_per_step,
             // A released request: the hold limits already bound how many;

@@ -21,6 +21,7 @@ use std::path::Path;
 use std::rc::Rc;
 use std::task::Poll;
 
+use crate::logic::system::config_error::ConfigError;
 use futures::channel::oneshot;
 use futures::{AsyncReadExt, AsyncWriteExt};
 use libp2p_core::upgrade::{InboundConnectionUpgrade, OutboundConnectionUpgrade};
@@ -276,13 +277,13 @@ pub async fn write_frame<W: futures::AsyncWrite + Unpin>(
 }
 
 /// Load an Ed25519 identity from `path`, creating it (mode 0600) when absent.
-pub fn load_or_create_identity(path: &Path) -> Result<Keypair, String> {
+pub fn load_or_create_identity(path: &Path) -> Result<Keypair, ConfigError> {
     match std::fs::read(path) {
         Ok(bytes) => Keypair::from_protobuf_encoding(&bytes).map_err(|e| {
-            format!(
+            ConfigError::from(format!(
                 "identity file {} is not a libp2p private key: {e}",
                 path.display()
-            )
+            ))
         }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             let kp = Keypair::generate_ed25519();
@@ -299,7 +300,10 @@ pub fn load_or_create_identity(path: &Path) -> Result<Keypair, String> {
                 .map_err(|e| format!("cannot write identity {}: {e}", path.display()))?;
             Ok(kp)
         }
-        Err(e) => Err(format!("cannot read identity {}: {e}", path.display())),
+        Err(e) => Err(ConfigError::from(format!(
+            "cannot read identity {}: {e}",
+            path.display()
+        ))),
     }
 }
 
@@ -316,10 +320,10 @@ fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
 }
 
 /// Load a standard `swarm.key` file (`/key/swarm/psk/1.0.0/`, `/base16/`, 64 hex digits).
-pub fn load_swarm_key(path: &Path) -> Result<PreSharedKey, String> {
+pub fn load_swarm_key(path: &Path) -> Result<PreSharedKey, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read swarm key {}: {e}", path.display()))?;
     text.trim()
         .parse::<PreSharedKey>()
-        .map_err(|e| format!("swarm key {} is invalid: {e}", path.display()))
+        .map_err(|e| ConfigError::from(format!("swarm key {} is invalid: {e}", path.display())))
 }

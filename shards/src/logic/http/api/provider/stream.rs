@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{finish_of_stop, stop_of_finish, Api, Engine};
+use super::{finish_of_stop, stop_of_finish, Api, Engine, ShapeError};
 /// Longest SSE event buffered while translating (a longer one fails the
 /// stream rather than growing without bound).
 pub const MAX_EVENT: usize = 1024 * 1024;
@@ -48,7 +48,7 @@ impl StreamTranslator {
     }
 
     /// Feed provider bytes; appends the client's events to `out`.
-    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), ShapeError> {
         self.pending.extend_from_slice(bytes);
         while let Some((end, sep)) = event_end(&self.pending) {
             let event: Vec<u8> = self.pending.drain(..end + sep).collect();
@@ -64,7 +64,7 @@ impl StreamTranslator {
             }
         }
         if self.pending.len() > MAX_EVENT {
-            return Err(format!("an event over {MAX_EVENT} bytes"));
+            return Err(ShapeError::from(format!("an event over {MAX_EVENT} bytes")));
         }
         Ok(())
     }
