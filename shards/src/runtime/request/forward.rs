@@ -158,39 +158,13 @@ pub async fn attempt(
     let sample = Some(head.sample_ms);
     debug!(peer_id = %agent.reg.peer_id, status = head.head.status, sample_ms = head.sample_ms, "agent response head");
     if head.head.status == 503 && head.head.header(AGENT_FULL_HEADER).is_some() {
-        // Other routers hold its capacity: it looks full here until its
-        // next load report (this slot is released on return).
-        let own = agent.active.get().saturating_sub(1);
-        let others = agent.reg.capacity.saturating_sub(own);
-        agent.others.set(agent.others.get().max(others));
-        agent.full_refusals.set(agent.full_refusals.get() + 1);
+        agent_full(agent);
         return (Outcome::Full, None);
     }
     // Backend overloaded or unreachable behind this agent: retryable.
     if matches!(head.head.status, 502..=504) {
-        if head.head.status == 503 {
-            agent.rejected.set(agent.rejected.get() + 1);
-        }
-        with_stats(shard, p.meta.model.as_str(), |s| {
-            *s.backend_errors.entry(head.head.status).or_default() += 1;
-        });
-        let why = format!("backend answered {}", head.head.status);
-        // Its body (bounded, briefly) is what the client gets if every
-        // try ends like this (issue 28 #8).
-        let mut up = head.upstream;
-        // Never past the request's own deadline.
-        let wait = BACKEND_BODY_WAIT.min(deadline.saturating_duration_since(clock::now()));
-        let body =
-            monoio::time::timeout(wait, up.read_body(head.head.framing, BACKEND_BODY_MAX)).await;
-        let body = match body {
-            Ok(Ok(b)) => b,
-            _ => Vec::new(),
-        };
-        *last_backend = Some(errors::backend_exhausted(head.head.status, &body));
-        return (
-            Outcome::Failed(Failure::new(Side::Backend, Stage::AwaitingHead, why)),
-            sample,
-        );
+        let failed = backend_failed(shard, p, agent, head, deadline, last_backend).await;
+        return (failed, sample);
     }
     if splice.is_some() && !(head.head.status == 200 && head.head.is_event_stream()) {
         // Nothing of it may reach the client's event stream.
@@ -213,11 +187,52 @@ pub async fn attempt(
         splice,
     };
     let relayed = exchange::relay(c, up, &head.head, p.head.keep_alive).await;
-    let outcome = match relayed {
-        RelayEnd::Done(tokens) => Outcome::Served {
-            status: head.head.status,
-            tokens,
-        },
+    (relay_outcome(head.head.status, relayed), sample)
+}
+
+/// The agent answered full: other routers hold its capacity, so it looks
+/// full here until its next load report (this slot is released on return).
+fn agent_full(agent: &Agent) {
+    let own = agent.active.get().saturating_sub(1);
+    let others = agent.reg.capacity.saturating_sub(own);
+    agent.others.set(agent.others.get().max(others));
+    agent.full_refusals.set(agent.full_refusals.get() + 1);
+}
+
+/// A backend's 502-504 behind the agent: counted, and its body (bounded,
+/// briefly, never past the request's deadline) kept in `last_backend`:
+/// what the client gets if every try ends like this (issue 28 #8).
+async fn backend_failed(
+    shard: &Shard,
+    p: &PendingRequest,
+    agent: &Agent,
+    head: exchange::Head,
+    deadline: clock::Instant,
+    last_backend: &mut Option<ApiError>,
+) -> Outcome {
+    let status = head.head.status;
+    if status == 503 {
+        agent.rejected.set(agent.rejected.get() + 1);
+    }
+    with_stats(shard, p.meta.model.as_str(), |s| {
+        *s.backend_errors.entry(status).or_default() += 1;
+    });
+    let mut up = head.upstream;
+    let wait = BACKEND_BODY_WAIT.min(deadline.saturating_duration_since(clock::now()));
+    let body = monoio::time::timeout(wait, up.read_body(head.head.framing, BACKEND_BODY_MAX)).await;
+    let body = match body {
+        Ok(Ok(b)) => b,
+        _ => Vec::new(),
+    };
+    *last_backend = Some(errors::backend_exhausted(status, &body));
+    let why = format!("backend answered {status}");
+    Outcome::Failed(Failure::new(Side::Backend, Stage::AwaitingHead, why))
+}
+
+/// How a relay of an answer with `status` ended, as an attempt's outcome.
+fn relay_outcome(status: u16, relayed: RelayEnd) -> Outcome {
+    match relayed {
+        RelayEnd::Done(tokens) => Outcome::Served { status, tokens },
         RelayEnd::ClientGone => Outcome::ClientGone,
         RelayEnd::UpstreamFailed(why) => {
             Outcome::Failed(Failure::new(Side::Agent, Stage::Relaying, why))
@@ -230,8 +245,7 @@ pub async fn attempt(
             Stage::AwaitingHead,
             format!("{why} (before any of the body reached the client)"),
         )),
-    };
-    (outcome, sample)
+    }
 }
 
 /// Count one attempt (the one place that does): the latency sample, the

@@ -170,19 +170,7 @@ pub async fn fallback(
     let left = deadline
         .saturating_duration_since(clock::now())
         .min(PROVIDER_TIMEOUT);
-    let head = monoio::time::timeout(left, async {
-        let stream = connect(account, providers.tls.as_ref()).await?;
-        let mut conn = Conn::over(stream, Vec::with_capacity(16 * 1024));
-        conn.write_all(req.bytes.clone())
-            .await
-            .map_err(|e| format!("send: {e}"))?;
-        let head = conn
-            .read_response_head()
-            .await
-            .map_err(|e| format!("answer: {e}"))?;
-        Ok::<_, String>((conn, head))
-    })
-    .await;
+    let head = monoio::time::timeout(left, ask(account, providers.tls.as_ref(), &req.bytes)).await;
     let (mut conn, head) = match head {
         Ok(Ok(x)) => x,
         Ok(Err(e)) => return (fail(e), Some(0)),
@@ -190,15 +178,7 @@ pub async fn fallback(
     };
     let status = head.status;
     if !(200..300).contains(&status) {
-        let body = monoio::time::timeout(
-            Duration::from_secs(2).min(deadline.saturating_duration_since(clock::now())),
-            conn.read_body(head.framing, 64 * 1024),
-        )
-        .await;
-        let text = match body {
-            Ok(Ok(b)) => String::from_utf8_lossy(&b[..b.len().min(ERROR_SHOWN)]).into_owned(),
-            _ => String::new(),
-        };
+        let text = error_text(&mut conn, &head, deadline).await;
         return (
             fail(format!("HTTP {status}: {}", text.trim())),
             Some(status),
@@ -224,18 +204,7 @@ pub async fn fallback(
         Err(e) => return (fail(e.0), Some(status)),
     };
     let tokens = usage::from_body(&out);
-    let sent = if c.scope.committed {
-        // Held with keepalives: the answer is the body's end.
-        c.scope.keepalive = None;
-        c.scope.ending.status = 200;
-        let mut chunk = Vec::with_capacity(out.len() + 16);
-        http_write::write_chunk(&mut chunk, &out);
-        chunk.extend_from_slice(http_write::LAST_CHUNK);
-        c.conn.write_all(chunk).await.is_ok()
-    } else {
-        respond::send_json(c, 200, &out, keep).await || !keep
-    };
-    if !sent {
+    if !send_whole(c, &out, keep).await {
         return (Fallback::Cut, Some(status));
     }
     (
@@ -245,6 +214,87 @@ pub async fn fallback(
         },
         Some(status),
     )
+}
+
+/// Connect to the provider, send the request, read its answer's head.
+async fn ask(
+    account: &Account,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    bytes: &[u8],
+) -> Result<
+    (
+        Conn<ProviderStream>,
+        crate::logic::http::framing::http_parse::ResponseHead,
+    ),
+    String,
+> {
+    let stream = connect(account, tls).await?;
+    let mut conn = Conn::over(stream, Vec::with_capacity(16 * 1024));
+    conn.write_all(bytes.to_vec())
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    let head = conn
+        .read_response_head()
+        .await
+        .map_err(|e| format!("answer: {e}"))?;
+    Ok((conn, head))
+}
+
+/// The start of a provider's error answer (bounded, briefly).
+async fn error_text(
+    conn: &mut Conn<ProviderStream>,
+    head: &crate::logic::http::framing::http_parse::ResponseHead,
+    deadline: clock::Instant,
+) -> String {
+    let body = monoio::time::timeout(
+        Duration::from_secs(2).min(deadline.saturating_duration_since(clock::now())),
+        conn.read_body(head.framing, 64 * 1024),
+    )
+    .await;
+    match body {
+        Ok(Ok(b)) => String::from_utf8_lossy(&b[..b.len().min(ERROR_SHOWN)]).into_owned(),
+        _ => String::new(),
+    }
+}
+
+/// Send a whole answer: as the body's end of a held request whose head
+/// is out (keepalives), else as one JSON response. Whether it was sent.
+async fn send_whole(c: &mut Client, out: &[u8], keep: bool) -> bool {
+    if c.scope.committed {
+        c.scope.keepalive = None;
+        c.scope.ending.status = 200;
+        let mut chunk = Vec::with_capacity(out.len() + 16);
+        http_write::write_chunk(&mut chunk, out);
+        chunk.extend_from_slice(http_write::LAST_CHUNK);
+        c.conn.write_all(chunk).await.is_ok()
+    } else {
+        respond::send_json(c, 200, out, keep).await || !keep
+    }
+}
+
+/// Move what `conn` holds of the body into `payload`, by its framing.
+/// Whether the body is complete.
+fn take_body(
+    conn: &mut Conn<ProviderStream>,
+    framing: BodyFraming,
+    dec: &mut ChunkedDecoder,
+    left: &mut Option<u64>,
+    payload: &mut Vec<u8>,
+) -> Result<bool, String> {
+    if framing == BodyFraming::Chunked {
+        let used = dec
+            .decode(&conn.buf, payload, 0)
+            .map_err(|e| format!("bad chunked answer: {e}"))?;
+        conn.consume(used);
+        return Ok(dec.is_done());
+    }
+    let n = left.map_or(conn.buf.len(), |l| conn.buf.len().min(l as usize));
+    payload.extend_from_slice(conn.buf.get(..n).unwrap_or(&[]));
+    conn.consume(n);
+    if let Some(l) = left.as_mut() {
+        *l -= n as u64;
+    }
+    Ok(*left == Some(0) || framing == BodyFraming::None)
 }
 
 /// Relay a provider's event stream to the client as it arrives (in the
@@ -277,23 +327,9 @@ async fn relay_stream(
     let mut payload = Vec::with_capacity(16 * 1024);
     let mut events = Vec::with_capacity(16 * 1024);
     loop {
-        let done = match framing {
-            BodyFraming::Chunked => match dec.decode(&conn.buf, &mut payload, 0) {
-                Ok(used) => {
-                    conn.consume(used);
-                    dec.is_done()
-                }
-                Err(e) => return cut(c, format!("bad chunked answer: {e}")).await,
-            },
-            _ => {
-                let n = left.map_or(conn.buf.len(), |l| conn.buf.len().min(l as usize));
-                payload.extend_from_slice(conn.buf.get(..n).unwrap_or(&[]));
-                conn.consume(n);
-                if let Some(l) = left.as_mut() {
-                    *l -= n as u64;
-                }
-                left == Some(0) || framing == BodyFraming::None
-            }
+        let done = match take_body(&mut conn, framing, &mut dec, &mut left, &mut payload) {
+            Ok(done) => done,
+            Err(e) => return cut(c, e).await,
         };
         let piece: &[u8] = match translator.as_mut() {
             Some(t) => {

@@ -231,54 +231,63 @@ impl Transcript {
             self.id = id.and_then(Value::as_str).map(str::to_string);
         }
         match api {
-            Api::OpenAi => {
-                let Some(choice) = v.get("choices").and_then(|c| c.get(0)) else {
-                    return;
-                };
-                let delta = choice.get("delta");
-                if delta.and_then(|d| d.get("tool_calls")).is_some()
-                    || delta.and_then(|d| d.get("function_call")).is_some()
-                {
+            Api::OpenAi => self.openai_event(&v),
+            Api::Anthropic => self.anthropic_event(&v),
+        }
+    }
+
+    /// An OpenAI chunk: its text delta, a tool call, the finish.
+    fn openai_event(&mut self, v: &Value) {
+        let Some(choice) = v.get("choices").and_then(|c| c.get(0)) else {
+            return;
+        };
+        let delta = choice.get("delta");
+        if delta.and_then(|d| d.get("tool_calls")).is_some()
+            || delta.and_then(|d| d.get("function_call")).is_some()
+        {
+            self.not_text = true;
+        }
+        if let Some(t) = delta.and_then(|d| d.get("content")).and_then(Value::as_str) {
+            self.delivered(t);
+        }
+        if choice.get("finish_reason").is_some_and(|f| !f.is_null()) {
+            self.done = true;
+        }
+    }
+
+    /// An Anthropic event: the input count, a block that is not text, a
+    /// text delta, the stop.
+    fn anthropic_event(&mut self, v: &Value) {
+        match v.get("type").and_then(Value::as_str) {
+            Some("message_start") => {
+                self.input = v
+                    .get("message")
+                    .and_then(|m| m.get("usage"))
+                    .and_then(|u| u.get("input_tokens"))
+                    .and_then(Value::as_u64);
+            }
+            Some("content_block_start") => {
+                let kind = v
+                    .get("content_block")
+                    .and_then(|b| b.get("type"))
+                    .and_then(Value::as_str);
+                if kind != Some("text") {
                     self.not_text = true;
                 }
-                if let Some(t) = delta.and_then(|d| d.get("content")).and_then(Value::as_str) {
-                    self.delivered(t);
-                }
-                if choice.get("finish_reason").is_some_and(|f| !f.is_null()) {
-                    self.done = true;
+            }
+            Some("content_block_delta") => {
+                let d = v.get("delta");
+                match d.and_then(|d| d.get("type")).and_then(Value::as_str) {
+                    Some("text_delta") => {
+                        if let Some(t) = d.and_then(|d| d.get("text")).and_then(Value::as_str) {
+                            self.delivered(t);
+                        }
+                    }
+                    _ => self.not_text = true,
                 }
             }
-            Api::Anthropic => match v.get("type").and_then(Value::as_str) {
-                Some("message_start") => {
-                    self.input = v
-                        .get("message")
-                        .and_then(|m| m.get("usage"))
-                        .and_then(|u| u.get("input_tokens"))
-                        .and_then(Value::as_u64);
-                }
-                Some("content_block_start") => {
-                    let kind = v
-                        .get("content_block")
-                        .and_then(|b| b.get("type"))
-                        .and_then(Value::as_str);
-                    if kind != Some("text") {
-                        self.not_text = true;
-                    }
-                }
-                Some("content_block_delta") => {
-                    let d = v.get("delta");
-                    match d.and_then(|d| d.get("type")).and_then(Value::as_str) {
-                        Some("text_delta") => {
-                            if let Some(t) = d.and_then(|d| d.get("text")).and_then(Value::as_str) {
-                                self.delivered(t);
-                            }
-                        }
-                        _ => self.not_text = true,
-                    }
-                }
-                Some("message_stop") => self.done = true,
-                _ => {}
-            },
+            Some("message_stop") => self.done = true,
+            _ => {}
         }
     }
 }

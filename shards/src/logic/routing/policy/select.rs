@@ -126,6 +126,40 @@ pub fn select<'a>(
     select_with(step, cap, n, get, failed, rotation, &Holders::default()).0
 }
 
+/// The step's gates in order (health, capability, match, this request's
+/// earlier failures, capacity, `exclude_if`): whether `a` passes them;
+/// the gate that removes it is counted in `c`.
+#[inline]
+fn passes(
+    step: &Step,
+    cap: Capability,
+    a: &AgentFacts<'_>,
+    failed: &[u64],
+    c: &mut GateCounts,
+) -> bool {
+    let count = if !a.healthy {
+        &mut c.unhealthy
+    } else if a.capability != cap {
+        &mut c.capability
+    } else if !a.matches(&step.matcher) {
+        &mut c.unmatched
+    } else if failed.contains(&a.id) {
+        &mut c.prev_failed
+    } else if a.capacity == 0 || a.active >= a.capacity {
+        &mut c.at_capacity
+    } else if step
+        .exclude_if
+        .iter()
+        .any(|r| a.signal(r.field).map(|v| r.violated(v)).unwrap_or(false))
+    {
+        &mut c.excluded
+    } else {
+        return true;
+    };
+    *count += 1;
+    false
+}
+
 /// [`select`], and for a `prefix-aware` step the cache holders of the
 /// request: the least loaded eligible holder is chosen when it carries at
 /// most `load_band` of its capacity more than the least-loaded eligible
@@ -154,32 +188,7 @@ pub fn select_with<'a>(
     for k in 0..n {
         let i = (start + k) % n;
         let Some(a) = get(i) else { continue };
-        if !a.healthy {
-            c.unhealthy += 1;
-            continue;
-        }
-        if a.capability != cap {
-            c.capability += 1;
-            continue;
-        }
-        if !a.matches(&step.matcher) {
-            c.unmatched += 1;
-            continue;
-        }
-        if failed.contains(&a.id) {
-            c.prev_failed += 1;
-            continue;
-        }
-        if a.capacity == 0 || a.active >= a.capacity {
-            c.at_capacity += 1;
-            continue;
-        }
-        if step
-            .exclude_if
-            .iter()
-            .any(|r| a.signal(r.field).map(|v| r.violated(v)).unwrap_or(false))
-        {
-            c.excluded += 1;
+        if !passes(step, cap, &a, failed, &mut c) {
             continue;
         }
         let (act, capy) = (u64::from(a.active), u64::from(a.capacity));

@@ -5,12 +5,15 @@
 //!
 //! [`Action::Wait`]: crate::logic::routing::decision::Action::Wait
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use futures::future::{select, Either};
 use tracing::debug;
 
 use crate::logic::routing::decision::{Decision, WaitEnd};
 use crate::logic::routing::wait_queue::{Fair, Place, Prefer};
-use crate::runtime::state::model::{tenant_ended, wake_for, wake_head, Claim, Waiter};
+use crate::runtime::state::model::{tenant_ended, wake_for, wake_head, Claim, Waiter, Waiters};
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;
 use crate::runtime::wire::clock;
@@ -72,35 +75,8 @@ async fn wait(
         pinned: w.pinned,
         tenant,
     };
-    let seq = if w.head {
-        // Woken for a slot another took, or one it may not take: the
-        // next waiter is told.
-        if w.pass_on {
-            wake_head(&queue);
-        }
-        queue.borrow_mut().push_head(waiter)
-    } else if let Some(seq) = w.place {
-        let mut q = queue.borrow_mut();
-        q.tenants.wait(tenant);
-        q.requeue(seq, waiter);
-        seq
-    } else {
-        // A full queue: a higher class goes ahead and nobody leaves (up to
-        // twice the bound); within a class, an arrival served before the
-        // last waiter takes its place, and the displaced waiter's wait
-        // ends (its sender dropped): refused as a full queue, as if it had
-        // come last.
-        let mut q = queue.borrow_mut();
-        match q.push_displacing(waiter, w.depth, w.fair) {
-            Ok((seq, displaced)) => {
-                q.tenants.wait(tenant);
-                if let Some((_, d)) = displaced {
-                    q.tenants.unwait(d.tenant);
-                }
-                seq
-            }
-            Err(_) => return (WaitEnd::Refused, None),
-        }
+    let Some(seq) = join(&queue, &w, waiter) else {
+        return (WaitEnd::Refused, None);
     };
     // A newcomer that saw a free slot wakes the waiter it goes to once
     // this one is in line: itself when it comes first (a higher class; or
@@ -120,19 +96,7 @@ async fn wait(
     };
     let claim = claimed.then(|| Claim::new(queue.clone(), tenant));
     if end != WaitEnd::Woken {
-        let mut q = queue.borrow_mut();
-        if let Some(w) = q.remove(seq) {
-            q.tenants.unwait(w.tenant);
-        }
-        drop(q);
-        // Woken in the same turn as it gave up: the slot goes on (and its
-        // claim is given back first).
-        if let Ok(Some(claimed)) = rx.try_recv() {
-            if claimed {
-                tenant_ended(&queue, tenant);
-            }
-            wake_head(&queue);
-        }
+        leave(&queue, seq, tenant, &mut rx);
     }
     if end == WaitEnd::ClientGone {
         debug!(
@@ -141,4 +105,56 @@ async fn wait(
         );
     }
     (end, claim)
+}
+
+/// Join the line as `w` says: a continuation at the head, a waiter that
+/// lost a race at its original place, a newcomer under the bound (`None`:
+/// a full queue had no place for it).
+fn join(queue: &RefCell<Waiters>, w: &Wait, waiter: Waiter) -> Option<Place> {
+    let tenant = waiter.tenant;
+    if w.head {
+        // Woken for a slot another took, or one it may not take: the
+        // next waiter is told.
+        if w.pass_on {
+            wake_head(queue);
+        }
+        return Some(queue.borrow_mut().push_head(waiter));
+    }
+    let mut q = queue.borrow_mut();
+    if let Some(seq) = w.place {
+        q.tenants.wait(tenant);
+        q.requeue(seq, waiter);
+        return Some(seq);
+    }
+    // A full queue: a higher class goes ahead and nobody leaves (up to
+    // twice the bound); within a class, an arrival served before the last
+    // waiter takes its place, and the displaced waiter's wait ends (its
+    // sender dropped): refused as a full queue, as if it had come last.
+    let (seq, displaced) = q.push_displacing(waiter, w.depth, w.fair).ok()?;
+    q.tenants.wait(tenant);
+    if let Some((_, d)) = displaced {
+        q.tenants.unwait(d.tenant);
+    }
+    Some(seq)
+}
+
+/// Leave the line at `seq` after a wait that was not a wake; a wake that
+/// came in the same turn passes its slot (and its claim) on.
+fn leave(
+    queue: &Rc<RefCell<Waiters>>,
+    seq: Place,
+    tenant: u64,
+    rx: &mut futures::channel::oneshot::Receiver<bool>,
+) {
+    let mut q = queue.borrow_mut();
+    if let Some(w) = q.remove(seq) {
+        q.tenants.unwait(w.tenant);
+    }
+    drop(q);
+    if let Ok(Some(claimed)) = rx.try_recv() {
+        if claimed {
+            tenant_ended(queue, tenant);
+        }
+        wake_head(queue);
+    }
 }
