@@ -2,6 +2,7 @@
 //! Every process is killed when its guard drops.
 #![allow(dead_code)]
 
+pub mod hold;
 pub mod in_process;
 pub mod latency;
 pub mod llama;
