@@ -92,13 +92,29 @@ fn keys_path(path: &str) -> Option<&str> {
     (rest.is_empty() || rest.starts_with('/')).then(|| rest.trim_start_matches('/'))
 }
 
+/// One call of the key API: its method, key id, path and the whole target
+/// (for its query).
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    method: &'a str,
+    id: &'a str,
+    path: &'a str,
+    target: &'a str,
+}
+
 /// Apply one call to `reg` (the force flag set and cleared around it).
 fn apply(
     router: &Router,
     reg: &mut crate::logic::tenancy::registry::Registry,
-    (method, id, path, target): (&str, &str, &str, &str),
+    call: Call<'_>,
     body: &[u8],
 ) -> AdminReply {
+    let Call {
+        method,
+        id,
+        path,
+        target,
+    } = call;
     // The way out of a version pushed too far ahead (issue 29 #15).
     let before = reg.version().to_string();
     reg.force = method != "GET" && query_param(target, "force").as_deref() == Some("true");
@@ -125,7 +141,12 @@ pub async fn keys_api(
             json!({"error": "dynamic key registry not active"}),
         ));
     }
-    let call = (method, id, path, target);
+    let call = Call {
+        method,
+        id,
+        path,
+        target,
+    };
     if let (Some(shared), true) = (&router.shared_state, method != "GET") {
         return Some(shared_call(router, shared, call, body).await);
     }
@@ -151,7 +172,7 @@ const SHARED_TRIES: usize = 3;
 async fn shared_call(
     router: &Router,
     shared: &crate::runtime::services::shared_state::SharedState,
-    call: (&str, &str, &str, &str),
+    call: Call<'_>,
     body: &[u8],
 ) -> AdminReply {
     use crate::runtime::services::shared_state::PushError;

@@ -101,7 +101,7 @@ pub async fn hold(
     p.body_permit.release();
     start_keepalives(shard, c, &p, started);
     let fair = fair_of(&p);
-    let waited = wait_for_wake(shard, c, &model, (p.endpoint.capability(), fair), until).await;
+    let waited = wait_for_wake(shard, c, &model, p.endpoint.capability(), fair, until).await;
     let (outcome, answer) = match waited {
         Waited::Owner(owner) => {
             drop(place);
@@ -321,7 +321,8 @@ async fn wait_for_wake(
     shard: &Shard,
     c: &mut Client,
     model: &str,
-    (cap, fair): (Capability, Fair),
+    cap: Capability,
+    fair: Fair,
     until: clock::Instant,
 ) -> Waited {
     use futures::future::{select, Either};

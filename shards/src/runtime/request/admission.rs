@@ -113,7 +113,7 @@ pub async fn admit(
         if let Limits::Flat { itpm, otpm, .. } = k.limits {
             if itpm > 0 || otpm > 0 {
                 let now = clock::mono_ns();
-                state::take_rates(&state, &k.key_id, (itpm, otpm), r.estimate, now)
+                state::take_rates(&state, &k.key_id, itpm, otpm, r.estimate, now)
                     .map_err(|reason| AdmitEnd::Refused(reason, reason.error()))?;
             }
             if otpm > 0 {

@@ -105,7 +105,8 @@ pub struct Continuity<'a> {
 impl<'a> Continuity<'a> {
     /// Continue `t` after the first agent's attempt `first` broke.
     pub fn new(
-        (shard, p): (&'a Shard, &'a PendingRequest),
+        shard: &'a Shard,
+        p: &'a PendingRequest,
         api: Api,
         t: Transcript,
         first: Pending,
@@ -136,7 +137,8 @@ impl<'a> Continuity<'a> {
         &mut self,
         c: &mut Client,
         request: &[u8],
-        (agent, prefill): (Rc<Agent>, Prefill),
+        agent: Rc<Agent>,
+        prefill: Prefill,
         deadline: clock::Instant,
         held: Option<&Reservation>,
     ) -> Option<(AttemptEnd, Option<Pending>)> {

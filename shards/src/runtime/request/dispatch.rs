@@ -282,12 +282,12 @@ impl<'a> Run<'a> {
     ) -> Option<bool> {
         let (shard, p, class) = (self.shard, self.p, self.class);
         let claimed = self.claim.take().map(Claim::started).is_some();
-        let (model, tenant, first) = (self.model, self.tenant, !self.sent);
+        let (model, who, first) = (self.model, self.fair_of(), !self.sent);
         let running = self.with_model(|m| {
             if let Some(w) = waited {
                 fairness::waited(m, class, &p.principal, w);
             }
-            ClassRunning::start(shard, m, model, (class, tenant, claimed), first)
+            ClassRunning::start(shard, m, model, who, claimed, first)
         });
         self.sent = true;
         // A slot on an agent: a released request leaves the pending demand.
@@ -320,7 +320,7 @@ impl<'a> Run<'a> {
             Broke::Continuable(t) => {
                 d.stream_broke(agent.id, shard.router.cfg.stream_migrations);
                 let first = (agent, step, Outcome::Failed(why.clone()), sample);
-                self.cont = Some(Continuity::new((shard, p), api, t, first, &why, running));
+                self.cont = Some(Continuity::new(shard, p, api, t, first, &why, running));
                 return None;
             }
             Broke::Whole => {
@@ -352,7 +352,7 @@ impl<'a> Run<'a> {
         let deadline = d.request().deadline;
         let held = self.admitted.reservation.as_ref();
         let tried = cont
-            .try_on(c, &self.request, (agent, prefill), deadline, held)
+            .try_on(c, &self.request, agent, prefill, deadline, held)
             .await;
         let Some((end, before)) = tried else {
             cont.cut(c, "malformed").await;
@@ -477,7 +477,7 @@ impl<'a> Run<'a> {
     async fn refuse(&mut self, c: &mut Client, d: &Decision, r: Refusal) -> bool {
         let exhausted = matches!(&r, Refusal::Routing(x) if x.exhausted_policy());
         let (p, class, model) = (self.p, self.class, self.model);
-        self.with_model(|m| refusals::record(m, model, d, &r, (&p.principal, class)));
+        self.with_model(|m| refusals::record(m, model, d, &r, &p.principal, class));
         let keep = p.head.keep_alive;
         if let Some(e) = self.last_backend.take().filter(|_| exhausted) {
             return respond::send_error(c, &e, keep).await;

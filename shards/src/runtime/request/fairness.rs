@@ -104,9 +104,11 @@ impl<'a> ClassRunning<'a> {
         shard: &'a Shard,
         m: &mut ModelState,
         model: &'a str,
-        (class, tenant, claimed): (Class, u64, bool),
+        who: Fair,
+        claimed: bool,
         first: bool,
     ) -> Self {
+        let (class, tenant) = (who.class, who.tenant);
         if let Some(n) = m.running.get_mut(class.index()) {
             *n += 1;
         }

@@ -21,7 +21,8 @@ pub fn record(
     model: &str,
     d: &Decision,
     r: &Refusal,
-    (principal, class): (&Principal, Class),
+    principal: &Principal,
+    class: Class,
 ) {
     if !matches!(r, Refusal::Routing(Rejection::ClientGone)) {
         if let Some(n) = m.stats.class_refused.get_mut(class.index()) {

@@ -266,7 +266,8 @@ pub fn reservation(state: &Shared, id: u64, estimate: u64, declared_output: u64)
 pub fn take_rates(
     state: &Shared,
     key: &Arc<str>,
-    (itpm, otpm): (u64, u64),
+    itpm: u64,
+    otpm: u64,
     need: u64,
     now_ns: u64,
 ) -> Result<(), Reason> {
