@@ -39,21 +39,17 @@ pub struct Request<'a> {
 
 /// Healthy agents of the model and the pressure of its pool.
 fn pool_facts(shard: &Shard, model: &str) -> (u64, Pressure) {
-    let models = shard.models.borrow();
-    let Some(m) = models.get(model) else {
+    let Some(m) = shard.model(model) else {
         return (0, Pressure::default());
     };
+    let m = m.borrow();
     let healthy = m.agents.iter().filter(|a| a.healthy()).count() as u64;
     let pr = admission::pressure(m.agents.iter().map(|a| (a.healthy(), a.signals.get())));
     (healthy, pr)
 }
 
 fn state_of(shard: &Shard, model: &str) -> Option<Shared> {
-    shard
-        .models
-        .borrow()
-        .get(model)
-        .map(|m| m.admission.clone())
+    shard.model(model).map(|m| m.borrow().admission.clone())
 }
 
 /// Run the gates for `r` on `model` (an LLM request other than

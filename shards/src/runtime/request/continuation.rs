@@ -99,7 +99,7 @@ pub struct Continuity<'a> {
     /// The first forward's policy step: every try is counted in it.
     step: usize,
     /// The first forward's class count, kept across the continuation.
-    _running: Option<ClassRunning<'a>>,
+    _running: Option<ClassRunning>,
 }
 
 impl<'a> Continuity<'a> {
@@ -111,7 +111,7 @@ impl<'a> Continuity<'a> {
         t: Transcript,
         first: Pending,
         why: &Failure,
-        running: Option<ClassRunning<'a>>,
+        running: Option<ClassRunning>,
     ) -> Self {
         Continuity {
             shard,
@@ -204,7 +204,7 @@ impl<'a> Continuity<'a> {
 
     /// The continuation is over: its `outcome` label, its last attempt
     /// to be counted as the request's, and the class count to drop after.
-    pub fn finish(mut self) -> (&'static str, Option<Pending>, Option<ClassRunning<'a>>) {
+    pub fn finish(mut self) -> (&'static str, Option<Pending>, Option<ClassRunning>) {
         (self.label, self.last.take(), self._running.take())
     }
 }

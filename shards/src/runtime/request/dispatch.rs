@@ -41,7 +41,7 @@ use crate::logic::routing::refusal::Refusal;
 use crate::logic::routing::wait_queue::{Class, Fair};
 use crate::runtime::state::model::admission::Admitted;
 use crate::runtime::state::model::agent::Agent;
-use crate::runtime::state::model::{Claim, ModelState};
+use crate::runtime::state::model::{Claim, ModelRef, ModelState};
 use crate::runtime::state::pending::{Held, PendingRequest};
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::{inc, Shard};
@@ -69,8 +69,10 @@ pub async fn serve_inference(shard: &Rc<Shard>, c: &mut Client, mut p: PendingRe
 struct Run<'a> {
     shard: &'a Shard,
     p: &'a PendingRequest,
-    /// Its model: [`Run::with_model`] is the one lookup.
+    /// Its model's name.
     model: &'a str,
+    /// Its model, held from the run's start ([`Run::with_model`]).
+    state: Option<ModelRef>,
     policy: Arc<Policy>,
     /// Chat or messages: the estimator learns from their usage.
     llm: bool,
@@ -158,10 +160,22 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
 // === impl Run ===
 
 impl<'a> Run<'a> {
-    /// The one lookup of the run's model (`None`: no agent ever
-    /// registered it here).
+    /// The run's model: held from its start (`None`: no agent ever
+    /// registered it here then; looked up again, as it is refused at its
+    /// gate unless one came since).
+    fn model_ref(&self) -> Option<ModelRef> {
+        match &self.state {
+            Some(m) => Some(m.clone()),
+            None => self.shard.model(self.model),
+        }
+    }
+
+    /// Run `f` on the run's model.
     fn with_model<R>(&self, f: impl FnOnce(&mut ModelState) -> R) -> Option<R> {
-        self.shard.models.borrow_mut().get_mut(self.model).map(f)
+        match &self.state {
+            Some(m) => Some(f(&mut m.borrow_mut())),
+            None => self.shard.model(self.model).map(|m| f(&mut m.borrow_mut())),
+        }
     }
 
     /// Facts hook: ask the machine with the model's current facts (one
@@ -180,8 +194,9 @@ impl<'a> Run<'a> {
         // The index is made on first use (prefix-aware policies only),
         // before the models are borrowed: making it reads them.
         let index = keys.map(|_| self.shard.affinity_index());
-        let mut models = self.shard.models.borrow_mut();
-        let Some(m) = models.get_mut(self.model) else {
+        let model = self.model_ref();
+        let mut guard = model.as_ref().map(|m| m.borrow_mut());
+        let Some(m) = guard.as_deref_mut() else {
             // No agent ever registered here: the gates answer 404.
             let none: &[Rc<Agent>] = &[];
             let facts = ModelFacts {
@@ -266,7 +281,8 @@ impl<'a> Run<'a> {
         // A slot claimed by an earlier wake and lost to another request is
         // given back before waiting again.
         self.claim = None;
-        self.claim = wait::wait_for_capacity(self.shard, c, self.model, d, w).await;
+        let queue = self.with_model(|m| m.queue.clone());
+        self.claim = wait::wait_for_capacity(c, self.model, queue, d, w).await;
     }
 
     /// Forwarded hook: one forward to `agent`, counted and reported to
@@ -282,13 +298,13 @@ impl<'a> Run<'a> {
     ) -> Option<bool> {
         let (shard, p, class) = (self.shard, self.p, self.class);
         let claimed = self.claim.take().map(Claim::started).is_some();
-        let (model, who, first) = (self.model, self.fair_of(), !self.sent);
-        let running = self.with_model(|m| {
-            if let Some(w) = waited {
-                fairness::waited(m, class, &p.principal, w);
-            }
-            ClassRunning::start(shard, m, model, who, claimed, first)
-        });
+        if let Some(w) = waited {
+            self.with_model(|m| fairness::waited(m, class, &p.principal, w));
+        }
+        let (who, first) = (self.fair_of(), !self.sent);
+        let running = self
+            .model_ref()
+            .map(|m| ClassRunning::start(&m, who, claimed, first));
         self.sent = true;
         // A slot on an agent: a released request leaves the pending demand.
         if let Some(h) = self.held.as_mut() {
@@ -421,7 +437,8 @@ impl<'a> Run<'a> {
         {
             self.bound_usage(&agent, t);
             let (fair, affinity) = (self.fair.take(), &mut self.affinity);
-            if let Some(m) = shard.models.borrow_mut().get_mut(self.model) {
+            if let Some(model) = self.state.as_ref() {
+                let m = &mut *model.borrow_mut();
                 affinity.ended(shard, m, &agent, t, continued);
                 // Only a request that waited: an idle queue costs nothing.
                 if let Some(who) = fair {
@@ -430,7 +447,15 @@ impl<'a> Run<'a> {
             }
         }
         let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
-        served(shard, c, p, &agent, &outcome, &mut self.admitted, self.llm);
+        served(
+            self.state.as_ref(),
+            c,
+            p,
+            &agent,
+            &outcome,
+            &mut self.admitted,
+            self.llm,
+        );
         let tenant = p.principal.tenant_arc();
         let ended = record_attempt(shard, self.model, &agent, step, p, tenant, outcome, sample);
         (continued || !d.attempt_ended(agent.id, &ended)).then_some(keep)
@@ -489,7 +514,7 @@ impl<'a> Run<'a> {
 /// What an attempt leaves in the request's ending (the agent, status,
 /// tokens), and what the model learns from its usage.
 fn served(
-    shard: &Shard,
+    model: Option<&ModelRef>,
     c: &mut Client,
     p: &PendingRequest,
     agent: &Rc<Agent>,
@@ -508,7 +533,7 @@ fn served(
             if let Some(t) = tokens {
                 admitted.charge_output(t.output);
                 if llm && p.meta.images == 0 && *status < 400 {
-                    learn(shard, &p.meta.model, t.input, p.meta.text_bytes);
+                    learn(model, t.input, p.meta.text_bytes);
                 }
             }
         }
@@ -521,8 +546,11 @@ fn served(
 }
 
 /// Teach the model's estimator one exact prompt count.
-fn learn(shard: &Shard, model: &str, prompt_tokens: u64, text_bytes: u64) {
-    if let Some(m) = shard.models.borrow().get(model) {
-        m.admission.borrow_mut().learn(prompt_tokens, text_bytes);
+fn learn(model: Option<&ModelRef>, prompt_tokens: u64, text_bytes: u64) {
+    if let Some(m) = model {
+        m.borrow()
+            .admission
+            .borrow_mut()
+            .learn(prompt_tokens, text_bytes);
     }
 }

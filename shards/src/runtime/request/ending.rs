@@ -91,10 +91,10 @@ pub fn finish(shard: &Shard, c: &mut Client) {
 fn count_tenant(shard: &Shard, scope: &RequestScope, ok: bool, elapsed: std::time::Duration) {
     let tokens = scope.ending.tokens.unwrap_or_default();
     let now_unix = clock::unix_secs();
-    let mut models = shard.models.borrow_mut();
-    let Some(m) = models.get_mut(scope.model.as_str()) else {
+    let Some(m) = shard.model(scope.model.as_str()) else {
         return;
     };
+    let mut m = m.borrow_mut();
     let Some(principal) = &scope.principal else {
         return;
     };

@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use crate::logic::routing::decision::Pool;
 use crate::logic::routing::wait_queue::{Class, Fair};
-use crate::runtime::state::model::{tenant_ended, ModelState};
-use crate::runtime::state::shard::Shard;
+use crate::runtime::state::model::{tenant_ended, ModelRef, ModelState};
 use crate::runtime::state::tenancy::Principal;
 
 /// Who asks, for the fairness facts.
@@ -90,25 +89,19 @@ pub fn true_up(m: &ModelState, who: Fair, tokens: u64) {
 /// A request of a class and tenant in flight on its model, for
 /// `min_share` and `tenant_headroom` (counted from the forward's start
 /// to its end, whichever way it ends).
-pub struct ClassRunning<'a> {
-    shard: &'a Shard,
-    model: &'a str,
+pub struct ClassRunning {
+    model: ModelRef,
     class: Class,
     tenant: u64,
 }
 
-impl<'a> ClassRunning<'a> {
-    /// `first`: the request's first forward, counted admitted in its class.
-    /// `claimed`: its wake already counted it in its tenant's requests.
-    pub fn start(
-        shard: &'a Shard,
-        m: &mut ModelState,
-        model: &'a str,
-        who: Fair,
-        claimed: bool,
-        first: bool,
-    ) -> Self {
+impl ClassRunning {
+    /// `who`: its class and tenant. `claimed`: its wake already counted it
+    /// in its tenant's requests. `first`: the request's first forward,
+    /// counted admitted in its class.
+    pub fn start(model: &ModelRef, who: Fair, claimed: bool, first: bool) -> Self {
         let (class, tenant) = (who.class, who.tenant);
+        let mut m = model.borrow_mut();
         if let Some(n) = m.running.get_mut(class.index()) {
             *n += 1;
         }
@@ -119,23 +112,22 @@ impl<'a> ClassRunning<'a> {
             *n += u64::from(first);
         }
         ClassRunning {
-            shard,
-            model,
+            model: model.clone(),
             class,
             tenant,
         }
     }
 }
 
-impl Drop for ClassRunning<'_> {
+impl Drop for ClassRunning {
     fn drop(&mut self) {
-        let queue = match self.shard.models.try_borrow_mut() {
-            Ok(mut models) => models.get_mut(self.model).map(|m| {
+        let queue = match self.model.try_borrow_mut() {
+            Ok(mut m) => {
                 if let Some(n) = m.running.get_mut(self.class.index()) {
                     *n = n.saturating_sub(1);
                 }
-                m.queue.clone()
-            }),
+                Some(m.queue.clone())
+            }
             Err(_) => None,
         };
         // The slot was freed before its tenant's count fell: a waiter

@@ -331,7 +331,8 @@ pub fn record_attempt(
 }
 
 fn with_stats(shard: &Shard, model: &str, f: impl FnOnce(&mut ModelStats)) {
-    if let Some(m) = shard.models.borrow_mut().get_mut(model) {
+    if let Some(m) = shard.model(model) {
+        let m = &mut *m.borrow_mut();
         f(&mut m.stats);
     }
 }

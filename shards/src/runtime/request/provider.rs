@@ -438,7 +438,8 @@ pub async fn serve(shard: &Shard, c: &mut Client, call: Call<'_>) -> bool {
     let labels = (Arc::<str>::from("cloud"), Arc::<str>::from(engine), tenant);
     let secs = started.elapsed().as_secs_f64();
     let ok = matches!(end, Fallback::Served { .. });
-    if let Some(m) = shard.models.borrow_mut().get_mut(model) {
+    if let Some(m) = shard.model(model) {
+        let m = &mut *m.borrow_mut();
         let s = &mut m.stats;
         s.provider_fallback += 1;
         if let Some(st) = status {

@@ -16,7 +16,7 @@ use tracing::warn;
 
 use super::mesh::ShardMsg;
 use super::model::agent::Agent;
-use super::model::ModelState;
+use super::model::ModelRef;
 use super::router::Router;
 use super::snapshot::Cached;
 use super::tenancy::{AuthFailure, AuthState, Principal};
@@ -61,7 +61,7 @@ pub struct Shard {
     /// The router-wide state.
     pub router: Arc<Router>,
     /// Model -> its state here.
-    pub models: RefCell<HashMap<String, ModelState>>,
+    pub models: RefCell<HashMap<String, ModelRef>>,
     /// Counters.
     pub counters: Counters,
     /// Link refusals logged at most once a second per reason.
@@ -124,6 +124,11 @@ impl Shard {
         }
     }
 
+    /// The state of `model` here, if an agent ever registered it.
+    pub fn model(&self, model: &str) -> Option<ModelRef> {
+        self.models.borrow().get(model).cloned()
+    }
+
     /// This shard's affinity index, made (at its share of
     /// `--affinity-table-entries`) with every agent here joined.
     pub fn affinity_index(&self) -> std::cell::RefMut<'_, AffinityIndex> {
@@ -132,7 +137,7 @@ impl Shard {
             let shards = self.router.mesh.len().max(1);
             let mut ix = AffinityIndex::new(self.router.cfg.affinity_table_entries / shards);
             for m in self.models.borrow().values() {
-                for a in &m.agents {
+                for a in &m.borrow().agents {
                     ix.join(a.id);
                 }
             }
@@ -214,11 +219,11 @@ impl Shard {
     /// The warm-start state of a registering peer: its live state when it
     /// is still registered here, else the store's record (bounded wait).
     pub async fn warm_start(&self, model: &str, peer_id: &str) -> WarmStart {
-        let live = self
-            .models
-            .borrow()
-            .get(model)
-            .and_then(|m| m.by_peer(peer_id).map(|a| (a.history(), a.persist)));
+        let live = self.models.borrow().get(model).and_then(|m| {
+            m.borrow()
+                .by_peer(peer_id)
+                .map(|a| (a.history(), a.persist))
+        });
         if let Some((h, persist)) = live {
             return WarmStart::Live(h, persist);
         }
@@ -248,8 +253,13 @@ impl Shard {
             WarmStart::Stored(h) => (h, true),
             WarmStart::Unknown => (None, false),
         };
-        let mut models = self.models.borrow_mut();
-        let model = models.entry(reg.model.clone()).or_default();
+        let model = self
+            .models
+            .borrow_mut()
+            .entry(reg.model.clone())
+            .or_default()
+            .clone();
+        let mut model = model.borrow_mut();
         let agent = Rc::new(Agent::new(
             id,
             reg,
@@ -260,7 +270,7 @@ impl Shard {
             persist,
         ));
         model.add(agent.clone());
-        drop(models);
+        drop(model);
         if let Some(ix) = self.affinity.borrow_mut().as_mut() {
             ix.join(id);
         }
@@ -291,11 +301,11 @@ impl Shard {
             return;
         }
         let mut ix = self.affinity_index();
-        let models = self.models.borrow();
-        let Some(m) = models.get(model) else {
+        let Some(m) = self.model(model) else {
             return;
         };
         let peers: Vec<(u64, u64)> = m
+            .borrow()
             .agents
             .iter()
             .map(|a| (peer_hash(&a.reg.peer_id), a.id))
@@ -332,6 +342,7 @@ impl Shard {
             .borrow()
             .iter()
             .filter(|(_, m)| {
+                let m = m.borrow();
                 m.agents.is_empty()
                     && m.queue.borrow().is_empty()
                     && m.empty_since
@@ -357,8 +368,8 @@ impl Shard {
         }
         self.models
             .borrow_mut()
-            .get_mut(&agent.reg.model)
-            .map(|m| m.remove(agent.id))
+            .get(&agent.reg.model)
+            .map(|m| m.borrow_mut().remove(agent.id))
             .unwrap_or(false)
     }
 
@@ -389,7 +400,7 @@ impl Shard {
         self.models
             .borrow()
             .values()
-            .flat_map(|m| m.agents.iter().cloned())
+            .flat_map(|m| m.borrow().agents.clone())
             .collect()
     }
 
@@ -418,7 +429,7 @@ impl Shard {
             .models
             .borrow()
             .values()
-            .find_map(|m| m.by_peer(peer_id).cloned())?;
+            .find_map(|m| m.borrow().by_peer(peer_id).cloned())?;
         if agent.admin_drained.replace(on) != on {
             tracing::info!(peer_id, draining = on, "agent drained by the admin API");
         }
@@ -442,7 +453,7 @@ impl Shard {
 
     pub fn reset_metrics(&self) {
         for m in self.models.borrow().values() {
-            for a in &m.agents {
+            for a in &m.borrow().agents {
                 a.reset_metrics();
             }
         }
@@ -467,12 +478,18 @@ impl Shard {
             audit_401_suppressed: self.counters.audit_401_suppressed.get(),
             agents: models
                 .values()
-                .flat_map(|m| m.agents.iter())
-                .map(|a| AgentView::of(a))
+                .flat_map(|m| {
+                    m.borrow()
+                        .agents
+                        .iter()
+                        .map(|a| AgentView::of(a))
+                        .collect::<Vec<_>>()
+                })
                 .collect(),
             models: models
                 .iter()
                 .map(|(name, m)| {
+                    let m = m.borrow();
                     let mut st = m.stats.clone();
                     st.queue_depth = m.queue.borrow().len();
                     st.admission = m.admission.borrow().gauges();

@@ -19,6 +19,7 @@ use crate::runtime::request::admission;
 use crate::runtime::request::affinity::RequestAffinity;
 use crate::runtime::request::forward::build_request;
 use crate::runtime::state::model::admission::Admitted;
+use crate::runtime::state::model::ModelRef;
 use crate::runtime::state::pending::{Held, PendingRequest};
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;
@@ -89,6 +90,7 @@ impl<'a> Run<'a> {
         bufpool::give(std::mem::take(&mut p.body));
         let p: &'a PendingRequest = p;
         let model = p.meta.model.as_str();
+        let state = shard.model(model);
         let class = p.class()?;
         let limits = Limits {
             max_tries_per_step: cfg.max_tries_per_step,
@@ -109,7 +111,8 @@ impl<'a> Run<'a> {
             policy,
             llm,
             // From the probe's sums and the model's learned ratio.
-            estimate: p.meta.estimate(tokens_per_byte(shard, model)),
+            estimate: p.meta.estimate(tokens_per_byte(state.as_ref())),
+            state,
             request,
             ticket: held.as_mut().and_then(|h| h.quota.take()),
             held,
@@ -150,7 +153,8 @@ impl<'a> Run<'a> {
 
     /// The request quota (RPM).
     pub(super) fn take_quota(&mut self) -> Result<(), QuotaRefusal> {
-        let replicas = || healthy_replicas(self.shard, self.model);
+        let state = self.model_ref();
+        let replicas = || healthy_replicas(state.as_ref());
         let facts = self.quota_facts(&replicas);
         let t = tenancy::take_requests(&self.p.principal, &facts, clock::mono_ns())?;
         self.ticket = Some(t);
@@ -181,7 +185,8 @@ impl<'a> Run<'a> {
     /// headers move into the request's scope when it passes.
     pub(super) fn charge_daily(&mut self, c: &mut Client) -> Result<(), QuotaRefusal> {
         let mut ticket = self.ticket.take();
-        let replicas = || healthy_replicas(self.shard, self.model);
+        let state = self.model_ref();
+        let replicas = || healthy_replicas(state.as_ref());
         let facts = self.quota_facts(&replicas);
         let today = || quota::day_of(clock::unix_secs());
         if let Some(t) = ticket.as_mut() {
@@ -196,19 +201,15 @@ impl<'a> Run<'a> {
 }
 
 /// The model's learned input tokens per body text byte.
-fn tokens_per_byte(shard: &Shard, model: &str) -> f64 {
-    shard
-        .models
-        .borrow()
-        .get(model)
-        .map_or(COLD_TOKENS_PER_BYTE, |m| {
-            m.admission.borrow().tokens_per_byte
-        })
+fn tokens_per_byte(model: Option<&ModelRef>) -> f64 {
+    model.map_or(COLD_TOKENS_PER_BYTE, |m| {
+        m.borrow().admission.borrow().tokens_per_byte
+    })
 }
 
 /// Healthy agents of `model` on this (its owner) shard.
-fn healthy_replicas(shard: &Shard, model: &str) -> u64 {
-    shard.models.borrow().get(model).map_or(0, |m| {
-        m.agents.iter().filter(|a| a.healthy()).count() as u64
+fn healthy_replicas(model: Option<&ModelRef>) -> u64 {
+    model.map_or(0, |m| {
+        m.borrow().agents.iter().filter(|a| a.healthy()).count() as u64
     })
 }

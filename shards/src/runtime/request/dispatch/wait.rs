@@ -15,7 +15,6 @@ use crate::logic::routing::decision::{Decision, WaitEnd};
 use crate::logic::routing::wait_queue::{Fair, Place, Prefer};
 use crate::runtime::state::model::{tenant_ended, wake_for, wake_head, Claim, Waiter, Waiters};
 use crate::runtime::state::scope::Client;
-use crate::runtime::state::shard::Shard;
 use crate::runtime::wire::clock;
 
 /// One wait as the machine asked for it.
@@ -40,28 +39,28 @@ pub struct Wait {
     pub fair: Fair,
 }
 
-/// Queue the request as `w` says and wait for a slot until `w.until`;
-/// report the end to `d`. Returns the slot a wake claimed for its tenant.
+/// Queue the request in its model's capacity queue (`None`: the model
+/// has none here) as `w` says and wait for a slot until `w.until`; report
+/// the end to `d`. Returns the slot a wake claimed for its tenant.
 pub async fn wait_for_capacity(
-    shard: &Shard,
     c: &mut Client,
     model: &str,
+    queue: Option<Rc<RefCell<Waiters>>>,
     d: &mut Decision,
     w: Wait,
 ) -> Option<Claim> {
-    let (end, claim) = wait(shard, c, model, d, w).await;
+    let (end, claim) = wait(c, model, queue, d, w).await;
     d.wait_ended(end, clock::now());
     claim
 }
 
 async fn wait(
-    shard: &Shard,
     c: &mut Client,
     model: &str,
+    queue: Option<Rc<RefCell<Waiters>>>,
     d: &mut Decision,
     w: Wait,
 ) -> (WaitEnd, Option<Claim>) {
-    let queue = shard.models.borrow().get(model).map(|m| m.queue.clone());
     let Some(queue) = queue else {
         return (WaitEnd::TimedOut, None);
     };

@@ -182,6 +182,10 @@ pub fn wake_all(q: &RefCell<Waiters>) {
     }
 }
 
+/// A model's state as its shard holds it: a request's run resolves it
+/// once and keeps it.
+pub type ModelRef = Rc<RefCell<ModelState>>;
+
 /// One model's state on its shard.
 #[derive(Default)]
 pub struct ModelState {
