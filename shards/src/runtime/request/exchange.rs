@@ -346,6 +346,27 @@ async fn relay_large(
     }
 }
 
+/// Relayed SSE events: kept for a continuation (up to [`KEPT_MAX`]),
+/// metered for usage, and the admission reservation trued up as the
+/// answer grows.
+#[inline]
+fn events_seen(up: &mut Upstream<'_>, meter: &mut SseUsage, payload: &[u8]) {
+    if let Some(k) = up.kept.as_deref_mut() {
+        if k.len() + payload.len() <= KEPT_MAX {
+            k.extend_from_slice(payload);
+        } else {
+            up.kept = None;
+        }
+    }
+    meter.feed(payload);
+    if let Some(h) = up.held {
+        h.streamed(meter.content_bytes);
+        if meter.seen {
+            h.exact_input(meter.tokens.input);
+        }
+    }
+}
+
 /// A chunked or until-close body: each piece goes out as it arrives (one
 /// chunk per read); SSE usage is metered on the way.
 async fn relay_chunks(
@@ -381,20 +402,7 @@ async fn relay_chunks(
             payload.extend_from_slice(&spliced);
         }
         if sse {
-            if let Some(k) = up.kept.as_deref_mut() {
-                if k.len() + payload.len() <= KEPT_MAX {
-                    k.extend_from_slice(&payload);
-                } else {
-                    up.kept = None;
-                }
-            }
-            meter.feed(&payload);
-            if let Some(h) = up.held {
-                h.streamed(meter.content_bytes);
-                if meter.seen {
-                    h.exact_input(meter.tokens.input);
-                }
-            }
+            events_seen(&mut up, &mut meter, &payload);
         }
         http_write::write_chunk(&mut out, &payload);
         payload.clear();

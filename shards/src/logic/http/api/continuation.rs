@@ -460,39 +460,7 @@ impl Splice {
                 *t = Value::from(new);
             }
         }
-        let keep = match self.api {
-            Api::OpenAi => {
-                let delta = v
-                    .get("choices")
-                    .and_then(|c| c.get(0))
-                    .and_then(|c| c.get("delta"));
-                let content = delta
-                    .and_then(|d| d.get("content"))
-                    .and_then(Value::as_str)
-                    .is_some_and(|t| !t.is_empty());
-                let finish = v
-                    .get("choices")
-                    .and_then(|c| c.get(0))
-                    .and_then(|c| c.get("finish_reason"))
-                    .is_some_and(|f| !f.is_null());
-                let usage = v.get("usage").is_some_and(|u| !u.is_null());
-                // The opening role-only delta was sent by the first part.
-                content || finish || usage
-            }
-            Api::Anthropic => {
-                let empty = v
-                    .get("delta")
-                    .filter(|d| d.get("type").and_then(Value::as_str) == Some("text_delta"))
-                    .and_then(|d| d.get("text"))
-                    .and_then(Value::as_str)
-                    .is_some_and(str::is_empty);
-                !empty
-                    && !matches!(
-                        v.get("type").and_then(Value::as_str),
-                        Some("message_start") | Some("content_block_start") | Some("ping")
-                    )
-            }
-        };
+        let keep = Self::carries_news(self.api, &v);
         if !keep {
             self.dropped = true;
             return;
@@ -524,6 +492,45 @@ impl Splice {
         out.extend_from_slice(b"data: ");
         out.extend_from_slice(&serde_json::to_vec(&v).unwrap_or_default());
         out.push(b'\n');
+    }
+
+    /// Whether a continuation's event carries anything the client has
+    /// not had from the first part (its opening events, empty deltas and
+    /// pings are dropped).
+    fn carries_news(api: Api, v: &Value) -> bool {
+        match api {
+            Api::OpenAi => {
+                let delta = v
+                    .get("choices")
+                    .and_then(|c| c.get(0))
+                    .and_then(|c| c.get("delta"));
+                let content = delta
+                    .and_then(|d| d.get("content"))
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| !t.is_empty());
+                let finish = v
+                    .get("choices")
+                    .and_then(|c| c.get(0))
+                    .and_then(|c| c.get("finish_reason"))
+                    .is_some_and(|f| !f.is_null());
+                let usage = v.get("usage").is_some_and(|u| !u.is_null());
+                // The opening role-only delta was sent by the first part.
+                content || finish || usage
+            }
+            Api::Anthropic => {
+                let empty = v
+                    .get("delta")
+                    .filter(|d| d.get("type").and_then(Value::as_str) == Some("text_delta"))
+                    .and_then(|d| d.get("text"))
+                    .and_then(Value::as_str)
+                    .is_some_and(str::is_empty);
+                !empty
+                    && !matches!(
+                        v.get("type").and_then(Value::as_str),
+                        Some("message_start") | Some("content_block_start") | Some("ping")
+                    )
+            }
+        }
     }
 
     /// The whole answer's usage in an event that reports one.

@@ -69,25 +69,16 @@ impl Decision {
             (outcome, step.affinity.as_ref(), worth)
         {
             let wait = miss_cost::holder_wait(cfg.holder_wait_ms, saving.map(|(s, _)| s));
-            let until = self.pin_until.unwrap_or(now + wait);
-            if (self.pin_until.is_some() || !wait.is_zero())
-                && (self.place.is_some() || self.limits.queue_depth > 0)
-                && now < until
-                && now < self.request.deadline
-            {
-                let get = |i| model.pool.facts(i);
-                let failed = &self.session.failed;
-                let free = self
-                    .pin_until
-                    .and_then(|_| policy::free_holder(step, cap, n, get, failed, &holders));
-                if let Some(h) = free {
+            match self.hold_for_holders(step, model, &holders, wait, now) {
+                Some(Some(h)) => {
                     pick = StepPick::Agent(h);
                     outcome = Some(Outcome::hit(holders.kind));
-                } else if policy::holder_full(step, cap, n, get, failed, &holders) {
-                    self.pin_until = Some(until);
+                }
+                Some(None) => {
                     pick = StepPick::Full(GateCounts::default());
                     pinned = true;
                 }
+                None => {}
             }
         }
         let mut wake_first = None;
@@ -113,6 +104,42 @@ impl Decision {
             pinned,
             wake_first,
         }
+    }
+
+    /// Its holders are all full and a hit is worth `wait`: `Some(Some(i))`
+    /// when it already waited and holder `i` is free now, `Some(None)` to
+    /// wait for them (until the pin's end), `None` when it may not wait
+    /// (no queue, the pin or the deadline passed).
+    fn hold_for_holders<P: Pool + ?Sized>(
+        &mut self,
+        step: &policy::Step,
+        model: &ModelFacts<'_, P>,
+        holders: &crate::logic::routing::affinity::Holders,
+        wait: std::time::Duration,
+        now: Instant,
+    ) -> Option<Option<usize>> {
+        let until = self.pin_until.unwrap_or(now + wait);
+        let may_wait = (self.pin_until.is_some() || !wait.is_zero())
+            && (self.place.is_some() || self.limits.queue_depth > 0)
+            && now < until
+            && now < self.request.deadline;
+        if !may_wait {
+            return None;
+        }
+        let (cap, n) = (self.request.endpoint.capability(), model.pool.agent_count());
+        let get = |i| model.pool.facts(i);
+        let failed = &self.session.failed;
+        let free = self
+            .pin_until
+            .and_then(|_| policy::free_holder(step, cap, n, get, failed, holders));
+        if free.is_some() {
+            return Some(free);
+        }
+        if policy::holder_full(step, cap, n, get, failed, holders) {
+            self.pin_until = Some(until);
+            return Some(None);
+        }
+        None
     }
 
     /// The action of a step's choice: a forward, a wait, or `None` when
