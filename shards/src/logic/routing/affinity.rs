@@ -26,7 +26,7 @@ pub use crate::logic::http::api::prompt_hash::{
 pub const HOLDERS: usize = 4;
 /// Entries per bucket (one bucket is searched per lookup).
 pub const WAYS: usize = 8;
-/// Bytes one entry takes in the table (exact: see [`Slot`]).
+/// Bytes one entry takes in the table (exact: the size of one slot).
 pub const ENTRY_BYTES: usize = std::mem::size_of::<Slot>();
 
 /// A prefix-aware step's settings (policy fields under `affinity:`).

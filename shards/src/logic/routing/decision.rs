@@ -19,7 +19,7 @@
 //!    [`Action::Provider`] first (once, before the deadline);
 //! 6. after a forwarded stream broke mid-answer ([`Decision::stream_broke`]),
 //!    [`Action::Continue`] on another agent, [`Action::Wait`] at the head
-//!    of the line, or [`Action::Cut`] ([`continuing`]).
+//!    of the line, or [`Action::Cut`] (`decision/continuing.rs`).
 //!
 //! The machine is the only decider: the shell has no second selector and
 //! no second wait loop. A feature that changes where a request goes

@@ -1,9 +1,9 @@
 //! The per-agent families: latency (SRTT/RTTVAR), load, counters, the
 //! engine's and the host's own signals.
 
-use crate::runtime::metrics::exposition::Family;
-use crate::runtime::metrics::exposition::Kind::{self, Counter, Gauge};
 use crate::runtime::state::views::{AgentView, ShardSnapshot};
+use crate::runtime::wire::exposition::Family;
+use crate::runtime::wire::exposition::Kind::{self, Counter, Gauge};
 use std::fmt::Display;
 
 /// The labels of the routing table's agent series.

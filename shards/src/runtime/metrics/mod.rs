@@ -2,7 +2,6 @@
 //! message and renders the Prometheus text format.
 
 mod agents;
-pub mod exposition;
 mod models;
 pub mod process;
 pub mod tenants;
@@ -15,13 +14,13 @@ use std::rc::Rc;
 
 use crate::logic::http::framing::http_parse;
 use crate::logic::routing::directory::DirectoryStats;
-use crate::runtime::metrics::exposition::Family;
-use crate::runtime::metrics::exposition::Kind::{Counter, Gauge, Histogram};
 use crate::runtime::request::respond;
 use crate::runtime::state::shard::Shard;
 use crate::runtime::state::views::ShardSnapshot;
 use crate::runtime::wire::budget::Budget;
 use crate::runtime::wire::conn::Conn;
+use crate::runtime::wire::exposition::Family;
+use crate::runtime::wire::exposition::Kind::{Counter, Gauge, Histogram};
 
 /// Render snapshots as Prometheus text.
 pub fn render(

@@ -1,11 +1,13 @@
-//! The per-model families: routing, policy, affinity, admission, queue,
-//! durations, classes, stream migrations.
+//! The per-model families: routing, policy, admission, queue, durations;
+//! the features' own (affinity, classes, stream migrations) are rendered
+//! by their rooms in [`crate::runtime::state::model`].
 
 use super::*;
-use crate::runtime::metrics::exposition::Family;
-use crate::runtime::metrics::exposition::Kind::{self, Counter, Gauge, Histogram};
-use crate::runtime::state::model::stats::{ModelStats, DURATION_BUCKETS, QUEUE_BUCKETS};
+use crate::runtime::state::model::stats::{ModelStats, DURATION_BUCKETS};
+use crate::runtime::state::model::{affinity, continuity, fairness};
 use crate::runtime::state::views::ShardSnapshot;
+use crate::runtime::wire::exposition::Family;
+use crate::runtime::wire::exposition::Kind::{self, Counter, Gauge, Histogram};
 use std::collections::BTreeMap;
 use std::fmt::Display;
 
@@ -69,25 +71,7 @@ pub(super) fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTo
         }
     }
     type PGet = fn(&ModelStats) -> f64;
-    let pm: [(&'static str, Kind, &str, PGet); 9] = [
-        (
-            "hivenet_affinity_stale_total",
-            Counter,
-            "Prefix-aware hits whose engine reported under a quarter of the predicted prefix as cached (the entry was stale).",
-            |s| s.affinity_stale as f64,
-        ),
-        (
-            "hivenet_affinity_holder_waits_total",
-            Counter,
-            "Requests sent after waiting for a full cache holder (holder_wait_ms).",
-            |s| s.holder_waits as f64,
-        ),
-        (
-            "hivenet_affinity_holder_wait_timeouts_total",
-            Counter,
-            "Requests whose wait for a full cache holder ran out: sent where least-loaded chose (counted overloaded too).",
-            |s| s.holder_wait_timeouts as f64,
-        ),
+    let pm: [(&'static str, Kind, &str, PGet); 6] = [
         (
             "hivenet_policy_primary_routed_total",
             Counter,
@@ -125,38 +109,11 @@ pub(super) fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTo
             |s| s.queue_depth as f64,
         ),
     ];
-    {
-        let mut f = Family::new(
-            o,
-            "hivenet_affinity_decisions_total",
-            Counter,
-            "Prefix-aware routing decisions by outcome: key_hit, prefix_hit, miss (no live holder), overloaded (a holder full, excluded or outside the load band: least-loaded instead).",
-            ["model", "outcome"],
-        );
-        for (m, st) in &t.models {
-            if st.affinity.iter().all(|n| *n == 0) {
-                continue;
-            }
-            for o in crate::logic::routing::affinity::Outcome::ALL {
-                let outcome = o.as_str();
-                f.series([m, &outcome], st.affinity[o.index()] as f64);
-            }
-        }
-    }
-    {
-        let mut f = Family::new(
-            o,
-            "hivenet_affinity_miss_cost_seconds_per_token",
-            Gauge,
-            "Seconds an uncached prompt token adds to a request on the model's engines, learned from prefix-aware requests: a wait for a full cache holder never outlasts the prefill its hit saves (absent until learned).",
-            ["model"],
-        );
-        for (m, st) in &t.models {
-            if let Some(v) = st.miss_cost_per_token {
-                f.series([m], v);
-            }
-        }
-    }
+    // Each feature renders its own families from its own counters.
+    let each = || t.models.iter();
+    affinity::render(o, each().map(|(m, st)| (m, &st.affinity)));
+    fairness::render(o, each().map(|(m, st)| (m, &st.classes)));
+    continuity::render(o, each().map(|(m, st)| (m, &st.continuity)));
     for (name, kind, help, get) in pm {
         let mut f = Family::new(o, name, kind, help, ["model"]);
         for (m, st) in &t.models {
@@ -210,18 +167,6 @@ pub(super) fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTo
             f.series([m, reason], n);
         }
     }
-    let mut f = Family::new(
-        o,
-        "hivenet_stream_migrations_total",
-        Counter,
-        "Streams whose agent broke mid-answer, by outcome: continued on another agent, failed (every continuation broke), no_agent, deadline, finished (the answer was whole), or why it could not be continued (tools, not_text, engine_cannot_continue...).",
-        ["model", "outcome"],
-    );
-    for (m, st) in &t.models {
-        for (outcome, n) in &st.stream_migrations {
-            f.series([m, outcome], n);
-        }
-    }
     type AGet = fn(&crate::runtime::state::model::admission::Gauges) -> u64;
     let adm: [(&'static str, &str, AGet); 5] = [
         (
@@ -264,48 +209,6 @@ pub(super) fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTo
             for ((_, status, tenant), series) in &st.durations {
                 let labels: [&dyn Display; 4] = [tenant, &series.peer_id, m, status];
                 f.histogram(labels, &DURATION_BUCKETS, &series.hist);
-            }
-        }
-    }
-    let mut f = Family::new(
-        o,
-        "hivenet_queue_wait_seconds",
-        Histogram,
-        "Waits in the capacity queue that ended with a slot, by priority class.",
-        ["model", "class"],
-    );
-    for (m, st) in &t.models {
-        // Standard always (the series a model had before classes); the
-        // others once they waited.
-        for (class, h) in crate::logic::routing::wait_queue::Class::ALL
-            .iter()
-            .zip(&st.wait)
-        {
-            if h.count > 0 || *class == crate::logic::routing::wait_queue::Class::Standard {
-                f.histogram([m, &class.as_str()], &QUEUE_BUCKETS, h);
-            }
-        }
-    }
-    let mut f = Family::new(
-        o,
-        "hivenet_class_requests_total",
-        Counter,
-        "Requests by priority class: admitted (sent to an agent, once per request) or refused (no capacity, queue, quota or admission).",
-        ["model", "class", "outcome"],
-    );
-    for (m, st) in &t.models {
-        for (i, class) in crate::logic::routing::wait_queue::Class::ALL
-            .iter()
-            .enumerate()
-        {
-            let admitted = st.class_admitted.get(i).copied().unwrap_or(0);
-            let refused = st.class_refused.get(i).copied().unwrap_or(0);
-            // Standard always; the others once they had a request.
-            if admitted + refused > 0
-                || *class == crate::logic::routing::wait_queue::Class::Standard
-            {
-                f.series([m, &class.as_str(), &"admitted"], admitted);
-                f.series([m, &class.as_str(), &"refused"], refused);
             }
         }
     }

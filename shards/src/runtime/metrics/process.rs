@@ -3,9 +3,9 @@
 //! them, read from `/proc/self` at scrape time (Linux only; a file that
 //! cannot be read leaves its series out).
 
-use super::exposition::Family;
-use super::exposition::Kind::{self, Counter, Gauge};
 use crate::logic::system::procfs;
+use crate::runtime::wire::exposition::Family;
+use crate::runtime::wire::exposition::Kind::{self, Counter, Gauge};
 
 /// Append the process series to `o`.
 pub fn render(o: &mut String) {

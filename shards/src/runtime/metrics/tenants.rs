@@ -9,13 +9,13 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::exposition::Family;
-use super::exposition::Kind::{Counter, Gauge, Histogram};
 use crate::logic::tenancy::quota;
 use crate::runtime::services::audit::AuditLog;
 use crate::runtime::state::model::stats::{TenantStats, DURATION_BUCKETS};
 use crate::runtime::state::tenancy::AuthState;
 use crate::runtime::state::views::ShardSnapshot;
+use crate::runtime::wire::exposition::Family;
+use crate::runtime::wire::exposition::Kind::{Counter, Gauge, Histogram};
 
 type TenantKey = (Arc<str>, Arc<str>, String);
 

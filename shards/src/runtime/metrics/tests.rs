@@ -72,11 +72,11 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.exhausted = 2;
     s.provider_fallback = 3;
     s.usage_clamped = 1;
-    s.affinity = [3, 5, 7, 1];
-    s.affinity_stale = 2;
-    s.holder_waits = 4;
-    s.holder_wait_timeouts = 1;
-    s.miss_cost_per_token = Some(0.25);
+    s.affinity.decisions = [3, 5, 7, 1];
+    s.affinity.stale = 2;
+    s.affinity.holder_waits = 4;
+    s.affinity.holder_wait_timeouts = 1;
+    s.affinity.miss_cost_per_token = Some(0.25);
     s.backend_errors.insert(502, 2);
     s.provider_calls.insert(
         ("openai", 200),
@@ -85,11 +85,11 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.queue_depth = 3;
     s.connection_resets.insert("forward_failure", 3);
     s.connection_resets.insert("stream_cut", 1);
-    s.stream_migrations.insert("continued", 2);
-    s.stream_migrations.insert("tools", 1);
-    s.wait[1] = hist(&QUEUE_BUCKETS, &[0.01, 0.2]);
-    s.class_admitted = [2, 3, 0];
-    s.class_refused = [1, 0, 0];
+    s.continuity.migrations.insert("continued", 2);
+    s.continuity.migrations.insert("tools", 1);
+    s.classes.wait[1] = hist(&QUEUE_BUCKETS, &[0.01, 0.2]);
+    s.classes.admitted = [2, 3, 0];
+    s.classes.refused = [1, 0, 0];
     s.durations.insert(
         (1, 200, t),
         DurationSeries {

@@ -16,7 +16,7 @@ use crate::logic::tenancy::quota::Rate;
 pub struct Bucket {
     /// GCRA theoretical arrival time (monotonic ns; 0 = full).
     pub rpm: AtomicU64,
-    /// [`quota::pack`]ed day index and tokens this router used.
+    /// [`crate::logic::tenancy::quota::pack`]ed day index and tokens this router used.
     pub daily: AtomicU64,
     /// The share of the global quota this router holds (`--shared-state`).
     pub lease: Lease,

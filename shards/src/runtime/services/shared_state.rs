@@ -47,7 +47,7 @@ use crate::logic::tenancy::registry::{Registry, Snapshot};
 use crate::runtime::services::shared_quota::{Drawer, QUOTA_EVERY};
 
 /// What the shared state reads and writes of its router (implemented by
-/// [`super::router::Router`]; a trait, so this module does not depend on
+/// [`crate::runtime::state::router::Router`]; a trait, so this module does not depend on
 /// the router's and no import runs back up).
 pub trait Host: Send + Sync + 'static {
     /// This router's name on its claims (its peer ID).

@@ -493,7 +493,7 @@ impl Shard {
                     let mut st = m.stats.clone();
                     st.queue_depth = m.queue.borrow().len();
                     st.admission = m.admission.borrow().gauges();
-                    st.miss_cost_per_token = m.miss_cost.get().per_token();
+                    st.affinity.miss_cost_per_token = m.miss_cost.get().per_token();
                     (name.clone(), st)
                 })
                 .collect(),

@@ -3,13 +3,15 @@
 //! budget) + [`mux`] + [`http_stream`] (the libp2p stack), [`handoff`] (a socket between
 //! cores), [`bufpool`] and [`budget`] (buffers and memory budgets),
 //! [`executor`] (pinned runtimes), [`clock`] (the one place that reads
-//! time).
+//! time), [`exposition`] (the Prometheus text format every family is
+//! written in).
 
 pub mod budget;
 pub mod bufpool;
 pub mod clock;
 pub mod conn;
 pub mod executor;
+pub mod exposition;
 pub mod handoff;
 pub mod http_stream;
 pub mod link;

@@ -25,9 +25,7 @@ pub fn record(
     class: Class,
 ) {
     if !matches!(r, Refusal::Routing(Rejection::ClientGone)) {
-        if let Some(n) = m.stats.class_refused.get_mut(class.index()) {
-            *n += 1;
-        }
+        m.stats.classes.refuse(class);
     }
     let (limited, tokens) = match r {
         Refusal::Routing(rejection) => {

@@ -6,7 +6,10 @@
 //! [`stats::ModelStats`].
 
 pub mod admission;
+pub mod affinity;
 pub mod agent;
+pub mod continuity;
+pub mod fairness;
 pub mod stats;
 
 use std::cell::RefCell;

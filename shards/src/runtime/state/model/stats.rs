@@ -144,43 +144,7 @@ pub const QUEUE_BUCKETS: [f64; 13] = [
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96,
 ];
 
-/// A histogram over fixed bucket bounds.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Histogram {
-    /// Counts per bucket, `+Inf` last (not cumulative).
-    pub buckets: Vec<u64>,
-    /// Sum of the observations.
-    pub sum: f64,
-    /// Observations.
-    pub count: u64,
-}
-
-impl Histogram {
-    /// Add one observation against `bounds`.
-    pub fn observe(&mut self, bounds: &[f64], v: f64) {
-        if self.buckets.len() != bounds.len() + 1 {
-            self.buckets = vec![0; bounds.len() + 1];
-        }
-        let i = bounds.iter().position(|b| v <= *b).unwrap_or(bounds.len());
-        if let Some(c) = self.buckets.get_mut(i) {
-            *c += 1;
-        }
-        self.sum += v;
-        self.count += 1;
-    }
-
-    /// Add another histogram over the same bounds.
-    pub fn merge(&mut self, other: &Histogram) {
-        if self.buckets.len() < other.buckets.len() {
-            self.buckets.resize(other.buckets.len(), 0);
-        }
-        for (x, c) in self.buckets.iter_mut().zip(&other.buckets) {
-            *x += c;
-        }
-        self.sum += other.sum;
-        self.count += other.count;
-    }
-}
+pub use crate::runtime::wire::exposition::Histogram;
 
 /// One agent's duration series for one status.
 #[derive(Debug, Clone, Serialize)]
@@ -248,13 +212,9 @@ pub struct ModelStats {
     pub fallback_routed: u64,
     /// Every step exhausted.
     pub exhausted: u64,
-    /// Waits in the capacity queue that ended with a slot, by priority
-    /// class (interactive, standard, batch).
-    pub wait: [Histogram; 3],
-    /// Requests by priority class (interactive, standard, batch): sent to
-    /// an agent (once per request, retries not again), and refused.
-    pub class_admitted: [u64; 3],
-    pub class_refused: [u64; 3],
+    /// Fairness: waits, admitted and refused by priority class (the
+    /// feature's own counters and families: [`super::fairness`]).
+    pub classes: super::fairness::ClassStats,
     /// Waiters now (filled at snapshot).
     pub queue_depth: usize,
     /// Client-visible duration of completed responses (first request byte
@@ -270,26 +230,15 @@ pub struct ModelStats {
     /// agent cut by the transport or a deadline (`forward_failure` before
     /// the head, `stream_cut` while relaying, `deadline`).
     pub connection_resets: BTreeMap<&'static str, u64>,
-    /// `hivenet_stream_migrations_total{outcome}`: streams whose agent
-    /// broke mid-answer, by what became of them (`continued`, `failed`,
-    /// `no_agent`, `deadline`, `finished`, or why they could not be).
-    pub stream_migrations: BTreeMap<&'static str, u64>,
+    /// Stream continuity: how broken streams ended ([`super::continuity`]).
+    pub continuity: super::continuity::ContinuityStats,
     /// Requests sent to the policy's fallback provider (spec 04 §7).
     pub provider_fallback: u64,
     /// Responses whose usage was clamped to the request's bound.
     pub usage_clamped: u64,
-    /// `hivenet_affinity_decisions_total{outcome}`, in
-    /// [`crate::logic::routing::affinity::Outcome::ALL`] order.
-    pub affinity: [u64; 4],
-    /// Predicted cache hits that came back with few cached tokens.
-    pub affinity_stale: u64,
-    /// Requests sent after waiting for a full cache holder.
-    pub holder_waits: u64,
-    /// Of those, the ones whose wait ran out (sent elsewhere).
-    pub holder_wait_timeouts: u64,
-    /// The learned seconds per uncached prompt token (filled at
-    /// snapshot; None until learned).
-    pub miss_cost_per_token: Option<f64>,
+    /// Cache affinity: decisions, stale hits, holder waits, the learned
+    /// miss cost ([`super::affinity`]).
+    pub affinity: super::affinity::AffinityStats,
     /// Backend failures reported by agents, by status (502 closed or
     /// malformed, 503 unreachable or busy, 504 timed out).
     pub backend_errors: BTreeMap<u16, u64>,
@@ -312,29 +261,14 @@ impl ModelStats {
         self.fallback_routed += st.fallback_routed;
         self.exhausted += st.exhausted;
         self.queue_depth += st.queue_depth;
-        for (a, b) in self.wait.iter_mut().zip(&st.wait) {
-            a.merge(b);
-        }
-        for (a, b) in self.class_admitted.iter_mut().zip(&st.class_admitted) {
-            *a += b;
-        }
-        for (a, b) in self.class_refused.iter_mut().zip(&st.class_refused) {
-            *a += b;
-        }
+        self.classes.add(&st.classes);
         for (reason, n) in &st.connection_resets {
             *self.connection_resets.entry(reason).or_default() += n;
         }
-        for (outcome, n) in &st.stream_migrations {
-            *self.stream_migrations.entry(outcome).or_default() += n;
-        }
+        self.continuity.add(&st.continuity);
         self.provider_fallback += st.provider_fallback;
         self.usage_clamped += st.usage_clamped;
-        for (a, b) in self.affinity.iter_mut().zip(st.affinity) {
-            *a += b;
-        }
-        self.affinity_stale += st.affinity_stale;
-        self.holder_waits += st.holder_waits;
-        self.holder_wait_timeouts += st.holder_wait_timeouts;
+        self.affinity.add(&st.affinity);
         for (k, n) in &st.backend_errors {
             *self.backend_errors.entry(*k).or_default() += n;
         }
@@ -344,8 +278,6 @@ impl ModelStats {
         if st.admission.active {
             self.admission = st.admission;
         }
-        // A model lives on one shard: at most one has learned it.
-        self.miss_cost_per_token = self.miss_cost_per_token.or(st.miss_cost_per_token);
     }
 
     /// Record one completed response of agent `id`.
@@ -378,13 +310,6 @@ impl ModelStats {
             keys.insert(key.clone(), TenantStats::default());
         }
         keys.get_mut(&**key)
-    }
-
-    /// Record one wait of a request of `class` that ended with a slot.
-    pub fn observe_wait(&mut self, class: crate::logic::routing::wait_queue::Class, secs: f64) {
-        if let Some(h) = self.wait.get_mut(class.index()) {
-            h.observe(&QUEUE_BUCKETS, secs);
-        }
     }
 }
 

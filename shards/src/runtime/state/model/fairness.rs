@@ -1,19 +1,23 @@
 //! Fairness among priority classes (`min_share`) and tenants
-//! (`tenant_headroom`, the fair order of issue 32), the request's side:
-//! the facts the decision reads ([`held_back`]) and the bookkeeping at
-//! the driver's fixed hooks: [`ClassRunning`] from a forward's start to
-//! its end, [`waited`] when a request leaves the capacity queue,
-//! [`true_up`] when its usage is known. The per-tenant state itself is
+//! (`tenant_headroom`, the fair order of issue 32), the model's sub-state:
+//! its per-class counters and their metric families ([`ClassStats`],
+//! [`render`]), the facts the decision reads ([`held_back`]) and the
+//! bookkeeping at the driver's fixed hooks: [`ClassRunning`] from a
+//! forward's start to its end, [`waited`] when a request leaves the
+//! capacity queue, [`true_up`] when its usage is known. The per-tenant state itself is
 //! the capacity queue's ([`crate::runtime::state::model::Waiters`]); the
 //! pure parts are in [`crate::logic::routing::wait_queue::tenant_slots`] and
 //! [`crate::logic::routing::wait_queue`].
 
 use std::time::Duration;
 
+use super::stats::QUEUE_BUCKETS;
+use super::{tenant_ended, ModelRef, ModelState};
 use crate::logic::routing::decision::Pool;
 use crate::logic::routing::wait_queue::{Class, Fair};
-use crate::runtime::state::model::{tenant_ended, ModelRef, ModelState};
 use crate::runtime::state::tenancy::Principal;
+use crate::runtime::wire::exposition::Kind::{Counter, Histogram as Hist};
+use crate::runtime::wire::exposition::{Family, Histogram};
 
 /// Who asks, for the fairness facts.
 #[derive(Debug, Clone, Copy)]
@@ -72,7 +76,7 @@ pub fn held_back(m: &ModelState, a: Asker<'_>) -> (bool, bool) {
 /// Hook: the request left the capacity queue for a forward after `w`.
 pub fn waited(m: &mut ModelState, class: Class, principal: &Principal, w: Duration) {
     let s = &mut m.stats;
-    s.observe_wait(class, w.as_secs_f64());
+    s.classes.observe_wait(class, w.as_secs_f64());
     let (tenant, key) = principal.names();
     if let Some(t) = s.tenant(tenant, key) {
         t.queue_waits += 1;
@@ -108,7 +112,7 @@ impl ClassRunning {
         if !claimed {
             m.queue.borrow_mut().tenants.start(tenant);
         }
-        if let Some(n) = m.stats.class_admitted.get_mut(class.index()) {
+        if let Some(n) = m.stats.classes.admitted.get_mut(class.index()) {
             *n += u64::from(first);
         }
         ClassRunning {
@@ -134,6 +138,88 @@ impl Drop for ClassRunning {
         // passed by for its tenant meanwhile may take a slot now.
         if let Some(queue) = queue {
             tenant_ended(&queue, self.tenant);
+        }
+    }
+}
+
+/// The model's requests by priority class: waits that ended with a slot,
+/// admitted and refused (`hivenet_queue_wait_seconds`,
+/// `hivenet_class_requests_total`).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ClassStats {
+    /// Waits in the capacity queue that ended with a slot, per class.
+    pub wait: [Histogram; 3],
+    /// Requests sent to an agent (once per request), per class.
+    pub admitted: [u64; 3],
+    /// Requests refused (no capacity, queue, quota or admission), per
+    /// class.
+    pub refused: [u64; 3],
+}
+
+impl ClassStats {
+    /// Add another shard's counters of the model.
+    pub fn add(&mut self, o: &ClassStats) {
+        for (a, b) in self.wait.iter_mut().zip(&o.wait) {
+            a.merge(b);
+        }
+        for (a, b) in self.admitted.iter_mut().zip(&o.admitted) {
+            *a += b;
+        }
+        for (a, b) in self.refused.iter_mut().zip(&o.refused) {
+            *a += b;
+        }
+    }
+
+    /// Record one wait of a request of `class` that ended with a slot.
+    pub fn observe_wait(&mut self, class: Class, secs: f64) {
+        if let Some(h) = self.wait.get_mut(class.index()) {
+            h.observe(&QUEUE_BUCKETS, secs);
+        }
+    }
+
+    /// Count a refusal of a request of `class`.
+    pub fn refuse(&mut self, class: Class) {
+        if let Some(n) = self.refused.get_mut(class.index()) {
+            *n += 1;
+        }
+    }
+}
+
+/// The class families: the standard class's series always (the series a
+/// model had before classes), the others once they had a request.
+pub fn render<'m, I>(o: &mut String, models: I)
+where
+    I: Iterator<Item = (&'m String, &'m ClassStats)> + Clone,
+{
+    let mut f = Family::new(
+        o,
+        "hivenet_queue_wait_seconds",
+        Hist,
+        "Waits in the capacity queue that ended with a slot, by priority class.",
+        ["model", "class"],
+    );
+    for (m, st) in models.clone() {
+        for (class, h) in Class::ALL.iter().zip(&st.wait) {
+            if h.count > 0 || *class == Class::Standard {
+                f.histogram([m, &class.as_str()], &QUEUE_BUCKETS, h);
+            }
+        }
+    }
+    let mut f = Family::new(
+        o,
+        "hivenet_class_requests_total",
+        Counter,
+        "Requests by priority class: admitted (sent to an agent, once per request) or refused (no capacity, queue, quota or admission).",
+        ["model", "class", "outcome"],
+    );
+    for (m, st) in models {
+        for (i, class) in Class::ALL.iter().enumerate() {
+            let admitted = st.admitted.get(i).copied().unwrap_or(0);
+            let refused = st.refused.get(i).copied().unwrap_or(0);
+            if admitted + refused > 0 || *class == Class::Standard {
+                f.series([m, &class.as_str(), &"admitted"], admitted);
+                f.series([m, &class.as_str(), &"refused"], refused);
+            }
         }
     }
 }

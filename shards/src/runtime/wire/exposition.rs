@@ -12,7 +12,7 @@
 
 use std::fmt::{self, Display, Write as _};
 
-use crate::runtime::state::model::stats::Histogram;
+use serde::Serialize;
 
 /// A family's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,5 +131,43 @@ impl<'o, const N: usize> Family<'o, N> {
         let _ = write!(self.o, "{}_count", self.name);
         self.labels(&values, None);
         let _ = writeln!(self.o, " {}", h.count);
+    }
+}
+
+/// A histogram over fixed bucket bounds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Histogram {
+    /// Counts per bucket, `+Inf` last (not cumulative).
+    pub buckets: Vec<u64>,
+    /// Sum of the observations.
+    pub sum: f64,
+    /// Observations.
+    pub count: u64,
+}
+
+impl Histogram {
+    /// Add one observation against `bounds`.
+    pub fn observe(&mut self, bounds: &[f64], v: f64) {
+        if self.buckets.len() != bounds.len() + 1 {
+            self.buckets = vec![0; bounds.len() + 1];
+        }
+        let i = bounds.iter().position(|b| v <= *b).unwrap_or(bounds.len());
+        if let Some(c) = self.buckets.get_mut(i) {
+            *c += 1;
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    /// Add another histogram over the same bounds.
+    pub fn merge(&mut self, other: &Histogram) {
+        if self.buckets.len() < other.buckets.len() {
+            self.buckets.resize(other.buckets.len(), 0);
+        }
+        for (x, c) in self.buckets.iter_mut().zip(&other.buckets) {
+            *x += c;
+        }
+        self.sum += other.sum;
+        self.count += other.count;
     }
 }

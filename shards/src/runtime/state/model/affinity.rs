@@ -1,25 +1,28 @@
-//! Cache affinity (issue 30), the request's side: its keys for the
-//! decision's prefix-aware steps, and the bookkeeping at the driver's
-//! fixed hooks: [`RequestAffinity::forwarded`] (the index learns where
-//! the prefix went, the other routers hear of it, the decision is
+//! Cache affinity (issue 30), the model's sub-state: its counters and
+//! their metric families ([`AffinityStats`], [`render`]), a request's
+//! keys for the decision's prefix-aware steps, and the bookkeeping at the
+//! driver's fixed hooks: [`RequestAffinity::forwarded`] (the index learns
+//! where the prefix went, the other routers hear of it, the decision is
 //! counted) and [`RequestAffinity::ended`] (was the predicted hit real;
 //! what a miss cost). The index itself is the shard's
 //! ([`crate::runtime::state::shard::Shard::affinity`]); the pure parts
 //! are in [`crate::logic::routing::affinity`] and
 //! [`crate::logic::routing::affinity::miss_cost`].
 
+use super::agent::Agent;
+use super::ModelState;
 use crate::logic::http::api::usage::Tokens;
 use crate::logic::routing::affinity::{
     model_salt, peer_hash, raw_key_hash, AffinityCfg, AffinityIndex, AffinityNote, AffinityPick,
     AffinitySource, Holder, Holders, Outcome, RequestKeys,
 };
 use crate::logic::routing::policy::Policy;
-use crate::runtime::state::model::agent::Agent;
-use crate::runtime::state::model::ModelState;
 use crate::runtime::state::pending::PendingRequest;
 use crate::runtime::state::router::AFFINITY_OUTBOX_MAX;
 use crate::runtime::state::shard::Shard;
 use crate::runtime::wire::clock;
+use crate::runtime::wire::exposition::Family;
+use crate::runtime::wire::exposition::Kind::{Counter, Gauge};
 
 /// Headers that carry a session key, first found wins (then the body's
 /// `prompt_cache_key`, then `metadata.user_id`).
@@ -100,11 +103,14 @@ impl<'a> RequestAffinity<'a> {
         let (Some(pick), Some(keys)) = (pick, self.keys.as_ref()) else {
             return;
         };
-        m.stats.affinity[pick.outcome.index()] += 1;
+        let st = &mut m.stats.affinity;
+        if let Some(n) = st.decisions.get_mut(pick.outcome.index()) {
+            *n += 1;
+        }
         if pick.held {
-            m.stats.holder_waits += 1;
+            st.holder_waits += 1;
             if pick.outcome == Outcome::Overloaded {
-                m.stats.holder_wait_timeouts += 1;
+                st.holder_wait_timeouts += 1;
             }
         }
         let unix = clock::unix_secs() as u32;
@@ -172,6 +178,98 @@ fn check_prediction(shard: &Shard, m: &mut ModelState, agent: &Agent, hit: Holde
         }
     }
     if stale {
-        m.stats.affinity_stale += 1;
+        m.stats.affinity.stale += 1;
+    }
+}
+
+/// The model's affinity counters (`hivenet_affinity_*`).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct AffinityStats {
+    /// Decisions by outcome, in [`Outcome::ALL`] order.
+    pub decisions: [u64; 4],
+    /// Predicted cache hits that came back with few cached tokens.
+    pub stale: u64,
+    /// Requests sent after waiting for a full cache holder.
+    pub holder_waits: u64,
+    /// Of those, the ones whose wait ran out (sent elsewhere).
+    pub holder_wait_timeouts: u64,
+    /// The learned seconds per uncached prompt token (filled at snapshot;
+    /// None until learned).
+    pub miss_cost_per_token: Option<f64>,
+}
+
+impl AffinityStats {
+    /// Add another shard's counters of the model.
+    pub fn add(&mut self, o: &AffinityStats) {
+        for (a, b) in self.decisions.iter_mut().zip(o.decisions) {
+            *a += b;
+        }
+        self.stale += o.stale;
+        self.holder_waits += o.holder_waits;
+        self.holder_wait_timeouts += o.holder_wait_timeouts;
+        self.miss_cost_per_token = self.miss_cost_per_token.or(o.miss_cost_per_token);
+    }
+}
+
+/// The affinity families, one series per model (a model that never made
+/// a prefix-aware decision has no decision series).
+pub fn render<'m, I>(o: &mut String, models: I)
+where
+    I: Iterator<Item = (&'m String, &'m AffinityStats)> + Clone,
+{
+    type Get = fn(&AffinityStats) -> u64;
+    let counters: [(&str, &str, Get); 3] = [
+        (
+            "hivenet_affinity_stale_total",
+            "Prefix-aware hits whose engine reported under a quarter of the predicted prefix as cached (the entry was stale).",
+            |s| s.stale,
+        ),
+        (
+            "hivenet_affinity_holder_waits_total",
+            "Requests sent after waiting for a full cache holder (holder_wait_ms).",
+            |s| s.holder_waits,
+        ),
+        (
+            "hivenet_affinity_holder_wait_timeouts_total",
+            "Requests whose wait for a full cache holder ran out: sent where least-loaded chose (counted overloaded too).",
+            |s| s.holder_wait_timeouts,
+        ),
+    ];
+    for (name, help, get) in counters {
+        let mut f = Family::new(o, name, Counter, help, ["model"]);
+        for (m, st) in models.clone() {
+            f.series([m], get(st));
+        }
+    }
+    let mut f = Family::new(
+        o,
+        "hivenet_affinity_decisions_total",
+        Counter,
+        "Prefix-aware routing decisions by outcome: key_hit, prefix_hit, miss (no live holder), overloaded (a holder full, excluded or outside the load band: least-loaded instead).",
+        ["model", "outcome"],
+    );
+    for (m, st) in models.clone() {
+        if st.decisions.iter().all(|n| *n == 0) {
+            continue;
+        }
+        for o in Outcome::ALL {
+            let outcome = o.as_str();
+            f.series(
+                [m, &outcome],
+                st.decisions.get(o.index()).copied().unwrap_or(0),
+            );
+        }
+    }
+    let mut f = Family::new(
+        o,
+        "hivenet_affinity_miss_cost_seconds_per_token",
+        Gauge,
+        "Seconds an uncached prompt token adds to a request on the model's engines, learned from prefix-aware requests: a wait for a full cache holder never outlasts the prefill its hit saves (absent until learned).",
+        ["model"],
+    );
+    for (m, st) in models {
+        if let Some(v) = st.miss_cost_per_token {
+            f.series([m], v);
+        }
     }
 }
