@@ -17,6 +17,7 @@ use std::rc::Rc;
 use tracing::{info, warn};
 
 use super::exchange;
+use super::fairness::ClassRunning;
 use super::forward::{attempt, build_request_with, Ask, Outcome};
 use crate::logic::http::api::continuation::{self, Api, Prefill, Splice, Transcript};
 use crate::logic::http::endpoint::Endpoint;
@@ -25,7 +26,6 @@ use crate::logic::routing::decision::AttemptEnd;
 use crate::logic::routing::failure::Failure;
 use crate::runtime::state::model::admission::Reservation;
 use crate::runtime::state::model::agent::Agent;
-use crate::runtime::state::model::fairness::ClassRunning;
 use crate::runtime::state::pending::PendingRequest;
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;

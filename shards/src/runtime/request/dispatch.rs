@@ -5,15 +5,16 @@
 //! the refusal), then tells the machine how it ended.
 //!
 //! The rule of this room: it stays a short loop. The machine is the only
-//! decider (no selector and no wait loop here); a feature keeps its state,
-//! bookkeeping, counters and metric families in its own room (the model's
-//! sub-states [`crate::runtime::state::model::affinity`],
+//! decider (no selector and no wait loop here); a feature keeps its
+//! bookkeeping in its own room ([`super::affinity`], [`super::fairness`],
+//! [`super::continuation`], [`super::provider`]; `dispatch/refusals.rs`,
+//! `dispatch/wait.rs`) and its counters and metric families in the
+//! model's ([`crate::runtime::state::model::affinity`],
 //! [`crate::runtime::state::model::fairness`],
-//! [`crate::runtime::state::model::continuity`]; [`super::continuation`],
-//! [`super::provider`], `dispatch/refusals.rs`, `dispatch/wait.rs`) and is called at the fixed
-//! hooks:
-//! facts for the decision (`Run::decide`), forwarded (`Run::forward`),
-//! ended (`Run::settle`). A new feature adds a line here, never a block.
+//! [`crate::runtime::state::model::continuity`]), and is called at the
+//! fixed hooks: facts for the decision (`Run::decide`), forwarded
+//! (`Run::forward`), ended (`Run::settle`). A new feature adds a line
+//! here, never a block.
 //!
 //! Entry point: [`serve_inference`].
 
@@ -28,7 +29,9 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use self::wait::Wait;
+use super::affinity::{IndexView, RequestAffinity};
 use super::continuation::{self, Broke, Continuity, Pending};
+use super::fairness::{self, ClassRunning};
 use super::forward::{attempt, record_attempt, Ask, Outcome};
 use super::provider;
 use super::respond;
@@ -41,9 +44,7 @@ use crate::logic::routing::policy::Policy;
 use crate::logic::routing::refusal::Refusal;
 use crate::logic::routing::wait_queue::{Class, Fair};
 use crate::runtime::state::model::admission::Admitted;
-use crate::runtime::state::model::affinity::{IndexView, RequestAffinity};
 use crate::runtime::state::model::agent::Agent;
-use crate::runtime::state::model::fairness::{self, ClassRunning};
 use crate::runtime::state::model::{Claim, ModelRef, ModelState};
 use crate::runtime::state::pending::{Held, PendingRequest};
 use crate::runtime::state::scope::Client;

@@ -1,9 +1,9 @@
 //! One inference request on its model's shard: [`dispatch`] drives the
-//! pure decision machine and calls each feature at fixed hooks: the
-//! model's sub-states `affinity` and `fairness` (state, counters and
-//! families in [`crate::runtime::state::model`]), [`continuation`] (a
-//! broken stream's transcript and tries; its counters in
-//! `state::model::continuity`), [`provider`] (the fallback provider); the
+//! pure decision machine and calls each feature at fixed hooks:
+//! [`affinity`], [`fairness`], [`continuation`] (a broken stream's
+//! transcript and tries), [`provider`] (the fallback provider); each
+//! feature's counters and metric families are the model's
+//! (`state::model::{affinity, fairness, continuity}`); the
 //! driver's one capacity wait and its refusal counting are its own
 //! (`dispatch/`);
 //! [`admission`] is the admission gate,
@@ -14,10 +14,12 @@
 //! counters, audit), [`models_api`] the `/v1/models` bodies.
 
 pub mod admission;
+pub mod affinity;
 pub mod continuation;
 pub mod dispatch;
 pub mod ending;
 pub mod exchange;
+pub mod fairness;
 pub mod forward;
 pub mod models_api;
 pub mod provider;

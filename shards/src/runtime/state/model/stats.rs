@@ -139,10 +139,7 @@ pub fn observe_http(d: &mut HttpDurations, key: (&'static str, &'static str, u16
     }
 }
 
-/// `hivenet_queue_wait_seconds` buckets: 0.01 x 2^k, k = 0..12.
-pub const QUEUE_BUCKETS: [f64; 13] = [
-    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96,
-];
+pub use super::fairness::QUEUE_BUCKETS;
 
 pub use crate::runtime::wire::exposition::Histogram;
 
