@@ -51,7 +51,7 @@ pub(crate) struct Flags {
     /// most agent links from one source address (default 128; 0 disables)
     #[argh(option, default = "128")]
     max_agent_links_per_address: usize,
-    /// entries of the cache-affinity index of prefix-aware policies, all shards together, 40 bytes each, allocated on the first prefix-aware request (default 1048576 = 40 MiB; at least 1024)
+    /// entries of the cache-affinity index of prefix-aware policies, all shards together, 40 bytes each, allocated on the first prefix-aware request (default 1048576 = 40 MiB; at least 1024, at most what fits in a quarter of the machine's memory)
     #[argh(option, default = "1048576")]
     affinity_table_entries: usize,
     /// most request-body bytes buffered at once, all connections together; beyond it a request gets 503 with Retry-After (default 268435456; 0 disables)
@@ -295,6 +295,7 @@ pub(crate) fn build() -> Result<Startup, String> {
         // perf/2026-12-02-real-hops).
         plan.iter_mut().for_each(|c| *c = None);
     }
+    affinity_fits(cfg.affinity_table_entries, plan.len())?;
     let driver_s = cli::flag_or_env(f.driver, "HIVENET_ROUTER_DRIVER", "auto");
     let driver = DriverChoice::parse(&driver_s)
         .ok_or_else(|| format!("--driver: {driver_s:?} is not auto or epoll"))?;
@@ -571,4 +572,28 @@ pub(crate) fn open_p2p_check(
          any peer could register a model and receive prompts; give the fleet's swarm key, \
          or --allow-open-p2p to accept that"
     ))
+}
+
+/// The cache-affinity index is allocated at the first prefix-aware
+/// request, possibly hours after start: a count the machine cannot hold
+/// must stop the start, not a shard later (issue 51 #1). The ceiling is a
+/// quarter of the machine's memory (`MemTotal`; 4 GiB where it cannot be
+/// read).
+fn affinity_fits(entries: usize, shards: usize) -> Result<(), String> {
+    const UNKNOWN_MEMORY_CEILING: u64 = 4 << 30;
+    let ceiling = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| shards::logic::system::procfs::status_kb(&t, "MemTotal"))
+        .map_or(UNKNOWN_MEMORY_CEILING, |bytes| bytes / 4);
+    match shards::logic::routing::affinity::table_bytes(entries, shards) {
+        Some(bytes) if bytes <= ceiling => Ok(()),
+        Some(bytes) => Err(format!(
+            "--affinity-table-entries {entries}: the index would take {} MiB on {shards} shards, more than a quarter of this machine's memory ({} MiB)",
+            bytes >> 20,
+            ceiling >> 20
+        )),
+        None => Err(format!(
+            "--affinity-table-entries {entries}: more than this machine can address"
+        )),
+    }
 }

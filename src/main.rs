@@ -15,6 +15,14 @@ use tracing::error;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    // A thread that panics (a shard, the store) takes the process down
+    // with it: a dead shard would leave its listener taking connections
+    // that never answer (issue 51 #1). The supervisor restarts it.
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::exit(101);
+    }));
     let args: Vec<String> = std::env::args().collect();
     shards::exit_on_version_flag("hivenet-router", &args);
     if args.get(1).map(String::as_str) == Some("keygen") {

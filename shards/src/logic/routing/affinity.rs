@@ -22,6 +22,25 @@ pub use crate::logic::http::api::prompt_hash::{
     BASE_BLOCK, MAX_MARKS,
 };
 
+/// Buckets of the default table (`--affinity-table-entries` 1,048,576).
+const DEFAULT_BUCKETS: usize = (1 << 20) / WAYS;
+
+/// Bytes the index takes in all when `entries` are shared by `shards`
+/// shards, as [`AffinityIndex::new`] allocates them on each (`None`: past
+/// what can be addressed). Start-up refuses a count the machine cannot
+/// hold (issue 51 #1).
+pub fn table_bytes(entries: usize, shards: usize) -> Option<u64> {
+    let shards = shards.max(1);
+    let per_shard = (entries / shards)
+        .div_ceil(WAYS)
+        .max(1)
+        .checked_next_power_of_two()?;
+    let bucket = std::mem::size_of::<[Slot; WAYS]>() as u64;
+    (per_shard as u64)
+        .checked_mul(bucket)?
+        .checked_mul(shards as u64)
+}
+
 /// Agents one entry remembers.
 pub const HOLDERS: usize = 4;
 /// Entries per bucket (one bucket is searched per lookup).
@@ -252,7 +271,14 @@ impl AffinityIndex {
     /// A table of at least `entries` entries (rounded up to whole buckets
     /// and a power of two; at least one bucket).
     pub fn new(entries: usize) -> Self {
-        let buckets = entries.div_ceil(WAYS).max(1).next_power_of_two();
+        // Start-up bounds `entries` by the machine's memory
+        // ([`table_bytes`]); a count past what can be addressed falls back
+        // to the default table rather than panicking on a shard.
+        let buckets = entries
+            .div_ceil(WAYS)
+            .max(1)
+            .checked_next_power_of_two()
+            .unwrap_or(DEFAULT_BUCKETS);
         AffinityIndex {
             buckets: vec![[Slot::default(); WAYS]; buckets],
             live: HashMap::new(),

@@ -302,3 +302,21 @@ proptest! {
         }
     }
 }
+
+/// Issue 51 #1: what the index takes is known before it is made, and a
+/// count past what can be addressed is `None`, never a panic.
+#[test]
+fn table_bytes_is_what_new_allocates_and_never_overflows() {
+    for (entries, shards) in [
+        (1024usize, 1usize),
+        (1 << 20, 1),
+        (1 << 20, 2),
+        (3_000_000, 3),
+    ] {
+        let per = AffinityIndex::new(entries / shards).table_bytes() as u64;
+        assert_eq!(table_bytes(entries, shards), Some(per * shards as u64));
+    }
+    assert_eq!(table_bytes(usize::MAX, 1), None);
+    assert_eq!(table_bytes(usize::MAX, 2), None);
+    assert!(table_bytes(1 << 40, 1).is_some_and(|b| b >= (1u64 << 40) * ENTRY_BYTES as u64));
+}
