@@ -130,3 +130,71 @@ fn backend_down_is_reported_and_recovers() {
     .expect("req");
     assert_eq!(st, 200);
 }
+
+/// Issue 51 #6: a registered peer flipping its state in every heartbeat
+/// (draining, backend health) wrote a log line per frame: 1.85 million
+/// lines in 10 s. Now its lines are at most one a second, each with the
+/// count of changes it stands for; the state itself still follows every
+/// frame.
+#[test]
+fn a_peer_flipping_its_state_cannot_flood_the_log() {
+    let dir = tmpdir("flip-flood");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let p2p = r.p2p;
+    const FRAMES: usize = 20_000;
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = sent.clone();
+    let flipper = std::thread::spawn(move || {
+        run_on_runtime(DriverChoice::Auto, |_| async move {
+            let kp = libp2p_identity::Keypair::generate_ed25519();
+            let Some(l) = raw_register(p2p, &kp, "flip-model").await else {
+                return;
+            };
+            let mut ctl = l.ctl.stream;
+            let started = std::time::Instant::now();
+            let mut n = 0;
+            for i in 0..FRAMES {
+                let beat = ControlMsg::Heartbeat {
+                    backend_healthy: i % 3 != 0,
+                    draining: i % 2 == 0,
+                };
+                if link::write_frame(&mut ctl, &beat).await.is_err() {
+                    break;
+                }
+                n += 1;
+            }
+            // A final healthy, not draining state, held a moment.
+            let _ = link::write_frame(
+                &mut ctl,
+                &ControlMsg::Heartbeat {
+                    backend_healthy: true,
+                    draining: false,
+                },
+            )
+            .await;
+            let secs = started.elapsed().as_secs_f64();
+            monoio::time::sleep(Duration::from_millis(500)).await;
+            l.handle.close();
+            monoio::time::sleep(Duration::from_millis(100)).await;
+            eprintln!("flipper: {n} frames in {secs:.2} s");
+            counted.store(n, std::sync::atomic::Ordering::Relaxed);
+        })
+    });
+    flipper.join().expect("flipper");
+    let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(sent >= FRAMES / 2, "the peer sent {sent} frames");
+    // Every flip is a state change; the log says so at most once a second
+    // per agent (a few lines over the seconds the flood took).
+    let log = r.proc.log_text();
+    let lines = log
+        .lines()
+        .filter(|l| {
+            l.contains("agent draining changed") || l.contains("agent backend health changed")
+        })
+        .count();
+    assert!(lines >= 1, "the changes are logged at all:\n{log}");
+    assert!(
+        lines <= 30,
+        "{lines} state-change lines for {sent} flipping frames: the peer floods the log"
+    );
+}

@@ -472,11 +472,17 @@ fn on_frame(agent: &Agent, msg: ControlMsg) -> bool {
         } => {
             let was_healthy = agent.healthy();
             agent.live.set(true);
+            // One line a second at most per agent, with the changes it
+            // stands for: a peer flipping its state cannot flood the log.
             if agent.draining.replace(draining) != draining {
-                info!(peer_id = %agent.reg.peer_id, draining, "agent draining: no new requests");
+                if let Some(n) = agent.peer_line(clock::now()) {
+                    info!(peer_id = %agent.reg.peer_id, draining, changes = n, "agent draining changed: {draining} (this line stands for {n} state changes since the previous one)");
+                }
             }
             if agent.backend_healthy.get() != backend_healthy {
-                info!(peer_id = %agent.reg.peer_id, backend_healthy, "agent backend health changed");
+                if let Some(n) = agent.peer_line(clock::now()) {
+                    info!(peer_id = %agent.reg.peer_id, backend_healthy, changes = n, "agent backend health changed: {backend_healthy} (this line stands for {n} state changes since the previous one)");
+                }
                 if !backend_healthy {
                     agent.backend_failures.set(agent.backend_failures.get() + 1);
                 }

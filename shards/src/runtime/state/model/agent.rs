@@ -14,6 +14,7 @@ use crate::logic::link::hardware::HardwareSignals;
 use crate::logic::routing::history::History;
 use crate::logic::routing::policy::AgentFacts;
 use crate::logic::routing::srtt::Estimator;
+use crate::logic::system::log_gate::LogGate;
 use crate::runtime::wire::link::LinkHandle;
 
 /// One registered agent, owned by its model's shard.
@@ -49,6 +50,10 @@ pub struct Agent {
     /// Requests it turned away as full (its other routers held its
     /// capacity) since registration.
     pub full_refusals: Cell<u64>,
+    /// The lines its own frames cause in the log (state flips), at most
+    /// one a second with the count it stands for: a peer cannot flood the
+    /// log (issue 51 #6).
+    pub peer_log: RefCell<LogGate>,
     /// Lifetime successful requests.
     pub success: Cell<u64>,
     /// Lifetime failed requests.
@@ -219,6 +224,7 @@ impl Agent {
             active: Cell::new(0),
             others: Cell::new(0),
             full_refusals: Cell::new(0),
+            peer_log: RefCell::default(),
             success: Cell::new(h.success),
             failed: Cell::new(h.failed),
             last_seen: Cell::new(now_unix),
@@ -239,6 +245,15 @@ impl Agent {
             persist,
             cuts: Cuts::default(),
         }
+    }
+
+    /// Whether a line its frames cause may be written now: `Some(n)`, the
+    /// events it stands for (this one included), at most once a second.
+    pub fn peer_line(&self, now: crate::runtime::wire::clock::Instant) -> Option<u64> {
+        self.peer_log
+            .try_borrow_mut()
+            .ok()?
+            .hit(now, std::time::Duration::from_secs(1))
     }
 
     /// Cut every in-flight response (the agent stopped heartbeating: a
