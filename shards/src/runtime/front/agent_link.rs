@@ -476,7 +476,12 @@ fn on_frame(agent: &Agent, msg: ControlMsg) -> bool {
             // stands for: a peer flipping its state cannot flood the log.
             if agent.draining.replace(draining) != draining {
                 if let Some(n) = agent.peer_line(clock::now()) {
-                    info!(peer_id = %agent.reg.peer_id, draining, changes = n, "agent draining changed: {draining} (this line stands for {n} state changes since the previous one)");
+                    let what = if draining {
+                        "agent draining: no new requests"
+                    } else {
+                        "agent no longer draining"
+                    };
+                    info!(peer_id = %agent.reg.peer_id, draining, changes = n, "{what} (this line stands for {n} state changes since the previous one)");
                 }
             }
             if agent.backend_healthy.get() != backend_healthy {
