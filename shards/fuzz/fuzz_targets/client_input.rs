@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
             };
             match auth::parse_config("fuzz.yaml", text) {
                 Ok(c) => assert!(c.keys.iter().all(|(_, k)| !k.tenant.is_empty())),
-                Err(e) => assert!(e.contains("fuzz.yaml") && !e.contains('\n'), "{e}"),
+                Err(e) => assert!(e.message().contains("fuzz.yaml") && !e.message().contains('\n'), "{e}"),
             }
         }
         1 => {

@@ -98,13 +98,13 @@ fn validation_refuses_the_whole_push_with_a_reason() {
             "a"
         };
         let e = validate(dto, local).expect_err(want);
-        assert!(e.contains(want), "case {i}: {e}");
+        assert!(e.message().contains(want), "case {i}: {e}");
     }
     for bad in ["0s", "2h", "abc", "", "-1s", "1x"] {
         let mut d = good();
         d.placements[0].hold_budget = Some(bad.into());
         let e = validate(d, "a").expect_err(bad);
-        assert!(e.contains("hold_budget"), "{bad}: {e}");
+        assert!(e.message().contains("hold_budget"), "{bad}: {e}");
     }
     for ok in ["4m", "1h", "1m30s", "500ms", "0.5h"] {
         let mut d = good();

@@ -65,11 +65,3 @@ impl From<ConfigError> for String {
         e.message
     }
 }
-
-// Reads as its reason where a test or a log looks into it.
-impl std::ops::Deref for ConfigError {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.message
-    }
-}

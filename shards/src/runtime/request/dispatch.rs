@@ -435,13 +435,15 @@ impl<'a> Run<'a> {
         continued: bool,
     ) -> Option<bool> {
         let (shard, p) = (self.shard, self.p);
+        // Registered since the run began, if it was not then.
+        let model = self.model_ref();
         if let Outcome::Served {
             tokens: Some(t), ..
         } = &mut outcome
         {
             self.bound_usage(&agent, t);
             let (fair, affinity) = (self.fair.take(), &mut self.affinity);
-            if let Some(model) = self.state.as_ref() {
+            if let Some(model) = model.as_ref() {
                 let m = &mut *model.borrow_mut();
                 affinity.ended(shard, m, &agent, t, continued);
                 // Only a request that waited: an idle queue costs nothing.
@@ -452,7 +454,7 @@ impl<'a> Run<'a> {
         }
         let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
         served(
-            self.state.as_ref(),
+            model.as_ref(),
             c,
             p,
             &agent,

@@ -184,7 +184,10 @@ mod tests {
         set.global = Arc::new(p);
         let none = Providers::default();
         let e = none.check(&set).expect_err("refused");
-        assert!(e.contains("HIVENET_ROUTER_ANTHROPIC_API_KEY"), "{e}");
+        assert!(
+            e.message().contains("HIVENET_ROUTER_ANTHROPIC_API_KEY"),
+            "{e}"
+        );
         let with = Providers::from_env(|k| {
             (k == "HIVENET_ROUTER_ANTHROPIC_API_KEY").then(|| "ak".to_string())
         })

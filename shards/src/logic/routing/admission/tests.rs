@@ -312,7 +312,10 @@ fn cross_check_names_the_key_and_policy() {
         [("llama", &sv)].into_iter(),
     )
     .expect_err("small");
-    assert!(e.contains("\"small\"") && e.contains("llama"), "{e}");
+    assert!(
+        e.message().contains("\"small\"") && e.message().contains("llama"),
+        "{e}"
+    );
     let reserved = AdmissionPolicy {
         max_input_tokens: 4096,
         ..Default::default()

@@ -82,11 +82,6 @@ impl Decision {
         });
     }
 
-    /// Whether the request is continuing a broken stream.
-    pub fn is_continuing(&self) -> bool {
-        self.continuing.is_some()
-    }
-
     /// A continuation try ended. Returns whether the continuation goes on
     /// (call [`Decision::next`]); `false`: the answer is finished.
     pub fn continuation_ended(&mut self, end: &AttemptEnd) -> bool {

@@ -1069,7 +1069,6 @@ fn a_continuation_goes_to_an_untried_agent_that_can_prefill() {
     // Agent 1 is the least loaded: the first forward goes there.
     pool[2].active = 1;
     let mut d = broken(&pool, 3, t0);
-    assert!(d.is_continuing());
     // Agent 2 is free but its engine cannot continue; 3 can.
     let a = d.next(&facts(&pool, 0), t0);
     assert!(matches!(a, Action::Continue { agent_id: 3, .. }), "{a:?}");

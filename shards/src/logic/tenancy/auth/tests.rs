@@ -104,12 +104,15 @@ fn every_invalid_entry_is_refused_with_its_field() {
     }
     assert!(parse_config("f", "api:\n  mode: api-key\n")
         .expect_err("empty")
+        .message()
         .contains("at least one key"));
     assert!(parse_config("f", "api:\n  mode: oauth\n")
         .expect_err("mode")
+        .message()
         .contains("supported: none, api-key, dynamic"));
     assert!(parse_config("f", "admin:\n  mode: x\n")
         .expect_err("admin")
+        .message()
         .contains("supported: none, api-key"));
     assert_eq!(
         parse_config("f", "api:\n  mode: dynamic\n")
