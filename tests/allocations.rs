@@ -133,6 +133,7 @@ fn start_agent(p2p: u16, sim: u16, dir: &std::path::Path) {
         deployment_id: String::new(),
         replica_id: String::new(),
         http_timeout: Duration::from_secs(30),
+        stream_write_timeout: Some(Duration::from_secs(30)),
         drain_timeout: Duration::from_secs(30),
         // Health checks and engine scrapes far apart, as the heartbeats.
         health_interval: Duration::from_secs(600),

@@ -536,6 +536,46 @@ fn every_sse_event_is_relayed_whole_and_as_it_arrives() {
     );
 }
 
+/// Issue 56: a real engine's stream 5x longer than every timeout of
+/// router and agent (scaled down to 300 ms, well above the engine's gap
+/// between two tokens) arrives whole: every token the engine sends
+/// directly, in order, with a clean end.
+#[test]
+fn a_real_stream_five_times_longer_than_every_timeout_arrives_whole() {
+    let t = "300ms";
+    let st = RealStack::start_with(
+        "llama-long",
+        &["--request-timeout", t, "--stream-idle-timeout", t],
+        &[],
+        &["--http-timeout", t, "--stream-write-timeout", t],
+    );
+    let body = serde_json::json!({
+        "model": st.model, "max_tokens": 400, "stream": true, "temperature": 0,
+        "ignore_eos": true,
+        "messages": [{"role": "user", "content": "Write a long story about rivers."}]
+    })
+    .to_string();
+    let t0 = std::time::Instant::now();
+    let through = stream_reads(st.router.http, &body);
+    let took = t0.elapsed();
+    let direct = stream_reads(st.lport, &body);
+    let text = |reads: &[(std::time::Instant, Vec<u8>, bool)]| {
+        let all: Vec<u8> = reads.iter().flat_map(|(_, d, _)| d.clone()).collect();
+        contents(&all).concat()
+    };
+    let (got, want) = (text(&through), text(&direct));
+    assert!(
+        took >= Duration::from_millis(1500),
+        "the stream must last 5x the 300 ms timeouts: {took:?}"
+    );
+    assert_eq!(got, want, "the whole answer through router and agent");
+    let all: Vec<u8> = through.iter().flat_map(|(_, d, _)| d.clone()).collect();
+    assert!(
+        String::from_utf8_lossy(&all).contains("[DONE]"),
+        "a clean end after {took:?}"
+    );
+}
+
 /// Issue 27: the latency sample is the seed's, taken when the response
 /// head reaches the router. llama-server sends a stream's head before it
 /// processes the prompt, so a streamed request's sample is far below the

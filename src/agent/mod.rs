@@ -61,8 +61,13 @@ pub struct AgentConfig {
     pub deployment_id: String,
     /// Replica ID.
     pub replica_id: String,
-    /// Total timeout of one backend exchange.
+    /// Time the backend has to start its answer (its response head), and
+    /// the bound of other backend calls (`--http-timeout`).
     pub http_timeout: Duration,
+    /// Longest silence of a streamed answer between two bytes, and the
+    /// longest write to the router (`--stream-write-timeout`; `None`: 0,
+    /// unbounded).
+    pub stream_write_timeout: Option<Duration>,
     /// Backend health cadence while registered.
     pub health_interval: Duration,
     /// On SIGTERM, how long requests in flight may take to finish

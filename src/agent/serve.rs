@@ -170,22 +170,49 @@ pub async fn serve_stream(cfg: Rc<AgentConfig>, link: super::Link, s: mux::Strea
         write_full(&mut s, cfg.capacity).await;
         return;
     };
-    let run = proxy(&cfg, &mut s, &head, &head.headers, &body, admit);
-    match monoio::time::timeout(cfg.http_timeout, run).await {
-        Ok(Ok(())) => {}
-        Ok(Err(ProxyError::BeforeHead(e))) => {
-            write_error(&mut s, &before_head_error(&e)).await;
+    match proxy(&cfg, &mut s, &head, &head.headers, &body, admit).await {
+        Ok(()) => {}
+        Err(ProxyError::BeforeHead(e)) => {
+            let err = if e.kind() == io::ErrorKind::TimedOut {
+                let (request_id, trace_id) = log_ids(&head);
+                warn!(%request_id, %trace_id, timeout = ?cfg.http_timeout, "backend did not answer within --http-timeout");
+                backend_error(
+                    504,
+                    format!(
+                        "backend did not answer within {:?} (--http-timeout)",
+                        cfg.http_timeout
+                    ),
+                )
+            } else {
+                before_head_error(&e)
+            };
+            write_error(&mut s, &err).await;
         }
-        Ok(Err(ProxyError::AfterHead(e))) => {
+        Err(ProxyError::AfterHead(e)) => {
             // Headers already sent: drop the stream without the last chunk
             // so the router sees a cut, not a clean end.
             let (request_id, trace_id) = log_ids(&head);
             warn!(%request_id, %trace_id, "backend failed mid-response: {e}");
         }
-        Err(_) => {
-            let (request_id, trace_id) = log_ids(&head);
-            warn!(%request_id, %trace_id, timeout = ?cfg.http_timeout, "backend exchange timed out");
-        }
+    }
+}
+
+/// `fut` bounded by `limit` (`None`: unbounded); running out is a
+/// `TimedOut` error naming `what`.
+async fn within<T>(
+    limit: Option<std::time::Duration>,
+    what: &'static str,
+    fut: impl std::future::Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    let Some(limit) = limit else {
+        return fut.await;
+    };
+    match monoio::time::timeout(limit, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{what} for {limit:?}"),
+        )),
     }
 }
 
@@ -226,16 +253,28 @@ async fn proxy(
     body: &[u8],
     admit: super::gate::Admit,
 ) -> Result<(), ProxyError> {
-    let (mut conn, rh) = backend::request(&cfg.backend, &head.method, &head.path, headers, body)
-        .await
-        .map_err(ProxyError::BeforeHead)?;
+    // Issue 56: no whole-exchange bound. The backend has --http-timeout
+    // to start its answer; after that a stream may run for any length as
+    // long as bytes keep coming (--stream-write-timeout between them and
+    // for each write to the router).
+    let idle = cfg.stream_write_timeout;
+    let (mut conn, rh) = within(
+        Some(cfg.http_timeout),
+        "no response head from the backend",
+        backend::request(&cfg.backend, &head.method, &head.path, headers, body),
+    )
+    .await
+    .map_err(ProxyError::BeforeHead)?;
     if !(200..300).contains(&rh.status) && head.path_only() == "/v1/chat/completions" {
         // The native chat path classifies the engine's error into the
         // spec's codes (spec 03 §8): the same answer whatever the engine.
-        let answer = conn
-            .read_body(rh.framing, ERROR_BODY_MAX)
-            .await
-            .map_err(ProxyError::BeforeHead)?;
+        let answer = within(
+            Some(cfg.http_timeout),
+            "backend error body",
+            conn.read_body(rh.framing, ERROR_BODY_MAX),
+        )
+        .await
+        .map_err(ProxyError::BeforeHead)?;
         backend::release(&cfg.backend, conn, &rh);
         drop(admit);
         let err = errors::classify_backend(rh.status, &answer);
@@ -253,8 +292,9 @@ async fn proxy(
             true,
             &[],
         );
-        s.write_all(&out).await.map_err(ProxyError::AfterHead)?;
-        s.flush().await.map_err(ProxyError::AfterHead)?;
+        within(idle, "writing to the router", write_flush(s, &out))
+            .await
+            .map_err(ProxyError::AfterHead)?;
         let mut dec = ChunkedDecoder::new();
         let mut payload = Vec::with_capacity(16 * 1024);
         let mut remaining = match rh.framing {
@@ -288,8 +328,9 @@ async fn proxy(
                 let mut chunk = Vec::with_capacity(payload.len() + 16);
                 http_write::write_chunk(&mut chunk, &payload);
                 payload.clear();
-                s.write_all(&chunk).await.map_err(ProxyError::AfterHead)?;
-                s.flush().await.map_err(ProxyError::AfterHead)?;
+                within(idle, "writing to the router", write_flush(s, &chunk))
+                    .await
+                    .map_err(ProxyError::AfterHead)?;
             }
             let done = match rh.framing {
                 BodyFraming::Chunked => dec.is_done(),
@@ -300,7 +341,7 @@ async fn proxy(
             if done {
                 break;
             }
-            match conn.fill().await {
+            match within(idle, "no byte from the backend", conn.fill()).await {
                 Ok(0) if rh.framing == BodyFraming::UntilClose => break,
                 Ok(0) => {
                     return Err(ProxyError::AfterHead(io::Error::new(
@@ -316,18 +357,25 @@ async fn proxy(
         // The backend is done: the place is free before the router hears
         // the end (a router that sends at once is not refused).
         drop(admit);
-        s.write_all(http_write::LAST_CHUNK)
-            .await
-            .map_err(ProxyError::AfterHead)?;
-        s.flush().await.map_err(ProxyError::AfterHead)?;
+        within(
+            idle,
+            "writing to the router",
+            write_flush(s, http_write::LAST_CHUNK),
+        )
+        .await
+        .map_err(ProxyError::AfterHead)?;
         let _ = s.close().await;
         return Ok(());
     }
-    // Not a stream: buffer the whole body, then headers and body together.
-    let body = conn
-        .read_body(rh.framing, MAX_BODY as u64)
-        .await
-        .map_err(ProxyError::BeforeHead)?;
+    // Not a stream: buffer the whole body, then headers and body together
+    // (its head came, so the body follows: bytes keep coming or it ends).
+    let body = within(
+        Some(cfg.http_timeout),
+        "backend body",
+        conn.read_body(rh.framing, MAX_BODY as u64),
+    )
+    .await
+    .map_err(ProxyError::BeforeHead)?;
     let body = Pooled::from(body);
     backend::release(&cfg.backend, conn, &rh);
     drop(admit);
@@ -341,10 +389,16 @@ async fn proxy(
         &[],
     );
     out.extend_from_slice(&body);
-    s.write_all(&out).await.map_err(ProxyError::AfterHead)?;
-    s.flush().await.map_err(ProxyError::AfterHead)?;
+    within(idle, "writing to the router", write_flush(s, &out))
+        .await
+        .map_err(ProxyError::AfterHead)?;
     let _ = s.close().await;
     Ok(())
+}
+
+async fn write_flush(s: &mut HttpStream, bytes: &[u8]) -> io::Result<()> {
+    s.write_all(bytes).await?;
+    s.flush().await
 }
 
 #[cfg(test)]

@@ -59,9 +59,12 @@ struct Flags {
     /// comma-separated tags (default production)
     #[argh(option, default = "String::from(\"production\")")]
     tags: String,
-    /// total timeout of one backend exchange (default 120s)
+    /// time the backend has to start its answer (its response head; for a non-streamed answer, the whole answer), and the bound of health and warm-up calls; a stream that has started is bounded by --stream-write-timeout only (default 120s)
     #[argh(option, default = "String::from(\"120s\")")]
     http_timeout: String,
+    /// longest silence of a streamed answer between two bytes from the backend, and of each write to the router; 0 disables (default 60s)
+    #[argh(option, default = "String::from(\"60s\")")]
+    stream_write_timeout: String,
     /// on SIGTERM or SIGINT: the routers are told at once to send nothing
     /// new, and requests in flight have this long to finish; streams still
     /// running then are continued by the router on another agent (default
@@ -179,6 +182,11 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
         deployment_id: cli::flag_or_env(f.deployment_id, "HIVENET_ROUTER_DEPLOYMENT_ID", ""),
         replica_id: cli::flag_or_env(f.replica_id, "HIVENET_ROUTER_REPLICA_ID", ""),
         http_timeout: cli::parse_duration("--http-timeout", &f.http_timeout)?,
+        stream_write_timeout: Some(cli::parse_duration(
+            "--stream-write-timeout",
+            &f.stream_write_timeout,
+        )?)
+        .filter(|d| !d.is_zero()),
         drain_timeout: cli::parse_duration("--drain-timeout", &f.drain_timeout)?,
         health_interval,
         warmup,

@@ -93,10 +93,20 @@ impl RealStack {
     /// (`--engine llamacpp --warmup off` plus `agent_extra`); wait until
     /// the agent is registered with its backend healthy.
     pub fn start(tag: &str, llama_extra: &[&str], agent_extra: &[&str]) -> RealStack {
+        RealStack::start_with(tag, &[], llama_extra, agent_extra)
+    }
+
+    /// [`RealStack::start`] with `router_extra` on the router's command line.
+    pub fn start_with(
+        tag: &str,
+        router_extra: &[&str],
+        llama_extra: &[&str],
+        agent_extra: &[&str],
+    ) -> RealStack {
         let dir = tmpdir(tag);
         let lport = free_port();
         let llama = start_llama(&dir, lport, llama_extra);
-        let router = start_router(&dir, &[], &[]);
+        let router = start_router(&dir, router_extra, &[]);
         let mut args = vec!["--engine", "llamacpp", "--warmup", "off"];
         args.extend_from_slice(agent_extra);
         let agent = start_agent(&dir, &router, lport, "a.key", &args);

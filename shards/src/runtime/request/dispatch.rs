@@ -338,7 +338,10 @@ impl<'a> Run<'a> {
         bufpool::give(kept);
         let last = match broke {
             Broke::Continuable(t) => {
-                d.stream_broke(agent.id, shard.router.cfg.stream_migrations);
+                // Its budget counts from the break: a stream of any age
+                // can be continued (issue 56).
+                let until = clock::now() + shard.router.cfg.request_timeout;
+                d.stream_broke(agent.id, shard.router.cfg.stream_migrations, until);
                 let first = (agent, step, Outcome::Failed(why.clone()), sample);
                 self.cont = Some(Continuity::new(shard, p, api, t, first, &why, running));
                 return None;
@@ -369,7 +372,7 @@ impl<'a> Run<'a> {
     ) -> Option<bool> {
         let (shard, p) = (self.shard, self.p);
         let cont = self.cont.as_mut()?;
-        let deadline = d.request().deadline;
+        let deadline = d.continuation_deadline();
         let held = self.admitted.reservation.as_ref();
         let tried = cont
             .try_on(c, &self.request, agent, prefill, deadline, held)

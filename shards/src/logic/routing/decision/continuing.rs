@@ -25,7 +25,8 @@ pub enum CutReason {
     Failed,
     /// No agent that can continue is registered.
     NoAgent,
-    /// The request's deadline passed.
+    /// The continuation's deadline (the break plus `--request-timeout`)
+    /// passed.
     Deadline,
     /// The client left while a continuation waited for a slot.
     ClientGone,
@@ -54,6 +55,9 @@ pub(super) struct Continuing {
     end: Option<CutReason>,
     /// Its last wake is not yet answered by a pick.
     woken: bool,
+    /// When it gives up: `--request-timeout` after the break (issue 56),
+    /// not after routing started, so a stream of any age can be continued.
+    deadline: Instant,
 }
 
 impl Continuing {
@@ -72,14 +76,24 @@ impl Continuing {
 
 impl Decision {
     /// The stream forwarded to `agent_id` broke mid-answer and the driver
-    /// found it continuable: up to `migrations` tries on other agents.
-    pub fn stream_broke(&mut self, agent_id: u64, migrations: u32) {
+    /// found it continuable: up to `migrations` tries on other agents,
+    /// until `deadline` (the break plus `--request-timeout`).
+    pub fn stream_broke(&mut self, agent_id: u64, migrations: u32, deadline: Instant) {
         self.continuing = Some(Continuing {
             left: migrations,
             tried: vec![agent_id],
             end: None,
             woken: false,
+            deadline,
         });
+    }
+
+    /// The deadline of the continuation under way (the request's when
+    /// none is).
+    pub fn continuation_deadline(&self) -> Instant {
+        self.continuing
+            .as_ref()
+            .map_or(self.request.deadline, |c| c.deadline)
     }
 
     /// A continuation try ended. Returns whether the continuation goes on
@@ -99,11 +113,11 @@ impl Decision {
         model: &ModelFacts<'_, P>,
         now: Instant,
     ) -> Action {
-        let deadline = self.request.deadline;
         let cap = self.request.endpoint.capability();
         let Some(c) = self.continuing.as_mut() else {
             return Action::Cut(CutReason::Failed);
         };
+        let deadline = c.deadline;
         if let Some(end) = c.end {
             return Action::Cut(end);
         }

@@ -1053,7 +1053,7 @@ fn broken(pool: &Vec<Agent>, migrations: u32, t0: Instant) -> Decision {
     let Action::Forward { agent_id, .. } = d.next(&facts(pool, 0), t0) else {
         panic!("forward expected");
     };
-    d.stream_broke(agent_id, migrations);
+    d.stream_broke(agent_id, migrations, t0 + Duration::from_secs(60));
     d
 }
 
@@ -1155,6 +1155,36 @@ fn a_continuation_stops_after_its_tries_and_at_the_deadline() {
 }
 
 #[test]
+fn a_stream_breaking_after_the_request_deadline_is_still_continued() {
+    // Issue 56: the budget counts from the break. A stream that has run
+    // for ten minutes (far past the request's 60 s) breaks: continued.
+    let t0 = Instant::now();
+    let pool = vec![agent(1, 0, 2, None), agent(2, 0, 2, None)];
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    let Action::Forward { agent_id, .. } = d.next(&facts(&pool, 0), t0) else {
+        panic!("forward expected");
+    };
+    let broke = t0 + Duration::from_secs(600);
+    d.stream_broke(agent_id, 1, broke + Duration::from_secs(60));
+    assert_eq!(d.continuation_deadline(), broke + Duration::from_secs(60));
+    assert!(matches!(
+        d.next(&facts(&pool, 0), broke),
+        Action::Continue { .. }
+    ));
+    // Its own budget still ends it: every agent full past it is a cut.
+    let mut d = broken(&pool, 2, t0);
+    let full = vec![agent(1, 2, 2, None), agent(2, 2, 2, None)];
+    assert!(matches!(
+        d.next(&facts(&full, 0), t0),
+        Action::Wait { head: true, until, .. } if until == t0 + Duration::from_secs(60)
+    ));
+    assert_eq!(
+        d.next(&facts(&full, 0), t0 + Duration::from_secs(61)),
+        Action::Cut(CutReason::Deadline)
+    );
+}
+
+#[test]
 fn the_provider_comes_only_after_the_steps_ran_out_and_once() {
     let t0 = Instant::now();
     let pool = vec![agent(1, 0, 1, None)];
@@ -1231,7 +1261,7 @@ proptest! {
             Action::Forward { agent_id, .. } => agent_id,
             a => panic!("a free agent exists: {a:?}"),
         };
-        d.stream_broke(first, migrations);
+        d.stream_broke(first, migrations, t0 + Duration::from_secs(60));
         let mut tried = vec![first];
         let mut cuts = 0;
         for e in ends {
