@@ -10,6 +10,16 @@ pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
     for a in args {
         if a.starts_with("--") {
             if let Some((k, v)) = a.split_once('=') {
+                // Go's boolean flags take `=true` / `=false` (a Go user's
+                // unit file may say `--reset-disk-db=false`).
+                if BOOL_SWITCHES.contains(&k) {
+                    match v {
+                        "true" | "1" => out.push(k.to_string()),
+                        "false" | "0" => {}
+                        _ => out.push(a.clone()),
+                    }
+                    continue;
+                }
                 out.push(k.to_string());
                 out.push(v.to_string());
                 continue;
@@ -19,6 +29,15 @@ pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
     }
     out
 }
+
+/// The switches of both binaries (flags without a value).
+const BOOL_SWITCHES: [&str; 5] = [
+    "--reset-disk-db",
+    "--no-pin",
+    "--allow-open-p2p",
+    "--shared-state-affinity",
+    "--hide-llm",
+];
 
 /// Parse the command line into `T`, exiting with argh's message on error.
 pub fn parse_args<T: argh::FromArgs + argh::TopLevelCommand>() -> T {
@@ -194,6 +213,13 @@ mod tests {
     fn equals_form() {
         let v = normalize_args(["x", "--a=b", "--c", "d"].iter().map(|s| s.to_string()));
         assert_eq!(v, vec!["x", "--a", "b", "--c", "d"]);
+        // Go's booleans: `=true` is the switch, `=false` its absence.
+        let v = normalize_args(
+            ["x", "--reset-disk-db=false", "--hide-llm=true", "--a=true"]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        assert_eq!(v, vec!["x", "--hide-llm", "--a", "true"]);
     }
 
     #[test]

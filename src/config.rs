@@ -147,6 +147,33 @@ pub(crate) struct Flags {
     /// driver: auto (io_uring, falling back to epoll) or epoll (env HIVENET_ROUTER_DRIVER)
     #[argh(option)]
     driver: Option<String>,
+    /// multiaddr agents of other hosts dial (/ip4/<ip>/tcp/<port> or /dns4/<name>/tcp/<port>): logged with the peer ID at start; a loopback --p2p-listen-addr with an address elsewhere is refused
+    #[argh(option)]
+    p2p_announce_addr: Option<String>,
+    /// the Go router's name of --max-agent-links-per-address, which it sets when given (> 0; env HIVENET_ROUTER_P2P_MAX_CONNS_PER_IP)
+    #[argh(option)]
+    p2p_max_conns_per_ip: Option<String>,
+    /// an agent with no heartbeat this long is unhealthy, below --remove-after (default three --heartbeat-interval, 15s)
+    #[argh(option)]
+    unhealthy_after: Option<String>,
+    /// accepted for Go router files, with a warning: no gRPC here (agents dial --p2p-port)
+    #[argh(option)]
+    grpc_port: Option<String>,
+    /// accepted for Go router files, with a warning: no global channel here (--queue-depth bounds waits)
+    #[argh(option)]
+    queue_size: Option<String>,
+    /// accepted for Go router files, with a warning: heartbeats are checked as they arrive (--unhealthy-after)
+    #[argh(option)]
+    health_check_interval: Option<String>,
+    /// accepted for Go router files, with a warning: each agent's capacity bounds its forwards
+    #[argh(option)]
+    max_concurrent: Option<String>,
+    /// accepted for Go router files, with a warning: links are noise-authenticated, no sessions
+    #[argh(option)]
+    session_ttl: Option<String>,
+    /// accepted for Go router files, with a warning: the swarm key (--swarm-key-file) replaces the JWT bootstrap
+    #[argh(option)]
+    jwt_secret_file: Option<String>,
     /// client keys and quotas, auth.yaml (env HIVENET_ROUTER_AUTH_CONFIG; without it HIVENET_ROUTER_AUTH_MODE decides: none or dynamic)
     #[argh(option)]
     auth_config_file: Option<String>,
@@ -175,6 +202,8 @@ pub(crate) struct Startup {
     )>,
     /// `--shared-state-affinity`.
     pub(crate) shared_affinity: bool,
+    /// `--p2p-announce-addr`.
+    pub(crate) announce: Option<crate::go_flags::Announce>,
 }
 
 pub(crate) fn build() -> Result<Startup, String> {
@@ -268,6 +297,18 @@ pub(crate) fn build() -> Result<Startup, String> {
     if cfg.remove_after.is_zero() {
         return Err("--remove-after must be greater than 0".into());
     }
+    let go = crate::go_flags::GoFlags {
+        grpc_port: f.grpc_port,
+        p2p_announce_addr: f.p2p_announce_addr,
+        p2p_max_conns_per_ip: f.p2p_max_conns_per_ip,
+        queue_size: f.queue_size,
+        health_check_interval: f.health_check_interval,
+        unhealthy_after: f.unhealthy_after,
+        max_concurrent: f.max_concurrent,
+        session_ttl: f.session_ttl,
+        jwt_secret_file: f.jwt_secret_file,
+    };
+    let announce = crate::go_flags::apply(go, ip, &mut cfg)?;
     let identity = cli::flag_or_env(
         f.identity_path,
         "HIVENET_ROUTER_IDENTITY_PATH",
@@ -534,6 +575,7 @@ pub(crate) fn build() -> Result<Startup, String> {
         keypair,
         shared_state,
         shared_affinity,
+        announce,
     })
 }
 

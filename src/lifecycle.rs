@@ -164,6 +164,7 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
         keypair,
         shared_state,
         shared_affinity,
+        announce,
     } = startup;
     let n = plan.len();
     let http = executor::bind_reuseport(cfg.http_addr, n)
@@ -267,6 +268,15 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
         keys = key_count,
         "hivenet-router starting"
     );
+    if let Some(a) = &announce {
+        // The address to give agents of other hosts, with the peer ID
+        // they may pin.
+        info!(
+            "agents of other hosts dial --router-p2p {}/p2p/{}",
+            a.text.trim_end_matches('/'),
+            keypair.public().to_peer_id()
+        );
+    }
     if let Some((s, pending)) = shared_state {
         info!(redis = %s.shown, fail_closed = s.link.fail_closed, "shared state on: keys, quotas and held clients are shared through Redis");
         s.start(pending, shared.clone())?;

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod go_flags;
 mod lifecycle;
 
 use crate::config::build;

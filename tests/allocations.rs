@@ -134,6 +134,9 @@ fn start_agent(p2p: u16, sim: u16, dir: &std::path::Path) {
         replica_id: String::new(),
         http_timeout: Duration::from_secs(30),
         stream_write_timeout: Some(Duration::from_secs(30)),
+        hide_llm: false,
+        llm_pretty_name: String::new(),
+        llm_info: String::new(),
         drain_timeout: Duration::from_secs(30),
         // Health checks and engine scrapes far apart, as the heartbeats.
         health_interval: Duration::from_secs(600),

@@ -99,6 +99,15 @@ fn backend_down_is_reported_and_recovers() {
     );
     let t = routing_table(r.http);
     assert_eq!(t["agents"][0]["status"]["backend_healthy"], false, "{t}");
+    // Issue 56: `healthy` says routable (spec 02), as the gauge does; it
+    // stayed true for an agent whose backend was down.
+    assert_eq!(t["agents"][0]["status"]["healthy"], false, "{t}");
+    // `last_seen` is RFC 3339 with nanoseconds, not Unix seconds.
+    let seen = t["agents"][0]["status"]["last_seen"].as_str().unwrap_or("");
+    assert!(
+        seen.len() == 30 && seen.ends_with('Z') && seen.as_bytes()[10] == b'T',
+        "RFC 3339 with nanoseconds: {seen:?}"
+    );
     let (st, b) = Req::post(
         "/v1/chat/completions",
         r#"{"model":"bk-model","messages":[]}"#,

@@ -80,6 +80,12 @@ pub struct AgentConfig {
     /// GPU model registered (`--gpu-model`, else `nvidia-smi`'s first GPU;
     /// empty: none).
     pub gpu_model: String,
+    /// `--hide-llm`.
+    pub hide_llm: bool,
+    /// `--llm-pretty-name`.
+    pub llm_pretty_name: String,
+    /// `--llm-info`.
+    pub llm_info: String,
     /// The host's GPUs as `nvidia-smi` last read them (None: no tool, or
     /// no GPU), sampled off the runtime by [`gpu::start`].
     pub gpus: gpu::Latest,
@@ -384,6 +390,9 @@ async fn session(
         deployment_id: cfg.deployment_id.clone(),
         replica_id: cfg.replica_id.clone(),
         gpu_model: cfg.gpu_model.clone(),
+        hide_llm: cfg.hide_llm,
+        llm_pretty_name: cfg.llm_pretty_name.clone(),
+        llm_info: cfg.llm_info.clone(),
     };
     link::write_frame(&mut ctl, &ControlMsg::Register(reg))
         .await

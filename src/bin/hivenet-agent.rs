@@ -12,7 +12,7 @@ use hivenet_router::cli;
 use shards::logic::link::control::Capability;
 use shards::runtime::wire::executor::{self, DriverChoice};
 use shards::runtime::wire::link;
-use tracing::info;
+use tracing::{info, warn};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -101,10 +101,63 @@ struct Flags {
     /// nvidia-smi to read the GPUs with, every --hardware-sample-interval (default nvidia-smi on PATH; absent: no GPU signals)
     #[argh(option, default = "String::from(\"nvidia-smi\")")]
     nvidia_smi: String,
+    /// file of the GPU UUIDs to report, separated by commas or newlines ("all" and "none" ignored; empty: no GPU; missing: every GPU, the file looked for again at each sample)
+    #[argh(option)]
+    gpu_devices_file: Option<String>,
+    /// mark the model hidden in /v1/models (it stays listed with "hide_llm": true, as in the Go router)
+    #[argh(switch)]
+    hide_llm: bool,
+    /// display name of the model in /v1/models ("pretty_name")
+    #[argh(option)]
+    llm_pretty_name: Option<String>,
+    /// free text about the model in /v1/models ("info")
+    #[argh(option)]
+    llm_info: Option<String>,
+    /// accepted for Go agent files, with a warning with a warning: there is no gRPC here (--router-p2p replaces it)
+    #[argh(option)]
+    router_grpc: Option<String>,
+    /// accepted for Go agent files, with a warning with a warning: the libp2p swarm key (--swarm-key-file) and the noise identity replace the JWT bootstrap
+    #[argh(option)]
+    jwt_secret_file: Option<String>,
+    /// accepted for Go agent files, with a warning with a warning: the agent only dials its routers, it listens on no port
+    #[argh(option)]
+    p2p_listen_port: Option<String>,
+}
+
+/// The Go agent's flags that the libp2p design makes meaningless: each
+/// given one is named in one warning with what replaces it.
+fn warn_go_flags(f: &Flags) {
+    let given = [
+        (
+            "--router-grpc",
+            f.router_grpc.is_some(),
+            "agents link over libp2p: --router-p2p",
+        ),
+        (
+            "--jwt-secret-file",
+            f.jwt_secret_file.is_some(),
+            "the swarm key (--swarm-key-file) and the agent's noise identity (--identity-path)",
+        ),
+        (
+            "--p2p-listen-port",
+            f.p2p_listen_port.is_some(),
+            "nothing: the agent only dials its routers",
+        ),
+    ];
+    for (flag, set, instead) in given {
+        if set {
+            warn!(
+                flag,
+                replaced_by = instead,
+                "{flag} is a Go agent flag with no use here; ignored (replaced by: {instead})"
+            );
+        }
+    }
 }
 
 fn build() -> Result<(AgentConfig, DriverChoice), String> {
     let f: Flags = cli::parse_args();
+    warn_go_flags(&f);
     let engine = Engine::parse(&f.engine).ok_or_else(|| {
         format!(
             "--engine: unknown engine {:?} (vllm|sglang|ollama|llamacpp|infinity|custom)",
@@ -147,16 +200,17 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
         Some(p) => Some(link::load_swarm_key(Path::new(&p))?),
         None => None,
     };
-    if let Some(m) = &f.gpu_model {
+    let gpu_model_flag = cli::flag_or_env_opt(f.gpu_model, "HIVENET_ROUTER_GPU_MODEL");
+    if let Some(m) = &gpu_model_flag {
         if m.is_empty() || m.len() > 256 {
             return Err("--gpu-model must be 1 to 256 bytes".into());
         }
     }
     let health_interval =
         cli::parse_duration("--hardware-sample-interval", &f.hardware_sample_interval)?;
-    let (first_gpu, gpus) = agent::gpu::start(&f.nvidia_smi, health_interval);
-    let gpu_model = f
-        .gpu_model
+    let devices = agent::gpu::Devices::from_flag(f.gpu_devices_file.as_deref());
+    let (first_gpu, gpus) = agent::gpu::start(&f.nvidia_smi, devices, health_interval);
+    let gpu_model = gpu_model_flag
         .or_else(|| first_gpu.map(|g| g.model))
         .unwrap_or_default();
     let cfg = AgentConfig {
@@ -192,6 +246,9 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
         warmup,
         gpu_model,
         gpus,
+        hide_llm: f.hide_llm,
+        llm_pretty_name: f.llm_pretty_name.unwrap_or_default(),
+        llm_info: f.llm_info.unwrap_or_default(),
         signal_interval: match &f.routing_signal_interval {
             Some(v) => cli::parse_duration("--routing-signal-interval", v)?,
             None => cli::parse_duration("--engine-sample-interval", &f.engine_sample_interval)?,

@@ -83,6 +83,32 @@ pub struct Registration {
     /// empty: none known), matched by a policy's `match.gpu_model`.
     #[serde(default)]
     pub gpu_model: String,
+    /// `--hide-llm`: the model is marked hidden in `/v1/models` (spec 01:
+    /// still listed, `hide_llm: true`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hide_llm: bool,
+    /// `--llm-pretty-name` (at most [`MAX_LLM_PRETTY_NAME`] bytes kept).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub llm_pretty_name: String,
+    /// `--llm-info` (at most [`MAX_LLM_INFO`] bytes kept).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub llm_info: String,
+}
+
+/// Most bytes of a registered `llm_pretty_name` the router keeps.
+pub const MAX_LLM_PRETTY_NAME: usize = 256;
+/// Most bytes of a registered `llm_info` the router keeps.
+pub const MAX_LLM_INFO: usize = 4096;
+
+/// `s` cut to at most `max` bytes on a character boundary.
+pub fn truncate_label(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
 }
 
 /// One control-stream message.

@@ -177,7 +177,7 @@ async fn health(shard: &Rc<Shard>) -> Vec<u8> {
         .iter()
         .map(|a| {
             json!({"peer_id": a.peer_id, "model": a.reg.model, "engine": a.reg.engine, "version": a.reg.version,
-                   "capacity": a.reg.capacity, "region": a.reg.region, "is_healthy": a.healthy, "last_seen": a.last_seen})
+                   "capacity": a.reg.capacity, "region": a.reg.region, "is_healthy": a.healthy, "last_seen": a.last_seen_ms / 1000})
         })
         .collect();
     let queued: usize = snaps
@@ -236,6 +236,8 @@ fn agent_json(a: &AgentView) -> Value {
         ("deployment_id", &r.deployment_id),
         ("replica_id", &r.replica_id),
         ("gpu_model", &r.gpu_model),
+        ("llm_pretty_name", &r.llm_pretty_name),
+        ("llm_info", &r.llm_info),
     ] {
         if !v.is_empty() {
             meta[k] = json!(v);
@@ -244,20 +246,28 @@ fn agent_json(a: &AgentView) -> Value {
     if !r.tags.is_empty() {
         meta["tags"] = json!(r.tags);
     }
+    if r.hide_llm {
+        meta["hide_llm"] = json!(true);
+    }
     let total = a.success + a.failed;
     let known = a.srtt.is_some();
     let mut v = json!({
         "peer_id": a.peer_id,
         "metadata": meta,
         "status": {
-            "healthy": a.live,
+            // Routable by heartbeat and by the agent's backend (spec 02).
+            "healthy": a.live && a.backend_healthy,
             "backend_healthy": a.backend_healthy,
             "draining": a.draining,
             "active_requests": a.active,
             // An agent serving several routers: the others' share of it.
             "other_routers_active": a.others_active,
             "capacity_utilization": if r.capacity > 0 { f64::from(a.active) / f64::from(r.capacity) } else { 0.0 },
-            "last_seen": a.last_seen,
+            // RFC 3339 with nanoseconds (spec 02), in UTC.
+            "last_seen": crate::logic::system::timefmt::rfc3339_nanos(
+                a.last_seen_ms / 1000,
+                u32::try_from(a.last_seen_ms % 1000).unwrap_or(0) * 1_000_000,
+            ),
         },
         "universal": {
             "latency_state": if known { "KNOWN" } else { "UNKNOWN" },

@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use tracing::{info, warn};
 
-use crate::logic::link::control::{ControlMsg, Registration};
+use crate::logic::link::control::{self, ControlMsg, Registration};
 use crate::logic::link::preamble;
 use crate::runtime::state::mesh::ShardMsg;
 use crate::runtime::state::model::agent::Agent;
@@ -313,6 +313,9 @@ fn check_registration(
     if reg.capacity == 0 {
         return Err(Refusal::ZeroCapacity);
     }
+    // Display labels from a peer: bounded, never refused for their size.
+    control::truncate_label(&mut reg.llm_pretty_name, control::MAX_LLM_PRETTY_NAME);
+    control::truncate_label(&mut reg.llm_info, control::MAX_LLM_INFO);
     if reg.capacity > link::MAX_AGENT_CAPACITY {
         warn!(peer_id = %reg.peer_id, declared = reg.capacity, granted = link::MAX_AGENT_CAPACITY,
               "agent capacity capped to the link's stream budget");
@@ -420,7 +423,9 @@ pub async fn serve_link(
 /// unhealthy; any frame makes it live again.
 async fn heartbeats(shard: &Shard, agent: &Agent, ctl: &mut Conn<LinkStream>) {
     let cfg = &shard.router.cfg;
-    let miss = cfg.heartbeat_interval.saturating_mul(3);
+    let miss = cfg
+        .unhealthy_after
+        .unwrap_or_else(|| cfg.heartbeat_interval.saturating_mul(3));
     let mut last_frame = clock::now();
     loop {
         let silent = last_frame.elapsed();
@@ -452,7 +457,7 @@ async fn heartbeats(shard: &Shard, agent: &Agent, ctl: &mut Conn<LinkStream>) {
                     // Declared dead: its in-flight responses are cut now
                     // rather than left hanging until they time out.
                     let cut = agent.cut_streams();
-                    warn!(peer_id = %agent.reg.peer_id, cut_responses = cut, "3 heartbeats missed: agent unhealthy");
+                    warn!(peer_id = %agent.reg.peer_id, cut_responses = cut, "no heartbeat for --unhealthy-after (3 heartbeats by default): agent unhealthy");
                     agent.agent_failures.set(agent.agent_failures.get() + 1);
                 }
                 agent.live.set(false);
@@ -493,7 +498,7 @@ fn on_frame(agent: &Agent, msg: ControlMsg) -> bool {
                 }
             }
             agent.backend_healthy.set(backend_healthy);
-            agent.last_seen.set(clock::unix_secs());
+            agent.last_seen_ms.set(clock::unix_millis());
             if !was_healthy && agent.healthy() {
                 // A recovered agent wakes every queued request.
                 wake_all(&agent.queue);

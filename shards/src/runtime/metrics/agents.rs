@@ -69,7 +69,7 @@ pub(super) fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
         ROUTING_LABELS,
     );
     for a in &agents {
-        f.series(routing_labels(a), a.last_seen.saturating_mul(1000));
+        f.series(routing_labels(a), a.last_seen_ms);
     }
     type Get = fn(&AgentView) -> Option<f64>;
     let per_agent: [(&'static str, Kind, &str, Get); 26] = [

@@ -27,7 +27,7 @@ fn agent(peer: &str, model: &str, srtt: Option<f64>) -> AgentView {
         active: 2,
         success: 30,
         failed: 10,
-        last_seen: 1_700_000_000,
+        last_seen_ms: 1_700_000_000_000,
         live: true,
         backend_healthy: true,
         draining: false,

@@ -109,10 +109,23 @@ fn model_object(model: &str, agents: &[&AgentView], with_list: bool) -> serde_js
             .map(|a| json!({
                 "peer_id": a.peer_id, "engine": a.reg.engine, "version": a.reg.version, "region": a.reg.region,
                 "organization": a.reg.organization, "machine": a.reg.machine, "capacity": a.reg.capacity,
-                "is_healthy": a.healthy, "last_seen": a.last_seen,
+                "is_healthy": a.healthy, "last_seen": a.last_seen_ms / 1000,
             }))
             .collect();
         summary["list"] = json!(list);
     }
-    json!({"id": model, "object": "model", "owned_by": "hivenet", "capability": capability, "agents": summary})
+    let mut out = json!({"id": model, "object": "model", "owned_by": "hivenet", "capability": capability, "agents": summary});
+    // Spec 01: the first non-empty value among the model's agents;
+    // `hide_llm` when any agent sets it (the model stays listed).
+    let first = |f: fn(&AgentView) -> &str| agents.iter().map(|a| f(a)).find(|v| !v.is_empty());
+    if let Some(v) = first(|a| &a.reg.llm_pretty_name) {
+        out["pretty_name"] = json!(v);
+    }
+    if let Some(v) = first(|a| &a.reg.llm_info) {
+        out["info"] = json!(v);
+    }
+    if agents.iter().any(|a| a.reg.hide_llm) {
+        out["hide_llm"] = json!(true);
+    }
+    out
 }

@@ -39,6 +39,9 @@ pub struct RouterConfig {
     pub request_timeout: Duration,
     /// Heartbeat period agents are told to use.
     pub heartbeat_interval: Duration,
+    /// An agent silent this long is unhealthy (`--unhealthy-after`;
+    /// `None`: three heartbeat periods).
+    pub unhealthy_after: Option<Duration>,
     /// Time allowed for the preamble.
     pub preamble_timeout: Duration,
     /// Time allowed for the pnet + noise handshake and registration.
@@ -110,6 +113,7 @@ impl Default for RouterConfig {
             body_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(5),
+            unhealthy_after: None,
             preamble_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(10),
             flush_interval: Duration::from_secs(30),

@@ -266,7 +266,7 @@ impl Shard {
             link,
             model.queue.clone(),
             history,
-            clock::unix_secs(),
+            clock::unix_millis(),
             persist,
         ));
         model.add(agent.clone());

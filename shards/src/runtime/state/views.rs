@@ -26,8 +26,8 @@ pub struct AgentView {
     pub success: u64,
     /// Lifetime failures.
     pub failed: u64,
-    /// Unix seconds.
-    pub last_seen: u64,
+    /// Unix milliseconds of registration or the last heartbeat.
+    pub last_seen_ms: u64,
     /// Heartbeats arrive in time.
     pub live: bool,
     /// Agent-reported backend health.
@@ -77,7 +77,7 @@ impl AgentView {
             active: a.active.get(),
             success: a.success.get(),
             failed: a.failed.get(),
-            last_seen: a.last_seen.get(),
+            last_seen_ms: a.last_seen_ms.get(),
             live: a.live.get(),
             backend_healthy: a.backend_healthy.get(),
             draining: a.draining.get() || a.admin_drained.get(),

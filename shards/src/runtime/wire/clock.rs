@@ -16,6 +16,14 @@ pub fn unix_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// Wall-clock milliseconds since the Unix epoch.
+pub fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
 /// Wall-clock seconds and nanoseconds since the Unix epoch.
 pub fn unix_nanos() -> (u64, u32) {
     std::time::SystemTime::now()

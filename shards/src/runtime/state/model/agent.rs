@@ -58,8 +58,8 @@ pub struct Agent {
     pub success: Cell<u64>,
     /// Lifetime failed requests.
     pub failed: Cell<u64>,
-    /// Unix seconds of registration or last heartbeat.
-    pub last_seen: Cell<u64>,
+    /// Unix milliseconds of registration or last heartbeat.
+    pub last_seen_ms: Cell<u64>,
     /// Latency estimator (live: updated before the next routing decision).
     pub est: Cell<Estimator>,
     /// Lifetime input tokens (from response usage).
@@ -202,7 +202,7 @@ impl Agent {
         link: LinkHandle,
         queue: Rc<RefCell<Waiters>>,
         history: Option<History>,
-        now_unix: u64,
+        now_unix_ms: u64,
         persist: bool,
     ) -> Self {
         let h = history.unwrap_or_default();
@@ -227,7 +227,7 @@ impl Agent {
             peer_log: RefCell::default(),
             success: Cell::new(h.success),
             failed: Cell::new(h.failed),
-            last_seen: Cell::new(now_unix),
+            last_seen_ms: Cell::new(now_unix_ms),
             est: Cell::new(est),
             input_tokens: Cell::new(h.input_tokens),
             output_tokens: Cell::new(h.output_tokens),
