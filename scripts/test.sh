@@ -24,6 +24,8 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # redis-server: the routers sharing keys through --shared-state
 # (tests/shared_state.rs starts its own instances on free ports).
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+# ip: the several-host fleet of network namespaces (tests/fleet_*.rs).
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"

@@ -47,7 +47,10 @@ pub(crate) fn parse_announce(s: &str) -> Result<Announce, String> {
     let [proto, host, "tcp", port, rest @ ..] = parts.as_slice() else {
         return Err(bad());
     };
-    if port.parse::<u16>().is_ok_and(|p| p == 0) || port.parse::<u16>().is_err() || !matches!(rest, [] | ["p2p", _]) {
+    if port.parse::<u16>().is_ok_and(|p| p == 0)
+        || port.parse::<u16>().is_err()
+        || !matches!(rest, [] | ["p2p", _])
+    {
         return Err(bad());
     }
     let ip = match *proto {

@@ -2,6 +2,7 @@
 //! Every process is killed when its guard drops.
 #![allow(dead_code)]
 
+pub mod fleet;
 pub mod hold;
 pub mod in_process;
 pub mod latency;
@@ -86,7 +87,12 @@ impl Req {
     }
 
     pub fn send(&self, port: u16) -> std::io::Result<Resp> {
-        let mut s = TcpStream::connect(("127.0.0.1", port))?;
+        self.send_to(&format!("127.0.0.1:{port}"))
+    }
+
+    /// [`Req::send`] to `addr` (`ip:port`, a host of a test fleet).
+    pub fn send_to(&self, addr: &str) -> std::io::Result<Resp> {
+        let mut s = TcpStream::connect(addr)?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
         let head = format!(
             "{} {} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{}Content-Length: {}\r\nConnection: close\r\n\r\n",
