@@ -394,7 +394,9 @@ impl Decision {
         let Some(r) = &self.verdict else {
             return Action::Reject(Rejection::Exhausted.into());
         };
-        let exhausted = matches!(r, Refusal::Routing(x) if x.exhausted_policy());
+        // A model with no agent here goes to the provider too (issue 56):
+        // no local step can serve it.
+        let exhausted = matches!(r, Refusal::Routing(x) if x.exhausted_policy() || *x == Rejection::ModelNotFound);
         let api = matches!(
             self.request.endpoint,
             Endpoint::ChatCompletions | Endpoint::Messages

@@ -65,6 +65,10 @@ pub fn policy_json(p: &crate::logic::routing::policy::Policy) -> Value {
     if !p.aliases.is_empty() {
         v["aliases"] = json!(p.aliases);
     }
+    // Spec 02 §8: `fallback_provider{engine,model}` (omitted when none).
+    if let Some(fp) = &p.fallback_provider {
+        v["fallback_provider"] = json!({"engine": fp.engine.name(), "model": fp.model});
+    }
     if p.min_share.iter().any(|s| *s > 0.0) {
         let mut m = serde_json::Map::new();
         for (c, s) in crate::logic::routing::wait_queue::Class::ALL

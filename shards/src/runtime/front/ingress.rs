@@ -354,7 +354,12 @@ async fn read_inference(
         Some((_, healthy)) => LocalAgents::Registered { healthy },
         None => LocalAgents::None,
     };
-    let serving = serving(shard, &head, ep, &meta.model, &principal, agents);
+    let serving = match serving(shard, &head, ep, &meta.model, &principal, agents) {
+        // No agent anywhere, and the policy names a fallback provider for
+        // this API: the machine sends it there (spec 04 §7, issue 56).
+        Serving::NotFound if provider_serves(shard, ep, &meta.model) => Serving::Here,
+        s => s,
+    };
     let hold_for = match place(shard, c, serving, &meta.model, keep).await {
         Ok(h) => h,
         Err(next) => return next,
@@ -485,6 +490,13 @@ async fn resolve(
             Err(respond::send_quota_refusal(c, r, keep).await.into())
         }
     }
+}
+
+/// A chat or messages request whose model's policy names a fallback
+/// provider.
+fn provider_serves(shard: &Shard, ep: Endpoint, model: &str) -> bool {
+    crate::runtime::request::provider::api_of(ep).is_some()
+        && shard.policy(model).fallback_provider.is_some()
 }
 
 /// Carry out where [`serving`] sent the request: `Ok(None)` served here,

@@ -27,6 +27,7 @@ use crate::logic::http::framing::http_parse::BodyFraming;
 use crate::logic::http::framing::http_parse::ChunkedDecoder;
 use crate::logic::http::framing::http_write;
 use crate::runtime::services::providers::Account;
+use crate::runtime::state::model::stats::ModelStats;
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;
 use crate::runtime::wire::clock;
@@ -122,8 +123,10 @@ pub enum Fallback {
     Served { status: u16, tokens: Option<Tokens> },
     /// Failed before anything reached the client: answer with this.
     Failed(ApiError),
-    /// The client left, or the answer broke after its head.
+    /// The answer broke after its head.
     Cut,
+    /// The client left while the provider worked.
+    ClientGone,
 }
 
 /// The client API of an endpoint that may fall back (`None`: not an LLM
@@ -170,7 +173,12 @@ pub async fn fallback(
     let left = deadline
         .saturating_duration_since(clock::now())
         .min(PROVIDER_TIMEOUT);
-    let head = monoio::time::timeout(left, ask(account, providers.tls.as_ref(), &req.bytes)).await;
+    // A released request's keepalives go on, and a client that leaves
+    // drops the call (issue 56), as for an agent.
+    let head = monoio::time::timeout(left, ask(account, providers.tls.as_ref(), &req.bytes));
+    let Some(head) = c.unless_gone(head).await else {
+        return (Fallback::ClientGone, None);
+    };
     let (mut conn, head) = match head {
         Ok(Ok(x)) => x,
         Ok(Err(e)) => return (fail(e), Some(0)),
@@ -193,7 +201,10 @@ pub async fn fallback(
     let left = deadline
         .saturating_duration_since(clock::now())
         .min(PROVIDER_TIMEOUT);
-    let whole = monoio::time::timeout(left, conn.read_body(head.framing, MAX_ANSWER)).await;
+    let whole = monoio::time::timeout(left, conn.read_body(head.framing, MAX_ANSWER));
+    let Some(whole) = c.unless_gone(whole).await else {
+        return (Fallback::ClientGone, Some(status));
+    };
     let answer = match whole {
         Ok(Ok(b)) => b,
         Ok(Err(e)) => return (fail(format!("answer body: {e}")), Some(0)),
@@ -438,9 +449,7 @@ pub async fn serve(shard: &Shard, c: &mut Client, call: Call<'_>) -> bool {
     let labels = (Arc::<str>::from("cloud"), Arc::<str>::from(engine), tenant);
     let secs = started.elapsed().as_secs_f64();
     let ok = matches!(end, Fallback::Served { .. });
-    if let Some(m) = shard.model(model) {
-        let m = &mut *m.borrow_mut();
-        let s = &mut m.stats;
+    let count = |s: &mut ModelStats| {
         s.provider_fallback += 1;
         if let Some(st) = status {
             s.provider_calls
@@ -454,6 +463,12 @@ pub async fn serve(shard: &Shard, c: &mut Client, call: Call<'_>) -> bool {
             *s.failed.entry(labels).or_default() += 1;
             s.exhausted += 1;
         }
+    };
+    match shard.model(model) {
+        Some(m) => count(&mut m.borrow_mut().stats),
+        // A model no agent ever registered here (issue 56): counted in
+        // the shard's bounded book of such models.
+        None => shard.provider_only.borrow_mut().count(model, count),
     }
     match end {
         Fallback::Served { status, tokens } => {
@@ -472,5 +487,39 @@ pub async fn serve(shard: &Shard, c: &mut Client, call: Call<'_>) -> bool {
             respond::send_error(c, &e, keep).await
         }
         Fallback::Cut => false,
+        Fallback::ClientGone => {
+            c.scope.ending.client_gone();
+            false
+        }
+    }
+}
+
+/// The provider calls of models no agent registered on this shard: their
+/// counters, for at most [`ProviderOnly::MAX`] model names (client
+/// input); the rest share [`ProviderOnly::OTHER`].
+#[derive(Default)]
+pub struct ProviderOnly {
+    models: std::collections::BTreeMap<String, ModelStats>,
+}
+
+impl ProviderOnly {
+    /// Most model names kept apart.
+    pub const MAX: usize = 256;
+    /// The label of the others.
+    pub const OTHER: &'static str = "_other_models";
+
+    /// Count with `f` on `model`'s counters.
+    pub fn count(&mut self, model: &str, f: impl FnOnce(&mut ModelStats)) {
+        let key = if self.models.contains_key(model) || self.models.len() < Self::MAX {
+            model
+        } else {
+            Self::OTHER
+        };
+        f(self.models.entry(key.to_string()).or_default());
+    }
+
+    /// Each model's counters.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &ModelStats)> {
+        self.models.iter()
     }
 }

@@ -64,6 +64,8 @@ pub struct Shard {
     pub models: RefCell<HashMap<String, ModelRef>>,
     /// Counters.
     pub counters: Counters,
+    /// Provider calls of models with no agent here.
+    pub provider_only: RefCell<crate::runtime::request::provider::ProviderOnly>,
     /// Link refusals logged at most once a second per reason.
     pub refusal_log: RefCell<HashMap<&'static str, LogGate>>,
     /// Agent links refused here, by reason (`link_cap`, `address_cap`,
@@ -109,6 +111,7 @@ impl Shard {
             router,
             models: RefCell::new(HashMap::new()),
             counters: Counters::default(),
+            provider_only: RefCell::default(),
             refusal_log: RefCell::new(HashMap::new()),
             audit_401_gate: RefCell::default(),
             refusals: RefCell::default(),
@@ -496,6 +499,12 @@ impl Shard {
                     st.affinity.miss_cost_per_token = m.miss_cost.get().per_token();
                     (name.clone(), st)
                 })
+                .chain(
+                    self.provider_only
+                        .borrow()
+                        .iter()
+                        .map(|(n, st)| (n.clone(), st.clone())),
+                )
                 .collect(),
             redirects: self
                 .redirects

@@ -1206,8 +1206,11 @@ fn the_provider_comes_only_after_the_steps_ran_out_and_once() {
     assert_eq!(d.next(&facts(&pool, 0), t0), Action::Provider);
     // Never twice: asked again, the refusal stands.
     assert!(matches!(d.next(&facts(&pool, 0), t0), Action::Reject(_)));
-    // Not for a model with no agent (404 is not an exhausted policy).
+    // A model with no agent here: no local step can serve it, so the
+    // provider (issue 56); without one, the 404.
     let mut d = Decision::new(with_provider(vec![step("p", None, 1)]), request(t0), LIMITS);
+    assert_eq!(d.next(&facts(&Vec::new(), 0), t0), Action::Provider);
+    let mut d = Decision::new(policy(vec![step("p", None, 1)]), request(t0), LIMITS);
     assert_eq!(
         d.next(&facts(&Vec::new(), 0), t0),
         Action::Reject(Rejection::ModelNotFound.into())
@@ -1318,7 +1321,7 @@ proptest! {
                 }
                 Action::Provider => {
                     providers += 1;
-                    prop_assert!(!pool.is_empty());
+                    prop_assert!(provider);
                 }
                 Action::Reject(r) => break r,
                 a => panic!("unexpected: {a:?}"),
