@@ -8,7 +8,7 @@
 use crate::runtime::state::model::stats::ActiveRequest;
 use std::rc::Rc;
 
-use super::placing::{place, provider_serves, serving};
+use super::placing::{place, provider_serves, serving, Next};
 use crate::logic::http::api::probe::{self, RequestMeta};
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
@@ -29,29 +29,6 @@ use crate::runtime::wire::budget::{BodyPermit, ConnPermit};
 use crate::runtime::wire::clock;
 use crate::runtime::wire::conn::{Conn, HeadRead};
 use crate::runtime::wire::handoff;
-
-/// What the connection does after a request.
-pub(super) enum Next {
-    /// Read the next request.
-    KeepAlive,
-    /// Close it.
-    Close,
-    /// Give it to the model's shard with this request.
-    HandOff(Box<PendingRequest>, usize),
-    /// Hold this request here, its model's hold shard (`hold_for` set).
-    Hold(Box<PendingRequest>),
-}
-
-impl From<bool> for Next {
-    /// A response was written; `keep`: the connection stays open.
-    fn from(keep: bool) -> Self {
-        if keep {
-            Next::KeepAlive
-        } else {
-            Next::Close
-        }
-    }
-}
 
 /// The scope of a request handed over by another shard.
 fn adopt(p: &PendingRequest) -> RequestScope {

@@ -3,17 +3,40 @@
 //! on to the fallback provider, or answered 404 ([`place`] carries it
 //! out).
 
-use super::ingress::Next;
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::logic::http::framing::http_parse::RequestHead;
 use crate::logic::sites::serving::{self, LocalAgents, Serving};
 use crate::logic::sites::Kind;
 use crate::runtime::request::respond;
+use crate::runtime::state::pending::PendingRequest;
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;
 use crate::runtime::state::tenancy::Principal;
 use crate::runtime::wire::clock;
+
+/// What the connection does after a request.
+pub(super) enum Next {
+    /// Read the next request.
+    KeepAlive,
+    /// Close it.
+    Close,
+    /// Give it to the model's shard with this request.
+    HandOff(Box<PendingRequest>, usize),
+    /// Hold this request here, its model's hold shard (`hold_for` set).
+    Hold(Box<PendingRequest>),
+}
+
+impl From<bool> for Next {
+    /// A response was written; `keep`: the connection stays open.
+    fn from(keep: bool) -> Self {
+        if keep {
+            Next::KeepAlive
+        } else {
+            Next::Close
+        }
+    }
+}
 
 /// A chat or messages request whose model's policy names a fallback
 /// provider.

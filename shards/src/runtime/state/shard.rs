@@ -65,7 +65,7 @@ pub struct Shard {
     /// Counters.
     pub counters: Counters,
     /// Provider calls of models with no agent here.
-    pub provider_only: RefCell<crate::runtime::request::provider::ProviderOnly>,
+    pub provider_only: RefCell<crate::runtime::state::model::stats::ProviderOnly>,
     /// Link refusals logged at most once a second per reason.
     pub refusal_log: RefCell<HashMap<&'static str, LogGate>>,
     /// Agent links refused here, by reason (`link_cap`, `address_cap`,

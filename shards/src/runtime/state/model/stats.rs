@@ -333,3 +333,33 @@ mod tests {
         assert!((m.sum - 2.0 * h.sum).abs() < 1e-9);
     }
 }
+
+/// The provider calls of models no agent registered on this shard: their
+/// counters, for at most [`ProviderOnly::MAX`] model names (client
+/// input); the rest share [`ProviderOnly::OTHER`].
+#[derive(Default)]
+pub struct ProviderOnly {
+    models: std::collections::BTreeMap<String, ModelStats>,
+}
+
+impl ProviderOnly {
+    /// Most model names kept apart.
+    pub const MAX: usize = 256;
+    /// The label of the others.
+    pub const OTHER: &'static str = "_other_models";
+
+    /// Count with `f` on `model`'s counters.
+    pub fn count(&mut self, model: &str, f: impl FnOnce(&mut ModelStats)) {
+        let key = if self.models.contains_key(model) || self.models.len() < Self::MAX {
+            model
+        } else {
+            Self::OTHER
+        };
+        f(self.models.entry(key.to_string()).or_default());
+    }
+
+    /// Each model's counters.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &ModelStats)> {
+        self.models.iter()
+    }
+}
