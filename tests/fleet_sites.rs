@@ -76,7 +76,9 @@ impl Sites {
         let sim = self.fleet.spawn(
             h,
             "hivenet-sim",
-            &["--port", &ps, "--model", model, "--ttft", "30ms", "--itl", "5ms"],
+            &[
+                "--port", &ps, "--model", model, "--ttft", "30ms", "--itl", "5ms",
+            ],
             &dir,
             &[],
         );
@@ -86,7 +88,18 @@ impl Sites {
         let agent = self.fleet.spawn(
             h,
             "hivenet-agent",
-            &["--router-p2p", &rp, "--backend-url", &backend, "--swarm-key-file", &key, "--identity-path", "id.key", "--warmup", "off"],
+            &[
+                "--router-p2p",
+                &rp,
+                "--backend-url",
+                &backend,
+                "--swarm-key-file",
+                &key,
+                "--identity-path",
+                "id.key",
+                "--warmup",
+                "off",
+            ],
             &dir,
             &[],
         );
@@ -98,7 +111,14 @@ impl Sites {
     fn client(&self, site: usize, model: &str, n: usize) -> Vec<(Duration, u32)> {
         let h = router_host(site) + 2;
         let out = std::process::Command::new("ip")
-            .args(["netns", "exec", &self.fleet.hosts[h].ns, "python3", "-c", CLIENT])
+            .args([
+                "netns",
+                "exec",
+                &self.fleet.hosts[h].ns,
+                "python3",
+                "-c",
+                CLIENT,
+            ])
             .args([&self.router_ip(site), "8080", model, &n.to_string()])
             .output()
             .expect("client");
@@ -108,10 +128,18 @@ impl Sites {
             .filter_map(|l| {
                 let f: Vec<&str> = l.split_whitespace().collect();
                 assert_eq!(f.get(2), Some(&"200"), "{model}: {l}");
-                Some((Duration::from_secs_f64(f[0].parse().ok()?), f[1].parse().ok()?))
+                Some((
+                    Duration::from_secs_f64(f[0].parse().ok()?),
+                    f[1].parse().ok()?,
+                ))
             })
             .collect();
-        assert_eq!(got.len(), n, "{model}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            got.len(),
+            n,
+            "{model}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         got
     }
 }
@@ -130,7 +158,10 @@ fn map_json(s: &Sites, placements: &str) -> String {
         0,
     );
     let site = |id: &str, n: usize| {
-        format!(r#"{{"site_id":"{id}","base_url":"http://{}:8080"}}"#, s.router_ip(n))
+        format!(
+            r#"{{"site_id":"{id}","base_url":"http://{}:8080"}}"#,
+            s.router_ip(n)
+        )
     };
     format!(
         r#"{{"version":"1","hints_generated_at":"{now}","sites":[{},{},{}],"placements":[{placements}]}}"#,
@@ -162,9 +193,22 @@ fn redirects_and_holds_across_sites_a_wan_apart() {
             router_host(site),
             "hivenet-router",
             &[
-                "--site-id", id, "--http-port", ":8080", "--metrics-port", ":9100",
-                "--p2p-port", "9000", "--p2p-listen-addr", "0.0.0.0", "--swarm-key-file", &key,
-                "--shards", "1", "--wake-keepalive", "500ms",
+                "--site-id",
+                id,
+                "--http-port",
+                ":8080",
+                "--metrics-port",
+                ":9100",
+                "--p2p-port",
+                "9000",
+                "--p2p-listen-addr",
+                "0.0.0.0",
+                "--swarm-key-file",
+                &key,
+                "--shards",
+                "1",
+                "--wake-keepalive",
+                "500ms",
             ],
             &rdir,
             &[("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)],
@@ -174,7 +218,12 @@ fn redirects_and_holds_across_sites_a_wan_apart() {
         let http = format!("{}:8080", s.router_ip(site));
         wait_until(
             Duration::from_secs(20),
-            || Req::get("/health").send_to(&http).map(|r| r.status == 200).unwrap_or(false),
+            || {
+                Req::get("/health")
+                    .send_to(&http)
+                    .map(|r| r.status == 200)
+                    .unwrap_or(false)
+            },
             "router up",
         );
     }
@@ -190,7 +239,12 @@ fn redirects_and_holds_across_sites_a_wan_apart() {
             || {
                 Req::get("/v1/models")
                     .send_to(&http)
-                    .map(|r| r.json()["data"].as_array().is_some_and(|a| a.iter().any(|m| m["id"] == model && m["agents"]["healthy"] == 1)))
+                    .map(|r| {
+                        r.json()["data"].as_array().is_some_and(|a| {
+                            a.iter()
+                                .any(|m| m["id"] == model && m["agents"]["healthy"] == 1)
+                        })
+                    })
                     .unwrap_or(false)
             },
             "agent linked across the fleet",
@@ -225,18 +279,33 @@ fn redirects_and_holds_across_sites_a_wan_apart() {
     }
     let n = 7;
     let mut rows = Vec::new();
-    for (site, model, rtt) in [(1, "local", 0), (1, "near", 20), (1, "far", 80), (2, "farther", 150)] {
+    for (site, model, rtt) in [
+        (1, "local", 0),
+        (1, "near", 20),
+        (1, "far", 80),
+        (2, "farther", 150),
+    ] {
         let got = s.client(site, model, n);
         let hops = got[0].1;
         assert!(got.iter().all(|g| g.1 == hops), "{model}: {got:?}");
-        assert_eq!(hops, u32::from(rtt > 0), "{model}: served here or redirected once");
+        assert_eq!(
+            hops,
+            u32::from(rtt > 0),
+            "{model}: served here or redirected once"
+        );
         let ttft = median(got.into_iter().map(|g| g.0).collect());
-        println!("cross-site: model={model} rtt_ms={rtt} redirects={hops} ttft_median_ms={:.1}", ttft.as_secs_f64() * 1e3);
+        println!(
+            "cross-site: model={model} rtt_ms={rtt} redirects={hops} ttft_median_ms={:.1}",
+            ttft.as_secs_f64() * 1e3
+        );
         rows.push((rtt, ttft));
     }
     // Farther costs more: every hop after the redirect crosses the WAN.
     for w in rows.windows(2) {
-        assert!(w[0].1 < w[1].1, "time to first token grows with distance: {rows:?}");
+        assert!(
+            w[0].1 < w[1].1,
+            "time to first token grows with distance: {rows:?}"
+        );
     }
     // Fresh hints say the home sibling (b) is cold and `sleepy` is
     // holdable here: held at a (no redirect) until its agent registers,
@@ -247,7 +316,9 @@ fn redirects_and_holds_across_sites_a_wan_apart() {
         let ip = s.router_ip(1);
         std::thread::spawn(move || {
             std::process::Command::new("ip")
-                .args(["netns", "exec", &ns, "python3", "-c", CLIENT, &ip, "8080", "sleepy", "1"])
+                .args([
+                    "netns", "exec", &ns, "python3", "-c", CLIENT, &ip, "8080", "sleepy", "1",
+                ])
                 .output()
                 .expect("client")
         })
@@ -257,7 +328,10 @@ fn redirects_and_holds_across_sites_a_wan_apart() {
         || {
             Req::get("/metrics")
                 .send_to(&format!("{}:9100", s.router_ip(1)))
-                .map(|r| r.text().contains("hivenet_pending_demand{model=\"sleepy\"} 1"))
+                .map(|r| {
+                    r.text()
+                        .contains("hivenet_pending_demand{model=\"sleepy\"} 1")
+                })
                 .unwrap_or(false)
         },
         "held at a",
@@ -267,10 +341,20 @@ fn redirects_and_holds_across_sites_a_wan_apart() {
     let out = sleepy.join().expect("client");
     let line = String::from_utf8_lossy(&out.stdout).to_string();
     let f: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(f.get(1..3), Some(&["0", "200"][..]), "held here, then served: {line}");
+    assert_eq!(
+        f.get(1..3),
+        Some(&["0", "200"][..]),
+        "held here, then served: {line}"
+    );
     let held: f64 = f[0].parse().expect("ttft");
     assert!(held >= 2.0, "served after the wake: {held}");
-    println!("cross-site: model=sleepy held_then_woken_after_s=2 ttft_ms={:.1}", held * 1e3);
-    println!("cross-site: fleet of 9 hosts in 3 sites built in {:.0} ms", setup.as_secs_f64() * 1e3);
+    println!(
+        "cross-site: model=sleepy held_then_woken_after_s=2 ttft_ms={:.1}",
+        held * 1e3
+    );
+    println!(
+        "cross-site: fleet of 9 hosts in 3 sites built in {:.0} ms",
+        setup.as_secs_f64() * 1e3
+    );
     s._procs = procs;
 }

@@ -381,3 +381,105 @@ fn held_bodies_never_take_the_awake_models_body_budget() {
     assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{body}");
     drop(held);
 }
+
+/// Issue 56, seed B4: a serverless key's per-minute input and output
+/// token limits are checked before its request is held, not after the
+/// wake: a key that spent its minute, or a request larger than a whole
+/// minute, is refused at once with the B4 answer and never counts in the
+/// pending demand; a key with room is held.
+#[test]
+fn per_minute_token_limits_refuse_before_the_hold() {
+    let dir = tmpdir("hold-b4");
+    let mut yaml = String::from("api:\n  mode: api-key\n  keys:\n");
+    for (key, quota) in [
+        ("sk-in", "{input_tokens_per_minute: 100}"),
+        ("sk-out", "{output_tokens_per_minute: 20}"),
+        ("sk-room", "{input_tokens_per_minute: 100}"),
+    ] {
+        yaml.push_str(&format!(
+            "    - key_hash: \"{}\"\n      metadata: {{name: {key}, owner: {key}}}\n      quota: {quota}\n",
+            sha256_hex(key)
+        ));
+    }
+    std::fs::write(dir.join("auth.yaml"), yaml).expect("auth");
+    std::fs::write(
+        dir.join("policy.yaml"),
+        "mode: serverless\nrouting_policy:\n  strategy: least-loaded\n",
+    )
+    .expect("policy");
+    let r = site_router(
+        &dir,
+        &[
+            "--wake-keepalive",
+            "0",
+            "--policy-file",
+            "policy.yaml",
+            "--auth-config-file",
+            "auth.yaml",
+        ],
+        &[],
+    );
+    push_map(&r, "30s");
+    let body = |text: &str, max: u32| {
+        format!(
+            r#"{{"model":"m","max_tokens":{max},"messages":[{{"role":"user","content":"{text}"}}]}}"#
+        )
+    };
+    // 320 text bytes: a cold estimate of 100 input tokens, the whole minute.
+    let big = body(&"y".repeat(320), 4);
+    let small = body("hi", 16);
+    let chat = |key: &str, b: &str| {
+        Req::post("/v1/chat/completions", b)
+            .bearer(key)
+            .send(r.http)
+            .expect("chat")
+    };
+    // Served while awake: sk-in spends its input minute, sk-out its
+    // output minute.
+    let (mut sim, port) = start_sim(&dir, "m", &["--output-tokens", "16"]);
+    let mut a = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_until(
+        Duration::from_secs(30),
+        || routing_table(r.http)["total"] == 1,
+        "agent",
+    );
+    assert_eq!(chat("sk-in", &big).status, 200);
+    while chat("sk-out", &small).status == 200 {}
+    // The model goes to zero.
+    a.kill9();
+    sim.kill9();
+    wait_until(
+        Duration::from_secs(10),
+        || routing_table(r.http)["total"] == 0,
+        "at zero",
+    );
+    for (key, b, what) in [
+        ("sk-in", &big, "input token rate exceeded"),
+        ("sk-out", &small, "output token rate exceeded"),
+        // Twice a whole minute of input: never fits, even with room.
+        (
+            "sk-room",
+            &body(&"y".repeat(640), 4),
+            "input token rate exceeded",
+        ),
+    ] {
+        let t0 = Instant::now();
+        let resp = chat(key, b);
+        assert_eq!(resp.status, 429, "{key}: {}", resp.text());
+        assert!(resp.text().contains(what), "{key}: {}", resp.text());
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{key}: refused at once, not after a hold"
+        );
+        assert_eq!(demand(&r), Some(0.0), "{key}: never in the pending demand");
+    }
+    // A key with room is held.
+    let held = send(
+        r.http,
+        "/v1/chat/completions",
+        &small,
+        "Authorization: Bearer sk-room\r\n",
+    );
+    wait_until(Duration::from_secs(5), || demand(&r) == Some(1.0), "held");
+    drop(held);
+}

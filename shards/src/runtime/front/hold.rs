@@ -197,6 +197,17 @@ async fn quota_before_hold(
         if let Err(e) = admission::caps(&policy.admission, estimate, p.meta.images) {
             return Err(HoldEnd::Answered(respond::send_error(c, &e, keep).await));
         }
+        let rates = crate::runtime::request::admission::rates_before_hold(
+            shard,
+            model,
+            &policy.admission,
+            &p.principal,
+            estimate,
+        );
+        if let Err(reason) = rates {
+            let e = reason.error();
+            return Err(HoldEnd::Answered(respond::send_error(c, &e, keep).await));
+        }
     }
     if let Some(t) = ticket.as_mut() {
         let today = || quota::day_of(clock::unix_secs());

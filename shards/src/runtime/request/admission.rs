@@ -120,6 +120,36 @@ pub async fn admit(
     Ok(out)
 }
 
+/// B4 rates before a hold (issue 56, seed B4): a serverless key whose
+/// per-minute input or output tokens would refuse the request after the
+/// wake is refused now, before the request counts in the pending demand.
+/// A request larger than a whole minute of its key's ITPM never fits.
+pub fn rates_before_hold(
+    shard: &Shard,
+    model: &str,
+    policy: &AdmissionPolicy,
+    principal: &Principal,
+    estimate: u64,
+) -> Result<(), Reason> {
+    let Principal::Key(c) = principal else {
+        return Ok(());
+    };
+    let Limits::Flat { itpm, otpm, .. } = c.key.limits else {
+        return Ok(());
+    };
+    if policy.mode != Mode::Serverless || (itpm == 0 && otpm == 0) {
+        return Ok(());
+    }
+    if itpm > 0 && estimate > itpm {
+        return Err(Reason::B4Itpm);
+    }
+    match state_of(shard, model) {
+        Some(s) => state::rates_allow(&s, &c.key.key_id, itpm, otpm, estimate, clock::mono_ns()),
+        // Never served here: its buckets are full.
+        None => Ok(()),
+    }
+}
+
 /// B2 (+ B4 share): a reservation id, at once or after a wait.
 async fn occupy(
     shard: &Shard,

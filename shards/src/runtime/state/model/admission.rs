@@ -282,6 +282,30 @@ pub fn take_rates(
     Ok(())
 }
 
+/// Whether `key`'s B4 rates would let a request of `need` input tokens
+/// through now, without taking anything (a request about to be held
+/// checks what its admission after the wake will take).
+pub fn rates_allow(
+    state: &Shared,
+    key: &Arc<str>,
+    itpm: u64,
+    otpm: u64,
+    need: u64,
+    now_ns: u64,
+) -> Result<(), Reason> {
+    let mut s = state.borrow_mut();
+    let Some(rates) = s.rates.get_mut(key) else {
+        return Ok(());
+    };
+    if otpm > 0 && !rates.otpm.has_one(otpm, now_ns) {
+        return Err(Reason::B4Otpm);
+    }
+    if itpm > 0 && rates.itpm.tokens(itpm, now_ns) < i128::from(need) {
+        return Err(Reason::B4Itpm);
+    }
+    Ok(())
+}
+
 /// A request admission let through.
 #[derive(Default)]
 pub struct Admitted {
