@@ -24,6 +24,9 @@ use shards::runtime::services::store_api::StoreMsg;
 use shards::runtime::wire::clock;
 use tracing::{error, info, warn};
 
+mod upkeep;
+use upkeep::{stats, sweep};
+
 const KEYSPACE: &str = "agent_history";
 /// Keyspace of the store's own records (the flush stamp).
 const META: &str = "store_meta";
@@ -358,37 +361,6 @@ fn open(cfg: &StoreConfig, errors: &AtomicU64) -> Result<Option<Open>, String> {
     }
 }
 
-fn sweep(o: &Open, ttl_days: u64, errors: &AtomicU64) {
-    if ttl_days == 0 {
-        return;
-    }
-    let now = clock::unix_secs();
-    let mut expired = Vec::new();
-    for kv in o.ks.iter() {
-        let Ok((k, v)) = kv.into_inner() else {
-            continue;
-        };
-        match History::decode(&v) {
-            Ok(h) if !h.expired(now, ttl_days) => {}
-            _ => expired.push(k),
-        }
-    }
-    if expired.is_empty() {
-        return;
-    }
-    let n = expired.len();
-    let mut b = o.db.batch();
-    for k in expired {
-        b.remove(&o.ks, k);
-    }
-    if let Err(e) = b.commit().and_then(|_| o.db.persist(PersistMode::SyncAll)) {
-        errors.fetch_add(1, Ordering::Relaxed);
-        warn!("store sweep failed: {e}");
-    } else {
-        info!(removed = n, "expired history records swept");
-    }
-}
-
 /// The store thread's sender, its join handle, today's token usage.
 pub type Started = (
     std::sync::mpsc::Sender<StoreMsg>,
@@ -553,6 +525,8 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
         info!(path = %cfg.path.display(), records = o.ks.iter().count(), ttl_days = cfg.ttl_days, "history store open");
     }
     let mut last_sweep = Instant::now();
+    // The expiry sweep at open is the first (Unix seconds, for the admin).
+    let mut last_sweep_unix = store.as_ref().map(|_| clock::unix_secs());
     loop {
         let msg = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(m) => m,
@@ -561,6 +535,7 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
                     if last_sweep.elapsed() > SWEEP_EVERY {
                         sweep(o, cfg.ttl_days, &errors);
                         last_sweep = Instant::now();
+                        last_sweep_unix = Some(clock::unix_secs());
                     }
                 }
                 continue;
@@ -606,6 +581,9 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
                         }
                     });
                 let _ = reply.send(found);
+            }
+            StoreMsg::Stats { reply } => {
+                let _ = reply.send(stats(store.as_ref(), &cfg, last_sweep_unix));
             }
             StoreMsg::ResetAll { reply } => {
                 let r = match &store {

@@ -688,3 +688,43 @@ fn a_full_disk_is_survived_and_usage_kept() {
         std::panic::resume_unwind(e);
     }
 }
+
+/// Issue 56: `GET /admin/storage` as the spec has it (02 §6): what is held
+/// in memory per agent and on disk, the entry TTL, the expiry sweep's
+/// period and last run; admin-only.
+#[test]
+fn admin_storage_reports_memory_and_disk() {
+    let dir = tmpdir("admin-storage");
+    let ports = (free_port(), free_port(), free_port());
+    let _router = router_on(&dir, ports, &["--universal-flush-interval", "200ms"]);
+    let (_s, port) = start_sim(&dir, "st-model", &[]);
+    let _a = agent_to(&dir, ports.2, port, "st.key", &[]);
+    wait_agents(ports.0, "st-model", 1);
+    chat(ports.0, "st-model", false, 2);
+    let get = |key: Option<&str>| {
+        let mut r = Req::get("/admin/storage");
+        if let Some(k) = key {
+            r = r.bearer(k);
+        }
+        r.send(ports.0).expect("storage")
+    };
+    assert_eq!(get(None).status, 401, "admin only");
+    wait_until(
+        Duration::from_secs(10),
+        || get(Some(ADMIN_KEY)).json()["disk_db"]["univ_history_count"] == 1,
+        "the agent's history flushed to disk",
+    );
+    let v = get(Some(ADMIN_KEY)).json();
+    assert_eq!(v["mem_db"]["metadata_count"], 1, "{v}");
+    assert_eq!(v["mem_db"]["univ_punctual_count"], 1, "{v}");
+    assert_eq!(v["disk_db"]["entry_ttl_days"], 30, "{v}");
+    assert_eq!(v["gc_interval"], "1h0m0s", "{v}");
+    let last = v["last_gc_at"].as_str().unwrap_or("");
+    assert!(
+        last.ends_with('Z') && last.len() == 30,
+        "swept at open: {v}"
+    );
+    let bytes = v["disk_db"]["lsm_size_bytes"].as_u64().unwrap_or(0)
+        + v["disk_db"]["vlog_size_bytes"].as_u64().unwrap_or(0);
+    assert!(bytes > 0, "{v}");
+}

@@ -10,6 +10,7 @@
 pub mod keys;
 pub mod policy;
 pub mod sites;
+pub mod storage;
 
 use std::rc::Rc;
 
@@ -116,6 +117,10 @@ pub async fn serve(shard: &Rc<Shard>, c: &mut Client, head: &RequestHead, path: 
         return respond::send_json(c, status, &body, keep).await;
     }
     match (&*head.method, path) {
+        ("GET", "/admin/storage") => {
+            let (status, body) = storage::storage(shard).await;
+            respond::send_json(c, status, &body, keep).await
+        }
         ("GET", "/admin/routing-table") => {
             let body = routing_table(shard).await;
             respond::send_json(c, 200, &body, keep).await
@@ -162,7 +167,11 @@ pub async fn serve(shard: &Rc<Shard>, c: &mut Client, head: &RequestHead, path: 
         }
         (
             _,
-            "/admin/routing-table" | "/admin/metrics/reset" | "/admin/models" | "/admin/health",
+            "/admin/routing-table"
+            | "/admin/metrics/reset"
+            | "/admin/models"
+            | "/admin/health"
+            | "/admin/storage",
         ) => respond::send_error(c, &respond::method_not_allowed(&head.method, path), keep).await,
         _ => respond::send_error(c, &respond::no_route(&head.method, path), keep).await,
     }

@@ -29,6 +29,11 @@ pub enum StoreMsg {
         /// Where to answer.
         reply: oneshot::Sender<Option<History>>,
     },
+    /// What the store holds (`GET /admin/storage`).
+    Stats {
+        /// Where to answer.
+        reply: oneshot::Sender<StoreStats>,
+    },
     /// Delete every record and persist.
     ResetAll {
         /// Outcome.
@@ -39,6 +44,27 @@ pub enum StoreMsg {
         /// Signalled when stopped.
         done: oneshot::Sender<()>,
     },
+}
+
+/// The store's figures for `GET /admin/storage` (spec 02 §6).
+#[derive(Debug, Clone, Default)]
+pub struct StoreStats {
+    /// Latency-history records on disk (one per peer ID).
+    pub history_count: u64,
+    /// Daily token-usage buckets on disk.
+    pub quota_count: u64,
+    /// Bytes of the LSM tables (every keyspace).
+    pub lsm_size_bytes: u64,
+    /// Bytes of the write-ahead journal (what Badger's value log was).
+    pub journal_size_bytes: u64,
+    /// `--disk-db-ttl` days.
+    pub ttl_days: u64,
+    /// Period of the expiry sweep, seconds.
+    pub sweep_every_secs: u64,
+    /// Unix seconds of the last expiry sweep (`None`: never).
+    pub last_sweep_unix: Option<u64>,
+    /// The store is open (not running on memory after a failure).
+    pub open: bool,
 }
 
 /// Sender side held by every shard.
