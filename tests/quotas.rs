@@ -116,7 +116,11 @@ fn per_model_rpm_doubles_with_a_second_replica() {
     let q = "{per_model: {m: {requests_per_minute_per_replica: 2, tokens_per_day: 0}}}";
     std::fs::write(
         dir.join("auth.yaml"),
-        yaml(&[("sk-one", "one", q), ("sk-two", "two", q)]),
+        yaml(&[
+            ("sk-one", "one", q),
+            ("sk-two", "two", q),
+            ("sk-free", "free", "{}"),
+        ]),
     )
     .expect("auth");
     let r = start_router(&dir, &["--auth-config-file", "auth.yaml"], &[]);
@@ -152,10 +156,106 @@ fn per_model_rpm_doubles_with_a_second_replica() {
     assert_eq!(admitted("sk-one"), 2, "2 per replica x 1 replica");
     let _a2 = start_agent(&dir, &r, p2, "a2.key", &[]);
     wait_until(Duration::from_secs(30), healthy(2), "two agents");
+    // A replica counts once it has served (issue 51 #9): traffic of a
+    // key without a limit reaches both.
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            Req::chat("m")
+                .bearer("sk-free")
+                .send(r.http)
+                .map(|x| x.status)
+                .ok()
+                == Some(200)
+                && routing_table(r.http)["agents"].as_array().is_some_and(|a| {
+                    a.iter().all(|x| {
+                        x["universal"]["successful_requests_total"]
+                            .as_u64()
+                            .unwrap_or(0)
+                            > 0
+                    })
+                })
+        },
+        "both replicas served",
+    );
     assert_eq!(admitted("sk-two"), 4, "2 per replica x 2 replicas");
     let m = metrics_text(r.metrics);
     assert!(
         m.contains("hivenet_tenant_per_model_quota_rpm_limit{tenant_id=\"two\",model=\"m\"} 4"),
+        "{m}"
+    );
+}
+
+/// Issue 51 #9: registered links that never served do not raise a key's
+/// per-replica limit (50 of them raised 10 to 510 a minute). Twenty
+/// registered peers with new identities stay silent; the one real agent
+/// (the only one the policy routes to) makes the limit 2 x 1.
+#[test]
+fn registrations_that_never_served_do_not_raise_per_replica_quotas() {
+    use shards::runtime::wire::executor::{run_on_runtime, DriverChoice};
+    let dir = tmpdir("rpm-fakes");
+    let q = "{per_model: {m: {requests_per_minute_per_replica: 2, tokens_per_day: 0}}}";
+    std::fs::write(dir.join("auth.yaml"), yaml(&[("sk-one", "one", q)])).expect("auth");
+    std::fs::write(
+        dir.join("policy.yaml"),
+        "routing_policy:\n  strategy: least-loaded\n  match: {machine: real}\n",
+    )
+    .expect("policy");
+    let r = start_router(
+        &dir,
+        &[
+            "--shards",
+            "1",
+            "--auth-config-file",
+            "auth.yaml",
+            "--policy-file",
+            "policy.yaml",
+        ],
+        &[],
+    );
+    let (_s, p) = start_sim(&dir, "m", &[]);
+    let _a = start_agent(&dir, &r, p, "a.key", &["--machine", "real"]);
+    let p2p = r.p2p;
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let fakes = std::thread::spawn(move || {
+        run_on_runtime(DriverChoice::Auto, |_| async move {
+            let mut links = Vec::new();
+            for _ in 0..20 {
+                let kp = libp2p_identity::Keypair::generate_ed25519();
+                if let Some(l) = raw_register(p2p, &kp, "m").await {
+                    links.push(l);
+                }
+            }
+            while stop_rx.try_recv().is_err() {
+                monoio::time::sleep(Duration::from_millis(50)).await;
+            }
+            for l in &links {
+                l.handle.close();
+            }
+            monoio::time::sleep(Duration::from_millis(100)).await;
+        });
+    });
+    wait_until(
+        Duration::from_secs(30),
+        || routing_table(r.http)["total"] == 21,
+        "the real agent and 20 registered peers",
+    );
+    let admitted = (0..6)
+        .take_while(|_| {
+            Req::chat("m")
+                .bearer("sk-one")
+                .send(r.http)
+                .expect("chat")
+                .status
+                == 200
+        })
+        .count();
+    let m = metrics_text(r.metrics);
+    let _ = stop_tx.send(());
+    let _ = fakes.join();
+    assert_eq!(admitted, 2, "2 per replica x 1 replica that served");
+    assert!(
+        m.contains("hivenet_tenant_per_model_quota_rpm_limit{tenant_id=\"one\",model=\"m\"} 2"),
         "{m}"
     );
 }

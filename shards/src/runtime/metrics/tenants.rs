@@ -40,7 +40,9 @@ impl<'s> Totals<'s> {
         };
         for s in snaps {
             for a in &s.agents {
-                *t.healthy.entry(a.reg.model.as_str()).or_default() += u64::from(a.healthy);
+                // A replica as the quota counts it: healthy and has served (51 #9).
+                *t.healthy.entry(a.reg.model.as_str()).or_default() +=
+                    u64::from(a.healthy && a.success > 0);
             }
             for (m, st) in &s.models {
                 for (tenant, keys) in &st.tenants {
@@ -244,7 +246,7 @@ fn render_quotas(o: &mut String, auth: &AuthState, healthy: &BTreeMap<&str, u64>
             f.series([t], tpd);
         }
     }
-    let mut f = Family::new(o, "hivenet_tenant_per_model_quota_rpm_limit", Gauge, "Effective per-model requests-per-minute limit (per replica x healthy replicas, at least one).", ["tenant_id", "model"]);
+    let mut f = Family::new(o, "hivenet_tenant_per_model_quota_rpm_limit", Gauge, "Effective per-model requests-per-minute limit (per replica x replicas that are healthy and have served, at least one).", ["tenant_id", "model"]);
     for (t, l) in &auth.tenant_limits {
         for (m, (rpm, _)) in &l.per_model {
             let replicas = healthy.get(m.as_str()).copied().unwrap_or(0).max(1);

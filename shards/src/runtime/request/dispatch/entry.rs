@@ -207,9 +207,14 @@ fn tokens_per_byte(model: Option<&ModelRef>) -> f64 {
     })
 }
 
-/// Healthy agents of `model` on this (its owner) shard.
+/// Agents of `model` on this (its owner) shard that count as replicas
+/// (healthy, and served at least once).
 fn healthy_replicas(model: Option<&ModelRef>) -> u64 {
     model.map_or(0, |m| {
-        m.borrow().agents.iter().filter(|a| a.healthy()).count() as u64
+        m.borrow()
+            .agents
+            .iter()
+            .filter(|a| a.counts_as_replica())
+            .count() as u64
     })
 }

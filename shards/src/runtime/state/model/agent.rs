@@ -346,6 +346,16 @@ impl Agent {
             && !self.admin_drained.get()
     }
 
+    /// It counts as a replica for per-replica request quotas: healthy, and
+    /// it has served at least once (its lifetime history counts). A bare
+    /// registration that never answered raises no key's limit (issue 51
+    /// #9: 50 silent links raised one from 10 to 510 a minute). Admission
+    /// room still counts healthy agents: a new agent must be able to take
+    /// the traffic that makes it count.
+    pub fn counts_as_replica(&self) -> bool {
+        self.healthy() && self.success.get() > 0
+    }
+
     /// What the policy gates read of it.
     pub fn facts(&self) -> AgentFacts<'_> {
         let total = self.success.get() + self.failed.get();
