@@ -121,6 +121,7 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
         Err(e) => return respond::send_error(c, &e, true).await,
     };
     let model = run.model;
+    c.scope.ending.input_estimate = run.estimate;
     debug!(shard = shard.id, model, "serving request");
     loop {
         let done = match run.decide(&mut d) {

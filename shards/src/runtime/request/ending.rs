@@ -20,6 +20,7 @@ const AUDIT_401_PERIOD: std::time::Duration = std::time::Duration::from_millis(1
 pub fn finish(shard: &Shard, c: &mut Client) {
     let scope = &mut c.scope;
     let end = &mut scope.ending;
+    end.settle_cut();
     let ok = end.status > 0 && end.status < 400;
     if let Some(t) = end.ticket.take() {
         t.settle(match (ok, end.tokens) {

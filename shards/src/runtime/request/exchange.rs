@@ -433,6 +433,17 @@ async fn relay_chunks(
             Ok(_) => continue,
             Err(e) => e,
         };
+        if sse {
+            // What reached the client is charged and audited if nothing
+            // serves the rest (issue 51 #10).
+            let out = if meter.seen {
+                meter.tokens.output.max(meter.content_events)
+            } else {
+                meter.content_events
+            };
+            let input = meter.seen.then_some(meter.tokens.input);
+            client.scope.ending.stream_broke(head.status, out, input);
+        }
         if sse && up.kept.is_some() {
             return RelayEnd::Broken(fail);
         }

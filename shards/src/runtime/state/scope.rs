@@ -103,9 +103,44 @@ pub struct Ending {
     /// Agents whose stream broke and was continued on the next one (the
     /// last of them is followed by `agent`), in order.
     pub continued_from: Vec<std::sync::Arc<str>>,
+    /// The request's input-token estimate (what a cut stream is charged
+    /// for its prompt when no usage came).
+    pub input_estimate: u64,
+    /// An event stream that broke after reaching the client: the status
+    /// the client saw, the output tokens relayed (all its parts), the
+    /// input tokens its usage reported (if any).
+    pub streamed: Option<(u16, u64, Option<u64>)>,
 }
 
 impl Ending {
+    /// An event stream with `status` broke after `output` more tokens
+    /// reached the client (`input`: its usage's, when one came).
+    pub fn stream_broke(&mut self, status: u16, output: u64, input: Option<u64>) {
+        let (_, before, seen) = self.streamed.unwrap_or((status, 0, None));
+        self.streamed = Some((status, before.saturating_add(output), input.or(seen)));
+    }
+
+    /// A stream cut for good after reaching the client (issue 51 #10):
+    /// the status it saw and the tokens it got, charged and audited as
+    /// such, unless a later part served the answer whole.
+    pub fn settle_cut(&mut self) {
+        let Some((status, output, input)) = self.streamed else {
+            return;
+        };
+        if self.tokens.is_some() || (self.status > 0 && self.status < 400) || self.status == 499 {
+            return;
+        }
+        self.status = status;
+        // The error event the client got names the backend.
+        self.error_code = "backend_error";
+        self.relayed = true;
+        self.tokens = Some(Tokens {
+            input: input.unwrap_or(self.input_estimate),
+            output,
+            ..Tokens::default()
+        });
+    }
+
     /// The client closed its connection before the response was done.
     pub fn client_gone(&mut self) {
         self.status = 499;

@@ -217,6 +217,10 @@ pub struct SseUsage {
     pub count_content: bool,
     /// Generated text bytes seen (when counted).
     pub content_bytes: u64,
+    /// `data:` lines that carried generated text: the tokens delivered
+    /// when no usage came (engines stream a token per event), for a
+    /// stream cut before its end (issue 51 #10).
+    pub content_events: u64,
 }
 
 /// Longest SSE line examined (longer lines are skipped).
@@ -232,26 +236,40 @@ impl SseUsage {
     }
 
     /// Feed decoded body bytes.
-    pub fn feed(&mut self, data: &[u8]) {
-        for b in data {
-            if *b == b'\n' {
-                self.line_done();
-            } else if self.line.len() < MAX_LINE {
-                self.line.push(*b);
-            }
+    pub fn feed(&mut self, mut data: &[u8]) {
+        // Whole lines at a time (memchr), the line buffer reused: no
+        // per-byte push, no allocation per event.
+        while let Some(nl) = memchr::memchr(b'\n', data) {
+            self.keep(data.get(..nl).unwrap_or(&[]));
+            let line = std::mem::take(&mut self.line);
+            self.line_done(&line);
+            self.line = line;
+            self.line.clear();
+            data = data.get(nl + 1..).unwrap_or(&[]);
         }
+        self.keep(data);
     }
 
-    fn line_done(&mut self) {
-        let line = std::mem::take(&mut self.line);
+    /// Append to the line under construction, up to [`MAX_LINE`].
+    fn keep(&mut self, part: &[u8]) {
+        let room = MAX_LINE.saturating_sub(self.line.len());
+        self.line
+            .extend_from_slice(part.get(..part.len().min(room)).unwrap_or(&[]));
+    }
+
+    fn line_done(&mut self, line: &[u8]) {
         let Some(rest) = line.strip_prefix(b"data:") else {
             return;
         };
+        let n = content_len(rest);
+        if n > 0 {
+            self.content_events += 1;
+        }
         if self.count_content {
-            self.content_bytes += content_len(rest);
+            self.content_bytes += n;
         }
         // Cheap filter before parsing.
-        if !rest.windows(7).any(|w| w == b"\"usage\"") {
+        if memchr::memmem::find(rest, b"\"usage\"").is_none() {
             return;
         }
         let Ok(w) = serde_json::from_slice::<WithUsage>(rest.trim_ascii()) else {
@@ -276,10 +294,7 @@ fn content_len(line: &[u8]) -> u64 {
     let mut n = 0u64;
     for key in [&b"\"content\":\""[..], &b"\"text\":\""[..]] {
         let mut from = 0;
-        while let Some(at) = line
-            .get(from..)
-            .and_then(|l| l.windows(key.len()).position(|w| w == key))
-        {
+        while let Some(at) = line.get(from..).and_then(|l| memchr::memmem::find(l, key)) {
             let start = from + at + key.len();
             let mut i = start;
             let mut escaped = false;
@@ -545,6 +560,20 @@ mod tests {
         let mut off = SseUsage::default();
         off.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hello\"}}]}\n");
         assert_eq!(off.content_bytes, 0, "not counted unless asked");
+    }
+
+    #[test]
+    fn text_events_are_counted_wherever_the_stream_splits() {
+        let s = b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"The\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\" quick\"}}]}\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\" fox\"}}\n\ndata: [DONE]\n\n";
+        for cut in 0..s.len() {
+            let mut u = SseUsage::default();
+            u.feed(&s[..cut]);
+            u.feed(&s[cut..]);
+            assert_eq!(
+                u.content_events, 3,
+                "cut {cut}: the empty first delta is not text"
+            );
+        }
     }
 
     #[test]
