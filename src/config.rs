@@ -51,6 +51,12 @@ pub(crate) struct Flags {
     /// most agent links from one source address (default 128; 0 disables)
     #[argh(option, default = "128")]
     max_agent_links_per_address: usize,
+    /// most agent connections open before their handshake (the registered agents' caps count only handshaken links); each holds its place at most --preamble-timeout + --handshake-timeout (default 4096)
+    #[argh(option, default = "4096")]
+    max_pending_agent_links: usize,
+    /// most agent connections before their handshake from one source address (default 256)
+    #[argh(option, default = "256")]
+    max_pending_agent_links_per_address: usize,
     /// entries of the cache-affinity index of prefix-aware policies, all shards together, 40 bytes each, allocated on the first prefix-aware request (default 1048576 = 40 MiB; at least 1024, at most what fits in a quarter of the machine's memory)
     #[argh(option, default = "1048576")]
     affinity_table_entries: usize,
@@ -257,6 +263,14 @@ pub(crate) fn build() -> Result<Startup, String> {
     cfg.max_client_connections = f.max_client_connections;
     cfg.max_agent_links = f.max_agent_links;
     cfg.max_agent_links_per_address = f.max_agent_links_per_address;
+    if f.max_pending_agent_links == 0 || f.max_pending_agent_links_per_address == 0 {
+        return Err(
+            "--max-pending-agent-links and --max-pending-agent-links-per-address must be greater than 0 (they bound what unauthenticated peers may hold)"
+                .into(),
+        );
+    }
+    cfg.max_pending_agent_links = f.max_pending_agent_links;
+    cfg.max_pending_agent_links_per_address = f.max_pending_agent_links_per_address;
     if f.affinity_table_entries < 1024 {
         return Err(format!(
             "--affinity-table-entries must be at least 1024, not {}",
@@ -270,22 +284,32 @@ pub(crate) fn build() -> Result<Startup, String> {
         .ok()
         .and_then(|t| shards::logic::system::procfs::open_files_limit(&t))
     {
-        let (clients, links, lowered) = shards::logic::system::procfs::fit_connection_caps(
+        // Links before and after their handshake share the links' room.
+        let all_links = match cfg.max_agent_links {
+            0 => 0,
+            n => n.saturating_add(cfg.max_pending_agent_links),
+        };
+        let (clients, room, lowered) = shards::logic::system::procfs::fit_connection_caps(
             nofile,
             cfg.max_client_connections,
-            cfg.max_agent_links,
+            all_links,
         );
         if lowered {
+            let pending = cfg.max_pending_agent_links.min((room / 2).max(1));
+            let links = room.saturating_sub(pending).max(1);
             warn!(
                 nofile,
                 from_clients = cfg.max_client_connections,
                 from_links = cfg.max_agent_links,
+                from_pending = cfg.max_pending_agent_links,
                 clients,
                 links,
+                pending,
                 "the descriptor limit (ulimit -n) is below the connection caps: caps lowered to fit (raise LimitNOFILE to keep them)"
             );
             cfg.max_client_connections = clients;
             cfg.max_agent_links = links;
+            cfg.max_pending_agent_links = pending;
         }
     }
     cfg.max_buffered_body_bytes = f.max_buffered_body_bytes;
@@ -336,7 +360,7 @@ pub(crate) fn build() -> Result<Startup, String> {
         // perf/2026-12-02-real-hops).
         plan.iter_mut().for_each(|c| *c = None);
     }
-    affinity_fits(cfg.affinity_table_entries, plan.len())?;
+    crate::start_checks::affinity_fits(cfg.affinity_table_entries, plan.len())?;
     let driver_s = cli::flag_or_env(f.driver, "HIVENET_ROUTER_DRIVER", "auto");
     let driver = DriverChoice::parse(&driver_s)
         .ok_or_else(|| format!("--driver: {driver_s:?} is not auto or epoll"))?;
@@ -346,7 +370,7 @@ pub(crate) fn build() -> Result<Startup, String> {
         )?),
         None => None,
     };
-    open_p2p_check(ip, psk.is_some(), f.allow_open_p2p)?;
+    crate::start_checks::open_p2p_check(ip, psk.is_some(), f.allow_open_p2p)?;
     cfg.flush_interval =
         cli::parse_duration("--universal-flush-interval", &f.universal_flush_interval)?;
     if cfg.flush_interval.is_zero() {
@@ -594,48 +618,5 @@ pub(crate) fn audit_path_of(env: Option<String>) -> Option<(std::path::PathBuf, 
         None | Some("") => Some((DEFAULT_AUDIT_PATH.into(), false)),
         Some("off") => None,
         Some(p) => Some((p.into(), true)),
-    }
-}
-
-/// Issue 28 #12: links without a swarm key are authenticated by nothing
-/// but the noise handshake, so any peer may register a model and receive
-/// prompts. That is refused on an address others can reach, unless the
-/// operator says so; loopback (the default, the demos) stays open.
-pub(crate) fn open_p2p_check(
-    ip: std::net::IpAddr,
-    swarm_key: bool,
-    allowed: bool,
-) -> Result<(), String> {
-    if swarm_key || allowed || ip.is_loopback() {
-        return Ok(());
-    }
-    Err(format!(
-        "--p2p-listen-addr {ip} is reachable from other hosts and no --swarm-key-file is given: \
-         any peer could register a model and receive prompts; give the fleet's swarm key, \
-         or --allow-open-p2p to accept that"
-    ))
-}
-
-/// The cache-affinity index is allocated at the first prefix-aware
-/// request, possibly hours after start: a count the machine cannot hold
-/// must stop the start, not a shard later (issue 51 #1). The ceiling is a
-/// quarter of the machine's memory (`MemTotal`; 4 GiB where it cannot be
-/// read).
-fn affinity_fits(entries: usize, shards: usize) -> Result<(), String> {
-    const UNKNOWN_MEMORY_CEILING: u64 = 4 << 30;
-    let ceiling = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| shards::logic::system::procfs::status_kb(&t, "MemTotal"))
-        .map_or(UNKNOWN_MEMORY_CEILING, |bytes| bytes / 4);
-    match shards::logic::routing::affinity::table_bytes(entries, shards) {
-        Some(bytes) if bytes <= ceiling => Ok(()),
-        Some(bytes) => Err(format!(
-            "--affinity-table-entries {entries}: the index would take {} MiB on {shards} shards, more than a quarter of this machine's memory ({} MiB)",
-            bytes >> 20,
-            ceiling >> 20
-        )),
-        None => Err(format!(
-            "--affinity-table-entries {entries}: more than this machine can address"
-        )),
     }
 }

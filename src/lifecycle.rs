@@ -244,6 +244,10 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
             cfg.max_agent_links,
             cfg.max_agent_links_per_address,
         ),
+        pending_links: shards::runtime::wire::link::budget::LinkBudget::new(
+            cfg.max_pending_agent_links,
+            cfg.max_pending_agent_links_per_address,
+        ),
         storage_errors,
         admin_keys,
         insecure_admin,

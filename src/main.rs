@@ -6,6 +6,7 @@
 mod config;
 mod go_flags;
 mod lifecycle;
+mod start_checks;
 
 use crate::config::build;
 use crate::lifecycle::run;

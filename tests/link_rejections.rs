@@ -231,9 +231,11 @@ fn garbage_after_a_valid_preamble_is_cut_at_once_and_refusals_are_rate_logged() 
     assert!(lines <= 10, "{lines} log lines for 300 refusals");
 }
 
-/// Issue 29 #1: agent links are capped in total and per source address,
-/// at accept (silent connections count too), refused and counted beyond,
-/// and a closed link gives its place back.
+/// Issues 29 #1 and 51 #2: the caps of registered agents count only links
+/// that finished their handshake (silent connections filled them and kept
+/// agents out); beyond them a registration is refused with the cap's
+/// reason, counted, and a closed link gives its place back. Connections
+/// before their handshake have their own budget, refused at accept.
 #[test]
 fn links_are_capped_in_total_and_per_address() {
     let dir = tmpdir("link-caps");
@@ -260,22 +262,52 @@ fn links_are_capped_in_total_and_per_address() {
         let mut args = vec!["--shards", "2"];
         args.extend(flags);
         let r = start_router(&dir, &args, &[]);
-        // Two silent connections fill the cap...
-        let s1 = std::net::TcpStream::connect(("127.0.0.1", r.p2p)).expect("c1");
-        let s2 = std::net::TcpStream::connect(("127.0.0.1", r.p2p)).expect("c2");
-        // ...so a third is closed at once, counted and logged.
-        let before = rejected(&r);
-        let third = raw(r.p2p, b"", Duration::from_secs(2));
-        assert!(third.is_empty());
-        wait_until(
-            Duration::from_secs(5),
-            || rejected(&r) > before,
-            "cap counted",
+        // Ten silent connections: not registered agents, they take no place.
+        let silent: Vec<_> = (0..10)
+            .map(|_| std::net::TcpStream::connect(("127.0.0.1", r.p2p)).expect("silent"))
+            .collect();
+        let p2p = r.p2p;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            run_on_runtime(DriverChoice::Auto, |_| async move {
+                let mut links = Vec::new();
+                let mut out = Vec::new();
+                for i in 0..3 {
+                    let kp = libp2p_identity::Keypair::generate_ed25519();
+                    let l = raw_register(p2p, &kp, &format!("capped-{i}")).await;
+                    out.push(l.as_ref().and_then(|l| l.reply.clone()));
+                    links.extend(l);
+                }
+                // The first link closes: its place comes back.
+                if let Some(l) = links.first() {
+                    l.handle.close();
+                }
+                monoio::time::sleep(Duration::from_millis(300)).await;
+                let kp = libp2p_identity::Keypair::generate_ed25519();
+                let again = raw_register(p2p, &kp, "capped-3").await;
+                out.push(again.as_ref().and_then(|l| l.reply.clone()));
+                for l in &links {
+                    l.handle.close();
+                }
+                monoio::time::sleep(Duration::from_millis(100)).await;
+                let _ = tx.send(out);
+            })
+        })
+        .join()
+        .expect("registrations");
+        let replies = rx.recv().expect("replies");
+        let registered = |r: &Option<ControlMsg>| matches!(r, Some(ControlMsg::Registered { .. }));
+        assert!(
+            registered(&replies[0]) && registered(&replies[1]),
+            "{kind}: {replies:?}"
         );
         assert!(
-            r.proc.log_text().contains(kind),
-            "{kind}: {}",
-            r.proc.log_text()
+            matches!(&replies[2], Some(ControlMsg::Rejected { reason }) if reason.contains("agent links registered")),
+            "{kind}: the third is refused with the cap's reason: {replies:?}"
+        );
+        assert!(
+            registered(&replies[3]),
+            "{kind}: a place came back: {replies:?}"
         );
         let by_reason = metric(
             r.metrics,
@@ -283,13 +315,36 @@ fn links_are_capped_in_total_and_per_address() {
         )
         .unwrap_or(0.0);
         assert!(by_reason >= 1.0, "{kind} counted by reason");
-        // Places come back: with the silent ones gone, a real agent registers.
-        drop((s1, s2));
-        std::thread::sleep(Duration::from_millis(300));
-        let (_s, port) = start_sim(&dir, "capped", &[]);
-        let _a = start_agent(&dir, &r, port, &format!("{kind}.key"), &[]);
-        wait_agents(r.http, "capped", 1);
+        drop(silent);
     }
+    // The budget before the handshake: two silent connections from this
+    // address fill it, a third is closed at once and counted.
+    let r = start_router(
+        &dir,
+        &[
+            "--shards",
+            "2",
+            "--max-pending-agent-links-per-address",
+            "2",
+        ],
+        &[],
+    );
+    let s1 = std::net::TcpStream::connect(("127.0.0.1", r.p2p)).expect("c1");
+    let s2 = std::net::TcpStream::connect(("127.0.0.1", r.p2p)).expect("c2");
+    let before = rejected(&r);
+    let third = raw(r.p2p, b"", Duration::from_secs(2));
+    assert!(third.is_empty());
+    wait_until(
+        Duration::from_secs(5),
+        || rejected(&r) > before,
+        "cap counted",
+    );
+    assert!(
+        r.proc.log_text().contains("pending_address_cap"),
+        "{}",
+        r.proc.log_text()
+    );
+    drop((s1, s2));
 }
 
 /// Issue 29 #4 (the probe: with a lowered descriptor limit, 3,000 silent

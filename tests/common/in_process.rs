@@ -89,6 +89,7 @@ pub fn start_router_with(
             cfg.max_client_connections,
         ),
         links: shards::runtime::wire::link::budget::LinkBudget::new(0, 0),
+        pending_links: shards::runtime::wire::link::budget::LinkBudget::new(0, 0),
         storage_errors,
         admin_keys: Vec::new(),
         insecure_admin: false,

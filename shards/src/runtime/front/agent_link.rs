@@ -25,19 +25,21 @@ use crate::runtime::wire::link::{self, LinkStream};
 /// or hand it to the owner.
 pub async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream) {
     let peer = stream.peer_addr().ok();
-    // The caps first, before a byte is read (issue 29 #1).
-    let permit = match shard.router.links.take(peer.map(|p| p.ip())) {
+    // The pre-handshake budget first, before a byte is read (issue 29 #1);
+    // the caps of registered agents count only links that finished the
+    // handshake (issue 51 #2: silent connections locked agents out).
+    let permit = match shard.router.pending_links.take(peer.map(|p| p.ip())) {
         Ok(p) => p,
         Err(cap) => {
             let (kind, why) = match cap {
                 LinkCap::Total(n) => (
-                    "link_cap",
-                    format!("{n} agent links open (--max-agent-links)"),
+                    "pending_cap",
+                    format!("{n} agent connections before their handshake (--max-pending-agent-links)"),
                 ),
                 LinkCap::Address(n) => (
-                    "address_cap",
+                    "pending_address_cap",
                     format!(
-                        "{n} agent links open from this address (--max-agent-links-per-address)"
+                        "{n} agent connections before their handshake from this address (--max-pending-agent-links-per-address)"
                     ),
                 ),
             };
@@ -47,6 +49,11 @@ pub async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream) {
     let mut conn = Conn::new(stream, Vec::new());
     let timeout = shard.router.cfg.preamble_timeout;
     let read = async {
+        // Wait for a first byte without a read buffer: a silent
+        // connection holds its socket and task only (issue 51 #2).
+        if let Err(e) = conn.stream.readable(false).await {
+            return Err(("preamble_read", format!("read error: {e}")));
+        }
         loop {
             match preamble::decode(&conn.buf) {
                 Ok(Some(done)) => return Ok(done),
@@ -159,6 +166,9 @@ pub enum Refusal {
     ZeroCapacity,
     /// Another shard owns the model (a race with another registration).
     OwnedElsewhere(usize),
+    /// The registered agents' caps are full (`--max-agent-links`,
+    /// `--max-agent-links-per-address`).
+    Cap(LinkCap),
 }
 
 impl Refusal {
@@ -176,6 +186,8 @@ impl Refusal {
             Refusal::ModelMismatch { .. } => "model_mismatch",
             Refusal::ZeroCapacity => "zero_capacity",
             Refusal::OwnedElsewhere(_) => "owned_elsewhere",
+            Refusal::Cap(LinkCap::Total(_)) => "link_cap",
+            Refusal::Cap(LinkCap::Address(_)) => "address_cap",
         }
     }
 }
@@ -211,6 +223,13 @@ impl std::fmt::Display for Refusal {
             Refusal::OwnedElsewhere(owner) => {
                 write!(f, "model is owned by shard {owner}; reconnect")
             }
+            Refusal::Cap(LinkCap::Total(n)) => {
+                write!(f, "{n} agent links registered (--max-agent-links)")
+            }
+            Refusal::Cap(LinkCap::Address(n)) => write!(
+                f,
+                "{n} agent links registered from this address (--max-agent-links-per-address)"
+            ),
         }
     }
 }
@@ -332,8 +351,8 @@ pub async fn serve_link(
     stream: monoio::net::TcpStream,
     prefix: Vec<u8>,
     model: String,
-    // Held until the link ends, whichever way.
-    _permit: LinkPermit,
+    // Its place before the handshake: given back once it is done.
+    pending: LinkPermit,
 ) {
     let peer_addr = stream.peer_addr().ok();
     let cfg = shard.router.cfg.clone();
@@ -367,6 +386,17 @@ pub async fn serve_link(
             return reject(&shard, &mut ctl, &model, reason).await;
         }
     };
+    // Authenticated (noise, and the swarm key when there is one): now it
+    // takes a place under the registered agents' caps, held until the
+    // link ends.
+    let _permit = match shard.router.links.take(peer_addr.map(|a| a.ip())) {
+        Ok(p) => p,
+        Err(cap) => {
+            shard.router.release(&model);
+            return reject(&shard, &mut ctl, &model, Refusal::Cap(cap)).await;
+        }
+    };
+    drop(pending);
     let owner = shard.router.register(&model, shard.id, reg.capability);
     if owner != shard.id {
         shard.router.unregister(&model, reg.capability, true);

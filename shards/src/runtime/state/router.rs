@@ -75,6 +75,10 @@ pub struct RouterConfig {
     pub max_agent_links: usize,
     /// Most agent links from one source address (0: no cap).
     pub max_agent_links_per_address: usize,
+    /// Agent connections before their handshake, in all (`--max-pending-agent-links`).
+    pub max_pending_agent_links: usize,
+    /// The same per source address (`--max-pending-agent-links-per-address`).
+    pub max_pending_agent_links_per_address: usize,
     /// Entries of the cache-affinity index, all shards together
     /// (`--affinity-table-entries`; each shard allocates its share on
     /// its first prefix-aware decision).
@@ -128,6 +132,8 @@ impl Default for RouterConfig {
             max_client_connections: 4096,
             max_agent_links: 1024,
             max_agent_links_per_address: 128,
+            max_pending_agent_links: 4096,
+            max_pending_agent_links_per_address: 256,
             affinity_table_entries: 1 << 20,
             rpm_burst_secs: 0,
             admit_fraction: 0.9,
@@ -157,8 +163,12 @@ pub struct Router {
     pub store: Option<crate::runtime::services::store_api::StoreTx>,
     /// Router-wide memory bounds (body bytes, client connections).
     pub budget: std::sync::Arc<crate::runtime::wire::budget::Budget>,
-    /// Caps on agent links, in total and per source address.
+    /// Caps on agent links that finished their handshake, in total and
+    /// per source address.
     pub links: std::sync::Arc<crate::runtime::wire::link::budget::LinkBudget>,
+    /// The budget of agent connections before their handshake (their
+    /// preamble and handshake deadlines bound how long each holds it).
+    pub pending_links: std::sync::Arc<crate::runtime::wire::link::budget::LinkBudget>,
     /// Failed store operations.
     pub storage_errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// SHA-256 of each admin key; empty with `insecure_admin`.

@@ -577,6 +577,7 @@ mod tests {
             store: Some(store),
             budget: crate::runtime::wire::budget::Budget::new(0, 0),
             links: crate::runtime::wire::link::budget::LinkBudget::new(0, 0),
+            pending_links: crate::runtime::wire::link::budget::LinkBudget::new(0, 0),
             storage_errors: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             admin_keys: Vec::new(),
             auth: Versioned::new(Default::default()),
