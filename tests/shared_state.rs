@@ -774,3 +774,89 @@ fn redis_answering_errors_counts_as_away_and_recovers() {
         "served again once Redis answers",
     );
 }
+
+/// Issue 51 #3: Redis content is input. Malformed values (a GCRA state of
+/// `1e300`, then of text, then a key of the wrong type, the registry's
+/// epoch as text, a daily counter as text) affect only their own key: they
+/// are repaired or skipped with a rate-limited line, Redis is never
+/// counted away, and another tenant's quota stays one quota across the
+/// routers (each alone would admit its own 20).
+#[test]
+fn malformed_values_in_redis_affect_only_their_own_key() {
+    let dir = tmpdir("shared-malformed");
+    let rport = free_port();
+    let _redis = start_redis(&dir, rport);
+    let f = fleet(&dir, 2, rport);
+    put_everywhere(
+        &f,
+        "ka",
+        quota_key("v1", "sk-a", "acme", json!({"requests_per_minute": 20})),
+    );
+    put_everywhere(
+        &f,
+        "kb",
+        quota_key(
+            "v2",
+            "sk-b",
+            "beta",
+            json!({"requests_per_minute": 1000, "tokens_per_day": 1000000}),
+        ),
+    );
+    assert_eq!(send_with_key(f.routers[0].http, "sk-b").status, 200);
+    let gcra = "hivenet:quota:requests:beta:";
+    let tokens = format!("hivenet:quota:tokens:{}:beta:", today());
+    wait_until(
+        Duration::from_secs(5),
+        || redis_cli(rport, &["EXISTS", gcra]) == "1",
+        "beta drew",
+    );
+    // Beta's values, damaged in turn, then the registry's epoch.
+    let damage: [&[&str]; 6] = [
+        &["SET", gcra, "1e300"],
+        &["SET", gcra, "abc"],
+        &["SET", &tokens, "text"],
+        &["DEL", gcra],
+        &["HSET", gcra, "x", "1"],
+        &["HSET", "hivenet:keys", "epoch", "abc"],
+    ];
+    let mut ok_a = 0;
+    for (i, cmd) in damage.iter().enumerate() {
+        redis_cli(rport, cmd);
+        // Acme: 10 requests after each damage, over both routers.
+        for j in 0..10 {
+            if send_with_key(f.routers[j % 2].http, "sk-a").status == 200 {
+                ok_a += 1;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let b = send_with_key(f.routers[i % 2].http, "sk-b");
+        assert_eq!(b.status, 200, "beta served after {cmd:?}: {}", b.text());
+    }
+    // 60 tries: shared, 20 of the minute (plus a lease per router on credit
+    // and the refill of the seconds taken); alone each router would admit 20.
+    assert!(
+        (16..=20 + 2 + 3).contains(&ok_a),
+        "acme admitted {ok_a} of 60"
+    );
+    for r in &f.routers {
+        assert_eq!(
+            metric(r.metrics, "hivenet_shared_state_up"),
+            Some(1.0),
+            "never counted away"
+        );
+        let log = r.proc.log_text();
+        assert!(!log.contains("shared state unreachable"), "{log}");
+    }
+    let logs: String = f.routers.iter().map(|r| r.proc.log_text()).collect();
+    assert!(
+        logs.contains("malformed"),
+        "said, once a second at most:\n{logs}"
+    );
+    // A key change still goes through and repairs the epoch.
+    put_everywhere(
+        &f,
+        "kc",
+        quota_key("v3", "sk-c", "gamma", json!({"requests_per_minute": 5})),
+    );
+    assert_eq!(send_with_key(f.routers[1].http, "sk-c").status, 200);
+}

@@ -47,13 +47,26 @@ const GEN_KEY: &str = "hivenet:quota:gen";
 /// charge (any sign: debt, or a lease given back), top-up, per minute,
 /// burst. Returns {granted top-up, requests left, µs until one fits}.
 const REQUESTS_SCRIPT: &str = r"
-local done = redis.call('GET', KEYS[2])
-if done then return cjson.decode(done) end
+local fixed = 0
+local function get(k)
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' then redis.call('DEL', k); fixed = 1; return false end
+  return v
+end
+local done = get(KEYS[2])
+if done then
+  local ok, r = pcall(cjson.decode, done)
+  if ok and type(r) == 'table' then return r end
+  fixed = 1
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = 60000000 / tonumber(ARGV[3])
 local cap = interval * tonumber(ARGV[4])
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+local tat = tonumber(get(KEYS[1]) or '0')
+if tat == nil or tat ~= tat or tat < 0 or tat > now + cap + 86400000000 then
+  tat = now; fixed = 1
+end
 if tat < now then tat = now end
 tat = tat + tonumber(ARGV[1]) * interval
 if tat < now then tat = now end
@@ -69,7 +82,7 @@ if left < 1 then
   left = 0
   wait = math.ceil(tat + interval - cap - now)
 end
-local r = {top, left, wait}
+local r = {top, left, wait, fixed}
 redis.call('SET', KEYS[2], cjson.encode(r), 'EX', 120)
 return r
 ";
@@ -80,10 +93,21 @@ return r
 /// top-up, tokens left}, or {-1} when the generation changed (Redis
 /// restarted empty: contribute first).
 const TOKENS_SCRIPT: &str = r"
-local done = redis.call('GET', KEYS[2])
-if done then return cjson.decode(done) end
-if redis.call('GET', KEYS[3]) ~= ARGV[5] then return {-1} end
-local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+local fixed = 0
+local function get(k)
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' then redis.call('DEL', k); fixed = 1; return false end
+  return v
+end
+local done = get(KEYS[2])
+if done then
+  local ok, r = pcall(cjson.decode, done)
+  if ok and type(r) == 'table' then return r end
+  fixed = 1
+end
+if get(KEYS[3]) ~= ARGV[5] then return {-1} end
+local used = tonumber(get(KEYS[1]) or '0')
+if used == nil or used ~= used or used < 0 or used > 1e15 then used = 0; fixed = 1 end
 used = used + tonumber(ARGV[1])
 if used < 0 then used = 0 end
 local limit = tonumber(ARGV[3])
@@ -95,13 +119,14 @@ used = used + top
 redis.call('SET', KEYS[1], string.format('%.0f', used), 'EXAT', ARGV[4])
 local left = limit - used
 if left < 0 then left = 0 end
-local r = {top, left}
+local r = {top, left, fixed}
 redis.call('SET', KEYS[2], cjson.encode(r), 'EX', 120)
 return r
 ";
 
 /// The generation: KEYS[1]; ARGV[1] a new one, set if none. Returns it.
 const GEN_SCRIPT: &str = r"
+if type(redis.pcall('GET', KEYS[1])) == 'table' then redis.call('DEL', KEYS[1]) end
 redis.call('SET', KEYS[1], ARGV[1], 'NX')
 return redis.call('GET', KEYS[1])
 ";
@@ -111,10 +136,12 @@ return redis.call('GET', KEYS[1])
 /// ARGV[1] the generation expected, ARGV[2] this router, ARGV[3] expiry,
 /// ARGV[4..] amounts. 1: added; 0: already; -1: the generation changed.
 const CONTRIBUTE_SCRIPT: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+if type(redis.pcall('SCARD', KEYS[2])) == 'table' then redis.call('DEL', KEYS[2]) end
 if redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 1 then return 0 end
 for i = 3, #KEYS do
-  redis.call('INCRBY', KEYS[i], ARGV[i + 1])
+  local r = redis.pcall('INCRBY', KEYS[i], ARGV[i + 1])
+  if type(r) == 'table' then redis.call('SET', KEYS[i], ARGV[i + 1]) end
   redis.call('EXPIREAT', KEYS[i], ARGV[3])
 end
 redis.call('SADD', KEYS[2], ARGV[2])
@@ -158,6 +185,9 @@ pub struct Drawer {
     /// Per bucket (by address): requests and tokens wanted at the last
     /// round (the pace the next top-up is sized on).
     wanted: HashMap<usize, (u64, u64)>,
+    /// Values found malformed in Redis and repaired by the scripts (issue
+    /// 51 #3: Redis content is input), logged once a second.
+    repairs: crate::logic::system::log_gate::LogGate,
 }
 
 /// The buckets of the lookup snapshot, by name.
@@ -180,6 +210,7 @@ impl Drawer {
             active: false,
             probed_ns: 0,
             wanted: HashMap::new(),
+            repairs: Default::default(),
         }
     }
 
@@ -213,6 +244,12 @@ impl Drawer {
             }
         }
         Ok(())
+    }
+
+    /// Forget the draws of a round Redis refused for its content (they
+    /// are never sent again; their charges stay on the leases).
+    pub fn drop_pending(&mut self) {
+        self.pending.clear();
     }
 
     /// One cycle: contribute to a new generation if needed, then draw.
@@ -399,6 +436,17 @@ impl Drawer {
         let mut regen = false;
         for (op, a) in std::mem::take(&mut self.pending).into_iter().zip(answers) {
             let l = &op.bucket.lease;
+            let flag = match op.kind {
+                Kind::Requests { .. } => a.get(3),
+                Kind::Tokens { .. } => a.get(2),
+            };
+            if flag == Some(&1) {
+                let now = std::time::Instant::now();
+                if let Some(n) = self.repairs.hit(now, Duration::from_secs(1)) {
+                    tracing::warn!(tenant = %op.name.0, model = %op.name.1, repaired = n,
+                        "shared state: a malformed quota value in Redis was repaired (only its own bucket; {n} since the previous line)");
+                }
+            }
             match op.kind {
                 Kind::Requests { .. } => {
                     let (granted, left, wait_us) = (

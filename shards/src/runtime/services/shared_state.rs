@@ -79,12 +79,18 @@ pub const POLL_EVERY: Duration = Duration::from_millis(200);
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 /// The registry's hash in Redis.
 pub const KEYS_HASH: &str = "hivenet:keys";
+/// Largest key registry read from Redis (the JSON of every dynamic key;
+/// 100,000 keys take about 25 MiB).
+pub const MAX_REGISTRY_BYTES: u64 = 64 << 20;
 
 /// Compare-and-set of the registry: KEYS[1] the hash, ARGV[1] the epoch the
 /// pushed copy came from, ARGV[2] its JSON. Returns the new epoch, or -1
 /// when another router changed it first.
 const CAS_SCRIPT: &str = r"
-local cur = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
+local raw = redis.pcall('HGET', KEYS[1], 'epoch')
+if type(raw) == 'table' then redis.call('DEL', KEYS[1]); raw = false end
+local cur = tonumber(raw or '0')
+if cur == nil or cur ~= cur or cur < 0 then cur = tonumber(ARGV[1]) end
 if cur ~= tonumber(ARGV[1]) then return -1 end
 redis.call('HSET', KEYS[1], 'epoch', cur + 1, 'data', ARGV[2])
 return cur + 1
@@ -94,6 +100,7 @@ return cur + 1
 /// milliseconds: never one a router already mirrors), ARGV[2] the JSON.
 /// Returns it, or -1 when the store is not empty any more.
 const SEED_SCRIPT: &str = r"
+if type(redis.pcall('HEXISTS', KEYS[1], 'epoch')) == 'table' then redis.call('DEL', KEYS[1]) end
 if redis.call('HEXISTS', KEYS[1], 'epoch') == 1 then return -1 end
 redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'data', ARGV[2])
 return tonumber(ARGV[1])
@@ -337,6 +344,9 @@ impl SharedState {
         let mut share = crate::runtime::services::shared_affinity::Share::new(me.clone());
         let mut conn: Option<redis::Connection> = None;
         let mut logged_down = false;
+        let mut content_log = crate::logic::system::log_gate::LogGate::default();
+        // The registry epoch whose data did not load: not read again.
+        let mut bad_epoch: Option<u64> = None;
         let mut synced_at: Option<std::time::Instant> = None;
         let mut first = true;
         loop {
@@ -385,20 +395,35 @@ impl SharedState {
                         Ok(None) => Err(PushError::Conflict),
                         Err(e) => Err(PushError::Down(e.to_string())),
                     };
-                    let synced = r.map(|_| ()).and_then(|()| sync(c, router));
+                    let synced = r.map(|_| ()).and_then(|()| {
+                        isolated(
+                            sync(c, router, &mut bad_epoch),
+                            "key registry",
+                            &mut content_log,
+                        )
+                    });
                     let _ = reply.send(answer);
                     synced
                 }
-                None if due => sync(c, router),
+                None if due => isolated(
+                    sync(c, router, &mut bad_epoch),
+                    "key registry",
+                    &mut content_log,
+                ),
                 None => Ok(()),
             };
             let step = step.and_then(|()| {
                 if due {
                     synced_at = Some(std::time::Instant::now());
-                    demand_cycle(c, router, &me, &mut claims)?;
-                    drawer.check_generation(c)?;
+                    let demand = demand_cycle(c, router, &me, &mut claims);
+                    isolated(demand, "held demand", &mut content_log)?;
+                    isolated(
+                        drawer.check_generation(c),
+                        "quota generation",
+                        &mut content_log,
+                    )?;
                 }
-                router.with_buckets(|buckets| {
+                let drawn = router.with_buckets(|buckets| {
                     drawer.cycle(
                         c,
                         &self.link,
@@ -406,16 +431,23 @@ impl SharedState {
                         crate::runtime::wire::clock::mono_ns(),
                         crate::runtime::wire::clock::unix_secs(),
                     )
-                })?;
+                });
+                if drawn.as_ref().is_err_and(content_error) {
+                    // Never sent again forever: the round's draws go.
+                    drawer.drop_pending();
+                }
+                isolated(drawn, "quota draws", &mut content_log)?;
                 if !router.shares_affinity() {
                     return Ok(());
                 }
-                share.cycle(
+                // Hints never touch quotas: their errors stay theirs.
+                let shared = share.cycle(
                     c,
                     |buf| router.take_affinity(buf),
                     |notes| router.deliver_affinity(notes),
                     &self.affinity_notes,
-                )
+                );
+                isolated(shared, "affinity hints", &mut content_log)
             });
             match step {
                 Ok(()) => {
@@ -451,6 +483,34 @@ impl SharedState {
     }
 }
 
+/// An error caused by what a key holds (a value of another type, one
+/// that does not parse), not by Redis being away: it concerns that key
+/// only (issue 51 #3).
+pub fn content_error(e: &redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse
+    ) || e.code() == Some("WRONGTYPE")
+}
+
+/// `r`, unless its error is a [`content_error`]: then logged (at most once
+/// a second per part) and the rest of the round goes on.
+fn isolated(
+    r: redis::RedisResult<()>,
+    what: &'static str,
+    gate: &mut crate::logic::system::log_gate::LogGate,
+) -> redis::RedisResult<()> {
+    match r {
+        Err(e) if content_error(&e) => {
+            if let Some(n) = gate.hit(std::time::Instant::now(), Duration::from_secs(1)) {
+                tracing::warn!(part = what, skipped = n, "shared state: a malformed value in Redis skipped ({what}: {e}); only this part is affected ({n} since the previous line)");
+            }
+            Ok(())
+        }
+        r => r,
+    }
+}
+
 fn connect(client: &redis::Client) -> redis::RedisResult<redis::Connection> {
     let c = client.get_connection_with_timeout(CALL_TIMEOUT)?;
     c.set_read_timeout(Some(CALL_TIMEOUT))?;
@@ -470,9 +530,25 @@ fn push(c: &mut redis::Connection, epoch: u64, data: &str) -> redis::RedisResult
 
 /// Bring the local registry in line with the store's: load it when its
 /// epoch differs; seed an empty store from a registry that has entries.
-fn sync(c: &mut redis::Connection, router: &impl Host) -> redis::RedisResult<()> {
-    // The epoch alone each poll; the registry only when it changed.
-    let epoch: Option<u64> = redis::cmd("HGET").arg(KEYS_HASH).arg("epoch").query(c)?;
+fn sync(
+    c: &mut redis::Connection,
+    router: &impl Host,
+    bad_epoch: &mut Option<u64>,
+) -> redis::RedisResult<()> {
+    // The epoch alone each poll; the registry only when it changed. Read
+    // as text and parsed here: a malformed one is a content error (the
+    // local copy stays), not Redis away.
+    let raw: Option<String> = redis::cmd("HGET").arg(KEYS_HASH).arg("epoch").query(c)?;
+    let epoch = match raw.map(|r| r.trim().parse::<u64>()) {
+        None => None,
+        Some(Ok(e)) => Some(e),
+        Some(Err(_)) => {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "the key registry's epoch is not a number",
+            )))
+        }
+    };
     let (local_epoch, local_has) = {
         let g = match router.registry().lock() {
             Ok(g) => g,
@@ -481,7 +557,18 @@ fn sync(c: &mut redis::Connection, router: &impl Host) -> redis::RedisResult<()>
         (g.epoch, g.epoch > 0 || !g.list().is_empty())
     };
     match epoch {
-        Some(e) if e != local_epoch => {
+        Some(e) if e != local_epoch && *bad_epoch != Some(e) => {
+            // Bounded (issue 51 #11): a registry larger than any router
+            // could hold is not read.
+            let size: u64 = redis::cmd("HSTRLEN").arg(KEYS_HASH).arg("data").query(c)?;
+            if size > MAX_REGISTRY_BYTES {
+                *bad_epoch = Some(e);
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "the key registry is larger than --shared-state allows",
+                    format!("{size} bytes, at most {MAX_REGISTRY_BYTES}"),
+                )));
+            }
             // Both fields at once: the data of exactly that epoch.
             let (epoch, data): (Option<u64>, Option<String>) = redis::cmd("HMGET")
                 .arg(KEYS_HASH)
@@ -496,9 +583,16 @@ fn sync(c: &mut redis::Connection, router: &impl Host) -> redis::RedisResult<()>
                 .and_then(|s| Registry::from_snapshot(s, e).map_err(|e| format!("{e:?}")));
             match loaded {
                 Ok(reg) => install(router, reg),
-                // A store another build wrote, or damaged: keep ours, say so.
+                // A store another build wrote, or damaged: keep ours, say
+                // so (once a second), and do not read it again until it
+                // changes.
                 Err(m) => {
-                    tracing::warn!("shared state: the key registry in Redis (epoch {e}) does not load: {m}; kept the local copy");
+                    *bad_epoch = Some(e);
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "the key registry in Redis does not load; kept the local copy",
+                        format!("epoch {e}: {m}"),
+                    )));
                 }
             }
         }
