@@ -142,3 +142,36 @@ fn an_idle_feed_gets_keep_alives() {
         "keep-alive after {waited:?}"
     );
 }
+
+/// Issue 51 #12: a subscriber that closes its connection gives the
+/// router's descriptor back at once (it was held until the next 25 s
+/// keepalive write failed).
+#[test]
+fn a_closed_subscriber_gives_its_descriptor_back_at_once() {
+    let dir = tmpdir("feed-closed");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", r.proc.child.id()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let before = fds();
+    let feeds: Vec<_> = (0..20).map(|_| open_feed(r.http).0).collect();
+    wait_until(
+        Duration::from_secs(5),
+        || fds() >= before + 20,
+        "20 subscribers",
+    );
+    drop(feeds);
+    let t0 = std::time::Instant::now();
+    wait_until(
+        Duration::from_secs(5),
+        || fds() <= before,
+        "descriptors given back",
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "at once, not at the keepalive: {:?}",
+        t0.elapsed()
+    );
+}

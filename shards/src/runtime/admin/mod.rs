@@ -220,8 +220,14 @@ async fn registration_stream(shard: &Rc<Shard>, c: &mut Client) {
         return;
     }
     loop {
-        let frame = match monoio::time::timeout(std::time::Duration::from_secs(25), rx.next()).await
-        {
+        // The socket is watched while waiting: a subscriber that leaves
+        // gives its descriptor back at once, not at the next keepalive
+        // (issue 51 #12).
+        let next = monoio::time::timeout(std::time::Duration::from_secs(25), rx.next());
+        let Some(next) = c.unless_gone(next).await else {
+            return;
+        };
+        let frame = match next {
             Ok(Some(line)) => format!("data: {line}\n\n"),
             Ok(None) => return,
             Err(_) => ": keep-alive\n\n".to_string(),
