@@ -55,6 +55,15 @@ pub fn plan(
     };
     let n = match shards {
         Some(0) => return Err("--shards must be at least 1".into()),
+        // Each shard is a thread with its own runtime, listeners and
+        // state: more than a few per CPU only costs (issue 51 #1: a huge
+        // count panicked allocating the plan).
+        Some(n) if n > MAX_SHARDS => {
+            return Err(ConfigError::from(format!(
+                "--shards {n}: at most {MAX_SHARDS} (one per CPU is the design; this machine offers {})",
+                pool.len().max(1)
+            )))
+        }
         Some(n) => n,
         None => pool.len().max(1),
     };
@@ -69,9 +78,19 @@ pub fn plan(
         .collect())
 }
 
+/// Most shards a router may run.
+pub const MAX_SHARDS: usize = 1024;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_count_past_the_ceiling_is_refused() {
+        assert!(plan(Some(MAX_SHARDS + 1), None, &[0, 1]).is_err());
+        assert!(plan(Some(usize::MAX), None, &[0, 1]).is_err());
+        assert_eq!(plan(Some(4), None, &[0, 1]).map(|p| p.len()).ok(), Some(4));
+    }
 
     #[test]
     fn lists() {
