@@ -537,12 +537,14 @@ fn every_sse_event_is_relayed_whole_and_as_it_arrives() {
 }
 
 /// Issue 56: a real engine's stream 5x longer than every timeout of
-/// router and agent (scaled down to 300 ms, well above the engine's gap
-/// between two tokens) arrives whole: every token the engine sends
-/// directly, in order, with a clean end.
+/// router and agent (scaled down to 1 s: above the engine's prompt time
+/// and its gap between two tokens even on a loaded 2-core host; 300 ms
+/// was cut there once by the idle deadline before the first token)
+/// arrives whole: every token the engine sends directly, in order, with a
+/// clean end.
 #[test]
 fn a_real_stream_five_times_longer_than_every_timeout_arrives_whole() {
-    let t = "300ms";
+    let t = "1s";
     let st = RealStack::start_with(
         "llama-long",
         &["--request-timeout", t, "--stream-idle-timeout", t],
@@ -550,7 +552,7 @@ fn a_real_stream_five_times_longer_than_every_timeout_arrives_whole() {
         &["--http-timeout", t, "--stream-write-timeout", t],
     );
     let body = serde_json::json!({
-        "model": st.model, "max_tokens": 400, "stream": true, "temperature": 0,
+        "model": st.model, "max_tokens": 600, "stream": true, "temperature": 0,
         "ignore_eos": true,
         "messages": [{"role": "user", "content": "Write a long story about rivers."}]
     })
@@ -564,11 +566,11 @@ fn a_real_stream_five_times_longer_than_every_timeout_arrives_whole() {
         contents(&all).concat()
     };
     let (got, want) = (text(&through), text(&direct));
-    assert!(
-        took >= Duration::from_millis(1500),
-        "the stream must last 5x the 300 ms timeouts: {took:?}"
-    );
     assert_eq!(got, want, "the whole answer through router and agent");
+    assert!(
+        took >= Duration::from_secs(5),
+        "the stream must last 5x the 1 s timeouts: {took:?}"
+    );
     let all: Vec<u8> = through.iter().flat_map(|(_, d, _)| d.clone()).collect();
     assert!(
         String::from_utf8_lossy(&all).contains("[DONE]"),
