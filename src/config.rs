@@ -379,11 +379,11 @@ pub(crate) fn build() -> Result<Startup, String> {
     let shared_state = match cli::flag_or_env_opt(f.shared_state, "HIVENET_ROUTER_SHARED_STATE_URL")
     {
         Some(url) if !url.trim().is_empty() => {
-            let mode = cli::flag_or_env(
+            let explicit = cli::flag_or_env_opt(
                 f.shared_state_failure_mode,
                 "HIVENET_ROUTER_SHARED_STATE_FAILURE_MODE",
-                "open",
             );
+            let mode = explicit.clone().unwrap_or_else(|| "open".into());
             let fail_closed = match mode.trim() {
                 "open" => false,
                 "closed" => true,
@@ -403,11 +403,18 @@ pub(crate) fn build() -> Result<Startup, String> {
                 ),
                 None => None,
             };
-            Some(shards::runtime::services::shared_state::SharedState::new(
+            let (state, pending) = shards::runtime::services::shared_state::SharedState::new(
                 &url,
                 fail_closed,
                 ca_pem,
-            )?)
+            )?;
+            let me = keypair.public().to_peer_id().to_string();
+            crate::start_checks::shared_state_usable(
+                state.preflight(&pending, &me),
+                &state.shown,
+                explicit.as_deref().map(str::trim) == Some("open"),
+            )?;
+            Some((state, pending))
         }
         _ => None,
     };

@@ -44,3 +44,35 @@ pub(crate) fn affinity_fits(entries: usize, shards: usize) -> Result<(), String>
         )),
     }
 }
+
+/// The shared state's check at start (issue 51 #8): a wrong password,
+/// database or scheme, or another live router with this identity, stops
+/// the start with one line, unless the operator said fail-open is
+/// acceptable (`--shared-state-failure-mode open` given explicitly): then
+/// it is said loudly and the router serves alone until Redis answers. An
+/// evicting `maxmemory-policy` is said loudly.
+pub(crate) fn shared_state_usable(
+    checked: Result<
+        shards::runtime::services::shared_state::preflight::Preflight,
+        shards::runtime::services::shared_state::preflight::PreflightError,
+    >,
+    shown: &str,
+    open_said: bool,
+) -> Result<(), String> {
+    match checked {
+        Ok(p) => {
+            for w in p.warnings {
+                tracing::error!(redis = %shown, "--shared-state: {w}");
+            }
+            Ok(())
+        }
+        Err(e) if open_said => {
+            tracing::error!(redis = %shown, "--shared-state: {}; starting anyway (--shared-state-failure-mode open): quotas per router until it answers", e.0);
+            Ok(())
+        }
+        Err(e) => Err(format!(
+            "--shared-state {shown}: {}; fix it, or give --shared-state-failure-mode open to start without it",
+            e.0
+        )),
+    }
+}

@@ -632,7 +632,8 @@ fn rediss_with_a_private_ca_and_a_password() {
     assert!(log.contains("rediss://***@127.0.0.1"), "{log}");
     assert!(!log.contains("s3cret"));
     // A router that does not trust that CA (the system's roots) and one
-    // with a wrong password never come up.
+    // with a wrong password stop the start with one line (issue 51 #8);
+    // told that fail-open is acceptable, they start and count Redis away.
     for (i, (u, extra)) in [
         (url.clone(), vec![]),
         (
@@ -647,6 +648,30 @@ fn rediss_with_a_private_ca_and_a_password() {
         std::fs::create_dir_all(&d).expect("dir");
         let mut args = vec!["--shards", "1", "--shared-state", u.as_str()];
         args.extend(extra);
+        let child = std::process::Command::new(bin("hivenet-router"))
+            .args(&args)
+            .args([
+                "--http-port",
+                "127.0.0.1:0",
+                "--metrics-port",
+                "127.0.0.1:0",
+                "--p2p-port",
+                "0",
+            ])
+            .env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
+            .env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
+            .current_dir(&d)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let (code, err) = exit_within(child, Duration::from_secs(15));
+        assert_eq!(code, Some(2), "{i}: refused at start: {err}");
+        assert!(
+            err.contains("--shared-state rediss://") && !err.contains("wrong@"),
+            "{i}: {err}"
+        );
+        args.extend(["--shared-state-failure-mode", "open"]);
         let r = start_router(&d, &args, &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")]);
         wait_until(
             Duration::from_secs(10),
@@ -655,6 +680,74 @@ fn rediss_with_a_private_ca_and_a_password() {
         );
         assert_eq!(metric(r.metrics, "hivenet_shared_state_up"), Some(0.0));
     }
+}
+
+/// Issue 51 #8: Redis preconditions. An evicting `maxmemory-policy` is
+/// said loudly at start; a second router started from the same identity
+/// file on the same Redis is refused with one line (their contributions
+/// would merge); a database index out of range stops the start.
+#[test]
+fn redis_preconditions_are_checked_at_start() {
+    let dir = tmpdir("shared-preconditions");
+    let rport = free_port();
+    let _redis = start_redis(&dir, rport);
+    assert_eq!(
+        redis_cli(rport, &["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
+        "OK"
+    );
+    let url = format!("redis://127.0.0.1:{rport}/0");
+    let d1 = dir.join("r1");
+    std::fs::create_dir_all(&d1).expect("dir");
+    let id = dir
+        .join("shared_identity.key")
+        .to_string_lossy()
+        .to_string();
+    let r1 = start_router(
+        &d1,
+        &[
+            "--shards",
+            "1",
+            "--shared-state",
+            &url,
+            "--identity-path",
+            &id,
+        ],
+        &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")],
+    );
+    assert!(
+        r1.proc.log_text().contains("maxmemory-policy allkeys-lru"),
+        "{}",
+        r1.proc.log_text()
+    );
+    let refused = |extra: &[&str]| {
+        let child = std::process::Command::new(bin("hivenet-router"))
+            .args([
+                "--shards",
+                "1",
+                "--http-port",
+                "127.0.0.1:0",
+                "--metrics-port",
+                "127.0.0.1:0",
+                "--p2p-port",
+                "0",
+            ])
+            .args(extra)
+            .env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
+            .env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
+            .current_dir(&dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        exit_within(child, Duration::from_secs(15))
+    };
+    let (code, err) = refused(&["--shared-state", &url, "--identity-path", &id]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("another router with this identity"), "{err}");
+    let (code, err) = refused(&["--shared-state", &format!("redis://127.0.0.1:{rport}/999")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("database index"), "{err}");
+    drop(r1);
 }
 
 /// Turn `turn` of one conversation with a long system prompt.

@@ -212,6 +212,8 @@ pub struct SharedState {
     /// Affinity notes published to and received from the other routers
     /// (`--shared-state-affinity`).
     pub affinity_notes: (AtomicU64, AtomicU64),
+    /// This process's nonce in its presence mark (identity collisions).
+    boot: String,
 }
 
 /// The thread's side, until it starts.
@@ -274,8 +276,19 @@ impl SharedState {
             last_sync_ms: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             affinity_notes: (AtomicU64::new(0), AtomicU64::new(0)),
+            boot: format!("{:016x}", rand::random::<u64>()),
         });
         Ok((me, Pending { rx, client }))
+    }
+
+    /// Check credentials, database, scheme, eviction policy and identity
+    /// before the router serves, as router `me` (issue 51 #8).
+    pub fn preflight(
+        &self,
+        pending: &Pending,
+        me: &str,
+    ) -> Result<preflight::Preflight, preflight::PreflightError> {
+        preflight::check(&pending.client, me, &self.boot)
     }
 
     /// Start the thread that talks to Redis for `router`.
@@ -322,6 +335,7 @@ impl SharedState {
         let mut conn: Option<redis::Connection> = None;
         let mut logged_down = false;
         let mut content_log = crate::logic::system::log_gate::LogGate::default();
+        let mut collision_log = crate::logic::system::log_gate::LogGate::default();
         // The registry epoch whose data did not load: not read again.
         let mut bad_epoch: Option<u64> = None;
         let mut synced_at: Option<std::time::Instant> = None;
@@ -392,6 +406,7 @@ impl SharedState {
             let step = step.and_then(|()| {
                 if due {
                     synced_at = Some(std::time::Instant::now());
+                    self.mark_presence(c, &me, &mut collision_log)?;
                     let demand = demand_cycle(c, router, &me, &mut claims);
                     isolated(demand, "held demand", &mut content_log)?;
                     isolated(
@@ -443,6 +458,39 @@ impl SharedState {
         }
     }
 
+    /// Refresh this router's presence mark; another process's nonce in it
+    /// is a second router with this identity (logged as an error once a
+    /// second; its contributions merge with ours).
+    fn mark_presence(
+        &self,
+        c: &mut redis::Connection,
+        me: &str,
+        gate: &mut crate::logic::system::log_gate::LogGate,
+    ) -> redis::RedisResult<()> {
+        let old: Option<String> = redis::cmd("SET")
+            .arg(preflight::presence_key(me))
+            .arg(&self.boot)
+            .arg("PX")
+            .arg(preflight::PRESENCE_TTL_MS)
+            .arg("GET")
+            .query(c)
+            .or_else(|e| {
+                // Only Redis away stops the round; an older Redis without
+                // SET ... GET only loses this check.
+                if e.is_io_error() || e.is_timeout() {
+                    Err(e)
+                } else {
+                    Ok(None)
+                }
+            })?;
+        if old.is_some_and(|o| o != self.boot) {
+            if let Some(n) = gate.hit(std::time::Instant::now(), Duration::from_secs(1)) {
+                tracing::error!(router = me, seen = n, "shared state: another router with this identity is live on the same Redis (its quota contributions and held demand merge with this one's): give each router its own --identity-path");
+            }
+        }
+        Ok(())
+    }
+
     fn failed(&self, logged: &mut bool, e: &redis::RedisError) {
         self.link.up.store(false, Ordering::Relaxed);
         self.errors.fetch_add(1, Ordering::Relaxed);
@@ -460,6 +508,7 @@ impl SharedState {
     }
 }
 
+pub mod preflight;
 mod registry_sync;
 pub use registry_sync::content_error;
 use registry_sync::{isolated, push, sync};
