@@ -543,6 +543,31 @@ fn redis_away_fails_open_or_closed_as_told_and_open_usage_is_charged_after() {
         used += used_tokens(&resp);
     }
     assert!(metric(o.metrics, "hivenet_shared_quota_fail_open_total").unwrap_or(0.0) >= 5.0);
+    // Issue 51 #7: on its own, a router spends at most a quarter of the
+    // day (250 of 1000 tokens) past its lease, not the whole day again.
+    let mut away = 0u64;
+    let mut need = 0u64;
+    let mut refused = false;
+    for _ in 0..200 {
+        let resp = send_with_key(o.http, "sk-lim");
+        if resp.status == 429 {
+            refused = true;
+            break;
+        }
+        assert_eq!(resp.status, 200);
+        let u = used_tokens(&resp);
+        need = need.max(u + 8);
+        away += u;
+    }
+    assert!(
+        refused,
+        "fail-open stops at its bound ({away} tokens spent)"
+    );
+    used += away;
+    assert!(
+        used <= 2 * 250 + 2 * need + 100,
+        "fail-open spend bounded: {used}"
+    );
     // Redis back, empty: the usage of both routers, including what the
     // open one spent while it was away, lands in the counter, once.
     let _redis = start_redis(&dir, rport);

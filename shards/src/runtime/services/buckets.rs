@@ -165,7 +165,17 @@ impl Bucket {
         note(&l.tokens_limit, limit);
         let need = i64::try_from(need).unwrap_or(i64::MAX);
         if !link.up.load(Ordering::Relaxed) {
-            return self.away(link, &l.tokens, need);
+            // Fail-open spends at most a quarter of the day's budget per
+            // router on its own (issue 51 #7: each router spent the whole
+            // day again, 3.0x over three routers).
+            let floor = i64::try_from(limit / Self::FAIL_OPEN_SHARE)
+                .unwrap_or(i64::MAX)
+                .max(lease::token_lease(limit));
+            if link.fail_closed || l.tokens.load(Ordering::Acquire).saturating_sub(need) >= -floor {
+                return self.away(link, &l.tokens, need);
+            }
+            link.fail_closed_refusals.fetch_add(1, Ordering::Relaxed);
+            return LeaseAnswer::Closed;
         }
         let exhausted = l.tokens_exhausted.load(Ordering::Relaxed);
         let spent = spend_from(&l.tokens, need, lease::token_lease(limit), exhausted);
@@ -179,6 +189,10 @@ impl Bucket {
             LeaseAnswer::Empty
         }
     }
+
+    /// While Redis is away, a router spends at most `limit / FAIL_OPEN_SHARE`
+    /// of a daily token budget past its lease on its own (fail-open).
+    pub const FAIL_OPEN_SHARE: u64 = 4;
 
     /// Redis is away: refuse (closed), or spend on local limits only and
     /// keep the debt, charged to the global quota when Redis returns (open).

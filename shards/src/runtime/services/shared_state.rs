@@ -74,9 +74,12 @@ pub trait Host: Send + Sync + 'static {
 
 /// How often the thread reads the store's epoch.
 pub const POLL_EVERY: Duration = Duration::from_millis(200);
-/// Connect, read and write timeout of one Redis call (a slow Redis costs
-/// the sync this much, never a request).
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Connect, read and write timeout of one Redis call: past it Redis counts
+/// as away (fail-open or closed). A Redis merely slow (under it) is not
+/// away (issue 51 #7: 1 s made a slow Redis "down" and every router spend
+/// on its own limits): its leases refill late, so routers admit less,
+/// never more. A slow Redis costs the sync this much, never a request.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// The registry's hash in Redis.
 pub const KEYS_HASH: &str = "hivenet:keys";
 /// Largest key registry read from Redis (the JSON of every dynamic key;
