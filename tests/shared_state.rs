@@ -978,3 +978,60 @@ fn malformed_values_in_redis_affect_only_their_own_key() {
     );
     assert_eq!(send_with_key(f.routers[1].http, "sk-c").status, 200);
 }
+
+/// Issue 51 #11: registry data read from Redis is bounded. A 24 MiB
+/// registry (past the 16 MiB every router writes at most) is not read:
+/// the router's memory stays flat and the keys in force stay; it is said
+/// once a second at most, not re-read every poll.
+#[test]
+fn an_oversize_registry_in_redis_is_not_read() {
+    let dir = tmpdir("shared-oversize");
+    let rport = free_port();
+    let _redis = start_redis(&dir, rport);
+    let f = fleet(&dir, 1, rport);
+    let r = &f.routers[0];
+    put_everywhere(&f, "k1", key("v1", "sk-kept"));
+    let rss = || {
+        std::fs::read_to_string(format!("/proc/{}/status", r.proc.child.id()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before = rss();
+    let big = dir.join("big.txt");
+    std::fs::write(&big, "x".repeat(24 << 20)).expect("big");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "redis-cli -p {rport} -x HSET hivenet:keys data < {} && redis-cli -p {rport} HSET hivenet:keys epoch 99999999999999",
+            big.display()
+        ))
+        .output()
+        .expect("redis-cli");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let after = rss();
+    eprintln!("router RSS {before} kB before, {after} kB with a 24 MiB registry in Redis");
+    assert!(
+        after < before + 8 * 1024,
+        "not read: {before} -> {after} kB"
+    );
+    assert_eq!(with_key(r.http, "sk-kept"), 200, "the keys in force stay");
+    let lines = r
+        .proc
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("larger than"))
+        .count();
+    assert!(
+        (1..=4).contains(&lines),
+        "said at most once a second: {lines} lines in 3 s"
+    );
+    assert_eq!(metric(r.metrics, "hivenet_shared_state_up"), Some(1.0));
+}

@@ -186,6 +186,14 @@ async fn shared_call(
             return out;
         }
         let data = serde_json::to_string(&next.snapshot()).unwrap_or_default();
+        // Every router must be able to load what is written (issue 51 #11).
+        let cap = crate::runtime::services::shared_state::MAX_REGISTRY_BYTES;
+        if data.len() as u64 > cap {
+            return reply(
+                413,
+                json!({"error": format!("the key registry would take {} bytes in the shared state, more than the {cap} every router loads; remove keys first", data.len())}),
+            );
+        }
         match shared.push_keys(next.epoch, data).await {
             Ok(epoch) => {
                 next.epoch = epoch;

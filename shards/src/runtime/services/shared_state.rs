@@ -82,9 +82,11 @@ pub const POLL_EVERY: Duration = Duration::from_millis(200);
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// The registry's hash in Redis.
 pub const KEYS_HASH: &str = "hivenet:keys";
-/// Largest key registry read from Redis (the JSON of every dynamic key;
-/// 100,000 keys take about 25 MiB).
-pub const MAX_REGISTRY_BYTES: u64 = 64 << 20;
+/// Largest key registry read from Redis: the admin API's own limit on a
+/// whole registry (`POST /admin/api-keys/replace`, 16 MiB), so what the
+/// routers wrote always loads and nothing larger is ever read (issue 51
+/// #11: a 36 MB registry took each router from 93 to 530 MiB).
+pub const MAX_REGISTRY_BYTES: u64 = 16 << 20;
 
 /// Unix milliseconds.
 fn unix_millis() -> u64 {
