@@ -1035,3 +1035,133 @@ fn an_oversize_registry_in_redis_is_not_read() {
     );
     assert_eq!(metric(r.metrics, "hivenet_shared_state_up"), Some(1.0));
 }
+
+/// A TCP proxy to Redis on `listen` that cuts every connection and refuses
+/// new ones while the file `pause` exists (a router cut off from Redis).
+const PAUSABLE_PROXY: &str = r#"
+import os, select, socket, sys, threading
+listen, target, pause = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", listen)); srv.listen(64)
+def pipe(a):
+    try:
+        b = socket.create_connection(("127.0.0.1", target))
+    except OSError:
+        a.close(); return
+    while not os.path.exists(pause):
+        r, _, _ = select.select([a, b], [], [], 0.05)
+        done = False
+        for s in r:
+            d = s.recv(65536)
+            if not d:
+                done = True; break
+            (b if s is a else a).sendall(d)
+        if done:
+            break
+    a.close(); b.close()
+while True:
+    c, _ = srv.accept()
+    if os.path.exists(pause):
+        c.close(); continue
+    threading.Thread(target=pipe, args=(c,), daemon=True).start()
+"#;
+
+/// Issue 51 #4: a revoked key never comes back. Router A is cut off from
+/// Redis while router B revokes a key; Redis restarts empty while B is
+/// cut off too; A reaches the empty Redis first with its stale copy (the
+/// key still in it), B a moment later with the newer one. The newest copy
+/// seeds Redis: the key stays revoked on both (before, the first router to
+/// see the empty store seeded it and every router took the key back).
+#[test]
+fn a_revoked_key_never_comes_back_through_a_stale_router() {
+    let dir = tmpdir("shared-revoked");
+    let rport = free_port();
+    let _redis = start_redis(&dir, rport);
+    let mut proxies = Vec::new();
+    let mut routers = Vec::new();
+    for name in ["a", "b"] {
+        let port = free_port();
+        let pause = dir.join(format!("pause-{name}"));
+        proxies.push((
+            std::process::Command::new("python3")
+                .args(["-c", PAUSABLE_PROXY, &port.to_string(), &rport.to_string()])
+                .arg(&pause)
+                .spawn()
+                .expect("proxy"),
+            pause,
+        ));
+        std::thread::sleep(Duration::from_millis(300));
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).expect("dir");
+        let url = format!("redis://127.0.0.1:{port}/0");
+        routers.push(start_router(
+            &d,
+            &["--shards", "1", "--shared-state", &url],
+            &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")],
+        ));
+    }
+    let (a, b) = (&routers[0], &routers[1]);
+    let valid = |r: &Router| with_key(r.http, "sk-revoked") != 401;
+    let (st, out) = admin(b.http, "PUT", "/admin/api-keys/k1", key("v1", "sk-revoked"));
+    assert_eq!(st, 200, "{out}");
+    wait_until(
+        Duration::from_secs(5),
+        || valid(a) && valid(b),
+        "the key on both",
+    );
+    let cut = |i: usize, on: bool| {
+        let p = &proxies[i].1;
+        if on {
+            std::fs::write(p, b"").expect("pause");
+        } else {
+            let _ = std::fs::remove_file(p);
+        }
+    };
+    cut(0, true);
+    wait_until(
+        Duration::from_secs(10),
+        || metric(a.metrics, "hivenet_shared_state_up") == Some(0.0),
+        "A cut off",
+    );
+    let (st, out) = admin(
+        b.http,
+        "DELETE",
+        "/admin/api-keys/k1?version=v2",
+        json!(null),
+    );
+    assert_eq!(st, 200, "{out}");
+    assert!(
+        !valid(b) && valid(a),
+        "revoked on B, A still has its stale copy"
+    );
+    cut(1, true);
+    wait_until(
+        Duration::from_secs(10),
+        || metric(b.metrics, "hivenet_shared_state_up") == Some(0.0),
+        "B cut off",
+    );
+    assert_eq!(redis_cli(rport, &["FLUSHALL"]), "OK");
+    // A sees the empty store first, B 300 ms later.
+    cut(0, false);
+    std::thread::sleep(Duration::from_millis(300));
+    cut(1, false);
+    wait_until(
+        Duration::from_secs(10),
+        || !redis_cli(rport, &["HGET", "hivenet:keys", "epoch"]).is_empty(),
+        "the store seeded again",
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(!valid(b), "the key stays revoked on B");
+    assert!(
+        !valid(a),
+        "A took the newer copy: the key is revoked there too"
+    );
+    let logs = a.proc.log_text() + &b.proc.log_text();
+    assert!(
+        logs.contains("seeded it with version \"v2\""),
+        "said loudly:\n{logs}"
+    );
+    for (mut p, _) in proxies {
+        let _ = p.kill();
+    }
+}

@@ -507,22 +507,31 @@ mod tests {
             .arg("g1")
             .query(&mut c)
             .expect("set");
-        assert_eq!(tokens(&mut c, "op1", 30, 100, "g1"), vec![100, 870]);
+        assert_eq!(tokens(&mut c, "op1", 30, 100, "g1"), vec![100, 870, 0]);
         // The same op again (its answer was lost): the same answer, no charge.
-        assert_eq!(tokens(&mut c, "op1", 30, 100, "g1"), vec![100, 870]);
+        assert_eq!(tokens(&mut c, "op1", 30, 100, "g1"), vec![100, 870, 0]);
         let used: i64 = redis::cmd("GET").arg("t").query(&mut c).expect("get");
         assert_eq!(used, 130);
         // A top-up is capped by what is left; a debt is charged regardless.
-        assert_eq!(tokens(&mut c, "op2", 0, 2000, "g1"), vec![870, 0]);
-        assert_eq!(tokens(&mut c, "op3", 50, 10, "g1"), vec![0, 0]);
+        assert_eq!(tokens(&mut c, "op2", 0, 2000, "g1"), vec![870, 0, 0]);
+        assert_eq!(tokens(&mut c, "op3", 50, 10, "g1"), vec![0, 0, 0]);
         let used: i64 = redis::cmd("GET").arg("t").query(&mut c).expect("get");
         assert_eq!(used, 1050);
         // A lease given back (negative charge) frees room.
-        assert_eq!(tokens(&mut c, "op4", -100, 0, "g1"), vec![0, 50]);
+        assert_eq!(tokens(&mut c, "op4", -100, 0, "g1"), vec![0, 50, 0]);
         // Another generation (Redis restarted empty): nothing applied.
         assert_eq!(tokens(&mut c, "op5", 10, 10, "g0"), vec![-1]);
         let used: i64 = redis::cmd("GET").arg("t").query(&mut c).expect("get");
         assert_eq!(used, 950);
+        // Issue 51 #3: a counter of text is repaired (to 0) and said.
+        let _: () = redis::cmd("SET")
+            .arg("t")
+            .arg("text")
+            .query(&mut c)
+            .expect("set");
+        assert_eq!(tokens(&mut c, "op6", 5, 0, "g1"), vec![0, 995, 1]);
+        let used: i64 = redis::cmd("GET").arg("t").query(&mut c).expect("get");
+        assert_eq!(used, 5);
     }
 
     #[test]

@@ -343,6 +343,8 @@ impl SharedState {
         let mut collision_log = crate::logic::system::log_gate::LogGate::default();
         // The registry epoch whose data did not load: not read again.
         let mut bad_epoch: Option<u64> = None;
+        // Since when this router offers its registry to an empty store.
+        let mut seeding: Option<std::time::Instant> = None;
         let mut synced_at: Option<std::time::Instant> = None;
         let mut first = true;
         loop {
@@ -393,7 +395,7 @@ impl SharedState {
                     };
                     let synced = r.map(|_| ()).and_then(|()| {
                         isolated(
-                            sync(c, router, &mut bad_epoch),
+                            sync(c, router, &mut bad_epoch, &mut seeding),
                             "key registry",
                             &mut content_log,
                         )
@@ -402,7 +404,7 @@ impl SharedState {
                     synced
                 }
                 None if due => isolated(
-                    sync(c, router, &mut bad_epoch),
+                    sync(c, router, &mut bad_epoch, &mut seeding),
                     "key registry",
                     &mut content_log,
                 ),

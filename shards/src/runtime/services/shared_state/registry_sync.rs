@@ -20,14 +20,37 @@ redis.call('HSET', KEYS[1], 'epoch', cur + 1, 'data', ARGV[2])
 return cur + 1
 ";
 
-/// Seeds an empty store: ARGV[1] the epoch to start from (unix
-/// milliseconds: never one a router already mirrors), ARGV[2] the JSON.
-/// Returns it, or -1 when the store is not empty any more.
+/// Where routers that find the store empty offer their copies
+/// (`v:<router>` its version, `d:<router>` its JSON).
+const SEED_OFFERS: &str = "hivenet:keys:seed";
+/// How long offers are gathered before the newest seeds the store: three
+/// polls, so every live router has offered its copy.
+const SEED_WAIT: Duration = Duration::from_millis(600);
+
+/// Seeds an empty store from the newest offer (issue 51 #4: a router cut
+/// off while a key was revoked must not bring it back): KEYS[1] the
+/// store, KEYS[2] the offers, ARGV[1] the epoch to start from (unix
+/// milliseconds). Returns {epoch or -1, router, version, every offer}.
 const SEED_SCRIPT: &str = r"
 if type(redis.pcall('HEXISTS', KEYS[1], 'epoch')) == 'table' then redis.call('DEL', KEYS[1]) end
-if redis.call('HEXISTS', KEYS[1], 'epoch') == 1 then return -1 end
-redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'data', ARGV[2])
-return tonumber(ARGV[1])
+if redis.call('HEXISTS', KEYS[1], 'epoch') == 1 then return {'-1', '', '', ''} end
+local fields = redis.pcall('HKEYS', KEYS[2])
+if type(fields) ~= 'table' or fields.err then return {'-1', '', '', ''} end
+local best, bestv, all = nil, nil, {}
+for _, f in ipairs(fields) do
+  if string.sub(f, 1, 2) == 'v:' then
+    local v = redis.call('HGET', KEYS[2], f)
+    local r = string.sub(f, 3)
+    table.insert(all, r .. '=' .. v)
+    if bestv == nil or v > bestv then best, bestv = r, v end
+  end
+end
+if best == nil then return {'-1', '', '', ''} end
+local data = redis.call('HGET', KEYS[2], 'd:' .. best)
+if not data then return {'-1', '', '', ''} end
+redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'data', data)
+redis.call('DEL', KEYS[2])
+return {ARGV[1], best, bestv, table.concat(all, ',')}
 ";
 
 /// An error caused by what a key holds (a value of another type, one
@@ -78,6 +101,7 @@ pub(super) fn sync(
     c: &mut redis::Connection,
     router: &impl Host,
     bad_epoch: &mut Option<u64>,
+    seeding: &mut Option<std::time::Instant>,
 ) -> redis::RedisResult<()> {
     // The epoch alone each poll; the registry only when it changed. Read
     // as text and parsed here: a malformed one is a content error (the
@@ -146,23 +170,42 @@ pub(super) fn sync(
                 Err(p) => p.into_inner().clone(),
             };
             // Restarted empty (or never written by a router that has keys):
-            // seed it; the first router to do so wins, the others load it.
-            let data = serde_json::to_string(&local.snapshot()).unwrap_or_default();
-            let n: i64 = redis::Script::new(SEED_SCRIPT)
-                .key(KEYS_HASH)
-                .arg(unix_millis())
+            // every live router offers its copy; after a few polls the
+            // newest version seeds the store and every router loads it
+            // (a stale copy never wins over a newer one still alive).
+            let snap = local.snapshot();
+            let me = router.name();
+            let data = serde_json::to_string(&snap).unwrap_or_default();
+            redis::cmd("HSET")
+                .arg(SEED_OFFERS)
+                .arg(format!("v:{me}"))
+                .arg(&snap.version)
+                .arg(format!("d:{me}"))
                 .arg(&data)
+                .query::<()>(c)?;
+            redis::cmd("PEXPIRE")
+                .arg(SEED_OFFERS)
+                .arg(10_000)
+                .query::<()>(c)?;
+            let since = *seeding.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() < SEED_WAIT {
+                return Ok(());
+            }
+            *seeding = None;
+            let picked: Vec<String> = redis::Script::new(SEED_SCRIPT)
+                .key(KEYS_HASH)
+                .key(SEED_OFFERS)
+                .arg(unix_millis())
                 .invoke(c)?;
-            if let Ok(e) = u64::try_from(n) {
-                let mut seeded = local;
-                seeded.epoch = e;
-                install(router, seeded);
-                tracing::info!(
-                    "shared state: Redis had no key registry; seeded it from this router's"
-                );
+            if let [epoch, from, version, offers] = picked.as_slice() {
+                if epoch != "-1" {
+                    tracing::warn!(
+                        "shared state: Redis had no key registry; seeded it with version {version:?} offered by router {from} (the newest of the offers {offers}); every router loads it"
+                    );
+                }
             }
         }
-        _ => {}
+        _ => *seeding = None,
     }
     Ok(())
 }
