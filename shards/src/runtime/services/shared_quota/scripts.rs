@@ -2,10 +2,12 @@
 //! with types and bounds and repairs what is malformed in its own key
 //! (issue 51 #3: Redis content is input).
 
-/// Weighted GCRA draw. KEYS[1] the state, KEYS[2] the op record. ARGV:
-/// charge (any sign: debt, or a lease given back), top-up, per minute,
-/// burst. Returns {granted top-up, requests left, µs until one fits}.
-pub(super) const REQUESTS_SCRIPT: &str = r"
+/// The start of a draw script: `get(key)` reads a string value, deleting
+/// one of another type (and noting the repair in `fixed`); the op record
+/// (KEYS[2]) answers a draw sent again, unless it does not decode.
+macro_rules! checked_reads {
+    () => {
+        r"
 local fixed = 0
 local function get(k)
   local v = redis.pcall('GET', k)
@@ -18,7 +20,16 @@ if done then
   if ok and type(r) == 'table' then return r end
   fixed = 1
 end
-local t = redis.call('TIME')
+"
+    };
+}
+
+/// Weighted GCRA draw. KEYS[1] the state, KEYS[2] the op record. ARGV:
+/// charge (any sign: debt, or a lease given back), top-up, per minute,
+/// burst. Returns {granted top-up, requests left, µs until one fits}.
+pub(super) const REQUESTS_SCRIPT: &str = concat!(
+    checked_reads!(),
+    r"local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = 60000000 / tonumber(ARGV[3])
 local cap = interval * tonumber(ARGV[4])
@@ -44,27 +55,17 @@ end
 local r = {top, left, wait, fixed}
 redis.call('SET', KEYS[2], cjson.encode(r), 'EX', 120)
 return r
-";
+"
+);
 
 /// Daily token draw. KEYS[1] the day's counter, KEYS[2] the op record,
 /// KEYS[3] the generation. ARGV: charge (any sign), top-up, limit, expiry
 /// (unix s), the generation this router contributed to. Returns {granted
 /// top-up, tokens left}, or {-1} when the generation changed (Redis
 /// restarted empty: contribute first).
-pub(super) const TOKENS_SCRIPT: &str = r"
-local fixed = 0
-local function get(k)
-  local v = redis.pcall('GET', k)
-  if type(v) == 'table' then redis.call('DEL', k); fixed = 1; return false end
-  return v
-end
-local done = get(KEYS[2])
-if done then
-  local ok, r = pcall(cjson.decode, done)
-  if ok and type(r) == 'table' then return r end
-  fixed = 1
-end
-if get(KEYS[3]) ~= ARGV[5] then return {-1} end
+pub(super) const TOKENS_SCRIPT: &str = concat!(
+    checked_reads!(),
+    r"if get(KEYS[3]) ~= ARGV[5] then return {-1} end
 local used = tonumber(get(KEYS[1]) or '0')
 if used == nil or used ~= used or used < 0 or used > 1e15 then used = 0; fixed = 1 end
 used = used + tonumber(ARGV[1])
@@ -81,7 +82,8 @@ if left < 0 then left = 0 end
 local r = {top, left, fixed}
 redis.call('SET', KEYS[2], cjson.encode(r), 'EX', 120)
 return r
-";
+"
+);
 
 /// The generation: KEYS[1]; ARGV[1] a new one, set if none. Returns it.
 pub(super) const GEN_SCRIPT: &str = r"

@@ -273,13 +273,7 @@ pub fn take_rates(
 ) -> Result<(), Reason> {
     let mut s = state.borrow_mut();
     let rates = s.rates.entry(key.clone()).or_default();
-    if otpm > 0 && !rates.otpm.has_one(otpm, now_ns) {
-        return Err(Reason::B4Otpm);
-    }
-    if itpm > 0 && !rates.itpm.take(itpm, need, now_ns) {
-        return Err(Reason::B4Itpm);
-    }
-    Ok(())
+    rates_check(rates, itpm, otpm, need, now_ns, true)
 }
 
 /// Whether `key`'s B4 rates would let a request of `need` input tokens
@@ -294,16 +288,38 @@ pub fn rates_allow(
     now_ns: u64,
 ) -> Result<(), Reason> {
     let mut s = state.borrow_mut();
-    let Some(rates) = s.rates.get_mut(key) else {
-        return Ok(());
-    };
+    match s.rates.get_mut(key) {
+        Some(rates) => rates_check(rates, itpm, otpm, need, now_ns, false),
+        None => Ok(()),
+    }
+}
+
+/// The B4 rate gates on one key's buckets: OTPM has a token, ITPM has
+/// `need` (taken when `take`).
+fn rates_check(
+    rates: &mut KeyRates,
+    itpm: u64,
+    otpm: u64,
+    need: u64,
+    now_ns: u64,
+    take: bool,
+) -> Result<(), Reason> {
     if otpm > 0 && !rates.otpm.has_one(otpm, now_ns) {
         return Err(Reason::B4Otpm);
     }
-    if itpm > 0 && rates.itpm.tokens(itpm, now_ns) < i128::from(need) {
-        return Err(Reason::B4Itpm);
+    if itpm == 0 {
+        return Ok(());
     }
-    Ok(())
+    let fits = if take {
+        rates.itpm.take(itpm, need, now_ns)
+    } else {
+        rates.itpm.tokens(itpm, now_ns) >= i128::from(need)
+    };
+    if fits {
+        Ok(())
+    } else {
+        Err(Reason::B4Itpm)
+    }
 }
 
 /// A request admission let through.
