@@ -144,30 +144,27 @@ fn an_idle_feed_gets_keep_alives() {
 }
 
 /// Issue 51 #12: a subscriber that closes its connection gives the
-/// router's descriptor back at once (it was held until the next 25 s
-/// keepalive write failed).
+/// router's connection (its descriptor and its place under
+/// `--max-client-connections`) back at once; it was held until the next
+/// 25 s keepalive write failed.
 #[test]
 fn a_closed_subscriber_gives_its_descriptor_back_at_once() {
     let dir = tmpdir("feed-closed");
     let r = start_router(&dir, &["--shards", "1"], &[]);
-    let fds = || {
-        std::fs::read_dir(format!("/proc/{}/fd", r.proc.child.id()))
-            .map(|d| d.count())
-            .unwrap_or(0)
-    };
-    let before = fds();
+    let open = || metric(r.metrics, "hivenet_client_connections").unwrap_or(-1.0);
+    let before = open();
     let feeds: Vec<_> = (0..20).map(|_| open_feed(r.http).0).collect();
     wait_until(
         Duration::from_secs(5),
-        || fds() >= before + 20,
+        || open() >= before + 20.0,
         "20 subscribers",
     );
     drop(feeds);
     let t0 = std::time::Instant::now();
     wait_until(
         Duration::from_secs(5),
-        || fds() <= before,
-        "descriptors given back",
+        || open() <= before,
+        "connections given back",
     );
     assert!(
         t0.elapsed() < Duration::from_secs(2),
