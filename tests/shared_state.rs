@@ -1165,3 +1165,97 @@ fn a_revoked_key_never_comes_back_through_a_stale_router() {
         let _ = p.kill();
     }
 }
+
+/// Issue 51 #5: exact shared budgets. Three routers, a daily budget of
+/// 3,000 tokens, and one request on each, at once, that needs the whole
+/// budget (2,950 tokens of output): at most the budget plus one lease per
+/// router is used (one request served). Each router used to admit its
+/// request on credit: 8,778 tokens used, 2.93x.
+#[test]
+fn one_request_of_the_whole_budget_per_router_overshoots_by_at_most_a_lease() {
+    let dir = tmpdir("shared-exact");
+    let rport = free_port();
+    let _redis = start_redis(&dir, rport);
+    let url = format!("redis://127.0.0.1:{rport}/0");
+    let routers: Vec<Router> = (0..3)
+        .map(|i| {
+            let d = dir.join(format!("r{i}"));
+            std::fs::create_dir_all(&d).expect("dir");
+            start_router(
+                &d,
+                &["--shards", "1", "--shared-state", &url],
+                &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")],
+            )
+        })
+        .collect();
+    let (sim, port) = start_sim(&dir, MODEL, &["--output-tokens", "2950"]);
+    let more: Vec<String> = routers
+        .iter()
+        .skip(1)
+        .map(|r| format!("/ip4/127.0.0.1/tcp/{}", r.p2p))
+        .collect();
+    let mut extra = vec!["--capacity", "8"];
+    for m in &more {
+        extra.extend(["--router-p2p", m.as_str()]);
+    }
+    let agent = start_agent(&dir, &routers[0], port, "a.key", &extra);
+    for r in &routers {
+        wait_until(
+            Duration::from_secs(30),
+            || {
+                routing_table(r.http)["agents"]
+                    .as_array()
+                    .map_or(0, Vec::len)
+                    == 1
+            },
+            "the agent on every router",
+        );
+    }
+    let f = Fleet {
+        routers,
+        _sim: sim,
+        _agent: agent,
+    };
+    put_everywhere(
+        &f,
+        "k1",
+        quota_key("v1", "sk-whole", "acme", json!({"tokens_per_day": 3000})),
+    );
+    let body = format!(
+        r#"{{"model":"{MODEL}","max_tokens":2950,"messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
+    let handles: Vec<_> = f
+        .routers
+        .iter()
+        .map(|r| {
+            let (http, body) = (r.http, body.clone());
+            std::thread::spawn(move || {
+                Req::post("/v1/chat/completions", body)
+                    .header("Authorization", "Bearer sk-whole")
+                    .send(http)
+                    .expect("response")
+            })
+        })
+        .collect();
+    let answers: Vec<Resp> = handles
+        .into_iter()
+        .map(|h| h.join().expect("join"))
+        .collect();
+    let served = answers.iter().filter(|r| r.status == 200).count();
+    let used: u64 = answers
+        .iter()
+        .filter(|r| r.status == 200)
+        .map(used_tokens)
+        .sum();
+    for r in answers.iter().filter(|r| r.status != 200) {
+        assert_eq!(r.status, 429, "{}", r.text());
+        assert!(r.text().contains("token_limit_exceeded"), "{}", r.text());
+    }
+    eprintln!("exact budgets: {served} of 3 served, {used} tokens used of 3000");
+    // One lease is 0.1 % of the budget: 3 tokens per router.
+    assert!(
+        used <= 3000 + 3 * 3,
+        "used {used} of 3000 ({served} served)"
+    );
+    assert!(served >= 1, "the budget serves one of them");
+}

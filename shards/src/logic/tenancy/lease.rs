@@ -31,10 +31,12 @@ pub fn token_lease(limit: u64) -> i64 {
 }
 
 /// The balance after spending `need` units, or `None` when this router
-/// must refuse: beyond its credit (`lease`, or `need` when larger; zero
-/// once the global quota is `exhausted`).
+/// must refuse: beyond its credit of one `lease` (zero once the global
+/// quota is `exhausted`). A request larger than what the router holds
+/// plus one lease reserves a draw first (issue 51 #5: one request of the
+/// whole budget per router was admitted on credit, 2.93x over three).
 pub fn spend(balance: i64, need: i64, lease: i64, exhausted: bool) -> Option<i64> {
-    let credit = if exhausted { 0 } else { lease.max(need) };
+    let credit = if exhausted { 0 } else { lease };
     let after = balance.saturating_sub(need);
     (after >= credit.saturating_neg()).then_some(after)
 }
@@ -95,7 +97,9 @@ mod tests {
         assert_eq!(spend(0, 1, 3, true), None);
         // A request bigger than the lease may take its own size on credit
         // from a balance at zero or above, never on top of a debt.
-        assert_eq!(spend(0, 500, 100, false), Some(-500));
+        // Larger than the lease: not on credit (it reserves a draw).
+        assert_eq!(spend(0, 500, 100, false), None);
+        assert_eq!(spend(400, 500, 100, false), Some(-100));
         assert_eq!(spend(-1, 500, 100, false), None);
         assert_eq!(spend(499, 500, 100, true), None);
         assert_eq!(spend(500, 500, 100, true), Some(0));

@@ -211,7 +211,7 @@ async fn quota_before_hold(
     }
     if let Some(t) = ticket.as_mut() {
         let today = || quota::day_of(clock::unix_secs());
-        if let Err(r) = tenancy::take_daily(t, &facts, today) {
+        if let Err(r) = tenancy::take_daily_reserving(t, &facts, today).await {
             refused(&r);
             return Err(HoldEnd::Answered(
                 respond::send_quota_refusal(c, r, keep).await,

@@ -135,7 +135,8 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
                 None
             }
             (Action::ChargeDaily, _) => {
-                d.daily_charged(run.charge_daily(c), clock::now());
+                let charged = run.charge_daily(c).await;
+                d.daily_charged(charged, clock::now());
                 None
             }
             (Action::Forward { step, waited, .. }, Some(agent)) => {

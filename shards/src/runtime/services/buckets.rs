@@ -79,6 +79,9 @@ pub struct Lease {
     pub requests_wanted: AtomicU64,
     /// Tokens asked of the lease, the same way.
     pub tokens_wanted: AtomicU64,
+    /// The largest request waiting for a draw (more than this router
+    /// holds plus one lease): the thread draws at least this much next.
+    pub tokens_reserve: AtomicU64,
 }
 
 impl Lease {
@@ -128,6 +131,9 @@ pub(crate) enum LeaseAnswer {
     Empty,
     /// Redis is away and the failure mode is closed.
     Closed,
+    /// More than this router holds plus one lease, and the global quota
+    /// may have it: reserved, the next draw brings it (retry shortly).
+    Reserve,
 }
 
 impl Bucket {
@@ -179,14 +185,16 @@ impl Bucket {
         }
         let exhausted = l.tokens_exhausted.load(Ordering::Relaxed);
         let spent = spend_from(&l.tokens, need, lease::token_lease(limit), exhausted);
-        if spent || !exhausted {
+        if spent {
             l.tokens_wanted
                 .fetch_add(need.unsigned_abs(), Ordering::Relaxed);
-        }
-        if spent {
             LeaseAnswer::Spent
-        } else {
+        } else if exhausted {
             LeaseAnswer::Empty
+        } else {
+            l.tokens_reserve
+                .fetch_max(need.unsigned_abs(), Ordering::AcqRel);
+            LeaseAnswer::Reserve
         }
     }
 

@@ -239,12 +239,18 @@ impl Drawer {
                 }
             }
             if limit > 0 {
+                let balance = l.tokens.load(Ordering::Relaxed);
                 let (charge, top) = settle(
-                    l.tokens.load(Ordering::Relaxed),
+                    balance,
                     lease::token_lease(limit),
                     pace.1,
                     l.tokens_left.load(Ordering::Relaxed),
                 );
+                // A request waiting for a draw: bring what it needs (the
+                // script grants no more than the quota has left).
+                let reserve =
+                    i64::try_from(l.tokens_reserve.swap(0, Ordering::AcqRel)).unwrap_or(i64::MAX);
+                let top = top.max(reserve.saturating_sub(balance.max(0)));
                 let top = if l.tokens_exhausted.load(Ordering::Relaxed) && charge == 0 && !probe {
                     // Asking an exhausted budget every 20 ms helps nobody.
                     0

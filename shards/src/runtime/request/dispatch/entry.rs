@@ -183,14 +183,16 @@ impl<'a> Run<'a> {
 
     /// The daily token budget; the ticket and its `X-RateLimit-*`
     /// headers move into the request's scope when it passes.
-    pub(super) fn charge_daily(&mut self, c: &mut Client) -> Result<(), QuotaRefusal> {
+    pub(super) async fn charge_daily(&mut self, c: &mut Client) -> Result<(), QuotaRefusal> {
         let mut ticket = self.ticket.take();
         let state = self.model_ref();
         let replicas = || healthy_replicas(state.as_ref());
         let facts = self.quota_facts(&replicas);
         let today = || quota::day_of(clock::unix_secs());
         if let Some(t) = ticket.as_mut() {
-            tenancy::take_daily(t, &facts, today)?;
+            // A request larger than this router's lease waits briefly for
+            // the draw it reserves (issue 51 #5).
+            tenancy::take_daily_reserving(t, &facts, today).await?;
         }
         if let Some(mut t) = ticket {
             c.scope.reply_headers.append(&mut t.headers);

@@ -13,6 +13,7 @@ use crate::logic::routing::refusal::{QuotaLimit, QuotaRefusal};
 use crate::logic::tenancy::auth::Limits;
 use crate::logic::tenancy::quota::{self, Daily, Rate, Verdict};
 use crate::runtime::services::buckets::{note_spend, Bucket, Lease, LeaseAnswer};
+use crate::runtime::wire::clock;
 
 /// The refusal of a quota-limited request while Redis is away and the
 /// failure mode is closed.
@@ -169,7 +170,8 @@ pub fn take_requests(
         match bucket.spend_request(rate, now_ns) {
             LeaseAnswer::Spent => {}
             LeaseAnswer::Closed => return Err(closed(QuotaLimit::Requests)),
-            LeaseAnswer::Empty => {
+            // Requests never reserve (one at a time fits a lease).
+            LeaseAnswer::Empty | LeaseAnswer::Reserve => {
                 // Honest: when the global bucket holds one again; when it
                 // did not say so (a draw in flight), one request interval
                 // or a second, whichever is shorter.
@@ -232,6 +234,42 @@ pub(crate) fn rate_refusal(rpm: u64, retry_after_ns: u64) -> QuotaRefusal {
     }
 }
 
+/// Longest a request larger than its router's lease waits for the draw it
+/// reserved (a draw every 20 ms while a bucket is in use).
+pub const RESERVE_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// [`take_daily`], waiting (at most [`RESERVE_WAIT`]) for the draw a
+/// request larger than its router's lease reserves.
+pub async fn take_daily_reserving(
+    ticket: &mut Ticket,
+    f: &QuotaFacts<'_>,
+    day: impl Fn() -> u64,
+) -> Result<(), QuotaRefusal> {
+    let until = clock::now() + RESERVE_WAIT;
+    loop {
+        match take_daily(ticket, f, &day) {
+            Err(_) if ticket.pending.is_some() && clock::now() < until => {
+                monoio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            r => {
+                ticket.pending = None;
+                return r;
+            }
+        }
+    }
+}
+
+/// What a reserving ticket's bucket has left, as the refusal says it.
+fn bucket_left(ticket: &Ticket) -> u64 {
+    ticket.pending.as_ref().map_or(0, |(b, _)| {
+        let held = u64::try_from(b.lease.tokens.load(Ordering::Relaxed)).unwrap_or(0);
+        b.lease
+            .tokens_left
+            .load(Ordering::Relaxed)
+            .saturating_add(held)
+    })
+}
+
 /// The daily token charge of a request whose [`take_requests`] passed.
 pub fn take_daily(
     ticket: &mut Ticket,
@@ -263,6 +301,13 @@ pub fn take_daily(
         match bucket.spend_tokens(tpd, need) {
             LeaseAnswer::Spent => {}
             LeaseAnswer::Closed => return Err(closed(QuotaLimit::Tokens)),
+            LeaseAnswer::Reserve => {
+                // The ticket keeps its bucket: asked again after the next
+                // draw ([`take_daily_reserving`]).
+                ticket.pending = Some((bucket, tpd));
+                let left = bucket_left(ticket);
+                return Err(refusal(left));
+            }
             LeaseAnswer::Empty => {
                 let held = u64::try_from(bucket.lease.tokens.load(Ordering::Relaxed)).unwrap_or(0);
                 let left = bucket.lease.tokens_left.load(Ordering::Relaxed);
