@@ -47,10 +47,7 @@ pub(crate) fn parse_announce(s: &str) -> Result<Announce, String> {
     let [proto, host, "tcp", port, rest @ ..] = parts.as_slice() else {
         return Err(bad());
     };
-    if port.parse::<u16>().is_ok_and(|p| p == 0)
-        || port.parse::<u16>().is_err()
-        || !matches!(rest, [] | ["p2p", _])
-    {
+    if !matches!(port.parse::<u16>(), Ok(p) if p > 0) || !matches!(rest, [] | ["p2p", _]) {
         return Err(bad());
     }
     let ip = match *proto {

@@ -274,12 +274,16 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
     );
     if let Some(a) = &announce {
         // The address to give agents of other hosts, with the peer ID
-        // they may pin.
-        info!(
-            "agents of other hosts dial --router-p2p {}/p2p/{}",
-            a.text.trim_end_matches('/'),
-            keypair.public().to_peer_id()
-        );
+        // they may pin (unless the announced address names it already).
+        let text = a.text.trim_end_matches('/');
+        if text.contains("/p2p/") {
+            info!("agents of other hosts dial --router-p2p {text}");
+        } else {
+            info!(
+                "agents of other hosts dial --router-p2p {text}/p2p/{}",
+                keypair.public().to_peer_id()
+            );
+        }
     }
     if let Some((s, pending)) = shared_state {
         info!(redis = %s.shown, fail_closed = s.link.fail_closed, "shared state on: keys, quotas and held clients are shared through Redis");
