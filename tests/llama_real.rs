@@ -576,6 +576,33 @@ fn a_real_stream_five_times_longer_than_every_timeout_arrives_whole() {
         String::from_utf8_lossy(&all).contains("[DONE]"),
         "a clean end after {took:?}"
     );
+    // Not streamed: no byte before the whole answer, so the agent waits
+    // on the engine's `llamacpp:n_decode_total` and reports progress to
+    // the router (interim 102 heads); before, a 504 after 1 s.
+    let whole = serde_json::json!({
+        "model": st.model, "max_tokens": 600, "temperature": 0, "ignore_eos": true,
+        "messages": [{"role": "user", "content": "Write a long story about rivers."}]
+    })
+    .to_string();
+    let t0 = std::time::Instant::now();
+    let resp = Req::post("/v1/chat/completions", whole.clone())
+        .send(st.router.http)
+        .expect("whole through the router");
+    let took = t0.elapsed();
+    assert_eq!(resp.status, 200, "after {took:?}: {}", resp.text());
+    let direct = Req::post("/v1/chat/completions", whole)
+        .send(st.lport)
+        .expect("whole directly");
+    let content = |v: &serde_json::Value| v["choices"][0]["message"]["content"].clone();
+    assert_eq!(
+        content(&resp.json()),
+        content(&direct.json()),
+        "the whole answer"
+    );
+    assert!(
+        took >= Duration::from_secs(5),
+        "the answer must take 5x the 1 s timeouts: {took:?}"
+    );
 }
 
 /// Issue 27: the latency sample is the seed's, taken when the response

@@ -40,7 +40,7 @@ fn send(http: u16, path: &str, body: &str) -> (u16, String, bool, Duration) {
         .expect("timeout");
     write!(
         s,
-        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .expect("write");
@@ -50,7 +50,15 @@ fn send(http: u16, path: &str, body: &str) -> (u16, String, bool, Duration) {
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .map_or(got.len(), |i| i + 4);
-    let body = String::from_utf8_lossy(&dechunk(&got[head_end..])).to_string();
+    let chunked = String::from_utf8_lossy(&got[..head_end])
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(&got[head_end..])
+    } else {
+        got[head_end..].to_vec()
+    };
+    let body = String::from_utf8_lossy(&body).to_string();
     (status_of(&got), body, clean, t0.elapsed())
 }
 
@@ -102,6 +110,36 @@ fn a_stream_five_times_longer_than_every_timeout_arrives_whole() {
         assert!(
             took >= Duration::from_secs(4),
             "{path}: the stream must really last 5x the timeouts ({took:?})"
+        );
+    }
+}
+
+/// A non-streamed answer 5x longer than every timeout arrives whole on
+/// both APIs: it gives no byte before it is whole, so the agent waits
+/// past `--http-timeout` while the engine's work counter moves and tells
+/// the router with interim `102` heads, which restart `--request-timeout`.
+/// Before, the agent answered 504 after 1 s (and the router cut at 1 s).
+#[test]
+fn a_non_streamed_answer_five_times_longer_than_every_timeout_arrives_whole() {
+    let dir = tmpdir("long-whole");
+    let router = start_router(&dir, &[&["--shards", "1"][..], &ROUTER].concat(), &[]);
+    let (_sim, port) = start_sim(&dir, "m", &SIM);
+    let _agent = start_agent(&dir, &router, port, "a.key", &AGENT);
+    wait_agents(router.http, "m", 1);
+    let want = expected(50);
+    let whole = r#"{"model":"m","stream":false,"max_tokens":100,"messages":[{"role":"user","content":"tell me a long story"}]}"#;
+    for path in ["/v1/chat/completions", "/v1/messages"] {
+        let (status, got, _, took) = send(router.http, path, whole);
+        assert_eq!(status, 200, "{path} after {took:?}: {got}");
+        let v: serde_json::Value = serde_json::from_str(got.trim()).expect("one JSON answer");
+        let text = v["choices"][0]["message"]["content"]
+            .as_str()
+            .or(v["content"][0]["text"].as_str())
+            .unwrap_or_default();
+        assert_eq!(text, want, "{path}: the whole text\n{got}");
+        assert!(
+            took >= Duration::from_secs(4),
+            "{path}: the answer must really take 5x the timeouts ({took:?})"
         );
     }
 }

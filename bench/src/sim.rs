@@ -623,6 +623,32 @@ async fn stall(sim: &Sim) {
     }
 }
 
+/// The `n` tokens of a non-streamed answer, the first after `ttft`:
+/// `generation_tokens_total` moves as they are made, as vLLM's does at
+/// each scheduler step (issue 56: the agent waits on it), in steps of at
+/// most 50 ms rather than a timer per token. The same time in all as one
+/// sleep of `ttft + itl * (n - 1)`.
+async fn generate_whole(sim: &Sim, ttft: Duration, n: u32) {
+    sleep(ttft).await;
+    if n == 0 {
+        return;
+    }
+    sim.stats.generated.fetch_add(1, Ordering::Relaxed);
+    let itl = sim.cfg.itl.as_nanos().max(1);
+    let per_step = u32::try_from(Duration::from_millis(50).as_nanos() / itl)
+        .unwrap_or(u32::MAX)
+        .max(1);
+    let mut left = n - 1;
+    while left > 0 {
+        let k = left.min(per_step);
+        sleep(sim.cfg.itl * k).await;
+        sim.stats
+            .generated
+            .fetch_add(u64::from(k), Ordering::Relaxed);
+        left -= k;
+    }
+}
+
 fn bad_request(msg: String) -> Value {
     json!({"error": {"message": msg, "type": "invalid_request_error"}})
 }
@@ -643,9 +669,6 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
     let (cached, ttft) = prefill(sim, body, prompt);
     let id = "chatcmpl-sim";
     let model = &sim.cfg.model;
-    sim.stats
-        .generated
-        .fetch_add(u64::from(n), Ordering::Relaxed);
     // A lying backend (tests of the router's usage bound).
     let prompt = if sim.cfg.claim_prompt_tokens > 0 {
         sim.cfg.claim_prompt_tokens
@@ -657,7 +680,7 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
     }
     if !req.stream {
-        sleep(ttft + sim.cfg.itl * n.saturating_sub(1)).await;
+        generate_whole(sim, ttft, n).await;
         let v = json!({
             "id": id, "object": "chat.completion", "created": 0, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text_from(from, n)}, "finish_reason": "stop"}],
@@ -687,6 +710,7 @@ async fn chat(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         };
         let ev = json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
         http_write::write_chunk(&mut out, format!("data: {ev}\n\n").as_bytes());
+        sim.stats.generated.fetch_add(1, Ordering::Relaxed);
         if conn.write_all(std::mem::take(&mut out)).await.is_err() {
             return false;
         }
@@ -716,11 +740,8 @@ async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
     // Anthropic counts cache reads apart from input_tokens.
     let prompt = all - cached;
     let model = &sim.cfg.model;
-    sim.stats
-        .generated
-        .fetch_add(u64::from(n), Ordering::Relaxed);
     if !req.stream {
-        sleep(ttft + sim.cfg.itl * n.saturating_sub(1)).await;
+        generate_whole(sim, ttft, n).await;
         let mut usage = json!({"input_tokens": prompt, "output_tokens": n});
         if sim.cfg.prefix_cache_tokens > 0 {
             usage["cache_read_input_tokens"] = json!(cached);
@@ -755,6 +776,7 @@ async fn messages(sim: &Sim, conn: &mut Conn, body: &[u8], keep: bool) -> bool {
             json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": token(from + i)}}),
         );
         http_write::write_chunk(&mut out, d.as_bytes());
+        sim.stats.generated.fetch_add(1, Ordering::Relaxed);
         if conn.write_all(std::mem::take(&mut out)).await.is_err() {
             return false;
         }

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod engine;
 pub mod gate;
 pub mod gpu;
+pub mod progress;
 pub mod serve;
 
 use std::net::SocketAddr;
@@ -237,8 +238,10 @@ async fn warm_up(cfg: &AgentConfig, model: &str) {
 pub async fn run(cfg: AgentConfig, stop: futures::channel::mpsc::UnboundedReceiver<()>) {
     let cfg = Rc::new(cfg);
     let gate = Gate::new(cfg.capacity, cfg.routers.len());
+    let meter = Rc::new(progress::EngineProgress::new(cfg.engine));
     monoio::spawn(drain_on_stop(stop, gate.clone(), cfg.drain_timeout));
-    let loops = (0..cfg.routers.len()).map(|i| run_link(cfg.clone(), gate.clone(), i));
+    let loops =
+        (0..cfg.routers.len()).map(|i| run_link(cfg.clone(), gate.clone(), meter.clone(), i));
     futures::future::join_all(loops).await;
 }
 
@@ -289,7 +292,12 @@ async fn drain_on_stop(
 
 /// The reconnect loop of the link to router `link`: returns only when the
 /// agent is draining.
-async fn run_link(cfg: Rc<AgentConfig>, gate: Rc<Gate>, link: usize) {
+async fn run_link(
+    cfg: Rc<AgentConfig>,
+    gate: Rc<Gate>,
+    meter: Rc<progress::EngineProgress>,
+    link: usize,
+) {
     let Some(router) = cfg.routers.get(link).copied() else {
         return;
     };
@@ -322,6 +330,8 @@ async fn run_link(cfg: Rc<AgentConfig>, gate: Rc<Gate>, link: usize) {
             router,
             gate: gate.clone(),
             index: link,
+            meter: meter.clone(),
+            interim: None,
         };
         match session(cfg.clone(), to, &model, peer_id.to_string(), &mut backoff).await {
             Ok(()) => info!(router = %router.addr, "router link closed"),
@@ -345,11 +355,16 @@ pub struct Link {
     pub gate: Rc<Gate>,
     /// This link's index in it.
     pub index: usize,
+    /// The engine's work counter (shared by every link).
+    pub meter: Rc<progress::EngineProgress>,
+    /// How often the router wants a progress report on an answer not yet
+    /// started (`None`: it reads none).
+    pub interim: Option<Duration>,
 }
 
 async fn session(
     cfg: Rc<AgentConfig>,
-    to: Link,
+    mut to: Link,
     model: &str,
     peer_id: String,
     backoff: &mut Duration,
@@ -405,7 +420,12 @@ async fn session(
     let hb = match reply {
         Some(ControlMsg::Registered {
             heartbeat_interval_ms,
-        }) => Duration::from_millis(heartbeat_interval_ms.max(100)),
+            progress_interval_ms,
+        }) => {
+            to.interim =
+                (progress_interval_ms > 0).then(|| Duration::from_millis(progress_interval_ms));
+            Duration::from_millis(heartbeat_interval_ms.max(100))
+        }
         Some(ControlMsg::Rejected { reason }) => {
             return Err(format!("router refused registration: {reason}"))
         }
@@ -511,10 +531,9 @@ async fn session(
                 backend::fetch(&cfg.backend, "GET", "/metrics", b"", Duration::from_secs(2)).await
             {
                 if h.status == 200 {
-                    engine = shards::logic::link::engine_metrics::parse(
-                        cfg.engine.as_str(),
-                        &String::from_utf8_lossy(&body),
-                    );
+                    let text = String::from_utf8_lossy(&body);
+                    engine = shards::logic::link::engine_metrics::parse(cfg.engine.as_str(), &text);
+                    to.meter.record(std::time::Instant::now(), &text);
                 }
             }
             // llama-server exports no KV gauge: read it off its slots.

@@ -170,7 +170,7 @@ pub async fn serve_stream(cfg: Rc<AgentConfig>, link: super::Link, s: mux::Strea
         write_full(&mut s, cfg.capacity).await;
         return;
     };
-    match proxy(&cfg, &mut s, &head, &head.headers, &body, admit).await {
+    match proxy(&cfg, &link, &mut s, &head, &head.headers, &body, admit).await {
         Ok(()) => {}
         Err(ProxyError::BeforeHead(e)) => {
             let err = if e.kind() == io::ErrorKind::TimedOut {
@@ -247,6 +247,7 @@ enum ProxyError {
 
 async fn proxy(
     cfg: &AgentConfig,
+    link: &super::Link,
     s: &mut HttpStream,
     head: &http_parse::RequestHead,
     headers: &Headers,
@@ -258,9 +259,12 @@ async fn proxy(
     // long as bytes keep coming (--stream-write-timeout between them and
     // for each write to the router).
     let idle = cfg.stream_write_timeout;
-    let (mut conn, rh) = within(
-        Some(cfg.http_timeout),
-        "no response head from the backend",
+    // Past --http-timeout only while the engine works on it (issue 56).
+    let (mut conn, rh) = super::progress::await_head(
+        cfg,
+        &link.meter,
+        link.interim,
+        s,
         backend::request(&cfg.backend, &head.method, &head.path, headers, body),
     )
     .await

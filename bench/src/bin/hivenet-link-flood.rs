@@ -170,6 +170,7 @@ async fn one_link(
             heartbeat_interval_ms,
             // Beat at least every 500 ms (the agent's signal cadence), so
             // a short --remove-after does not drop a held link.
+            ..
         }) => Duration::from_millis(heartbeat_interval_ms.clamp(100, 500)),
         Some(ControlMsg::Rejected { reason }) => {
             tally.fail(&tally.rejected, reason);

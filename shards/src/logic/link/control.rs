@@ -122,6 +122,12 @@ pub enum ControlMsg {
     Registered {
         /// Heartbeat period the router expects, milliseconds.
         heartbeat_interval_ms: u64,
+        /// The router reads interim `102 Processing` heads and restarts
+        /// its head deadline at each: the agent sends one at most this
+        /// often (milliseconds) while its engine shows progress on an
+        /// answer not yet started (issue 56). 0 (an older router): none.
+        #[serde(default)]
+        progress_interval_ms: u64,
     },
     /// Router refused; the link is closed after this.
     Rejected {

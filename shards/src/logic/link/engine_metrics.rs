@@ -174,6 +174,41 @@ fn hist(
     (mean, p90)
 }
 
+/// The counters that move while an engine works (issue 56: a
+/// non-streamed answer gives no byte before it is whole, so the agent
+/// waits past `--http-timeout` only while these move). vLLM and SGLang
+/// count tokens per scheduler step, llama-server its `llama_decode()`
+/// calls (prompt batches included); other engines export none.
+fn work_counters(engine: &str) -> &'static [&'static str] {
+    match engine {
+        "vllm" => &["vllm:generation_tokens_total", "vllm:prompt_tokens_total"],
+        "sglang" => &[
+            "sglang:generation_tokens_total",
+            "sglang:prompt_tokens_total",
+        ],
+        "llamacpp" => &["llamacpp:n_decode_total"],
+        _ => &[],
+    }
+}
+
+/// Whether `engine` exports a counter of its work.
+pub fn tracks_work(engine: &str) -> bool {
+    !work_counters(engine).is_empty()
+}
+
+/// The engine's work so far: the sum of its work counters over every
+/// series (`None` when the text has none of them).
+pub fn work_done(engine: &str, text: &str) -> Option<f64> {
+    let names = work_counters(engine);
+    let mut total: Option<f64> = None;
+    for (name, _, v) in text.lines().filter_map(sample) {
+        if names.contains(&name) && v.is_finite() && v >= 0.0 {
+            *total.get_or_insert(0.0) += v;
+        }
+    }
+    total
+}
+
 /// Parse a backend's metrics text for `engine`.
 pub fn parse(engine: &str, text: &str) -> EngineSignals {
     let Some(n) = names(engine) else {
@@ -308,6 +343,21 @@ mod tests {
         assert_eq!(s.p90_itl_seconds, None);
         // The names an older agent looked for do not exist any more.
         assert!(!LLAMACPP.contains("kv_cache_usage_ratio"));
+    }
+
+    #[test]
+    fn work_is_what_moves_while_an_engine_generates() {
+        assert_eq!(work_done("llamacpp", LLAMACPP), Some(44.0));
+        let vllm = "vllm:generation_tokens_total{model_name=\"m\"} 10\nvllm:prompt_tokens_total{model_name=\"m\"} 5\nvllm:generation_tokens_total{model_name=\"n\"} 1\n";
+        assert_eq!(work_done("vllm", vllm), Some(16.0));
+        // No counter, a bad value or an engine that exports none: unknown.
+        assert_eq!(work_done("vllm", "vllm:num_requests_running 3\n"), None);
+        assert_eq!(
+            work_done("vllm", "vllm:generation_tokens_total NaN\n"),
+            None
+        );
+        assert_eq!(work_done("ollama", vllm), None);
+        assert!(tracks_work("sglang") && !tracks_work("custom"));
     }
 
     #[test]

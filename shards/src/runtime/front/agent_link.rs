@@ -404,6 +404,7 @@ pub async fn serve_link(
     }
     let hb = ControlMsg::Registered {
         heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u64,
+        progress_interval_ms: progress_interval(cfg.request_timeout).as_millis() as u64,
     };
     if let Err(e) = link::write_frame(&mut ctl.stream, &hb).await {
         shard.router.unregister(&model, reg.capability, true);
@@ -593,4 +594,14 @@ async fn reject(shard: &Shard, ctl: &mut Conn<LinkStream>, model: &str, reason: 
         link::write_frame(&mut ctl.stream, &ControlMsg::Rejected { reason }),
     )
     .await;
+}
+
+/// How often an agent reports progress on an answer not yet started
+/// (interim `102` heads, issue 56): three times per `--request-timeout`,
+/// the head deadline each restarts, so one late report cuts nothing.
+pub fn progress_interval(request_timeout: std::time::Duration) -> std::time::Duration {
+    (request_timeout / 3).clamp(
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_secs(60),
+    )
 }

@@ -31,6 +31,9 @@ pub struct Progress {
     pub stage: Cell<Option<Stage>>,
     /// When the request write began (the latency clock's start).
     pub written_at: Cell<Option<Instant>>,
+    /// When the agent last sent an interim `102` head: its engine is
+    /// working on an answer not yet started (issue 56).
+    pub interim_at: Cell<Option<Instant>>,
 }
 
 impl Progress {
@@ -97,12 +100,54 @@ pub async fn exchange_head(
     http_stream::read_lines(&mut upstream)
         .await
         .map_err(after_send)?;
-    let head = upstream.read_response_head().await.map_err(after_send)?;
+    let head = loop {
+        let head = upstream.read_response_head().await.map_err(after_send)?;
+        // Interim heads (the agent's progress reports) restart the head
+        // deadline; 101 is never one here (no upgrade is asked for).
+        if (100..200).contains(&head.status) && head.status != 101 {
+            progress.interim_at.set(Some(clock::now()));
+            continue;
+        }
+        break head;
+    };
     Ok(Head {
         upstream,
         head,
         sample_ms: ms_since(t0),
     })
+}
+
+/// `fut` (an exchange up to its head) bounded by `deadline`, or by
+/// `restart` after the agent's last interim head when that is later: an
+/// answer its engine is still working on is not cut (issue 56). `None`:
+/// the deadline passed.
+pub async fn until_head<T>(
+    deadline: Instant,
+    restart: std::time::Duration,
+    progress: &Progress,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    futures::pin_mut!(fut);
+    loop {
+        let until = head_deadline(deadline, progress.interim_at.get(), restart);
+        let left = until.saturating_duration_since(clock::now());
+        if left.is_zero() {
+            return None;
+        }
+        if let Ok(v) = monoio::time::timeout(left, &mut fut).await {
+            return Some(v);
+        }
+    }
+}
+
+/// The head deadline: the request's, or `restart` after the agent's last
+/// progress report when that is later.
+pub fn head_deadline(
+    deadline: Instant,
+    interim_at: Option<Instant>,
+    restart: std::time::Duration,
+) -> Instant {
+    interim_at.map_or(deadline, |t| deadline.max(t + restart))
 }
 
 /// Non-streaming bodies up to this size are buffered (one write to the
@@ -469,6 +514,19 @@ pub async fn cut_stream(client: &mut Client, why: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_interim_head_restarts_the_deadline_never_shortens_it() {
+        let t0 = Instant::now();
+        let d = t0 + std::time::Duration::from_secs(1);
+        let r = std::time::Duration::from_secs(1);
+        assert_eq!(head_deadline(d, None, r), d);
+        // A report before the deadline moves it a whole period on.
+        let late = t0 + std::time::Duration::from_millis(900);
+        assert_eq!(head_deadline(d, Some(late), r), late + r);
+        // One long before it shortens nothing.
+        assert_eq!(head_deadline(d + r * 5, Some(t0), r), d + r * 5);
+    }
 
     #[test]
     fn a_deadline_before_the_write_is_no_sample() {

@@ -129,9 +129,12 @@ pub async fn attempt(
     } = ask;
     let _slot = Slot::take(agent.clone());
     let progress = Progress::default();
-    let remaining = deadline.saturating_duration_since(clock::now());
-    let exchange = monoio::time::timeout(
-        remaining,
+    // Restarted by the agent's progress reports (an answer not yet
+    // started that its engine is working on).
+    let exchange = exchange::until_head(
+        deadline,
+        shard.router.cfg.request_timeout,
+        &progress,
         exchange::exchange_head(&agent.link, request, &progress),
     );
     let exchanged = if c.scope.keepalive.is_some() {
@@ -148,9 +151,9 @@ pub async fn attempt(
         exchange.await
     };
     let head = match exchanged {
-        Ok(Ok(h)) => h,
-        Ok(Err((f, sample))) => return (Outcome::Failed(f), sample),
-        Err(_) => {
+        Some(Ok(h)) => h,
+        Some(Err((f, sample))) => return (Outcome::Failed(f), sample),
+        None => {
             let (f, sample) = progress.deadline();
             return (Outcome::Failed(f), sample);
         }
