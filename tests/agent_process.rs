@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[test]
 fn identity_is_created_private_and_reused() {
@@ -470,6 +470,53 @@ fn a_hung_backend_does_not_capture_sequential_traffic() {
     let timeouts = statuses.iter().filter(|s| **s == 504).count();
     let served = statuses.iter().filter(|s| **s == 200).count();
     assert!(timeouts <= 1 && served >= 7, "{statuses:?}");
+}
+
+/// Issue 51 #12: an agent whose one request timed out (its engine
+/// stalled once) gets sequential traffic again once it has recovered: a
+/// probe a backoff after the failure (1 s, doubling per failure). Before,
+/// it lost every tie for good and served nothing more.
+#[test]
+fn an_agent_that_timed_out_once_is_probed_back_into_rotation() {
+    let dir = tmpdir("probe-back");
+    let r = start_router(&dir, &["--shards", "1", "--request-timeout", "1s"], &[]);
+    // Its first inference request stalls 1.5 s (past the deadline), then
+    // it answers as fast as the other.
+    let (_a, pa) = start_sim(&dir, "pm", &["--stall-after", "1", "--stall-for", "1500ms"]);
+    let (_b, pb) = start_sim(&dir, "pm", &[]);
+    let _aa = start_agent(&dir, &r, pa, "pa.key", &["--machine", "stalled"]);
+    let _ab = start_agent(&dir, &r, pb, "pb.key", &["--machine", "steady"]);
+    wait_agents(r.http, "pm", 2);
+    let failed = |http| {
+        routing_table(http)["agents"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .find(|a| a["metadata"]["machine"] == "stalled")
+            .and_then(|a| a["universal"]["failed_requests_total"].as_u64())
+            .unwrap_or(0)
+    };
+    // One request at a time, for 5 s.
+    let t0 = Instant::now();
+    let mut statuses = Vec::new();
+    while t0.elapsed() < Duration::from_secs(5) {
+        statuses.push(Req::chat("pm").send(r.http).map(|x| x.status).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        failed(r.http) >= 1,
+        "the stall failed a request: {statuses:?}"
+    );
+    let served = successes_by_machine(r.http);
+    assert!(
+        served.get("stalled").copied().unwrap_or(0) >= 1,
+        "the recovered agent serves again: {served:?} {statuses:?}"
+    );
+    // Bounded: the client saw at most the stalled request and one probe
+    // fail.
+    let bad = statuses.iter().filter(|s| **s != 200).count();
+    assert!(bad <= 2, "{statuses:?}");
 }
 
 /// A backend that answers `/health` and `/v1/models` and misbehaves on

@@ -60,6 +60,7 @@ fn facts(a: &Agent) -> AgentFacts<'_> {
         srtt: a.srtt,
         success_rate: Some(0.99),
         consecutive_failures: Some(0),
+        probe_due: false,
         signals: Default::default(),
         hardware: Default::default(),
         gpu_model: "",

@@ -37,6 +37,7 @@ impl Pool for Vec<Agent> {
             srtt: a.srtt,
             success_rate: None,
             consecutive_failures: None,
+            probe_due: false,
             signals: Default::default(),
             hardware: Default::default(),
             gpu_model: "",

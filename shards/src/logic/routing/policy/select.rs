@@ -39,12 +39,25 @@ pub struct AgentFacts<'a> {
     pub success_rate: Option<f64>,
     /// Failures since the last success (None: no history).
     pub consecutive_failures: Option<u64>,
+    /// The agent has failed and its probe is due (issue 51 #12): the
+    /// failure gates (`consecutive_failures`, `success_rate`) and the
+    /// tie-break against a failing agent let one request through, so a
+    /// recovered agent gets traffic again even when requests come one at
+    /// a time. Set by the state from [`probe_backoff`].
+    pub probe_due: bool,
     /// Engine signals the agent reported (absent fields pass).
     pub signals: crate::logic::link::engine_metrics::EngineSignals,
     /// Host signals the agent reported (absent fields pass).
     pub hardware: crate::logic::link::hardware::HardwareSignals,
     /// GPU model the agent declared or read (empty: none known).
     pub gpu_model: &'a str,
+}
+
+/// How long a failing agent waits for its next probe: 1 s after its
+/// last try, doubling with each consecutive failure up to 30 s.
+pub fn probe_backoff(consecutive_failures: u64) -> std::time::Duration {
+    let doublings = consecutive_failures.saturating_sub(1).min(5) as u32;
+    std::time::Duration::from_secs(1 << doublings).min(std::time::Duration::from_secs(30))
 }
 
 impl AgentFacts<'_> {
@@ -147,11 +160,12 @@ fn passes(
         &mut c.prev_failed
     } else if a.capacity == 0 || a.active >= a.capacity {
         &mut c.at_capacity
-    } else if step
-        .exclude_if
-        .iter()
-        .any(|r| a.signal(r.field).map(|v| r.violated(v)).unwrap_or(false))
-    {
+    } else if step.exclude_if.iter().any(|r| {
+        // A due probe passes the failure gates (one request per backoff).
+        let probed =
+            a.probe_due && matches!(r.field, Field::ConsecutiveFailures | Field::SuccessRate);
+        !probed && a.signal(r.field).map(|v| r.violated(v)).unwrap_or(false)
+    }) {
         &mut c.excluded
     } else {
         return true;
@@ -192,7 +206,7 @@ pub fn select_with<'a>(
             continue;
         }
         let (act, capy) = (u64::from(a.active), u64::from(a.capacity));
-        let failing = a.consecutive_failures.unwrap_or(0) > 0;
+        let failing = a.consecutive_failures.unwrap_or(0) > 0 && !a.probe_due;
         let better = match best {
             None => true,
             Some((_, ba, bc, bf)) => {

@@ -144,6 +144,7 @@ fn facts(
         srtt,
         success_rate: None,
         consecutive_failures: None,
+        probe_due: false,
         signals: Default::default(),
         hardware: Default::default(),
         gpu_model: "",
@@ -391,6 +392,59 @@ fn a_failing_agent_loses_ties_not_load() {
         0,
     );
     assert_eq!(pick, StepPick::Agent(0), "load first");
+}
+
+/// Issue 51 #12: a failing agent whose probe is due is no longer put
+/// behind the others at equal load, and the failure gates let it through,
+/// so requests that come one at a time reach it again; the SRTT gate is
+/// not lifted (the seed's fallback steps give it samples).
+#[test]
+fn a_due_probe_puts_a_failing_agent_back_in_rotation() {
+    let mut hung = facts(1, true, 0, 10, None, "vllm");
+    hung.consecutive_failures = Some(3);
+    hung.success_rate = Some(0.2);
+    let ok = facts(2, true, 0, 10, None, "vllm");
+    let step = Policy::default().steps[0].clone();
+    let pick = |agents: [AgentFacts<'static>; 2], step: &Step, rot| {
+        select(
+            step,
+            Capability::Llm,
+            2,
+            |i| agents.get(i).copied(),
+            &[],
+            rot,
+        )
+    };
+    // Not due: never chosen at equal load, whatever the rotation.
+    assert!((0..4).all(|r| pick([hung, ok], &step, r) == StepPick::Agent(1)));
+    // Due: chosen by the rotation like any other.
+    let due = AgentFacts {
+        probe_due: true,
+        ..hung
+    };
+    assert!((0..4).any(|r| pick([due, ok], &step, r) == StepPick::Agent(0)));
+    // The failure gates let a due probe through, the SRTT gate does not.
+    let yaml = "routing_policy:\n  strategy: least-loaded\n  exclude_if:\n    consecutive_failures:\n      gt: 2\n    success_rate:\n      lt: 0.5\n";
+    let gated = parse("p.yaml", yaml).expect("policy").steps[0].clone();
+    let only = |a: AgentFacts<'static>, step: &Step| {
+        select(step, Capability::Llm, 1, |i| [a].get(i).copied(), &[], 0)
+    };
+    assert!(matches!(only(hung, &gated), StepPick::Empty(_)));
+    assert_eq!(only(due, &gated), StepPick::Agent(0));
+    let slow = AgentFacts {
+        srtt: Some(900.0),
+        ..due
+    };
+    assert!(matches!(only(slow, &gate(500.0)), StepPick::Empty(_)));
+}
+
+#[test]
+fn the_probe_backoff_doubles_from_one_second_to_thirty() {
+    let s = |n| probe_backoff(n).as_secs();
+    assert_eq!(
+        [s(0), s(1), s(2), s(3), s(5), s(6), s(60)],
+        [1, 1, 2, 4, 16, 30, 30]
+    );
 }
 
 /// The load guard of `prefix-aware`: a holder within the band wins, one

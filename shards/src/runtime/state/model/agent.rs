@@ -84,6 +84,9 @@ pub struct Agent {
     pub backend_failures: Cell<u64>,
     /// Failures since the last success (this registration only).
     pub consecutive_failures: Cell<u64>,
+    /// When an agent with failures was last sent a request or failed: its
+    /// next probe is due a backoff later (issue 51 #12).
+    pub tried_at: Cell<Option<crate::runtime::wire::clock::Instant>>,
     /// The model's capacity queue (a freed slot wakes its head).
     pub queue: Rc<RefCell<Waiters>>,
     /// Latest engine signals from the agent.
@@ -239,6 +242,7 @@ impl Agent {
             agent_failures: Cell::new(h.agent_failures),
             backend_failures: Cell::new(h.backend_failures),
             consecutive_failures: Cell::new(0),
+            tried_at: Cell::new(None),
             queue,
             signals: Cell::new(EngineSignals::default()),
             hardware: Cell::new(HardwareSignals::default()),
@@ -285,6 +289,7 @@ impl Agent {
 
     /// Count one failure.
     pub fn fail(&self) {
+        self.tried_at.set(Some(crate::runtime::wire::clock::now()));
         self.failed.set(self.failed.get() + 1);
         self.consecutive_failures
             .set(self.consecutive_failures.get() + 1);
@@ -356,6 +361,18 @@ impl Agent {
         self.healthy() && self.success.get() > 0
     }
 
+    /// An agent with failures whose probe is due: a backoff after its last
+    /// try (only such agents read the clock here).
+    fn probe_due(&self) -> bool {
+        if self.failed.get() == 0 {
+            return false;
+        }
+        let wait = crate::logic::routing::policy::probe_backoff(self.consecutive_failures.get());
+        self.tried_at
+            .get()
+            .is_none_or(|t| crate::runtime::wire::clock::now() >= t + wait)
+    }
+
     /// What the policy gates read of it.
     pub fn facts(&self) -> AgentFacts<'_> {
         let total = self.success.get() + self.failed.get();
@@ -373,6 +390,7 @@ impl Agent {
             srtt: self.est.get().srtt(),
             success_rate: (total > 0).then(|| self.success.get() as f64 / total as f64),
             consecutive_failures: (total > 0).then(|| self.consecutive_failures.get()),
+            probe_due: self.probe_due(),
             signals: self.signals.get(),
             hardware: self.hardware.get(),
             gpu_model: &self.reg.gpu_model,
@@ -388,6 +406,10 @@ impl Slot {
     /// Take a slot.
     pub fn take(agent: Rc<Agent>) -> Self {
         agent.active.set(agent.active.get() + 1);
+        // A failing agent's probe is spent: the next is a backoff later.
+        if agent.failed.get() > 0 {
+            agent.tried_at.set(Some(crate::runtime::wire::clock::now()));
+        }
         Slot(agent)
     }
 }
