@@ -607,4 +607,22 @@ fn backend_failures_are_named_and_counted() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(n, 3.0);
+    // A peer failing every request writes a line a second with the count,
+    // not one per request (issue 51).
+    mode.store(0, std::sync::atomic::Ordering::Relaxed);
+    let t0 = std::time::Instant::now();
+    for _ in 0..100 {
+        let _ = Req::chat("odd").send(r.http);
+    }
+    let secs = t0.elapsed().as_secs() + 2;
+    let lines = r
+        .proc
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("forward to agent failed"))
+        .count() as u64;
+    assert!(
+        lines >= 1 && lines <= secs + 1,
+        "{lines} lines for 103 failures in {secs} s"
+    );
 }

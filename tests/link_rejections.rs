@@ -231,6 +231,68 @@ fn garbage_after_a_valid_preamble_is_cut_at_once_and_refusals_are_rate_logged() 
     assert!(lines <= 10, "{lines} log lines for 300 refusals");
 }
 
+/// Issue 51 ("log lines caused by a peer are rate-limited everywhere"): a
+/// peer that registers and leaves in a loop (same identity, 60 times)
+/// writes at most a line a second per event with the count, not three
+/// lines a cycle.
+#[test]
+fn a_peer_registering_in_a_loop_cannot_flood_the_log() {
+    let dir = tmpdir("register-churn");
+    let r = start_router(&dir, &["--shards", "1"], &[]);
+    let t0 = std::time::Instant::now();
+    let mut registered = 0;
+    run_on_runtime(DriverChoice::Auto, |_| async {
+        let kp = libp2p_identity::Keypair::generate_ed25519();
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], r.p2p));
+        for _ in 0..60 {
+            let Ok((_, conn)) = link::dial(addr, "churn-model", None, &kp).await else {
+                continue;
+            };
+            let (h, _inb, _closed) = link::spawn_driver(conn);
+            let Ok(mut ctl) = h.open(link::CONTROL_PROTOCOL).await else {
+                continue;
+            };
+            let reg = Registration {
+                peer_id: kp.public().to_peer_id().to_string(),
+                model: "churn-model".into(),
+                engine: "vllm".into(),
+                capacity: 1_000_000,
+                ..Default::default()
+            };
+            if link::write_frame(&mut ctl, &ControlMsg::Register(reg))
+                .await
+                .is_err()
+            {
+                continue;
+            }
+            let mut ctl = shards::runtime::wire::conn::Conn::over(ctl, Vec::new());
+            if let Ok(Some(ControlMsg::Registered { .. })) = ctl.read_frame().await {
+                registered += 1;
+            }
+            let _ = ctl.stream.close().await;
+            h.close();
+        }
+    });
+    let secs = t0.elapsed().as_secs() + 2;
+    assert!(registered >= 50, "{registered} of 60 registrations");
+    std::thread::sleep(Duration::from_millis(500));
+    let log = r.proc.log_text();
+    let count = |needle: &str| log.lines().filter(|l| l.contains(needle)).count() as u64;
+    for needle in [
+        "agent registered",
+        "agent left routing",
+        "control stream",
+        "capacity capped",
+    ] {
+        let n = count(needle);
+        assert!(
+            n <= secs + 1,
+            "{n} lines of {needle:?} for {registered} cycles in {secs} s"
+        );
+    }
+    assert!(count("agent registered") >= 1, "the first is said");
+}
+
 /// Issues 29 #1 and 51 #2: the caps of registered agents count only links
 /// that finished their handshake (silent connections filled them and kept
 /// agents out); beyond them a registration is refused with the cap's

@@ -309,6 +309,7 @@ async fn check_noise_start(
 
 /// Check a registration against the link it came on.
 fn check_registration(
+    shard: &Shard,
     msg: ControlMsg,
     peer_id: &str,
     model: &str,
@@ -336,8 +337,10 @@ fn check_registration(
     control::truncate_label(&mut reg.llm_pretty_name, control::MAX_LLM_PRETTY_NAME);
     control::truncate_label(&mut reg.llm_info, control::MAX_LLM_INFO);
     if reg.capacity > link::MAX_AGENT_CAPACITY {
-        warn!(peer_id = %reg.peer_id, declared = reg.capacity, granted = link::MAX_AGENT_CAPACITY,
-              "agent capacity capped to the link's stream budget");
+        if shard.peer_line(&reg.peer_id, "capacity_capped").is_some() {
+            warn!(peer_id = %reg.peer_id, declared = reg.capacity, granted = link::MAX_AGENT_CAPACITY,
+                  "agent capacity capped to the link's stream budget");
+        }
         reg.capacity = link::MAX_AGENT_CAPACITY;
     }
     Ok(reg)
@@ -379,7 +382,7 @@ pub async fn serve_link(
         mut ctl,
         first,
     } = setup;
-    let reg = match check_registration(first, &peer_id, &model) {
+    let reg = match check_registration(&shard, first, &peer_id, &model) {
         Ok(r) => r,
         Err(reason) => {
             shard.router.release(&model);
@@ -419,23 +422,31 @@ pub async fn serve_link(
     match &warm {
         WarmStart::Live(..) | WarmStart::Stored(None) => {}
         WarmStart::Stored(Some(h)) => {
-            info!(peer_id = %reg.peer_id, srtt_ms = ?h.srtt, rttvar_ms = ?h.rttvar, success = h.success, failed = h.failed,
-                  record_age_s = clock::unix_secs().saturating_sub(h.written_at), "warm start from the history store");
+            if shard.peer_line(&reg.peer_id, "warm_start").is_some() {
+                info!(peer_id = %reg.peer_id, srtt_ms = ?h.srtt, rttvar_ms = ?h.rttvar, success = h.success, failed = h.failed,
+                      record_age_s = clock::unix_secs().saturating_sub(h.written_at), "warm start from the history store");
+            }
         }
         WarmStart::Unknown => {
-            warn!(peer_id = %reg.peer_id, "history lookup failed; starting without history and leaving the stored record untouched");
+            if shard.peer_line(&reg.peer_id, "warm_start").is_some() {
+                warn!(peer_id = %reg.peer_id, "history lookup failed; starting without history and leaving the stored record untouched");
+            }
         }
     }
     let agent = shard.add_agent(reg, link, warm);
     shard.router.publish("registered", &agent.reg);
-    info!(
-        shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, engine = %agent.reg.engine,
-        capability = agent.reg.capability.as_str(), capacity = agent.reg.capacity, "agent registered"
-    );
+    if let Some(n) = shard.peer_line(&agent.reg.peer_id, "registered") {
+        info!(
+            shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, engine = %agent.reg.engine,
+            capability = agent.reg.capability.as_str(), capacity = agent.reg.capacity, registrations = n,
+            "agent registered ({n} registration(s) of this peer since the previous line)"
+        );
+    }
     // A policy that reads GPU signals or the GPU model, for an agent that
     // knows no GPU: its gates pass and its match fails, silently unless
     // said (issue 28 #15).
     if agent.reg.gpu_model.is_empty()
+        && shard.peer_line(&agent.reg.peer_id, "no_gpu").is_some()
         && shard
             .policy(&agent.reg.model)
             .steps
@@ -476,11 +487,15 @@ async fn heartbeats(shard: &Shard, agent: &Agent, ctl: &mut Conn<LinkStream>) {
                 }
             }
             Ok(Ok(None)) => {
-                info!(peer_id = %agent.reg.peer_id, "control stream closed");
+                if shard.peer_line(&agent.reg.peer_id, "control_end").is_some() {
+                    info!(peer_id = %agent.reg.peer_id, "control stream closed");
+                }
                 return;
             }
             Ok(Err(e)) => {
-                info!(peer_id = %agent.reg.peer_id, "control stream failed: {e}");
+                if shard.peer_line(&agent.reg.peer_id, "control_end").is_some() {
+                    info!(peer_id = %agent.reg.peer_id, "control stream failed: {e}");
+                }
                 return;
             }
             Err(_) if last_frame.elapsed() >= miss => {
@@ -562,7 +577,9 @@ fn on_frame(agent: &Agent, msg: ControlMsg) -> bool {
             true
         }
         other => {
-            warn!(peer_id = %agent.reg.peer_id, "unexpected control message {other:?}; closing link");
+            if agent.peer_line(clock::now()).is_some() {
+                warn!(peer_id = %agent.reg.peer_id, "unexpected control message {other:?}; closing link");
+            }
             false
         }
     }
@@ -577,13 +594,18 @@ fn leave(shard: &Shard, agent: &Rc<Agent>) {
         .router
         .unregister(&agent.reg.model, agent.reg.capability, counted);
     if !shard.remove_agent(agent) {
-        info!(shard = shard.id, peer_id = %agent.reg.peer_id, "replaced link ended");
+        if shard.peer_line(&agent.reg.peer_id, "left").is_some() {
+            info!(shard = shard.id, peer_id = %agent.reg.peer_id, "replaced link ended");
+        }
         return;
     }
     shard.router.publish("unregistered", &agent.reg);
     agent.disconnections.set(agent.disconnections.get() + 1);
     shard.flush(std::slice::from_ref(agent), None);
-    info!(shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, "agent left routing");
+    if let Some(n) = shard.peer_line(&agent.reg.peer_id, "left") {
+        info!(shard = shard.id, peer_id = %agent.reg.peer_id, model = %agent.reg.model, departures = n,
+              "agent left routing ({n} departure(s) of this peer since the previous line)");
+    }
 }
 
 async fn reject(shard: &Shard, ctl: &mut Conn<LinkStream>, model: &str, reason: Refusal) {

@@ -166,7 +166,9 @@ impl<'a> Continuity<'a> {
         let (outcome, sample) = attempt(shard, c, p, &agent, ask, &mut None).await;
         let end = match &outcome {
             Outcome::Served { .. } => {
-                info!(model = %p.meta.model, from = %self.first, to = %agent.peer, delivered_tokens = t.deltas, "stream continued on another agent");
+                if let Some(n) = shard.peer_line(&self.first, "continued") {
+                    info!(model = %p.meta.model, from = %self.first, to = %agent.peer, delivered_tokens = t.deltas, continued = n, "stream continued on another agent ({n} stream(s) of this agent continued since the previous line)");
+                }
                 self.label = "continued";
                 AttemptEnd::Responded
             }
@@ -198,7 +200,9 @@ impl<'a> Continuity<'a> {
     /// The machine cut the stream (`label`): the client is told.
     pub async fn cut(&mut self, c: &mut Client, label: &'static str) {
         self.label = label;
-        warn!(model = %self.p.meta.model, peer_id = %self.first, outcome = label, "stream broke and could not be continued: {}", self.last_why);
+        if let Some(n) = self.shard.peer_line(&self.first, "cut") {
+            warn!(model = %self.p.meta.model, peer_id = %self.first, outcome = label, cut = n, "stream broke and could not be continued: {} ({n} stream(s) of this agent cut since the previous line)", self.last_why);
+        }
         exchange::cut_stream(c, &self.last_why).await;
     }
 

@@ -485,7 +485,9 @@ impl<'a> Run<'a> {
         };
         let (kept, cut) = bound.clamp(*t);
         if cut {
-            warn!(model = self.model, peer_id = %agent.reg.peer_id, claimed_input = t.input, claimed_output = t.output, "usage beyond what the request could produce: clamped");
+            if let Some(n) = agent.request_line(clock::now()) {
+                warn!(model = self.model, peer_id = %agent.reg.peer_id, claimed_input = t.input, claimed_output = t.output, clamped = n, "usage beyond what the request could produce: clamped");
+            }
             *t = kept;
             self.with_model(|m| m.stats.usage_clamped += 1);
         }

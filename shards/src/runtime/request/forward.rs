@@ -327,7 +327,9 @@ pub fn record_attempt(
                     *s.connection_resets.entry(r).or_default() += 1;
                 }
             });
-            warn!(peer_id = %agent.reg.peer_id, "forward to agent failed: {f}");
+            if let Some(n) = agent.request_line(clock::now()) {
+                warn!(peer_id = %agent.reg.peer_id, failures = n, "forward to agent failed: {f} ({n} failure(s) of this agent since the previous line)");
+            }
             AttemptEnd::Failed(f)
         }
     }

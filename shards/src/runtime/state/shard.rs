@@ -54,6 +54,9 @@ pub fn inc(c: &Cell<u64>) {
     c.set(c.get() + 1);
 }
 
+/// Most peers [`Shard::peer_line`] keeps a gate for.
+const PEER_LOG_MAX: usize = 4096;
+
 /// One core's state.
 pub struct Shard {
     /// Shard index.
@@ -68,6 +71,10 @@ pub struct Shard {
     pub provider_only: RefCell<crate::runtime::state::model::stats::ProviderOnly>,
     /// Link refusals logged at most once a second per reason.
     pub refusal_log: RefCell<HashMap<&'static str, LogGate>>,
+    /// Lines a peer's link events cause (registered, left, its control
+    /// stream's end), at most once a second per peer and event (issue 51:
+    /// a peer reconnecting in a loop cannot flood the log).
+    pub peer_log: RefCell<HashMap<(String, &'static str), LogGate>>,
     /// Agent links refused here, by reason (`link_cap`, `address_cap`,
     /// `handshake`, ...): a bounded set of static names.
     pub refusals: RefCell<std::collections::BTreeMap<&'static str, u64>>,
@@ -104,6 +111,21 @@ pub enum WarmStart {
 // === impl Shard ===
 
 impl Shard {
+    /// Whether a line `event` of peer `peer_id` causes may be written now:
+    /// `Some(n)`, the events it stands for, at most once a second per peer
+    /// and event. Bounded: past 4,096 peers the book starts over (a few
+    /// lines more, never more memory).
+    pub fn peer_line(&self, peer_id: &str, event: &'static str) -> Option<u64> {
+        let mut book = self.peer_log.try_borrow_mut().ok()?;
+        if book.len() >= PEER_LOG_MAX && !book.contains_key(&(peer_id.to_string(), event)) {
+            book.clear();
+        }
+        book.entry((peer_id.to_string(), event)).or_default().hit(
+            crate::runtime::wire::clock::now(),
+            std::time::Duration::from_secs(1),
+        )
+    }
+
     /// A fresh shard.
     pub fn new(id: usize, router: Arc<Router>) -> Self {
         Shard {
@@ -113,6 +135,7 @@ impl Shard {
             counters: Counters::default(),
             provider_only: RefCell::default(),
             refusal_log: RefCell::new(HashMap::new()),
+            peer_log: RefCell::new(HashMap::new()),
             audit_401_gate: RefCell::default(),
             refusals: RefCell::default(),
             next_agent: Cell::new(1),

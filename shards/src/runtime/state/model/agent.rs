@@ -54,6 +54,10 @@ pub struct Agent {
     /// one a second with the count it stands for: a peer cannot flood the
     /// log (issue 51 #6).
     pub peer_log: RefCell<LogGate>,
+    /// Paces the lines its requests' failures cause (a failed forward, a
+    /// usage claim clamped): a peer failing every request logs one line a
+    /// second with the count.
+    pub request_log: RefCell<LogGate>,
     /// Lifetime successful requests.
     pub success: Cell<u64>,
     /// Lifetime failed requests.
@@ -228,6 +232,7 @@ impl Agent {
             others: Cell::new(0),
             full_refusals: Cell::new(0),
             peer_log: RefCell::default(),
+            request_log: RefCell::default(),
             success: Cell::new(h.success),
             failed: Cell::new(h.failed),
             last_seen_ms: Cell::new(now_unix_ms),
@@ -255,6 +260,15 @@ impl Agent {
     /// events it stands for (this one included), at most once a second.
     pub fn peer_line(&self, now: crate::runtime::wire::clock::Instant) -> Option<u64> {
         self.peer_log
+            .try_borrow_mut()
+            .ok()?
+            .hit(now, std::time::Duration::from_secs(1))
+    }
+
+    /// Whether a line one of its requests causes may be written now
+    /// (`Some(n)`: the events it stands for), at most once a second.
+    pub fn request_line(&self, now: crate::runtime::wire::clock::Instant) -> Option<u64> {
+        self.request_log
             .try_borrow_mut()
             .ok()?
             .hit(now, std::time::Duration::from_secs(1))
