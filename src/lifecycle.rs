@@ -244,7 +244,7 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
             cfg.max_agent_links,
             cfg.max_agent_links_per_address,
         ),
-        pending_links: shards::runtime::wire::link::budget::LinkBudget::new(
+        pending_links: shards::runtime::wire::link::budget::LinkBudget::evicting(
             cfg.max_pending_agent_links,
             cfg.max_pending_agent_links_per_address,
         ),

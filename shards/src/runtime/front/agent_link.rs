@@ -72,13 +72,15 @@ pub async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream) {
             }
         }
     };
-    let (model, used) = match monoio::time::timeout(timeout, read).await {
-        Ok(Ok(v)) => v,
-        Ok(Err((kind, reason))) => return refused(&shard, peer, "", kind, &reason),
-        Err(_) => {
+    let read = monoio::time::timeout(timeout, read);
+    let (model, used) = match or_evicted(&permit, read).await {
+        Some(Ok(Ok(v))) => v,
+        Some(Ok(Err((kind, reason)))) => return refused(&shard, peer, "", kind, &reason),
+        Some(Err(_)) => {
             let why = format!("no preamble within {timeout:?}");
             return refused(&shard, peer, "", "preamble_timeout", &why);
         }
+        None => return evicted(&shard, peer),
     };
     conn.consume(used);
     let owner = shard.router.reserve(&model);
@@ -103,6 +105,28 @@ pub async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream) {
         }
     }
     serve_link(shard, stream, buf, model, permit).await;
+}
+
+/// `fut`, or `None` when the pending budget evicted the link meanwhile.
+async fn or_evicted<T>(
+    permit: &LinkPermit,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    use futures::future::{select, Either};
+    futures::pin_mut!(fut);
+    let gone = permit.evicted();
+    futures::pin_mut!(gone);
+    match select(fut, gone).await {
+        Either::Left((v, _)) => Some(v),
+        Either::Right(_) => None,
+    }
+}
+
+/// A link cut before its handshake to make room for a newer one from its
+/// address (the per-address pending cap evicts the oldest).
+fn evicted(shard: &Shard, peer: Option<std::net::SocketAddr>) {
+    let why = "cut before its handshake: the oldest of its address at --max-pending-agent-links-per-address";
+    refused(shard, peer, "", "pending_evicted", &why)
 }
 
 /// Count a refused link and log it: at most one line per second per
@@ -359,23 +383,26 @@ pub async fn serve_link(
 ) {
     let peer_addr = stream.peer_addr().ok();
     let cfg = shard.router.cfg.clone();
-    let setup =
-        match monoio::time::timeout(cfg.handshake_timeout, handshake(&shard, stream, prefix)).await
-        {
-            Ok(Ok(s)) => s,
-            Ok(Err(reason)) => {
-                shard.router.release(&model);
-                return refused(&shard, peer_addr, &model, reason.kind(), &reason);
-            }
-            Err(_) => {
-                shard.router.release(&model);
-                let why = format!(
-                    "handshake or registration timed out after {:?}",
-                    cfg.handshake_timeout
-                );
-                return refused(&shard, peer_addr, &model, "handshake_timeout", &why);
-            }
-        };
+    let shaking = monoio::time::timeout(cfg.handshake_timeout, handshake(&shard, stream, prefix));
+    let setup = match or_evicted(&pending, shaking).await {
+        Some(Ok(Ok(s))) => s,
+        Some(Ok(Err(reason))) => {
+            shard.router.release(&model);
+            return refused(&shard, peer_addr, &model, reason.kind(), &reason);
+        }
+        Some(Err(_)) => {
+            shard.router.release(&model);
+            let why = format!(
+                "handshake or registration timed out after {:?}",
+                cfg.handshake_timeout
+            );
+            return refused(&shard, peer_addr, &model, "handshake_timeout", &why);
+        }
+        None => {
+            shard.router.release(&model);
+            return evicted(&shard, peer_addr);
+        }
+    };
     let Setup {
         peer_id,
         link,

@@ -4,20 +4,57 @@
 //! fresh identities once took the router to 2 GiB: beyond the caps a link
 //! is refused and counted (`reason="link_cap"` / `"address_cap"`).
 //!
+//! The budget of connections before their handshake evicts instead of
+//! refusing at its per-address cap: the oldest connection of that address
+//! still waiting is cut (issue 51 #2: 140 silent connections from an
+//! agent's own address kept it out; a flood of any size from one address
+//! now cannot hold a place for longer than it takes newer connections to
+//! arrive, and an agent's connection, which finishes its handshake in
+//! milliseconds, gets through).
+//!
 //! Key types: [`LinkBudget`], [`LinkPermit`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::Poll;
+
+use futures::task::AtomicWaker;
 
 /// Agent links open now, in all and per address, and their caps.
 #[derive(Debug, Default)]
 pub struct LinkBudget {
     total: AtomicUsize,
     max_total: usize,
-    per_address: Mutex<HashMap<IpAddr, usize>>,
+    per_address: Mutex<HashMap<IpAddr, Place>>,
     max_per_address: usize,
+    /// At the per-address cap, cut the address's oldest waiting link
+    /// instead of refusing the new one.
+    evicts: bool,
+}
+
+/// One address's links: how many, and (evicting budgets) the order they
+/// came in.
+#[derive(Debug, Default)]
+struct Place {
+    n: usize,
+    order: VecDeque<Weak<Eviction>>,
+}
+
+/// The signal that cuts an evicted link.
+#[derive(Debug, Default)]
+pub struct Eviction {
+    evicted: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Eviction {
+    fn evict(&self) -> bool {
+        let first = !self.evicted.swap(true, Ordering::AcqRel);
+        self.waker.wake();
+        first
+    }
 }
 
 /// Why a link was refused at accept.
@@ -39,6 +76,17 @@ impl LinkBudget {
         })
     }
 
+    /// Caps (0: none) whose per-address cap evicts the address's oldest
+    /// link instead of refusing (connections before their handshake).
+    pub fn evicting(max_total: usize, max_per_address: usize) -> Arc<Self> {
+        Arc::new(LinkBudget {
+            max_total,
+            max_per_address,
+            evicts: true,
+            ..LinkBudget::default()
+        })
+    }
+
     /// Links open now.
     pub fn open(&self) -> usize {
         self.total.load(Ordering::Relaxed)
@@ -51,24 +99,52 @@ impl LinkBudget {
             self.total.fetch_sub(1, Ordering::AcqRel);
             return Err(LinkCap::Total(self.max_total));
         }
+        let mut eviction = None;
         if let Some(a) = addr {
             let mut m = match self.per_address.lock() {
                 Ok(g) => g,
                 Err(p) => p.into_inner(),
             };
-            let n = m.entry(a).or_default();
-            if self.max_per_address > 0 && *n >= self.max_per_address {
-                drop(m);
-                self.total.fetch_sub(1, Ordering::AcqRel);
-                return Err(LinkCap::Address(self.max_per_address));
+            let place = m.entry(a).or_default();
+            if self.max_per_address > 0 && place.n >= self.max_per_address {
+                // The oldest still waiting goes (its permit is given back
+                // as soon as its task sees the signal).
+                let evicted = self.evicts && evict_oldest(&mut place.order);
+                if !evicted {
+                    drop(m);
+                    self.total.fetch_sub(1, Ordering::AcqRel);
+                    return Err(LinkCap::Address(self.max_per_address));
+                }
             }
-            *n += 1;
+            place.n += 1;
+            if self.evicts {
+                let e = Arc::new(Eviction::default());
+                if place.order.len() >= self.max_per_address.saturating_mul(2).max(16) {
+                    place.order.retain(|w| w.strong_count() > 0);
+                }
+                place.order.push_back(Arc::downgrade(&e));
+                eviction = Some(e);
+            }
         }
         Ok(LinkPermit {
             budget: self.clone(),
             addr,
+            eviction,
         })
     }
+}
+
+/// Signal the oldest link of `order` not yet evicted; false when none is
+/// left to evict.
+fn evict_oldest(order: &mut VecDeque<Weak<Eviction>>) -> bool {
+    while let Some(w) = order.pop_front() {
+        if let Some(e) = w.upgrade() {
+            if e.evict() {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// One link's place under the caps, given back when dropped.
@@ -76,6 +152,29 @@ impl LinkBudget {
 pub struct LinkPermit {
     budget: Arc<LinkBudget>,
     addr: Option<IpAddr>,
+    eviction: Option<Arc<Eviction>>,
+}
+
+impl LinkPermit {
+    /// Resolves when the budget evicted this link (never for a budget that
+    /// does not evict).
+    pub async fn evicted(&self) {
+        let Some(e) = &self.eviction else {
+            return futures::future::pending().await;
+        };
+        futures::future::poll_fn(|cx| {
+            if e.evicted.load(Ordering::Acquire) {
+                return Poll::Ready(());
+            }
+            e.waker.register(cx.waker());
+            if e.evicted.load(Ordering::Acquire) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
 }
 
 impl Drop for LinkPermit {
@@ -86,9 +185,9 @@ impl Drop for LinkPermit {
                 Ok(g) => g,
                 Err(p) => p.into_inner(),
             };
-            if let Some(n) = m.get_mut(&a) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
+            if let Some(place) = m.get_mut(&a) {
+                place.n = place.n.saturating_sub(1);
+                if place.n == 0 {
                     m.remove(&a);
                 }
             }
@@ -122,5 +221,43 @@ mod tests {
             .collect();
         assert_eq!(open.open(), 100);
         drop(many);
+    }
+
+    #[test]
+    fn an_evicting_budget_cuts_the_oldest_of_the_address_at_its_cap() {
+        let b = LinkBudget::evicting(10, 2);
+        let a: IpAddr = [10, 0, 0, 1].into();
+        let p1 = b.take(Some(a)).expect("1");
+        let p2 = b.take(Some(a)).expect("2");
+        let fired = |p: &LinkPermit| {
+            p.eviction
+                .as_ref()
+                .is_some_and(|e| e.evicted.load(Ordering::Acquire))
+        };
+        // At the cap: the oldest is told to go, the new one admitted.
+        let p3 = b.take(Some(a)).expect("3 evicts 1");
+        assert!(fired(&p1) && !fired(&p2) && !fired(&p3));
+        let p4 = b.take(Some(a)).expect("4 evicts 2");
+        assert!(fired(&p2));
+        // Both evicted ones still hold their place until dropped: a third
+        // eviction takes 3, never one already told.
+        let p5 = b.take(Some(a)).expect("5 evicts 3");
+        assert!(fired(&p3) && !fired(&p4) && !fired(&p5));
+        drop((p1, p2, p3, p4, p5));
+        assert_eq!(b.open(), 0);
+        assert!(b.per_address.lock().map(|m| m.is_empty()).unwrap_or(false));
+        // A plain budget still refuses.
+        let plain = LinkBudget::new(10, 1);
+        let _q = plain.take(Some(a)).expect("1");
+        assert_eq!(plain.take(Some(a)).err(), Some(LinkCap::Address(1)));
+    }
+
+    #[test]
+    fn eviction_wakes_the_waiting_task() {
+        let b = LinkBudget::evicting(10, 1);
+        let a: IpAddr = [10, 0, 0, 1].into();
+        let p1 = b.take(Some(a)).expect("1");
+        let _p2 = b.take(Some(a)).expect("2");
+        futures::executor::block_on(p1.evicted());
     }
 }
