@@ -102,6 +102,15 @@ pub(crate) struct Flags {
     /// days a history record is kept after its last write; 0 keeps forever (default 30)
     #[argh(option, default = "30")]
     disk_db_ttl: u64,
+    /// bytes of stored Responses API conversations, all tenants together; the oldest go first (default 1073741824 = 1 GiB; 0 keeps none)
+    #[argh(option, default = "1073741824")]
+    responses_max_bytes: u64,
+    /// bytes of stored Responses API conversations per tenant; its oldest go first (default 67108864 = 64 MiB; 0 keeps none)
+    #[argh(option, default = "67108864")]
+    responses_max_bytes_per_tenant: u64,
+    /// days a stored Responses API response can be read or continued; 0 keeps until the byte bounds evict it (default 30)
+    #[argh(option, default = "30")]
+    responses_ttl_days: u64,
     /// period of the history flush (default 30s)
     #[argh(option, default = "String::from(\"30s\")")]
     universal_flush_interval: String,
@@ -434,6 +443,11 @@ pub(crate) fn build() -> Result<Startup, String> {
         )),
         reset: f.reset_disk_db,
         ttl_days: f.disk_db_ttl,
+        responses: hivenet_router::store::responses::Bounds {
+            per_tenant: f.responses_max_bytes_per_tenant,
+            total: f.responses_max_bytes,
+            ttl_secs: f.responses_ttl_days.saturating_mul(86_400),
+        },
     };
     let auth_sources = hivenet_router::auth_files::AuthSources {
         file: cli::flag_or_env_opt(f.auth_config_file, "HIVENET_ROUTER_AUTH_CONFIG")

@@ -24,6 +24,7 @@ use shards::runtime::services::store_api::StoreMsg;
 use shards::runtime::wire::clock;
 use tracing::{error, info, warn};
 
+pub mod responses;
 mod upkeep;
 use upkeep::{stats, sweep};
 
@@ -45,6 +46,8 @@ pub struct StoreConfig {
     pub reset: bool,
     /// `--disk-db-ttl` days (0: keep forever).
     pub ttl_days: u64,
+    /// Bounds of the Responses API's conversations (issue 52).
+    pub responses: responses::Bounds,
 }
 
 struct Open {
@@ -52,6 +55,7 @@ struct Open {
     ks: Keyspace,
     meta: Keyspace,
     quota: Keyspace,
+    responses: Keyspace,
 }
 
 /// A daily bucket's name and packed state, as persisted.
@@ -287,6 +291,9 @@ fn try_open(path: &Path) -> Result<Open, OpenError> {
     let quota = db
         .keyspace(QUOTA, KeyspaceCreateOptions::default)
         .map_err(db_err)?;
+    let responses = db
+        .keyspace(responses::KEYSPACE, KeyspaceCreateOptions::default)
+        .map_err(db_err)?;
     // Read every record once: a store whose data cannot be read is treated
     // as corrupt now rather than failing later on the request path's side.
     for kv in ks.iter() {
@@ -297,6 +304,7 @@ fn try_open(path: &Path) -> Result<Open, OpenError> {
         ks,
         meta,
         quota,
+        responses,
     })
 }
 
@@ -524,6 +532,8 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
         sweep(o, cfg.ttl_days, &errors);
         info!(path = %cfg.path.display(), records = o.ks.iter().count(), ttl_days = cfg.ttl_days, "history store open");
     }
+    let disk = store.as_ref().map(|o| (o.db.clone(), o.responses.clone()));
+    let mut conversations = responses::Conversations::open(disk, cfg.responses);
     let mut last_sweep = Instant::now();
     // The expiry sweep at open is the first (Unix seconds, for the admin).
     let mut last_sweep_unix = store.as_ref().map(|_| clock::unix_secs());
@@ -534,6 +544,7 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
                 if let Some(o) = &store {
                     if last_sweep.elapsed() > SWEEP_EVERY {
                         sweep(o, cfg.ttl_days, &errors);
+                        conversations.sweep(clock::unix_secs());
                         last_sweep = Instant::now();
                         last_sweep_unix = Some(clock::unix_secs());
                     }
@@ -541,6 +552,9 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => break,
+        };
+        let Some(msg) = conversations.handle(msg, clock::unix_secs()) else {
+            continue;
         };
         match msg {
             StoreMsg::Flush { records, done } => {
@@ -618,6 +632,8 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
                 let _ = done.send(());
                 break;
             }
+            // Conversations: carried out above.
+            _ => {}
         }
     }
 }

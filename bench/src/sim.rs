@@ -20,6 +20,8 @@ use shards::logic::http::framing::http_parse::BodyFraming;
 use shards::logic::http::framing::http_write::{self, OutFraming};
 use shards::runtime::wire::conn::Conn;
 
+mod responses;
+
 /// Simulator settings.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -467,9 +469,14 @@ pub fn prompt_text(body: &[u8]) -> Option<String> {
 /// Prompt tokens read from the prefix cache (0 without one), counted in
 /// the vLLM-style metrics; and the time to first token for the rest.
 fn prefill(sim: &Sim, body: &[u8], prompt: u64) -> (u64, Duration) {
+    prefill_text(sim, prompt_text(body), prompt)
+}
+
+/// [`prefill`] of a prompt already rendered (`None`: no cache lookup).
+fn prefill_text(sim: &Sim, text: Option<String>, prompt: u64) -> (u64, Duration) {
     let mut cached = 0;
     if sim.cfg.prefix_cache_tokens > 0 {
-        if let Some(text) = prompt_text(body) {
+        if let Some(text) = text {
             if let Ok(mut c) = sim.stats.prefix.lock() {
                 cached = c.lookup_and_keep(text.as_bytes()).min(prompt);
             }
@@ -561,7 +568,9 @@ async fn handle(
             | "/v1/messages"
             | "/v1/messages/count_tokens"
             | "/v1/embeddings"
-            | "/v1/rerank",
+            | "/v1/rerank"
+            | "/v1/responses"
+            | "/v1/responses/input_tokens",
         ) => {
             if cold {
                 return reply_json(conn, 503, &json!({"error": {"message": "model is loading", "type": "service_unavailable"}}), keep).await;
@@ -585,6 +594,10 @@ async fn handle(
                     .await
                 }
                 "/v1/embeddings" => embeddings(sim, conn, body, keep).await,
+                "/v1/responses" => responses::responses(sim, conn, body, keep).await,
+                "/v1/responses/input_tokens" => {
+                    responses::input_tokens_of(sim, conn, body, keep).await
+                }
                 _ => rerank(sim, conn, body, keep).await,
             };
             sim.stats.running_changed(-1);

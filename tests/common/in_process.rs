@@ -72,6 +72,11 @@ pub fn start_router_with(
             path: dir.join("db"),
             reset: false,
             ttl_days: 0,
+            responses: hivenet_router::store::responses::Bounds {
+                per_tenant: 1 << 20,
+                total: 1 << 20,
+                ttl_secs: 0,
+            },
         },
         storage_errors.clone(),
     )

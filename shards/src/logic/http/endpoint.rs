@@ -15,9 +15,23 @@ pub enum Endpoint {
     Embeddings,
     /// `POST /v1/rerank`.
     Rerank,
+    /// `POST /v1/responses` (issue 52).
+    Responses,
+    /// `POST /v1/responses/input_tokens`.
+    ResponsesInputTokens,
 }
 
 impl Endpoint {
+    /// A generating endpoint (chat, messages, responses): metered for
+    /// daily budgets, learned from by the estimator, gated by admission,
+    /// held at zero as kind `chat`.
+    pub fn generates(self) -> bool {
+        matches!(
+            self,
+            Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::Responses
+        )
+    }
+
     /// Endpoint of a path, if it is an inference route.
     pub fn of(path: &str) -> Option<Self> {
         match path {
@@ -26,6 +40,8 @@ impl Endpoint {
             "/v1/messages/count_tokens" => Some(Endpoint::CountTokens),
             "/v1/embeddings" => Some(Endpoint::Embeddings),
             "/v1/rerank" => Some(Endpoint::Rerank),
+            "/v1/responses" => Some(Endpoint::Responses),
+            "/v1/responses/input_tokens" => Some(Endpoint::ResponsesInputTokens),
             _ => None,
         }
     }
@@ -33,9 +49,11 @@ impl Endpoint {
     /// Capability an agent needs to serve it.
     pub fn capability(self) -> Capability {
         match self {
-            Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::CountTokens => {
-                Capability::Llm
-            }
+            Endpoint::ChatCompletions
+            | Endpoint::Messages
+            | Endpoint::CountTokens
+            | Endpoint::Responses
+            | Endpoint::ResponsesInputTokens => Capability::Llm,
             Endpoint::Embeddings => Capability::Embedding,
             Endpoint::Rerank => Capability::Reranker,
         }

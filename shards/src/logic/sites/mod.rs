@@ -30,10 +30,12 @@ impl Kind {
     /// nor held: it must land where the real request goes).
     pub fn of(e: Endpoint) -> Option<Kind> {
         match e {
-            Endpoint::ChatCompletions | Endpoint::Messages => Some(Kind::Chat),
+            Endpoint::ChatCompletions | Endpoint::Messages | Endpoint::Responses => {
+                Some(Kind::Chat)
+            }
             Endpoint::Embeddings => Some(Kind::Embedding),
             Endpoint::Rerank => Some(Kind::Rerank),
-            Endpoint::CountTokens => None,
+            Endpoint::CountTokens | Endpoint::ResponsesInputTokens => None,
         }
     }
 }

@@ -192,7 +192,7 @@ async fn quota_before_hold(
         }
     }
     let policy = shard.policy(model);
-    let llm = matches!(p.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
+    let llm = p.endpoint.generates();
     if llm && policy.admission.any() {
         if let Err(e) = admission::caps(&policy.admission, estimate, p.meta.images) {
             return Err(HoldEnd::Answered(respond::send_error(c, &e, keep).await));

@@ -239,6 +239,16 @@ async fn route(shard: &Rc<Shard>, c: &mut Client, head: RequestHead) -> Next {
             .await
             .into();
     }
+    if crate::runtime::request::responses::is_api_path(path) {
+        let p = match authenticate(shard, c, &head, keep).await {
+            Ok(p) => p,
+            Err(k) => return k.into(),
+        };
+        let method = head.method.to_string();
+        return crate::runtime::request::responses::serve_api(shard, c, &p, &method, path, keep)
+            .await
+            .into();
+    }
     let models_route = path == "/v1/models" || path.starts_with("/v1/models/");
     let done = if models_route && head.method == "GET" {
         match authenticate(shard, c, &head, keep).await {

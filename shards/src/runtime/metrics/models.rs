@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::runtime::state::model::stats::{ModelStats, DURATION_BUCKETS};
-use crate::runtime::state::model::{affinity, continuity, fairness};
+use crate::runtime::state::model::{affinity, continuity, conversations, fairness};
 use crate::runtime::state::views::ShardSnapshot;
 use crate::runtime::wire::exposition::Family;
 use crate::runtime::wire::exposition::Kind::{self, Counter, Gauge, Histogram};
@@ -114,6 +114,7 @@ pub(super) fn render_models(o: &mut String, snaps: &[ShardSnapshot], t: &ModelTo
     affinity::render(o, each().map(|(m, st)| (m, &st.affinity)));
     fairness::render(o, each().map(|(m, st)| (m, &st.classes)));
     continuity::render(o, each().map(|(m, st)| (m, &st.continuity)));
+    conversations::render(o, each().map(|(m, st)| (m, &st.responses)));
     for (name, kind, help, get) in pm {
         let mut f = Family::new(o, name, kind, help, ["model"]);
         for (m, st) in &t.models {

@@ -35,6 +35,7 @@ use super::fairness::{self, ClassRunning};
 use super::forward::{attempt, record_attempt, Ask, Outcome};
 use super::provider;
 use super::respond;
+use super::responses;
 use crate::logic::http::api::continuation::Prefill;
 use crate::logic::http::api::usage::Tokens;
 use crate::logic::http::errors::ApiError;
@@ -110,13 +111,19 @@ struct Run<'a> {
     affinity: RequestAffinity<'a>,
     /// A broken stream under continuation.
     cont: Option<Continuity<'a>>,
+    /// A Responses turn (issue 52).
+    conv: Option<responses::Conversation>,
 }
 
 /// The decision machine's loop: it says what comes next, the [`Run`]
 /// carries it out and reports back.
 async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> bool {
     inc(&shard.counters.requests);
-    let (mut run, mut d) = match Run::new(shard, p) {
+    let conv = match responses::prepare(shard, p).await {
+        Ok(conv) => conv,
+        Err(e) => return respond::send_error(c, &e, true).await,
+    };
+    let (mut run, mut d) = match Run::new(shard, p, conv) {
         Ok(r) => r,
         Err(e) => return respond::send_error(c, &e, true).await,
     };
@@ -325,6 +332,7 @@ impl<'a> Run<'a> {
             held: self.admitted.reservation.as_ref(),
             kept: kept.as_mut(),
             splice: None,
+            tap: self.conv.as_mut().map(|c| &mut c.tap),
         };
         let (outcome, sample) = attempt(shard, c, p, &agent, ask, &mut self.last_backend).await;
         let (why, api, kept) = match (outcome, api, kept) {
@@ -458,6 +466,9 @@ impl<'a> Run<'a> {
             }
         }
         let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
+        if matches!(outcome, Outcome::Served { .. }) {
+            responses::finish(shard, self.conv.take());
+        }
         served(
             model.as_ref(),
             c,

@@ -192,6 +192,9 @@ pub struct Upstream<'a> {
     /// A continuation's stream is spliced into the client's (opening
     /// events dropped, ID and usage the first part's).
     pub splice: Option<&'a mut crate::logic::http::api::continuation::Splice>,
+    /// A Responses turn: the router's ID given to the client, the
+    /// engine's end kept (issue 52).
+    pub tap: Option<&'a mut crate::logic::http::api::responses::Tap>,
 }
 
 /// Most of a stream kept for its continuation: a longer one is cut as
@@ -297,6 +300,8 @@ async fn relay_committed(
         }
         let body = up.conn.buf.get(..n).unwrap_or(&[]);
         tokens = usage::from_body(body);
+        let tapped = up.tap.as_deref_mut().and_then(|t| t.body(body));
+        let body = tapped.as_deref().unwrap_or(body);
         if !body.is_empty() {
             http_write::write_chunk(&mut out, body);
         }
@@ -343,6 +348,9 @@ async fn relay_buffered(
     }
     let body = up.conn.buf.get(..n).unwrap_or(&[]);
     let tokens = usage::from_body(body);
+    let tapped = up.tap.as_deref_mut().and_then(|t| t.body(body));
+    let body = tapped.as_deref().unwrap_or(body);
+    let n = body.len();
     let mut out = crate::runtime::wire::bufpool::take(512 + n);
     respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, &client.scope);
     out.extend_from_slice(body);
@@ -445,6 +453,14 @@ async fn relay_chunks(
             let spliced = sp.feed(&payload);
             payload.clear();
             payload.extend_from_slice(&spliced);
+        }
+        if let Some(tap) = up.tap.as_deref_mut() {
+            let mut lines = Vec::with_capacity(payload.len() + 64);
+            tap.feed(&payload, &mut lines);
+            if !until_close && dec.is_done() {
+                tap.finish(&mut lines);
+            }
+            payload = lines;
         }
         if sse {
             events_seen(&mut up, &mut meter, &payload);

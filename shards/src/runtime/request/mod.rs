@@ -24,3 +24,4 @@ pub mod forward;
 pub mod models_api;
 pub mod provider;
 pub mod respond;
+pub mod responses;

@@ -39,11 +39,63 @@ pub enum StoreMsg {
         /// Outcome.
         reply: oneshot::Sender<Result<(), String>>,
     },
+    /// Keep a Responses API record of `tenant` (issue 52), under the
+    /// conversation bounds (oldest evicted first).
+    ResponsePut {
+        /// The tenant that created it.
+        tenant: String,
+        /// The router's response ID.
+        id: String,
+        /// Unix seconds (the expiry and eviction order).
+        created_at: u64,
+        /// The record, serialized.
+        record: Vec<u8>,
+    },
+    /// One record of `tenant` (`None`: absent, expired, or another
+    /// tenant's).
+    ResponseGet {
+        /// The tenant asking.
+        tenant: String,
+        /// The response ID.
+        id: String,
+        /// Where to answer.
+        reply: oneshot::Sender<Option<Vec<u8>>>,
+    },
+    /// The chain of `tenant` ending at `id`, oldest first, walked in the
+    /// store thread (one round trip for any length).
+    ResponseChain {
+        /// The tenant asking.
+        tenant: String,
+        /// The newest response of the chain.
+        id: String,
+        /// Where to answer: the records, or which ID was missing / why
+        /// the chain is refused.
+        reply: oneshot::Sender<Result<Vec<Vec<u8>>, ChainError>>,
+    },
+    /// Delete one record of `tenant`; answers whether it was there.
+    ResponseDelete {
+        /// The tenant asking.
+        tenant: String,
+        /// The response ID.
+        id: String,
+        /// Where to answer.
+        reply: oneshot::Sender<bool>,
+    },
     /// Persist and stop.
     Shutdown {
         /// Signalled when stopped.
         done: oneshot::Sender<()>,
     },
+}
+
+/// Why a `previous_response_id` chain cannot be rebuilt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChainError {
+    /// This ID is unknown to the tenant (absent, expired, evicted, or
+    /// another tenant's: the same answer).
+    NotFound(String),
+    /// Longer than the bound, or a cycle.
+    TooLong(usize),
 }
 
 /// The store's figures for `GET /admin/storage` (spec 02 §6).

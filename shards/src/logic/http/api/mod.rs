@@ -9,4 +9,5 @@ pub mod continuation;
 pub mod probe;
 pub mod prompt_hash;
 pub mod provider;
+pub mod responses;
 pub mod usage;

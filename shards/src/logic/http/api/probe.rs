@@ -69,6 +69,13 @@ struct Probe<'a> {
     max_tokens: Option<i64>,
     #[serde(default)]
     max_completion_tokens: Option<i64>,
+    /// Responses API: the input (its raw length counts) and instructions.
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(default)]
+    instructions: Option<TextLen>,
+    #[serde(default)]
+    max_output_tokens: Option<i64>,
 }
 
 /// What routing needs from a body.
@@ -437,7 +444,13 @@ pub fn probe(body: &[u8]) -> Result<RequestMeta, ApiError> {
         .map_or((0, 0, 0), |m| (m.count, m.text, m.images));
     text += p.system.map_or(0, |s| s.0);
     text += p.tools.map_or(0, |t| t.get().len() as u64);
-    let declared = p.max_completion_tokens.or(p.max_tokens).unwrap_or(0);
+    text += p.input.map_or(0, |t| t.get().len() as u64);
+    text += p.instructions.map_or(0, |s| s.0);
+    let declared = p
+        .max_completion_tokens
+        .or(p.max_tokens)
+        .or(p.max_output_tokens)
+        .unwrap_or(0);
     let tools_raw = p.tools.map(|t| t.get().as_bytes()).unwrap_or(&[]);
     let marks = match hashed {
         Some(h) => {

@@ -27,6 +27,10 @@ struct Usage {
     cache_read_input_tokens: Option<u64>,
     #[serde(default)]
     cache_creation_input_tokens: Option<u64>,
+    /// Responses API: `input_tokens` counts the cached ones, as OpenAI's
+    /// `prompt_tokens` does.
+    #[serde(default)]
+    input_tokens_details: Option<PromptDetails>,
 }
 
 #[derive(Deserialize, Default)]
@@ -41,6 +45,9 @@ struct WithUsage {
     usage: Option<Usage>,
     #[serde(default)]
     message: Option<Box<WithUsage>>,
+    /// Responses API events carry it in `response` (`response.completed`).
+    #[serde(default)]
+    response: Option<Box<WithUsage>>,
 }
 
 /// Input and output tokens.
@@ -116,6 +123,7 @@ fn tokens_of(u: &Usage) -> Tokens {
     let cached_openai = u
         .prompt_tokens_details
         .as_ref()
+        .or(u.input_tokens_details.as_ref())
         .and_then(|d| d.cached_tokens);
     let input = match u.prompt_tokens {
         Some(p) => p,
@@ -275,7 +283,10 @@ impl SseUsage {
         let Ok(w) = serde_json::from_slice::<WithUsage>(rest.trim_ascii()) else {
             return;
         };
-        let u = w.usage.or_else(|| w.message.and_then(|m| m.usage));
+        let u = w
+            .usage
+            .or_else(|| w.message.and_then(|m| m.usage))
+            .or_else(|| w.response.and_then(|r| r.usage));
         if let Some(u) = u {
             let t = tokens_of(&u);
             self.tokens.input = self.tokens.input.max(t.input);
@@ -318,6 +329,23 @@ fn content_len(line: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn responses_usage_whole_and_streamed() {
+        let body = br#"{"id":"resp_1","object":"response","usage":{"input_tokens":30,"output_tokens":7,"total_tokens":37,"input_tokens_details":{"cached_tokens":20}}}"#;
+        let t = from_body(body).expect("usage");
+        assert_eq!(
+            (t.input, t.output, t.cached, t.cache_reported),
+            (30, 7, 20, true)
+        );
+        let mut m = SseUsage::default();
+        m.feed(b"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":30,\"output_tokens\":7,\"input_tokens_details\":{\"cached_tokens\":20}}}}\n\n");
+        assert!(m.seen);
+        assert_eq!(
+            (m.tokens.input, m.tokens.output, m.tokens.cached),
+            (30, 7, 20)
+        );
+    }
 
     #[test]
     fn usage_is_clamped_to_what_the_request_could_produce() {

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use super::Run;
 use crate::logic::http::api::probe::COLD_TOKENS_PER_BYTE;
-use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::ApiError;
 use crate::logic::routing::decision::{
     AdmitEnd, Decision, Entry, Limits, Park, Released, RequestFacts,
@@ -75,12 +74,13 @@ impl<'a> Run<'a> {
     pub(super) fn new(
         shard: &'a Shard,
         p: &'a mut PendingRequest,
+        conv: Option<crate::runtime::request::responses::Conversation>,
     ) -> Result<(Self, Decision), ApiError> {
         let cfg = &shard.router.cfg;
         let policy = shard.policy(&p.meta.model);
         // Chat and messages: the estimator learns from their usage, and
         // the admission gates apply to them when the policy has any.
-        let llm = matches!(p.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
+        let llm = p.endpoint.generates();
         let mut held = p.held.take();
         let facts = request_facts(shard, p, held.as_ref(), llm && policy.admission.any());
         let request = build_request(p);
@@ -125,6 +125,7 @@ impl<'a> Run<'a> {
             claim: None,
             fair: None,
             cont: None,
+            conv,
         };
         Ok((run, d))
     }

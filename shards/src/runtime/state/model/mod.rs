@@ -9,6 +9,7 @@ pub mod admission;
 pub mod affinity;
 pub mod agent;
 pub mod continuity;
+pub mod conversations;
 pub mod fairness;
 pub mod stats;
 

@@ -229,6 +229,8 @@ pub struct ModelStats {
     pub connection_resets: BTreeMap<&'static str, u64>,
     /// Stream continuity: how broken streams ended ([`super::continuity`]).
     pub continuity: super::continuity::ContinuityStats,
+    /// Responses API requests by kind ([`super::conversations`]).
+    pub responses: super::conversations::ResponsesStats,
     /// Requests sent to the policy's fallback provider (spec 04 §7).
     pub provider_fallback: u64,
     /// Responses whose usage was clamped to the request's bound.
@@ -263,6 +265,7 @@ impl ModelStats {
             *self.connection_resets.entry(reason).or_default() += n;
         }
         self.continuity.add(&st.continuity);
+        self.responses.add(&st.responses);
         self.provider_fallback += st.provider_fallback;
         self.usage_clamped += st.usage_clamped;
         self.affinity.add(&st.affinity);

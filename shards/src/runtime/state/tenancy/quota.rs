@@ -279,7 +279,7 @@ pub fn take_daily(
     let Some((bucket, tpd)) = ticket.pending.take() else {
         return Ok(());
     };
-    let metered = matches!(f.endpoint, Endpoint::ChatCompletions | Endpoint::Messages);
+    let metered = f.endpoint.generates();
     if metered {
         let need = f.estimate.saturating_add(f.declared_output);
         let day = day();

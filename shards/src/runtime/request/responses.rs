@@ -1,0 +1,244 @@
+//! The Responses API on the request path (issue 52): the conversation
+//! state is the router's. A turn naming `previous_response_id` is expanded
+//! into the whole conversation before it is routed ([`prepare`]); the
+//! answer reaches the client with the router's response ID
+//! ([`Conversation::tap`], applied by the relay); the turn is kept in the
+//! store when it ends ([`finish`]); `GET` / `DELETE /v1/responses/{id}`
+//! and `GET .../input_items` read it back ([`serve_api`]). Every read is
+//! the tenant's own: another tenant's ID is answered as unknown (404).
+//!
+//! Key items: [`prepare`], [`Conversation`], [`finish`], [`serve_api`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::channel::oneshot;
+
+use super::respond;
+use crate::logic::http::api::probe;
+use crate::logic::http::api::responses::{self, Record, Tap};
+use crate::logic::http::endpoint::Endpoint;
+use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::runtime::services::store_api::{ChainError, StoreMsg};
+use crate::runtime::state::pending::PendingRequest;
+use crate::runtime::state::scope::Client;
+use crate::runtime::state::shard::Shard;
+use crate::runtime::state::tenancy::Principal;
+use crate::runtime::wire::clock;
+
+/// Longest wait for the store's answer.
+const STORE_WAIT: Duration = Duration::from_secs(2);
+/// Largest expanded body when `--max-request-bytes` sets no limit.
+const MAX_EXPANDED: usize = 64 << 20;
+
+/// One Responses turn under way.
+pub struct Conversation {
+    /// Gives the client the router's ID and keeps the engine's end.
+    pub tap: Tap,
+    tenant: Arc<str>,
+    model: String,
+    previous: Option<String>,
+    instructions: Option<serde_json::Value>,
+    input: Vec<serde_json::Value>,
+    store: bool,
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!("Response with id '{id}' not found."),
+    )
+}
+
+/// Ask the store; `None`: no store, or no answer in time.
+async fn ask<T>(shard: &Shard, msg: impl FnOnce(oneshot::Sender<T>) -> StoreMsg) -> Option<T> {
+    let tx = shard.router.store.as_ref()?;
+    let (reply, rx) = oneshot::channel();
+    tx.send(msg(reply)).ok()?;
+    monoio::time::timeout(STORE_WAIT, rx).await.ok()?.ok()
+}
+
+/// Before routing: a Responses request is read, its conversation rebuilt
+/// from the store and put in its body (the engine keeps nothing), and it
+/// gets its ID. `Ok(None)`: another endpoint.
+pub async fn prepare(
+    shard: &Shard,
+    p: &mut PendingRequest,
+) -> Result<Option<Conversation>, ApiError> {
+    if p.endpoint != Endpoint::Responses {
+        return Ok(None);
+    }
+    let prepared = rebuild(shard, p).await;
+    let kind = match &prepared {
+        Err(_) => "refused",
+        Ok(c) if c.previous.is_some() => "continued",
+        Ok(_) => "new",
+    };
+    if let Some(m) = shard.model(p.meta.model.as_str()) {
+        m.borrow_mut().stats.responses.count(kind);
+    }
+    prepared.map(Some)
+}
+
+/// [`prepare`] of a Responses request.
+async fn rebuild(shard: &Shard, p: &mut PendingRequest) -> Result<Conversation, ApiError> {
+    let req = responses::parse_request(&p.body)
+        .map_err(|m| ApiError::new(ErrorCode::RequestInvalid, m))?;
+    let tenant = p.principal.tenant_arc();
+    let chain: Vec<Record> = match &req.previous {
+        None => Vec::new(),
+        Some(id) => {
+            let (t, i) = (tenant.to_string(), id.clone());
+            let found = ask(shard, |reply| StoreMsg::ResponseChain {
+                tenant: t,
+                id: i,
+                reply,
+            })
+            .await;
+            match found {
+                Some(Ok(raw)) => raw
+                    .iter()
+                    .filter_map(|r| serde_json::from_slice(r).ok())
+                    .collect(),
+                Some(Err(ChainError::NotFound(missing))) => return Err(not_found(&missing)),
+                Some(Err(ChainError::TooLong(n))) => {
+                    return Err(ApiError::new(
+                        ErrorCode::RequestInvalid,
+                        format!("the conversation is longer than {n} responses"),
+                    ))
+                }
+                None => return Err(not_found(id)),
+            }
+        }
+    };
+    let body = responses::expanded_body(&req, &chain);
+    let limit = match shard.router.cfg.max_request_bytes {
+        0 => MAX_EXPANDED,
+        n => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    if body.len() > limit {
+        return Err(ApiError::new(
+            ErrorCode::RequestInvalid,
+            format!(
+                "the conversation and its new input ({} bytes) are over the request limit of {limit} bytes",
+                body.len()
+            ),
+        ));
+    }
+    // The estimate counts the whole conversation the engine reads.
+    if let Ok(meta) = probe::probe(&body) {
+        p.meta.text_bytes = meta.text_bytes;
+    }
+    p.body = body;
+    Ok(Conversation {
+        tap: Tap::new(
+            responses::new_id(rand::random()),
+            req.previous.clone(),
+            req.store,
+        ),
+        tenant,
+        model: p.meta.model.as_str().to_string(),
+        previous: req.previous,
+        instructions: req.instructions,
+        input: req.input,
+        store: req.store,
+    })
+}
+
+/// The turn ended: kept when the client asked for it and the engine's
+/// answer reached its end (completed, incomplete or failed).
+pub fn finish(shard: &Shard, conv: Option<Conversation>) {
+    let Some(mut c) = conv else {
+        return;
+    };
+    let (Some(done), true) = (c.tap.done.take(), c.store) else {
+        return;
+    };
+    let Some(tx) = shard.router.store.as_ref() else {
+        return;
+    };
+    let id = c.tap.id().to_string();
+    let created_at = clock::unix_secs();
+    let record = Record {
+        id: id.clone(),
+        model: c.model,
+        created_at,
+        previous_response_id: c.previous,
+        instructions: c.instructions,
+        input: c.input,
+        output: done.output,
+        usage: done.usage,
+        status: done.status,
+    };
+    let Ok(record) = serde_json::to_vec(&record) else {
+        return;
+    };
+    let _ = tx.send(StoreMsg::ResponsePut {
+        tenant: c.tenant.to_string(),
+        id,
+        created_at,
+        record,
+    });
+}
+
+/// Whether `path` is one of the stored-response routes.
+pub fn is_api_path(path: &str) -> bool {
+    path.starts_with("/v1/responses/") && path != "/v1/responses/input_tokens"
+}
+
+/// `GET /v1/responses/{id}`, `DELETE /v1/responses/{id}`,
+/// `GET /v1/responses/{id}/input_items`, for `p`'s tenant only.
+pub async fn serve_api(
+    shard: &Shard,
+    c: &mut Client,
+    p: &Principal,
+    method: &str,
+    path: &str,
+    keep: bool,
+) -> bool {
+    let rest = path.trim_start_matches("/v1/responses/");
+    let (id, items) = match rest.strip_suffix("/input_items") {
+        Some(id) => (id, true),
+        None => (rest, false),
+    };
+    if !responses::valid_id(id) {
+        return respond::send_error(c, &not_found(id), keep).await;
+    }
+    let allowed = matches!((method, items), ("GET", _) | ("DELETE", false));
+    if !allowed {
+        let e = respond::method_not_allowed(method, path);
+        return respond::send_error(c, &e, keep).await;
+    }
+    let tenant = p.tenant().to_string();
+    if method == "DELETE" {
+        let (t, i) = (tenant, id.to_string());
+        let deleted = ask(shard, |reply| StoreMsg::ResponseDelete {
+            tenant: t,
+            id: i,
+            reply,
+        })
+        .await;
+        if deleted != Some(true) {
+            return respond::send_error(c, &not_found(id), keep).await;
+        }
+        let body = serde_json::json!({"id": id, "object": "response", "deleted": true});
+        return respond::send_json(c, 200, body.to_string().as_bytes(), keep).await;
+    }
+    let (t, i) = (tenant, id.to_string());
+    let raw = ask(shard, |reply| StoreMsg::ResponseGet {
+        tenant: t,
+        id: i,
+        reply,
+    })
+    .await
+    .flatten();
+    let Some(record) = raw.and_then(|r| serde_json::from_slice::<Record>(&r).ok()) else {
+        return respond::send_error(c, &not_found(id), keep).await;
+    };
+    let body = if items {
+        responses::input_items(&record)
+    } else {
+        responses::render(&record)
+    };
+    respond::send_json(c, 200, body.to_string().as_bytes(), keep).await
+}
