@@ -597,7 +597,9 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
                 let _ = reply.send(found);
             }
             StoreMsg::Stats { reply } => {
-                let _ = reply.send(stats(store.as_ref(), &cfg, last_sweep_unix));
+                let mut s = stats(store.as_ref(), &cfg, last_sweep_unix);
+                (s.responses_count, s.responses_bytes) = conversations.stats();
+                let _ = reply.send(s);
             }
             StoreMsg::ResetAll { reply } => {
                 let r = match &store {

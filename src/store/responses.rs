@@ -52,9 +52,11 @@ fn created_of(v: &[u8]) -> Option<u64> {
 pub struct Conversations {
     disk: Option<(Database, Keyspace)>,
     mem: HashMap<Vec<u8>, Vec<u8>>,
-    /// (created_at, key) oldest first, and each key's size.
-    order: BTreeSet<(u64, Vec<u8>)>,
-    sizes: HashMap<Vec<u8>, (u64, u64)>,
+    /// (created_at, arrival, key) oldest first (arrival orders the
+    /// records of one second), and each key's place and size.
+    order: BTreeSet<(u64, u64, Vec<u8>)>,
+    sizes: HashMap<Vec<u8>, (u64, u64, u64)>,
+    arrivals: u64,
     per_tenant: HashMap<String, u64>,
     total: u64,
     bounds: Bounds,
@@ -71,6 +73,7 @@ impl Conversations {
             sizes: HashMap::new(),
             per_tenant: HashMap::new(),
             total: 0,
+            arrivals: 0,
             bounds,
         };
         if let Some((_, ks)) = &disk {
@@ -99,15 +102,16 @@ impl Conversations {
     fn note(&mut self, k: Vec<u8>, created: u64, size: u64) {
         *self.per_tenant.entry(Self::tenant_of(&k)).or_default() += size;
         self.total += size;
-        self.order.insert((created, k.clone()));
-        self.sizes.insert(k, (created, size));
+        self.arrivals += 1;
+        self.order.insert((created, self.arrivals, k.clone()));
+        self.sizes.insert(k, (created, self.arrivals, size));
     }
 
     fn forget(&mut self, k: &[u8]) -> bool {
-        let Some((created, size)) = self.sizes.remove(k) else {
+        let Some((created, arrival, size)) = self.sizes.remove(k) else {
             return false;
         };
-        self.order.remove(&(created, k.to_vec()));
+        self.order.remove(&(created, arrival, k.to_vec()));
         self.total = self.total.saturating_sub(size);
         let tenant = Self::tenant_of(k);
         if let Some(t) = self.per_tenant.get_mut(&tenant) {
@@ -175,8 +179,8 @@ impl Conversations {
             let oldest = self
                 .order
                 .iter()
-                .find(|(_, key)| Self::tenant_of(key) == tenant)
-                .map(|(_, key)| key.clone());
+                .find(|(_, _, key)| Self::tenant_of(key) == tenant)
+                .map(|(_, _, key)| key.clone());
             match oldest {
                 Some(o) => {
                     self.forget(&o);
@@ -185,7 +189,7 @@ impl Conversations {
             }
         }
         while self.total > self.bounds.total {
-            let Some((_, oldest)) = self.order.iter().next().cloned() else {
+            let Some((_, _, oldest)) = self.order.iter().next().cloned() else {
                 break;
             };
             self.forget(&oldest);
@@ -195,7 +199,7 @@ impl Conversations {
     /// The record of `tenant` named `id`, if kept and not expired.
     pub fn get(&mut self, tenant: &str, id: &str, now: u64) -> Option<Vec<u8>> {
         let k = key(tenant, id);
-        let (created, _) = *self.sizes.get(&k)?;
+        let (created, _, _) = *self.sizes.get(&k)?;
         if self.expired(created, now) {
             self.forget(&k);
             return None;
@@ -255,7 +259,7 @@ impl Conversations {
 
     /// Drop every record past its TTL.
     pub fn sweep(&mut self, now: u64) {
-        while let Some((created, k)) = self.order.iter().next().cloned() {
+        while let Some((created, _, k)) = self.order.iter().next().cloned() {
             if !self.expired(created, now) {
                 break;
             }

@@ -58,6 +58,8 @@ fn disk_json(d: &StoreStats) -> serde_json::Value {
     json!({
         "univ_history_count": d.history_count,
         "quota_bucket_count": d.quota_count,
+        "responses_count": d.responses_count,
+        "responses_bytes": d.responses_bytes,
         "lsm_size_bytes": d.lsm_size_bytes,
         "vlog_size_bytes": d.journal_size_bytes,
         "entry_ttl_days": d.ttl_days,

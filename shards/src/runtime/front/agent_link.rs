@@ -73,7 +73,7 @@ pub async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream) {
         }
     };
     let read = monoio::time::timeout(timeout, read);
-    let (model, used) = match or_evicted(&permit, read).await {
+    let (model, used) = match permit.or_evicted(read).await {
         Some(Ok(Ok(v))) => v,
         Some(Ok(Err((kind, reason)))) => return refused(&shard, peer, "", kind, &reason),
         Some(Err(_)) => {
@@ -105,21 +105,6 @@ pub async fn accept_link(shard: Rc<Shard>, stream: monoio::net::TcpStream) {
         }
     }
     serve_link(shard, stream, buf, model, permit).await;
-}
-
-/// `fut`, or `None` when the pending budget evicted the link meanwhile.
-async fn or_evicted<T>(
-    permit: &LinkPermit,
-    fut: impl std::future::Future<Output = T>,
-) -> Option<T> {
-    use futures::future::{select, Either};
-    futures::pin_mut!(fut);
-    let gone = permit.evicted();
-    futures::pin_mut!(gone);
-    match select(fut, gone).await {
-        Either::Left((v, _)) => Some(v),
-        Either::Right(_) => None,
-    }
 }
 
 /// A link cut before its handshake to make room for a newer one from its
@@ -384,7 +369,7 @@ pub async fn serve_link(
     let peer_addr = stream.peer_addr().ok();
     let cfg = shard.router.cfg.clone();
     let shaking = monoio::time::timeout(cfg.handshake_timeout, handshake(&shard, stream, prefix));
-    let setup = match or_evicted(&pending, shaking).await {
+    let setup = match pending.or_evicted(shaking).await {
         Some(Ok(Ok(s))) => s,
         Some(Ok(Err(reason))) => {
             shard.router.release(&model);

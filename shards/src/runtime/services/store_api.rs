@@ -105,6 +105,10 @@ pub struct StoreStats {
     pub history_count: u64,
     /// Daily token-usage buckets on disk.
     pub quota_count: u64,
+    /// Responses API records kept (issue 52).
+    pub responses_count: u64,
+    /// Their bytes (keys and values), what the bounds count.
+    pub responses_bytes: u64,
     /// Bytes of the LSM tables (every keyspace).
     pub lsm_size_bytes: u64,
     /// Bytes of the write-ahead journal (what Badger's value log was).

@@ -10,6 +10,7 @@
 pub mod hold_book;
 pub mod mesh;
 pub mod model;
+pub mod peer_log;
 pub mod pending;
 pub mod router;
 pub mod scope;

@@ -156,6 +156,18 @@ pub struct LinkPermit {
 }
 
 impl LinkPermit {
+    /// `fut`, or `None` when the budget evicted this link meanwhile.
+    pub async fn or_evicted<T>(&self, fut: impl std::future::Future<Output = T>) -> Option<T> {
+        use futures::future::{select, Either};
+        futures::pin_mut!(fut);
+        let gone = self.evicted();
+        futures::pin_mut!(gone);
+        match select(fut, gone).await {
+            Either::Left((v, _)) => Some(v),
+            Either::Right(_) => None,
+        }
+    }
+
     /// Resolves when the budget evicted this link (never for a budget that
     /// does not evict).
     pub async fn evicted(&self) {

@@ -1,0 +1,187 @@
+//! Issue 52: the Responses API's conversations are the router's and the
+//! tenant's. Another tenant's response ID is unknown on every route (404,
+//! never its content); a router restarted (SIGKILL) on its store keeps
+//! the chains; a flood of large inputs keeps the stored bytes under
+//! `--responses-max-bytes-per-tenant` and `--responses-max-bytes`, the
+//! oldest evicted first; bad input gets the envelope, never a panic.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const MODEL: &str = "rm";
+
+fn key(version: &str, raw: &str, owner: &str) -> Value {
+    json!({"version": version, "key_hash": sha256_hex(raw), "key_preview": "sk-...r",
+           "owner": owner, "name": owner, "allowed_models": [MODEL]})
+}
+
+fn put_key(http: u16, id: &str, k: Value) {
+    let (st, body) = admin(http, "PUT", &format!("/admin/api-keys/{id}"), k);
+    assert_eq!(st, 200, "{body}");
+}
+
+fn create(http: u16, raw: &str, input: &str, previous: Option<&str>) -> Resp {
+    let mut body = json!({"model": MODEL, "input": input, "max_output_tokens": 4});
+    if let Some(p) = previous {
+        body["previous_response_id"] = json!(p);
+    }
+    Req::post("/v1/responses", body.to_string())
+        .bearer(raw)
+        .send(http)
+        .expect("response")
+}
+
+fn call(http: u16, method: &str, path: &str, raw: &str) -> Resp {
+    Req::new(method, path)
+        .bearer(raw)
+        .send(http)
+        .expect("response")
+}
+
+/// One agent on the routing table (the client routes need a key).
+fn wait_agent(http: u16) {
+    wait_until(
+        Duration::from_secs(20),
+        || routing_table(http)["total"] == 1,
+        "the agent registered",
+    );
+}
+
+fn router(dir: &std::path::Path, extra: &[&str]) -> Router {
+    start_router(
+        dir,
+        &[&["--shards", "1"][..], extra].concat(),
+        &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")],
+    )
+}
+
+#[test]
+fn a_foreign_tenant_gets_404_everywhere_and_a_restart_keeps_the_chains() {
+    let dir = tmpdir("responses-tenants");
+    let mut r = router(&dir, &[]);
+    let (_sim, port) = start_sim(&dir, MODEL, &["--output-tokens", "4"]);
+    let _agent = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_agent(r.http);
+    put_key(r.http, "ka", key("v1", "sk-alpha", "alpha"));
+    put_key(r.http, "kb", key("v2", "sk-beta", "beta"));
+    let first = create(r.http, "sk-alpha", "one", None);
+    assert_eq!(first.status, 200, "{}", first.text());
+    let r1 = first.json()["id"].as_str().expect("id").to_string();
+    let second = create(r.http, "sk-alpha", "two", Some(&r1));
+    assert_eq!(second.status, 200, "{}", second.text());
+    let r2 = second.json()["id"].as_str().expect("id").to_string();
+    assert_eq!(second.json()["previous_response_id"], json!(r1));
+    // The other tenant: unknown on every route, its content never shown.
+    for (method, path) in [
+        ("GET", format!("/v1/responses/{r2}")),
+        ("GET", format!("/v1/responses/{r2}/input_items")),
+        ("DELETE", format!("/v1/responses/{r2}")),
+    ] {
+        let resp = call(r.http, method, &path, "sk-beta");
+        assert_eq!(resp.status, 404, "{method} {path}: {}", resp.text());
+        assert!(!resp.text().contains("two"), "{}", resp.text());
+    }
+    let foreign = create(r.http, "sk-beta", "three", Some(&r2));
+    assert_eq!(foreign.status, 404, "{}", foreign.text());
+    assert!(foreign.text().contains(&r2), "{}", foreign.text());
+    // The owner still reads it.
+    let own = call(r.http, "GET", &format!("/v1/responses/{r2}"), "sk-alpha");
+    assert_eq!(own.status, 200, "{}", own.text());
+    assert_eq!(own.json()["previous_response_id"], json!(r1));
+    // Killed and restarted on its store: the chain goes on.
+    r.proc.kill9();
+    let r = router(&dir, &[]);
+    let _agent2 = start_agent(&dir, &r, port, "a2.key", &[]);
+    wait_agent(r.http);
+    put_key(r.http, "ka", key("v3", "sk-alpha", "alpha"));
+    let third = create(r.http, "sk-alpha", "three", Some(&r2));
+    assert_eq!(third.status, 200, "after a restart: {}", third.text());
+    let usage = &third.json()["usage"];
+    let second_usage = second.json()["usage"]["input_tokens"].as_u64().unwrap_or(0);
+    assert!(
+        usage["input_tokens"].as_u64().unwrap_or(0) > second_usage,
+        "the whole conversation was sent: {usage} after {second_usage}"
+    );
+    let items = call(
+        r.http,
+        "GET",
+        &format!("/v1/responses/{r1}/input_items"),
+        "sk-alpha",
+    );
+    assert_eq!(items.status, 200, "{}", items.text());
+    assert_eq!(items.json()["data"][0]["content"][0]["text"], "one");
+}
+
+#[test]
+fn stored_conversations_stay_under_their_bounds_under_a_flood() {
+    let dir = tmpdir("responses-bounds");
+    let r = router(
+        &dir,
+        &[
+            "--responses-max-bytes-per-tenant",
+            "200000",
+            "--responses-max-bytes",
+            "300000",
+        ],
+    );
+    let (_sim, port) = start_sim(&dir, MODEL, &["--output-tokens", "2", "--itl", "1ms"]);
+    let _agent = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_agent(r.http);
+    put_key(r.http, "ka", key("v1", "sk-alpha", "alpha"));
+    put_key(r.http, "kb", key("v2", "sk-beta", "beta"));
+    let big = "x".repeat(20_000);
+    let mut ids = Vec::new();
+    for raw in ["sk-alpha", "sk-beta"] {
+        for _ in 0..30 {
+            let resp = create(r.http, raw, &big, None);
+            assert_eq!(resp.status, 200, "{}", resp.text());
+            ids.push((raw, resp.json()["id"].as_str().unwrap_or("").to_string()));
+        }
+    }
+    let storage = |http| admin(http, "GET", "/admin/storage", json!(null)).1;
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            storage(r.http)["disk_db"]["responses_count"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+        },
+        "records kept",
+    );
+    let s = storage(r.http);
+    let bytes = s["disk_db"]["responses_bytes"].as_u64().expect("bytes");
+    let count = s["disk_db"]["responses_count"].as_u64().expect("count");
+    eprintln!("responses bounds: {count} records, {bytes} bytes kept of 60 x 20 KB");
+    assert!(bytes <= 300_000, "over the total bound: {bytes}");
+    assert!(count >= 10, "the newest are kept: {count}");
+    // The newest of each tenant are readable, the oldest evicted.
+    let status = |(raw, id): &(&str, String)| {
+        call(r.http, "GET", &format!("/v1/responses/{id}"), raw).status
+    };
+    assert_eq!(status(&ids[0]), 404, "alpha's oldest evicted");
+    assert_eq!(status(&ids[59]), 200, "beta's newest kept");
+    // Bad input: the envelope and a 400, never a panic.
+    for bad in [
+        r#"{"model":"rm"}"#,
+        r#"{"model":"rm","input":5}"#,
+        r#"{"model":"rm","input":"x","previous_response_id":"../../etc"}"#,
+        r#"{"model":"rm","input":"x","store":"maybe"}"#,
+    ] {
+        let resp = Req::post("/v1/responses", bad)
+            .bearer("sk-alpha")
+            .send(r.http)
+            .expect("response");
+        assert_eq!(resp.status, 400, "{bad}: {}", resp.text());
+        assert_eq!(
+            resp.json()["error"]["code"],
+            "request_invalid",
+            "{}",
+            resp.text()
+        );
+    }
+    let odd = call(r.http, "GET", "/v1/responses/..%2f", "sk-alpha");
+    assert_eq!(odd.status, 404);
+}
