@@ -185,3 +185,115 @@ fn stored_conversations_stay_under_their_bounds_under_a_flood() {
     let odd = call(r.http, "GET", "/v1/responses/..%2f", "sk-alpha");
     assert_eq!(odd.status, 404);
 }
+
+/// One turn (`previous`: the turn it continues), anonymous: the response.
+fn turn(http: u16, n: usize, previous: Option<&str>) -> Value {
+    let mut body = json!({"model": MODEL, "instructions": "You are terse. ".repeat(60),
+        "input": format!("Turn {n}: tell me about rivers."), "max_output_tokens": 4});
+    if let Some(p) = previous {
+        body["previous_response_id"] = json!(p);
+    }
+    let resp = Req::post("/v1/responses", body.to_string())
+        .send(http)
+        .expect("response");
+    assert_eq!(resp.status, 200, "turn {n}: {}", resp.text());
+    resp.json()
+}
+
+fn cached(v: &Value) -> u64 {
+    v["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Affinity and engine loss: under `prefix-aware`, every turn of a
+/// conversation goes to the engine holding it (its session key is its
+/// first response's ID) and reads its prefix from that engine's cache;
+/// the holder's engine killed between turns, the next turn is served
+/// elsewhere (the router holds the conversation) with one prefill there,
+/// and the turn after reads it from the new holder.
+#[test]
+fn turns_follow_their_engine_and_survive_its_loss() {
+    let dir = tmpdir("responses-affinity");
+    let pf = dir.join("policy.yaml");
+    std::fs::write(&pf, "routing_policy:\n  strategy: prefix-aware\n").expect("policy");
+    let pfs = pf.to_string_lossy().to_string();
+    let r = start_router(
+        &dir,
+        &[
+            "--shards",
+            "1",
+            "--policy-file",
+            &pfs,
+            "--remove-after",
+            "2s",
+        ],
+        &[],
+    );
+    let mut sims = Vec::new();
+    let mut agents = Vec::new();
+    for k in 0..3 {
+        let (s, port) = start_sim(
+            &dir,
+            MODEL,
+            &["--prefix-cache-tokens", "8192", "--output-tokens", "4"],
+        );
+        sims.push(s);
+        let m = format!("a{k}");
+        agents.push(start_agent(
+            &dir,
+            &r,
+            port,
+            &format!("{m}.key"),
+            &["--machine", &m],
+        ));
+    }
+    wait_agents(r.http, MODEL, 3);
+    let served = |before: &std::collections::HashMap<String, u64>| {
+        let after = successes_by_machine(r.http);
+        let moved: Vec<String> = after
+            .iter()
+            .filter(|(m, n)| before.get(*m).copied().unwrap_or(0) < **n)
+            .map(|(m, _)| m.clone())
+            .collect();
+        assert_eq!(moved.len(), 1, "one agent served: {moved:?}");
+        moved[0].clone()
+    };
+    let mut prev: Option<String> = None;
+    let mut home = None;
+    for n in 0..4 {
+        let before = successes_by_machine(r.http);
+        let v = turn(r.http, n, prev.as_deref());
+        let who = served(&before);
+        assert_eq!(
+            home.get_or_insert(who.clone()),
+            &who,
+            "turn {n} left its engine"
+        );
+        if n > 0 {
+            assert!(cached(&v) > 0, "turn {n} read its prefix: {v}");
+        }
+        prev = v["id"].as_str().map(String::from);
+    }
+    let holder = home.expect("holder");
+    let k: usize = holder.trim_start_matches('a').parse().expect("machine");
+    sims[k].kill9();
+    let before = successes_by_machine(r.http);
+    let after_loss = turn(r.http, 4, prev.as_deref());
+    let new_home = served(&before);
+    assert_ne!(new_home, holder, "served elsewhere");
+    let prefilled = after_loss["usage"]["input_tokens"].as_u64().unwrap_or(0) - cached(&after_loss);
+    let before = successes_by_machine(r.http);
+    let next = turn(r.http, 5, after_loss["id"].as_str());
+    assert_eq!(served(&before), new_home, "the new holder keeps it");
+    let again = next["usage"]["input_tokens"].as_u64().unwrap_or(0) - cached(&next);
+    eprintln!(
+        "responses affinity: after the holder's loss {prefilled} tokens prefilled, the turn after {again} (of {})",
+        next["usage"]["input_tokens"]
+    );
+    assert!(
+        again * 4 < prefilled,
+        "one extra prefill only: {prefilled} then {again}"
+    );
+    drop(agents);
+}

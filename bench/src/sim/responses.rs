@@ -107,8 +107,11 @@ pub(super) async fn responses(sim: &Sim, conn: &mut Conn, body: &[u8], keep: boo
     }
     let left = sim.cfg.output_tokens;
     let n = req.max_output_tokens.map_or(left, |m| m.min(left));
-    let prompt = input_tokens(sim, body);
-    let (cached, ttft) = prefill_text(sim, Some(prompt_text(&req)), prompt);
+    // Counted on the rendered prompt, as llama-server counts the
+    // template's tokens (the items' JSON is not what the engine reads).
+    let text = prompt_text(&req);
+    let prompt = crate::prefix_cache::tokens_of(text.len(), sim.cfg.bytes_per_token);
+    let (cached, ttft) = prefill_text(sim, Some(text), prompt);
     let seq = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let id = format!("resp_sim{seq:024x}");
     let msg_id = format!("msg_sim{seq:024x}");

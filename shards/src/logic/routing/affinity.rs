@@ -383,6 +383,27 @@ impl AffinityIndex {
         }
     }
 
+    /// A forward to `agent` failed: it does not hold the request's key
+    /// (a session whose engine died follows the retry, not the dead
+    /// engine; the two were noted in the same second).
+    pub fn forget_key(&mut self, req: &RequestKeys<'_>, agent: u64) {
+        let Some(k) = req.key else { return };
+        let hash = salted(req.salt, k);
+        let b = self.bucket_of(hash);
+        let Some(slot) = self
+            .buckets
+            .get_mut(b)
+            .and_then(|bucket| bucket.iter_mut().find(|s| s.hash == hash))
+        else {
+            return;
+        };
+        for (a, t) in slot.agents.iter().zip(slot.seen.iter_mut()) {
+            if *a == agent as u32 {
+                *t = 0;
+            }
+        }
+    }
+
     /// The live, unexpired holders of `hash` (at most [`HOLDERS`]), most
     /// recent first; `depth` is copied into each.
     pub fn holders(&self, hash: u64, depth: u32, now: u32, ttl: u32) -> Holders {

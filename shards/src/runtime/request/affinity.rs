@@ -128,6 +128,16 @@ impl<'a> RequestAffinity<'a> {
         }
     }
 
+    /// Hook: the forward to `agent` failed; it no longer holds the
+    /// request's session key (the retry's agent does).
+    pub fn failed(&mut self, shard: &Shard, agent: &Agent) {
+        self.pick = None;
+        self.started = None;
+        if let (Some(keys), Some(ix)) = (self.keys.as_ref(), shard.affinity.borrow_mut().as_mut()) {
+            ix.forget_key(keys, agent.id);
+        }
+    }
+
     /// Hook: the forward's answer ended on `agent` with usage `t`
     /// (`continued`: on another agent than the pick's, whose timing says
     /// nothing of a miss).

@@ -465,6 +465,9 @@ impl<'a> Run<'a> {
                 }
             }
         }
+        if let Outcome::Failed(_) = &outcome {
+            self.affinity.failed(shard, &agent);
+        }
         let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
         if matches!(outcome, Outcome::Served { .. }) {
             responses::finish(shard, self.conv.take());

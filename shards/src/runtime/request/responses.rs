@@ -16,6 +16,7 @@ use futures::channel::oneshot;
 
 use super::respond;
 use crate::logic::http::api::probe;
+use crate::logic::http::api::prompt_hash::raw_key_hash;
 use crate::logic::http::api::responses::{self, Record, Tap};
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
@@ -130,12 +131,17 @@ async fn rebuild(shard: &Shard, p: &mut PendingRequest) -> Result<Conversation, 
         p.meta.text_bytes = meta.text_bytes;
     }
     p.body = body;
+    let id = responses::new_id(rand::random());
+    // Every turn of a conversation has the same session key (its first
+    // response's ID) unless the client gave one: prefix-aware policies
+    // send it to the engine that holds its prefix, on any router that
+    // shares affinity.
+    if p.meta.affinity.body_key.is_none() {
+        let root = chain.first().map_or(id.as_str(), |r| r.id.as_str());
+        p.meta.affinity.body_key = Some(raw_key_hash(root.as_bytes()));
+    }
     Ok(Conversation {
-        tap: Tap::new(
-            responses::new_id(rand::random()),
-            req.previous.clone(),
-            req.store,
-        ),
+        tap: Tap::new(id, req.previous.clone(), req.store),
         tenant,
         model: p.meta.model.as_str().to_string(),
         previous: req.previous,
