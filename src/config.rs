@@ -322,6 +322,8 @@ pub(crate) fn build() -> Result<Startup, String> {
         }
     }
     cfg.max_buffered_body_bytes = f.max_buffered_body_bytes;
+    cfg.responses_per_tenant = f.responses_max_bytes_per_tenant;
+    cfg.responses_ttl_secs = f.responses_ttl_days.saturating_mul(86_400);
     cfg.stream_idle_timeout = cli::parse_duration("--stream-idle-timeout", &f.stream_idle_timeout)?;
     if cfg.stream_idle_timeout.is_zero() {
         return Err("--stream-idle-timeout must be greater than 0".into());

@@ -297,3 +297,63 @@ fn turns_follow_their_engine_and_survive_its_loss() {
     );
     drop(agents);
 }
+
+/// Two routers sharing Redis: a chain begun on one continues on the
+/// other, each reads the other's turns, and a response deleted on one is
+/// gone on both (a chain through it cannot be continued anywhere).
+#[test]
+fn a_chain_moves_between_routers_sharing_redis() {
+    let dir = tmpdir("responses-fleet");
+    let rport = free_port();
+    let _redis = start_redis(&dir, rport);
+    let url = format!("redis://127.0.0.1:{rport}/0");
+    let routers: Vec<Router> = (0..2)
+        .map(|i| {
+            let d = dir.join(format!("r{i}"));
+            std::fs::create_dir_all(&d).expect("dir");
+            start_router(&d, &["--shards", "1", "--shared-state", &url], &[])
+        })
+        .collect();
+    let (_sim, port) = start_sim(&dir, MODEL, &["--output-tokens", "4"]);
+    let second = format!("/ip4/127.0.0.1/tcp/{}", routers[1].p2p);
+    let _agent = start_agent(&dir, &routers[0], port, "a.key", &["--router-p2p", &second]);
+    for r in &routers {
+        wait_agent(r.http);
+    }
+    let (a, b) = (routers[0].http, routers[1].http);
+    let t0 = turn(a, 0, None);
+    let t1 = turn(b, 1, t0["id"].as_str());
+    let t2 = turn(a, 2, t1["id"].as_str());
+    let used = |v: &Value| v["usage"]["input_tokens"].as_u64().unwrap_or(0);
+    assert!(
+        used(&t2) > used(&t1) && used(&t1) > used(&t0),
+        "the whole conversation each time"
+    );
+    let id2 = t2["id"].as_str().expect("id");
+    let seen = Req::get(&format!("/v1/responses/{id2}"))
+        .send(b)
+        .expect("get");
+    assert_eq!(seen.status, 200, "{}", seen.text());
+    assert_eq!(seen.json()["output"], t2["output"]);
+    let id1 = t1["id"].as_str().expect("id");
+    let del = Req::new("DELETE", &format!("/v1/responses/{id1}"))
+        .send(a)
+        .expect("delete");
+    assert_eq!(del.status, 200, "{}", del.text());
+    for http in [a, b] {
+        let gone = Req::get(&format!("/v1/responses/{id1}"))
+            .send(http)
+            .expect("get");
+        assert_eq!(gone.status, 404, "{}", gone.text());
+        let body = json!({"model": MODEL, "input": "more", "previous_response_id": id2});
+        let cont = Req::post("/v1/responses", body.to_string())
+            .send(http)
+            .expect("post");
+        assert_eq!(
+            cont.status,
+            404,
+            "a chain through a deleted turn: {}",
+            cont.text()
+        );
+    }
+}

@@ -20,6 +20,7 @@ use crate::logic::http::api::prompt_hash::raw_key_hash;
 use crate::logic::http::api::responses::{self, Record, Tap};
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::errors::{ApiError, ErrorCode};
+use crate::runtime::services::shared_state::conversations;
 use crate::runtime::services::store_api::{ChainError, StoreMsg};
 use crate::runtime::state::pending::PendingRequest;
 use crate::runtime::state::scope::Client;
@@ -59,6 +60,57 @@ async fn ask<T>(shard: &Shard, msg: impl FnOnce(oneshot::Sender<T>) -> StoreMsg)
     monoio::time::timeout(STORE_WAIT, rx).await.ok()?.ok()
 }
 
+/// Ask the fleet's copy in Redis (`None`: no shared state, or no answer).
+async fn ask_fleet<T>(
+    shard: &Shard,
+    op: impl FnOnce(oneshot::Sender<T>) -> conversations::Op,
+) -> Option<T> {
+    let shared = shard.router.shared_state.as_ref()?;
+    let (reply, rx) = oneshot::channel();
+    shared.responses(op(reply));
+    monoio::time::timeout(STORE_WAIT, rx).await.ok()?.ok()
+}
+
+/// The chain ending at `id`: with `--shared-state` the fleet's copy is
+/// the truth (a chain begun, continued or deleted on another router);
+/// this router's store answers alone, or when Redis does not.
+async fn chain_of(
+    shard: &Shard,
+    tenant: &str,
+    id: &str,
+) -> Option<Result<Vec<Vec<u8>>, ChainError>> {
+    let fleet = || {
+        let (t, i) = (tenant.to_string(), id.to_string());
+        ask_fleet(shard, |reply| conversations::Op::Chain {
+            tenant: t,
+            id: i,
+            reply,
+        })
+    };
+    let mut answer = fleet().await;
+    if matches!(answer, Some(Err(ChainError::NotFound(_)))) {
+        // The turn may have been answered by another router a moment
+        // ago, its write still on the way: once more, a little later.
+        monoio::time::sleep(FLEET_RETRY).await;
+        answer = fleet().await;
+    }
+    // Redis answered: the fleet's word stands (a response deleted on
+    // another router stays deleted here).
+    if answer.is_some() {
+        return answer;
+    }
+    let (t, i) = (tenant.to_string(), id.to_string());
+    ask(shard, |reply| StoreMsg::ResponseChain {
+        tenant: t,
+        id: i,
+        reply,
+    })
+    .await
+}
+
+/// How long a chain the fleet does not know yet is waited for.
+const FLEET_RETRY: Duration = Duration::from_millis(100);
+
 /// Before routing: a Responses request is read, its conversation rebuilt
 /// from the store and put in its body (the engine keeps nothing), and it
 /// gets its ID. `Ok(None)`: another endpoint.
@@ -89,13 +141,7 @@ async fn rebuild(shard: &Shard, p: &mut PendingRequest) -> Result<Conversation, 
     let chain: Vec<Record> = match &req.previous {
         None => Vec::new(),
         Some(id) => {
-            let (t, i) = (tenant.to_string(), id.clone());
-            let found = ask(shard, |reply| StoreMsg::ResponseChain {
-                tenant: t,
-                id: i,
-                reply,
-            })
-            .await;
+            let found = chain_of(shard, &tenant, id).await;
             match found {
                 Some(Ok(raw)) => raw
                     .iter()
@@ -179,6 +225,17 @@ pub fn finish(shard: &Shard, conv: Option<Conversation>) {
     let Ok(record) = serde_json::to_vec(&record) else {
         return;
     };
+    if let Some(shared) = shard.router.shared_state.as_ref() {
+        let cfg = &shard.router.cfg;
+        shared.responses(conversations::Op::Put {
+            tenant: c.tenant.to_string(),
+            id: id.clone(),
+            created_at,
+            record: record.clone(),
+            per_tenant: cfg.responses_per_tenant,
+            ttl_secs: cfg.responses_ttl_secs,
+        });
+    }
     let _ = tx.send(StoreMsg::ResponsePut {
         tenant: c.tenant.to_string(),
         id,
@@ -217,27 +274,47 @@ pub async fn serve_api(
     }
     let tenant = p.tenant().to_string();
     if method == "DELETE" {
-        let (t, i) = (tenant, id.to_string());
-        let deleted = ask(shard, |reply| StoreMsg::ResponseDelete {
+        let (t, i) = (tenant.clone(), id.to_string());
+        let here = ask(shard, |reply| StoreMsg::ResponseDelete {
             tenant: t,
             id: i,
             reply,
         })
         .await;
-        if deleted != Some(true) {
+        let (t, i) = (tenant, id.to_string());
+        let fleet = ask_fleet(shard, |reply| conversations::Op::Delete {
+            tenant: t,
+            id: i,
+            reply,
+        })
+        .await;
+        let deleted = fleet.or(here) == Some(true);
+        if !deleted {
             return respond::send_error(c, &not_found(id), keep).await;
         }
         let body = serde_json::json!({"id": id, "object": "response", "deleted": true});
         return respond::send_json(c, 200, body.to_string().as_bytes(), keep).await;
     }
-    let (t, i) = (tenant, id.to_string());
-    let raw = ask(shard, |reply| StoreMsg::ResponseGet {
+    let (t, i) = (tenant.clone(), id.to_string());
+    let fleet = ask_fleet(shard, |reply| conversations::Op::Get {
         tenant: t,
         id: i,
         reply,
     })
-    .await
-    .flatten();
+    .await;
+    let raw = match fleet {
+        Some(v) => v,
+        None => {
+            let (t, i) = (tenant, id.to_string());
+            ask(shard, |reply| StoreMsg::ResponseGet {
+                tenant: t,
+                id: i,
+                reply,
+            })
+            .await
+            .flatten()
+        }
+    };
     let Some(record) = raw.and_then(|r| serde_json::from_slice::<Record>(&r).ok()) else {
         return respond::send_error(c, &not_found(id), keep).await;
     };

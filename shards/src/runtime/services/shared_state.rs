@@ -200,6 +200,8 @@ enum Cmd {
         data: String,
         reply: futures::channel::oneshot::Sender<Result<u64, PushError>>,
     },
+    /// A Responses API conversation operation (issue 52).
+    Responses(conversations::Op),
 }
 
 /// The shards' side of the shared state.
@@ -324,6 +326,14 @@ impl SharedState {
         })
     }
 
+    /// Hand a conversation operation to the thread (an op it cannot
+    /// carry out is answered "not here").
+    pub fn responses(&self, op: conversations::Op) {
+        if let Err(mpsc::SendError(Cmd::Responses(op))) = self.tx.send(Cmd::Responses(op)) {
+            op.unavailable();
+        }
+    }
+
     /// Seconds since the last successful sync (None: never).
     pub fn sync_age_secs(&self, now_ms: u64) -> Option<f64> {
         match self.last_sync_ms.load(Ordering::Relaxed) {
@@ -375,11 +385,15 @@ impl SharedState {
                 }
             }
             let Some(c) = conn.as_mut() else {
-                if let Some(Cmd::PushKeys { reply, .. }) = cmd {
-                    let _ = reply.send(Err(PushError::Down(format!(
-                        "Redis at {} is unreachable",
-                        self.shown
-                    ))));
+                match cmd {
+                    Some(Cmd::PushKeys { reply, .. }) => {
+                        let _ = reply.send(Err(PushError::Down(format!(
+                            "Redis at {} is unreachable",
+                            self.shown
+                        ))));
+                    }
+                    Some(Cmd::Responses(op)) => op.unavailable(),
+                    None => {}
                 }
                 continue;
             };
@@ -403,6 +417,11 @@ impl SharedState {
                     let _ = reply.send(answer);
                     synced
                 }
+                Some(Cmd::Responses(op)) => isolated(
+                    conversations::carry_out(c, op),
+                    "responses",
+                    &mut content_log,
+                ),
                 None if due => isolated(
                     sync(c, router, &mut bad_epoch, &mut seeding),
                     "key registry",
@@ -515,6 +534,7 @@ impl SharedState {
     }
 }
 
+pub mod conversations;
 pub mod preflight;
 mod registry_sync;
 pub use registry_sync::content_error;

@@ -31,6 +31,10 @@ pub struct RouterConfig {
     pub p2p_addr: SocketAddr,
     /// Request body limit in bytes; 0 disables.
     pub max_request_bytes: u64,
+    /// `--responses-max-bytes-per-tenant` (the Redis copy's bound too).
+    pub responses_per_tenant: u64,
+    /// `--responses-ttl-days`, in seconds (0: no expiry).
+    pub responses_ttl_secs: u64,
     /// Time allowed to receive a request head.
     pub header_timeout: Duration,
     /// Time allowed to receive a whole request body.
@@ -113,6 +117,8 @@ impl Default for RouterConfig {
             metrics_addr: SocketAddr::from(([0, 0, 0, 0], 2112)),
             p2p_addr: SocketAddr::from(([127, 0, 0, 1], 9000)),
             max_request_bytes: 10 * 1024 * 1024,
+            responses_per_tenant: 64 << 20,
+            responses_ttl_secs: 30 * 86_400,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(60),
