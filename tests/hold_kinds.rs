@@ -141,3 +141,35 @@ fn embedding_and_rerank_requests_are_held_and_served() {
     assert_eq!(held("e"), Some(0.0));
     assert_eq!(held("rr"), Some(0.0));
 }
+
+/// Issue 52: a Responses turn for a model at zero is held (kind `chat`),
+/// with keepalive bytes, and served when an agent registers: the client
+/// gets the router's response ID after the keepalives, and the turn is
+/// kept (the next one continues it).
+#[test]
+fn a_responses_turn_is_held_and_served_with_the_routers_id() {
+    let dir = tmpdir("hold-responses");
+    let r = site_router(&dir, &["--wake-keepalive", "200ms"], &[]);
+    push_map(&r, "20s");
+    let body = r#"{"model":"m","input":"hello","max_output_tokens":3}"#;
+    let s = send(r.http, "/v1/responses", body, "");
+    wait_until(Duration::from_secs(5), || demand(&r) == Some(1.0), "held");
+    std::thread::sleep(Duration::from_millis(600));
+    let (_sc, pc) = start_sim(&dir, "m", &[]);
+    let _c = start_agent(&dir, &r, pc, "c.key", &[]);
+    let (head, body) = read_all(s);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head} {body}");
+    let v: serde_json::Value = serde_json::from_str(body.trim()).expect("one JSON answer");
+    let id = v["id"].as_str().expect("id");
+    assert!(
+        id.starts_with("resp_") && !id.starts_with("resp_sim"),
+        "{v}"
+    );
+    assert_eq!(outcome(&r, "woken"), 1.0);
+    let next = format!(r#"{{"model":"m","input":"again","previous_response_id":"{id}"}}"#);
+    let (st, out) = Req::post("/v1/responses", next)
+        .send(r.http)
+        .expect("next")
+        .pair();
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&out));
+}

@@ -9,7 +9,9 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use fjall::{Database, Keyspace, PersistMode};
-use shards::logic::http::api::responses::{Record, MAX_CHAIN};
+#[cfg(test)]
+use shards::logic::http::api::responses::Record;
+use shards::logic::http::api::responses::{previous_of, MAX_CHAIN};
 use shards::runtime::services::store_api::{ChainError, StoreMsg};
 use tracing::warn;
 
@@ -220,9 +222,7 @@ impl Conversations {
             let raw = self
                 .get(tenant, &id, now)
                 .ok_or_else(|| ChainError::NotFound(id.clone()))?;
-            let r: Record =
-                serde_json::from_slice(&raw).map_err(|_| ChainError::NotFound(id.clone()))?;
-            next = r.previous_response_id;
+            next = previous_of(&raw).map_err(|_| ChainError::NotFound(id.clone()))?;
             out.push(raw);
         }
         out.reverse();

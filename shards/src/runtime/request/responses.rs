@@ -138,15 +138,12 @@ async fn rebuild(shard: &Shard, p: &mut PendingRequest) -> Result<Conversation, 
     let req = responses::parse_request(&p.body)
         .map_err(|m| ApiError::new(ErrorCode::RequestInvalid, m))?;
     let tenant = p.principal.tenant_arc();
-    let chain: Vec<Record> = match &req.previous {
+    let chain: Vec<Vec<u8>> = match &req.previous {
         None => Vec::new(),
         Some(id) => {
             let found = chain_of(shard, &tenant, id).await;
             match found {
-                Some(Ok(raw)) => raw
-                    .iter()
-                    .filter_map(|r| serde_json::from_slice(r).ok())
-                    .collect(),
+                Some(Ok(raw)) => raw,
                 Some(Err(ChainError::NotFound(missing))) => return Err(not_found(&missing)),
                 Some(Err(ChainError::TooLong(n))) => {
                     return Err(ApiError::new(
@@ -158,7 +155,8 @@ async fn rebuild(shard: &Shard, p: &mut PendingRequest) -> Result<Conversation, 
             }
         }
     };
-    let body = responses::expanded_body(&req, &chain);
+    let (body, root) = responses::expanded_body(&req, &chain)
+        .map_err(|m| ApiError::new(ErrorCode::RequestInvalid, m))?;
     let limit = match shard.router.cfg.max_request_bytes {
         0 => MAX_EXPANDED,
         n => usize::try_from(n).unwrap_or(usize::MAX),
@@ -183,7 +181,7 @@ async fn rebuild(shard: &Shard, p: &mut PendingRequest) -> Result<Conversation, 
     // send it to the engine that holds its prefix, on any router that
     // shares affinity.
     if p.meta.affinity.body_key.is_none() {
-        let root = chain.first().map_or(id.as_str(), |r| r.id.as_str());
+        let root = root.as_deref().unwrap_or(id.as_str());
         p.meta.affinity.body_key = Some(raw_key_hash(root.as_bytes()));
     }
     Ok(Conversation {

@@ -128,22 +128,84 @@ pub struct Record {
     pub status: String,
 }
 
-/// The body sent to the engine: the chain's items (oldest first, input
-/// then output of each turn), then this turn's input; no
-/// `previous_response_id`; `store: false` (the router keeps the state).
-pub fn expanded_body(req: &Request, chain: &[Record]) -> Vec<u8> {
-    let mut body = req.body.clone();
-    if !chain.is_empty() {
-        let mut items: Vec<Value> = chain
-            .iter()
-            .flat_map(|r| r.input.iter().chain(r.output.iter()).cloned())
-            .collect();
-        items.extend(req.input.iter().cloned());
-        body.insert("input".into(), Value::Array(items));
+/// The response a stored record continued (`Err`: not a record); reads
+/// nothing else (a chain is walked without decoding its items).
+pub fn previous_of(record: &[u8]) -> Result<Option<String>, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Prev {
+        #[serde(default)]
+        previous_response_id: Option<String>,
+        #[allow(dead_code)]
+        status: serde::de::IgnoredAny,
     }
+    serde_json::from_slice::<Prev>(record).map(|p| p.previous_response_id)
+}
+
+/// What the rebuild reads of a stored record: its ID and its items, as
+/// raw JSON borrowed from the store's bytes (never decoded into trees:
+/// a 5-turn chain costs a validation pass and a copy).
+#[derive(Deserialize)]
+struct Turn<'a> {
+    #[serde(borrow)]
+    id: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    input: Vec<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    output: Vec<&'a serde_json::value::RawValue>,
+}
+
+/// The body sent to the engine: the chain's items (oldest first, input
+/// then output of each turn, as the store holds them), then this turn's
+/// input; no `previous_response_id`; `store: false` (the router keeps the
+/// state). Also the chain's first response ID (the conversation's
+/// session key). `Err`: a stored record that is not one.
+pub fn expanded_body(
+    req: &Request,
+    chain: &[Vec<u8>],
+) -> Result<(Vec<u8>, Option<String>), String> {
+    let mut body = req.body.clone();
     body.remove("previous_response_id");
     body.insert("store".into(), Value::Bool(false));
-    serde_json::to_vec(&Value::Object(body)).unwrap_or_default()
+    if chain.is_empty() {
+        return Ok((
+            serde_json::to_vec(&Value::Object(body)).unwrap_or_default(),
+            None,
+        ));
+    }
+    let turns: Vec<Turn<'_>> = chain
+        .iter()
+        .map(|r| {
+            serde_json::from_slice(r).map_err(|e| format!("a stored response is unreadable: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    body.remove("input");
+    let head = serde_json::to_vec(&Value::Object(body)).unwrap_or_default();
+    let size: usize = chain.iter().map(Vec::len).sum();
+    let mut out = Vec::with_capacity(head.len() + size + 256);
+    // `{...}` without its closing brace, then the input, then the brace.
+    out.extend_from_slice(head.get(..head.len().saturating_sub(1)).unwrap_or(&[]));
+    if head.len() > 2 {
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"input\":[");
+    let mut first = true;
+    let raw = turns
+        .iter()
+        .flat_map(|t| t.input.iter().chain(t.output.iter()))
+        .map(|v| v.get().as_bytes().to_vec());
+    let new = req
+        .input
+        .iter()
+        .map(|v| serde_json::to_vec(v).unwrap_or_default());
+    for item in raw.chain(new) {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.extend_from_slice(&item);
+    }
+    out.extend_from_slice(b"]}");
+    Ok((out, turns.first().map(|t| t.id.to_string())))
 }
 
 /// A stored response as `GET /v1/responses/{id}` shows it.

@@ -10,7 +10,7 @@
 use futures::channel::oneshot;
 use redis::Connection;
 
-use crate::logic::http::api::responses::{Record, MAX_CHAIN};
+use crate::logic::http::api::responses::{previous_of, Record, MAX_CHAIN};
 use crate::runtime::services::store_api::ChainError;
 
 /// Largest record read back from Redis.
@@ -185,13 +185,10 @@ pub fn carry_out(c: &mut Connection, op: Op) -> redis::RedisResult<()> {
                     break Err(ChainError::TooLong(MAX_CHAIN));
                 }
                 let raw = read(c, &tenant, &id)?;
-                let Some(r) = raw
-                    .as_deref()
-                    .and_then(|v| serde_json::from_slice::<Record>(v).ok())
-                else {
+                let Some(prev) = raw.as_deref().and_then(|v| previous_of(v).ok()) else {
                     break Err(ChainError::NotFound(id));
                 };
-                next = r.previous_response_id;
+                next = prev;
                 out.extend(raw);
             };
             let _ = reply.send(answer);

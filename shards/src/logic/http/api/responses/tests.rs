@@ -64,7 +64,13 @@ fn the_engine_gets_the_whole_conversation_and_no_state_to_keep() {
         br#"{"model":"m","input":"three","previous_response_id":"resp_b","instructions":"be brief"}"#,
     )
     .expect("ok");
-    let v: Value = serde_json::from_slice(&expanded_body(&req, &chain)).expect("json");
+    let raw: Vec<Vec<u8>> = chain
+        .iter()
+        .map(|r| serde_json::to_vec(r).expect("json"))
+        .collect();
+    let (body, root) = expanded_body(&req, &raw).expect("rebuilt");
+    assert_eq!(root.as_deref(), Some("resp_a"));
+    let v: Value = serde_json::from_slice(&body).expect("json");
     let texts: Vec<String> = v["input"]
         .as_array()
         .expect("items")
@@ -85,7 +91,8 @@ fn the_engine_gets_the_whole_conversation_and_no_state_to_keep() {
     );
     // Without a chain the input stays as the client wrote it.
     let first = parse_request(br#"{"model":"m","input":"hi"}"#).expect("ok");
-    let v: Value = serde_json::from_slice(&expanded_body(&first, &[])).expect("json");
+    let v: Value =
+        serde_json::from_slice(&expanded_body(&first, &[]).expect("body").0).expect("json");
     assert_eq!(
         (v["input"].clone(), v["store"].clone()),
         (json!("hi"), json!(false))
@@ -94,6 +101,13 @@ fn the_engine_gets_the_whole_conversation_and_no_state_to_keep() {
 
 /// llama-server's stream (tools/server/server-task.cpp), cut anywhere.
 const STREAM: &str = "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_engine\",\"object\":\"response\",\"status\":\"in_progress\"}}\n\nevent: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"msg_1\",\"delta\":\"Hi\"}\n\nevent: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_engine\",\"object\":\"response\",\"status\":\"completed\",\"output\":[{\"type\":\"message\",\"id\":\"msg_1\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"Hi\"}]}],\"usage\":{\"input_tokens\":5,\"output_tokens\":1,\"total_tokens\":6}}}\n\n";
+
+#[test]
+fn a_record_that_is_not_one_is_refused_not_sent() {
+    let req =
+        parse_request(br#"{"model":"m","input":"x","previous_response_id":"resp_a"}"#).expect("ok");
+    assert!(expanded_body(&req, &[b"{\"id\":1}".to_vec()]).is_err());
+}
 
 #[test]
 fn a_stream_gets_the_routers_id_and_its_end_is_kept_wherever_it_is_cut() {
