@@ -532,8 +532,8 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
         sweep(o, cfg.ttl_days, &errors);
         info!(path = %cfg.path.display(), records = o.ks.iter().count(), ttl_days = cfg.ttl_days, "history store open");
     }
-    let disk = store.as_ref().map(|o| (o.db.clone(), o.responses.clone()));
-    let mut conversations = responses::Conversations::open(disk, cfg.responses);
+    let disk = |s: &Option<Open>| s.as_ref().map(|o| (o.db.clone(), o.responses.clone()));
+    let mut conversations = responses::Conversations::open(disk(&store), cfg.responses);
     let mut last_sweep = Instant::now();
     // The expiry sweep at open is the first (Unix seconds, for the admin).
     let mut last_sweep_unix = store.as_ref().map(|_| clock::unix_secs());
@@ -544,7 +544,7 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
                 if let Some(o) = &store {
                     if last_sweep.elapsed() > SWEEP_EVERY {
                         sweep(o, cfg.ttl_days, &errors);
-                        conversations.sweep(clock::unix_secs());
+                        conversations.sweep(clock::unix_secs(), disk(&store));
                         last_sweep = Instant::now();
                         last_sweep_unix = Some(clock::unix_secs());
                     }
@@ -553,7 +553,7 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
             }
             Err(RecvTimeoutError::Disconnected) => break,
         };
-        let Some(msg) = conversations.handle(msg, clock::unix_secs()) else {
+        let Some(msg) = conversations.handle(msg, clock::unix_secs(), disk(&store)) else {
             continue;
         };
         match msg {

@@ -52,6 +52,9 @@ fn created_of(v: &[u8]) -> Option<u64> {
 
 /// The conversations kept, with the index their bounds need.
 pub struct Conversations {
+    /// The store's keyspace, only for the duration of one call: the
+    /// store reopens itself after a failure (a full disk), and a handle
+    /// kept here would hold the old database open.
     disk: Option<(Database, Keyspace)>,
     mem: HashMap<Vec<u8>, Vec<u8>>,
     /// (created_at, arrival, key) oldest first (arrival orders the
@@ -87,8 +90,20 @@ impl Conversations {
                 c.note(k.to_vec(), created, (k.len() + v.len()) as u64);
             }
         }
-        c.disk = disk;
         c
+    }
+
+    /// [`Conversations::carry_out`] over the store's keyspace as it is now.
+    pub fn handle(
+        &mut self,
+        msg: StoreMsg,
+        now: u64,
+        disk: Option<(Database, Keyspace)>,
+    ) -> Option<StoreMsg> {
+        self.disk = disk;
+        let left = self.carry_out(msg, now);
+        self.disk = None;
+        left
     }
 
     /// Records kept and their bytes.
@@ -235,7 +250,7 @@ impl Conversations {
     }
 
     /// Carry out a conversation message; any other is given back.
-    pub fn handle(&mut self, msg: StoreMsg, now: u64) -> Option<StoreMsg> {
+    fn carry_out(&mut self, msg: StoreMsg, now: u64) -> Option<StoreMsg> {
         match msg {
             StoreMsg::ResponsePut {
                 tenant,
@@ -258,7 +273,13 @@ impl Conversations {
     }
 
     /// Drop every record past its TTL.
-    pub fn sweep(&mut self, now: u64) {
+    pub fn sweep(&mut self, now: u64, disk: Option<(Database, Keyspace)>) {
+        self.disk = disk;
+        self.sweep_now(now);
+        self.disk = None;
+    }
+
+    fn sweep_now(&mut self, now: u64) {
         while let Some((created, _, k)) = self.order.iter().next().cloned() {
             if !self.expired(created, now) {
                 break;
@@ -358,7 +379,7 @@ mod tests {
         c.put("a", "new", 150, &rec("new", None, 1));
         assert!(c.get("a", "old", 109).is_some());
         assert!(c.get("a", "old", 110).is_none());
-        c.sweep(300);
+        c.sweep(300, None);
         assert_eq!(c.stats().0, 0);
     }
 }
