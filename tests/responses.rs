@@ -126,7 +126,20 @@ fn stored_conversations_stay_under_their_bounds_under_a_flood() {
             "300000",
         ],
     );
-    let (_sim, port) = start_sim(&dir, MODEL, &["--output-tokens", "2", "--itl", "1ms"]);
+    let (_sim, port) = start_sim(
+        &dir,
+        MODEL,
+        &[
+            "--output-tokens",
+            "2",
+            "--itl",
+            "1ms",
+            "--prefill-per-token",
+            "0s",
+            "--ttft",
+            "1ms",
+        ],
+    );
     let _agent = start_agent(&dir, &r, port, "a.key", &[]);
     wait_agent(r.http);
     put_key(r.http, "ka", key("v1", "sk-alpha", "alpha"));
@@ -163,6 +176,15 @@ fn stored_conversations_stay_under_their_bounds_under_a_flood() {
     };
     assert_eq!(status(&ids[0]), 404, "alpha's oldest evicted");
     assert_eq!(status(&ids[59]), 200, "beta's newest kept");
+    // Per tenant in the metrics, under the tenant's bound.
+    for t in ["alpha", "beta"] {
+        let b = metric(
+            r.metrics,
+            &format!("hivenet_responses_stored_bytes{{tenant=\"{t}\"}}"),
+        )
+        .expect("per-tenant bytes");
+        assert!(b > 0.0 && b <= 200_000.0, "{t}: {b}");
+    }
     // Bad input: the envelope and a 400, never a panic.
     for bad in [
         r#"{"model":"rm"}"#,
@@ -356,4 +378,51 @@ fn a_chain_moves_between_routers_sharing_redis() {
             cont.text()
         );
     }
+}
+
+/// Keys apply to Responses as to chat: the daily budget is charged the
+/// turn's usage, the allowlist refuses another model, and
+/// `/v1/responses/input_tokens` is answered by the engine.
+#[test]
+fn a_turn_is_charged_and_keys_apply() {
+    let dir = tmpdir("responses-keys");
+    let r = router(&dir, &[]);
+    let (_sim, port) = start_sim(&dir, MODEL, &["--output-tokens", "4"]);
+    let _agent = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_agent(r.http);
+    let mut k = key("v1", "sk-alpha", "alpha");
+    k["quota"] = json!({"tokens_per_day": 100000});
+    put_key(r.http, "ka", k);
+    let t = create(r.http, "sk-alpha", "count me", None);
+    assert_eq!(t.status, 200, "{}", t.text());
+    let total = t.json()["usage"]["total_tokens"].as_f64().expect("usage");
+    let used = || {
+        metric(
+            r.metrics,
+            "hivenet_tenant_tokens_used_today{tenant_id=\"alpha\",model=\"\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    wait_until(
+        Duration::from_secs(5),
+        || used() == total,
+        "charged the turn's usage",
+    );
+    let other = json!({"model": "another", "input": "x"});
+    let refused = Req::post("/v1/responses", other.to_string())
+        .bearer("sk-alpha")
+        .send(r.http)
+        .expect("response");
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    let count = json!({"model": MODEL, "input": "how many tokens is this"});
+    let counted = Req::post("/v1/responses/input_tokens", count.to_string())
+        .bearer("sk-alpha")
+        .send(r.http)
+        .expect("response");
+    assert_eq!(counted.status, 200, "{}", counted.text());
+    assert!(
+        counted.json()["input_tokens"].as_u64().unwrap_or(0) > 0,
+        "{}",
+        counted.text()
+    );
 }

@@ -63,6 +63,7 @@ pub struct Conversations {
     sizes: HashMap<Vec<u8>, (u64, u64, u64)>,
     arrivals: u64,
     per_tenant: HashMap<String, u64>,
+    counts: HashMap<String, u64>,
     total: u64,
     bounds: Bounds,
 }
@@ -77,6 +78,7 @@ impl Conversations {
             order: BTreeSet::new(),
             sizes: HashMap::new(),
             per_tenant: HashMap::new(),
+            counts: HashMap::new(),
             total: 0,
             arrivals: 0,
             bounds,
@@ -117,6 +119,7 @@ impl Conversations {
     }
 
     fn note(&mut self, k: Vec<u8>, created: u64, size: u64) {
+        *self.counts.entry(Self::tenant_of(&k)).or_default() += 1;
         *self.per_tenant.entry(Self::tenant_of(&k)).or_default() += size;
         self.total += size;
         self.arrivals += 1;
@@ -135,6 +138,12 @@ impl Conversations {
             *t = t.saturating_sub(size);
             if *t == 0 {
                 self.per_tenant.remove(&tenant);
+            }
+        }
+        if let Some(n) = self.counts.get_mut(&tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.counts.remove(&tenant);
             }
         }
         match &self.disk {
@@ -266,6 +275,15 @@ impl Conversations {
             }
             StoreMsg::ResponseDelete { tenant, id, reply } => {
                 let _ = reply.send(self.delete(&tenant, &id));
+            }
+            StoreMsg::ResponseTenants { reply } => {
+                let mut v: Vec<(String, u64, u64)> = self
+                    .per_tenant
+                    .iter()
+                    .map(|(t, b)| (t.clone(), self.counts.get(t).copied().unwrap_or(0), *b))
+                    .collect();
+                v.sort();
+                let _ = reply.send(v);
             }
             other => return Some(other),
         }

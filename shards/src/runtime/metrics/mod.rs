@@ -389,6 +389,7 @@ pub async fn serve(shard: Rc<Shard>, conn: Conn) {
                 shard.router.directory.load().stats(),
                 &shard.router.budget,
             );
+            crate::runtime::request::responses::render_stored(&shard, &mut body).await;
             render_sites(
                 &mut body,
                 &snaps,

@@ -87,6 +87,9 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.connection_resets.insert("stream_cut", 1);
     s.continuity.migrations.insert("continued", 2);
     s.continuity.migrations.insert("tools", 1);
+    s.responses.count("continued");
+    s.responses.count("continued");
+    s.responses.count("new");
     s.classes.wait[1] = hist(&QUEUE_BUCKETS, &[0.01, 0.2]);
     s.classes.admitted = [2, 3, 0];
     s.classes.refused = [1, 0, 0];
@@ -494,6 +497,13 @@ const FAMILIES: &[Want] = &[
         "counter",
         4,
         Some(("outcome", "continued", 2.0)),
+    ),
+    // Two models, two kinds each.
+    (
+        "hivenet_responses_requests_total",
+        "counter",
+        4,
+        Some(("kind", "continued", 2.0)),
     ),
     // Two keys (the chat 200s of both shards merged), 13 bounds each.
     (

@@ -119,13 +119,16 @@ struct Run<'a> {
 /// carries it out and reports back.
 async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> bool {
     inc(&shard.counters.requests);
+    // A refusal before routing keeps the connection only when the client
+    // asked for it (one that said `Connection: close` waited for the close).
+    let keep = p.head.keep_alive;
     let conv = match responses::prepare(shard, p).await {
         Ok(conv) => conv,
-        Err(e) => return respond::send_error(c, &e, true).await,
+        Err(e) => return respond::send_error(c, &e, keep).await,
     };
     let (mut run, mut d) = match Run::new(shard, p, conv) {
         Ok(r) => r,
-        Err(e) => return respond::send_error(c, &e, true).await,
+        Err(e) => return respond::send_error(c, &e, keep).await,
     };
     let model = run.model;
     c.scope.ending.input_estimate = run.estimate;

@@ -242,6 +242,43 @@ pub fn finish(shard: &Shard, conv: Option<Conversation>) {
     });
 }
 
+/// `hivenet_responses_stored{tenant}` and `..._bytes{tenant}`: what this
+/// router's store keeps per tenant (asked of the store thread; nothing
+/// when it does not answer within 100 ms).
+pub async fn render_stored(shard: &Shard, o: &mut String) {
+    use crate::runtime::wire::exposition::{Family, Kind::Gauge};
+    let Some(tx) = shard.router.store.as_ref() else {
+        return;
+    };
+    let (reply, rx) = oneshot::channel();
+    if tx.send(StoreMsg::ResponseTenants { reply }).is_err() {
+        return;
+    }
+    let Ok(Ok(tenants)) = monoio::time::timeout(Duration::from_millis(100), rx).await else {
+        return;
+    };
+    let mut f = Family::new(
+        o,
+        "hivenet_responses_stored",
+        Gauge,
+        "Responses API responses this router's store keeps, per tenant.",
+        ["tenant"],
+    );
+    for (t, n, _) in &tenants {
+        f.series([t], n);
+    }
+    let mut f = Family::new(
+        o,
+        "hivenet_responses_stored_bytes",
+        Gauge,
+        "Bytes of Responses API conversations this router's store keeps, per tenant (what --responses-max-bytes-per-tenant bounds).",
+        ["tenant"],
+    );
+    for (t, _, b) in &tenants {
+        f.series([t], b);
+    }
+}
+
 /// Whether `path` is one of the stored-response routes.
 pub fn is_api_path(path: &str) -> bool {
     path.starts_with("/v1/responses/") && path != "/v1/responses/input_tokens"

@@ -81,6 +81,11 @@ pub enum StoreMsg {
         /// Where to answer.
         reply: oneshot::Sender<bool>,
     },
+    /// Records kept and their bytes, per tenant (the metrics).
+    ResponseTenants {
+        /// Where to answer: (tenant, records, bytes).
+        reply: oneshot::Sender<Vec<(String, u64, u64)>>,
+    },
     /// Persist and stop.
     Shutdown {
         /// Signalled when stopped.
