@@ -426,3 +426,71 @@ fn a_turn_is_charged_and_keys_apply() {
         counted.text()
     );
 }
+
+/// Affinity across routers (`--shared-state-affinity`): a conversation
+/// begun on one router and continued on the other is a key hit there (its
+/// session key, its first response's ID, was published through Redis).
+#[test]
+fn a_chain_continued_on_another_router_keeps_its_engine() {
+    let dir = tmpdir("responses-fleet-affinity");
+    let rport = free_port();
+    let _redis = start_redis(&dir, rport);
+    let url = format!("redis://127.0.0.1:{rport}/0");
+    let pf = dir.join("policy.yaml");
+    std::fs::write(&pf, "routing_policy:\n  strategy: prefix-aware\n").expect("policy");
+    let pfs = pf.to_string_lossy().to_string();
+    let routers: Vec<Router> = (0..2)
+        .map(|i| {
+            let d = dir.join(format!("r{i}"));
+            std::fs::create_dir_all(&d).expect("dir");
+            start_router(
+                &d,
+                &[
+                    "--shards",
+                    "1",
+                    "--shared-state",
+                    &url,
+                    "--shared-state-affinity",
+                    "--policy-file",
+                    &pfs,
+                ],
+                &[],
+            )
+        })
+        .collect();
+    let (_sim, port) = start_sim(&dir, MODEL, &["--output-tokens", "4"]);
+    let second = format!("/ip4/127.0.0.1/tcp/{}", routers[1].p2p);
+    let _agent = start_agent(&dir, &routers[0], port, "a.key", &["--router-p2p", &second]);
+    for r in &routers {
+        wait_agent(r.http);
+    }
+    let decisions = |m: u16, outcome: &str| {
+        metric(
+            m,
+            &format!("hivenet_affinity_decisions_total{{model=\"{MODEL}\",outcome=\"{outcome}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    let (a, b) = (&routers[0], &routers[1]);
+    let t0 = turn(a.http, 0, None);
+    assert_eq!(decisions(a.metrics, "miss"), 1.0);
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            metric(
+                b.metrics,
+                "hivenet_shared_affinity_notes_total{direction=\"received\"}",
+            )
+            .unwrap_or(0.0)
+                >= 1.0
+        },
+        "turn 0's key heard by the other router",
+    );
+    let _t1 = turn(b.http, 1, t0["id"].as_str());
+    assert_eq!(
+        decisions(b.metrics, "key_hit"),
+        1.0,
+        "the session key, through Redis"
+    );
+    assert_eq!(decisions(b.metrics, "miss"), 0.0);
+}

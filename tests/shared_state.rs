@@ -1213,7 +1213,7 @@ fn three_routers(dir: &std::path::Path, url: &str, sim: &[&str]) -> Fleet {
 /// Issue 51 #5 (second half): forty small requests at once, wave after
 /// wave over three routers, use the whole daily budget before they are
 /// refused: leases a router holds unspent do not strand the rest (0.45x
-/// was used before), and never more than the budget plus a lease each.
+/// was used before), and never more than the documented bound.
 #[test]
 fn many_small_concurrent_requests_use_the_whole_budget() {
     let dir = tmpdir("shared-stranded");
@@ -1252,6 +1252,11 @@ fn many_small_concurrent_requests_use_the_whole_budget() {
         }
         used += ok.iter().map(|r| used_tokens(r)).sum::<u64>();
         eprintln!("wave {_wave}: {} of 40 served, {used} used", ok.len());
+        // 40 x 70 tokens fit the 3,000: the first wave is served whole
+        // (leases stranded on the routers refused most of it before).
+        if _wave == 0 {
+            assert_eq!(ok.len(), 40, "the first wave fits the budget");
+        }
         served += ok.len();
         refused += answers.len() - ok.len();
         if ok.is_empty() {
@@ -1261,7 +1266,10 @@ fn many_small_concurrent_requests_use_the_whole_budget() {
         std::thread::sleep(Duration::from_millis(300));
     }
     eprintln!("stranded leases: {served} served, {refused} refused, {used} tokens of 3000");
-    assert!(used <= 3000 + 3 * 3, "over: {used}");
+    // The documented bound: a lease per router (3 tokens) and what the
+    // estimate of the last request admitted on each missed (at most one
+    // request's 70 tokens).
+    assert!(used <= 3000 + 3 * (3 + 70), "over: {used}");
     // 70 tokens a request: all that fits but one request's worth.
     assert!(
         used >= 3000 - 70,
