@@ -52,6 +52,18 @@ fn fleet_with(dir: &std::path::Path, n: usize, redis: u16, extra: &[&str]) -> Fl
 
 /// [`fleet`] sharing the state at `url`, with more router flags.
 fn fleet_at(dir: &std::path::Path, n: usize, url: &str, extra: &[&str]) -> Fleet {
+    fleet_of(dir, n, url, extra, &[], "8")
+}
+
+/// [`fleet_at`] with the simulator's flags and the agent's capacity.
+fn fleet_of(
+    dir: &std::path::Path,
+    n: usize,
+    url: &str,
+    extra: &[&str],
+    sim_args: &[&str],
+    capacity: &str,
+) -> Fleet {
     let routers: Vec<Router> = (0..n)
         .map(|i| {
             let d = dir.join(format!("r{i}"));
@@ -61,13 +73,13 @@ fn fleet_at(dir: &std::path::Path, n: usize, url: &str, extra: &[&str]) -> Fleet
             start_router(&d, &args, &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")])
         })
         .collect();
-    let (sim, port) = start_sim(dir, MODEL, &[]);
+    let (sim, port) = start_sim(dir, MODEL, sim_args);
     let more: Vec<String> = routers
         .iter()
         .skip(1)
         .map(|r| format!("/ip4/127.0.0.1/tcp/{}", r.p2p))
         .collect();
-    let mut extra = vec!["--capacity", "8"];
+    let mut extra = vec!["--capacity", capacity];
     for m in &more {
         extra.extend(["--router-p2p", m.as_str()]);
     }
@@ -1169,45 +1181,7 @@ fn a_revoked_key_never_comes_back_through_a_stale_router() {
 /// Three routers sharing Redis at `url`, one sim (`sim` flags) and one
 /// agent linked to all three.
 fn three_routers(dir: &std::path::Path, url: &str, sim: &[&str]) -> Fleet {
-    let routers: Vec<Router> = (0..3)
-        .map(|i| {
-            let d = dir.join(format!("r{i}"));
-            std::fs::create_dir_all(&d).expect("dir");
-            start_router(
-                &d,
-                &["--shards", "1", "--shared-state", url],
-                &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")],
-            )
-        })
-        .collect();
-    let (sim, port) = start_sim(dir, MODEL, sim);
-    let more: Vec<String> = routers
-        .iter()
-        .skip(1)
-        .map(|r| format!("/ip4/127.0.0.1/tcp/{}", r.p2p))
-        .collect();
-    let mut extra = vec!["--capacity", "64"];
-    for m in &more {
-        extra.extend(["--router-p2p", m.as_str()]);
-    }
-    let agent = start_agent(dir, &routers[0], port, "a.key", &extra);
-    for r in &routers {
-        wait_until(
-            Duration::from_secs(30),
-            || {
-                routing_table(r.http)["agents"]
-                    .as_array()
-                    .map_or(0, Vec::len)
-                    == 1
-            },
-            "the agent on every router",
-        );
-    }
-    Fleet {
-        routers,
-        _sim: sim,
-        _agent: agent,
-    }
+    fleet_of(dir, 3, url, &[], sim, "64")
 }
 
 /// Issue 51 #5 (second half): forty small requests at once, wave after
@@ -1380,45 +1354,7 @@ fn one_request_of_the_whole_budget_per_router_overshoots_by_at_most_a_lease() {
     let rport = free_port();
     let _redis = start_redis(&dir, rport);
     let url = format!("redis://127.0.0.1:{rport}/0");
-    let routers: Vec<Router> = (0..3)
-        .map(|i| {
-            let d = dir.join(format!("r{i}"));
-            std::fs::create_dir_all(&d).expect("dir");
-            start_router(
-                &d,
-                &["--shards", "1", "--shared-state", &url],
-                &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")],
-            )
-        })
-        .collect();
-    let (sim, port) = start_sim(&dir, MODEL, &["--output-tokens", "2950"]);
-    let more: Vec<String> = routers
-        .iter()
-        .skip(1)
-        .map(|r| format!("/ip4/127.0.0.1/tcp/{}", r.p2p))
-        .collect();
-    let mut extra = vec!["--capacity", "8"];
-    for m in &more {
-        extra.extend(["--router-p2p", m.as_str()]);
-    }
-    let agent = start_agent(&dir, &routers[0], port, "a.key", &extra);
-    for r in &routers {
-        wait_until(
-            Duration::from_secs(30),
-            || {
-                routing_table(r.http)["agents"]
-                    .as_array()
-                    .map_or(0, Vec::len)
-                    == 1
-            },
-            "the agent on every router",
-        );
-    }
-    let f = Fleet {
-        routers,
-        _sim: sim,
-        _agent: agent,
-    };
+    let f = fleet_of(&dir, 3, &url, &[], &["--output-tokens", "2950"], "8");
     put_everywhere(
         &f,
         "k1",
