@@ -5,7 +5,9 @@ agent run whose conversation the router owns (`previous_response_id`), with
 conversations through chat completions with the history kept by the client
 (`chat-prefix-aware`). Workload: USERS conversations with their own long
 instructions, TURNS turns each (16 output tokens, temperature 0), turns
-interleaved across users, one client. Fresh engines, router and agents for
+interleaved across users, one client (USERS not a multiple of three, so
+that least-loaded's rotation does not happen to keep each user on one
+engine). Fresh engines, router and agents for
 every configuration.
 
 Per configuration: the cached share of input tokens (the engines' own
@@ -22,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from lib import free_port  # noqa: E402
 
 BIN, OUT = sys.argv[1], sys.argv[2]
-USERS = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+USERS = int(sys.argv[3]) if len(sys.argv) > 3 else 4
 TURNS = int(sys.argv[4]) if len(sys.argv) > 4 else 5
 CONFIGS = ["least-loaded", "prefix-aware", "chat-prefix-aware"]
 env = dict(line.split("=", 1) for line in subprocess.check_output(["scripts/install-llama.sh"], text=True).split()
@@ -31,7 +33,6 @@ SERVER, MODEL = env["LLAMA_SERVER"].strip("'\""), env["LLAMA_MODEL"].strip("'\""
 os.makedirs(OUT, exist_ok=True)
 WORDS = ("river stone lantern orchard copper meadow harbor signal engine quiet ledger cobalt "
          "thunder velvet marble summit glacier compass ember willow").split()
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def instructions(user):
@@ -64,9 +65,16 @@ def wait_http(url, seconds=120, needle=None):
     raise SystemExit(f"timed out waiting for {url}")
 
 
-def cpu_ticks(pid):
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+def cpu_seconds(pid):
+    """On-CPU time of every thread of `pid` (schedstat: nanoseconds, not
+    the 10 ms ticks of /proc/PID/stat)."""
+    total = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(open(f"/proc/{pid}/task/{t}/schedstat").read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
 
 
 def run_config(name):
@@ -102,7 +110,7 @@ def run_config(name):
         results = []
         previous = {u: None for u in range(USERS)}
         history = {u: [{"role": "system", "content": instructions(u)}] for u in range(USERS)}
-        cpu0 = cpu_ticks(router.pid)
+        cpu0 = cpu_seconds(router.pid)
         t0 = time.time()
         for turn in range(TURNS):
             for u in range(USERS):
@@ -126,7 +134,7 @@ def run_config(name):
                     inp, cached = usage.get("input_tokens", 0), (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
                 results.append({"user": u, "turn": turn, "seconds": secs, "input": inp, "cached": cached})
         wall = time.time() - t0
-        cpu = (cpu_ticks(router.pid) - cpu0) / TICK
+        cpu = cpu_seconds(router.pid) - cpu0
         storage = {}
         try:
             req = urllib.request.Request(f"http://127.0.0.1:{http}/admin/storage",
