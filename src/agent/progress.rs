@@ -145,10 +145,7 @@ pub async fn await_head<T>(
         )
     };
     if !meter.tracked() {
-        return match monoio::time::timeout(limit, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(expired()),
-        };
+        return super::serve::within(Some(limit), "no response head from the backend", fut).await;
     }
     // Two checks per deadline at least, and one per router period.
     let period = interim

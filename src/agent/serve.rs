@@ -199,7 +199,7 @@ pub async fn serve_stream(cfg: Rc<AgentConfig>, link: super::Link, s: mux::Strea
 
 /// `fut` bounded by `limit` (`None`: unbounded); running out is a
 /// `TimedOut` error naming `what`.
-async fn within<T>(
+pub(super) async fn within<T>(
     limit: Option<std::time::Duration>,
     what: &'static str,
     fut: impl std::future::Future<Output = io::Result<T>>,

@@ -63,7 +63,9 @@ pub struct Conversations {
     sizes: HashMap<Vec<u8>, (u64, u64, u64)>,
     arrivals: u64,
     per_tenant: HashMap<String, u64>,
-    counts: HashMap<String, u64>,
+    /// Each tenant's records oldest first: its eviction takes the first,
+    /// never a scan of everyone's.
+    tenant_order: HashMap<String, BTreeSet<(u64, u64, Vec<u8>)>>,
     total: u64,
     bounds: Bounds,
 }
@@ -78,7 +80,7 @@ impl Conversations {
             order: BTreeSet::new(),
             sizes: HashMap::new(),
             per_tenant: HashMap::new(),
-            counts: HashMap::new(),
+            tenant_order: HashMap::new(),
             total: 0,
             arrivals: 0,
             bounds,
@@ -119,10 +121,14 @@ impl Conversations {
     }
 
     fn note(&mut self, k: Vec<u8>, created: u64, size: u64) {
-        *self.counts.entry(Self::tenant_of(&k)).or_default() += 1;
-        *self.per_tenant.entry(Self::tenant_of(&k)).or_default() += size;
+        let tenant = Self::tenant_of(&k);
+        *self.per_tenant.entry(tenant.clone()).or_default() += size;
         self.total += size;
         self.arrivals += 1;
+        self.tenant_order
+            .entry(tenant)
+            .or_default()
+            .insert((created, self.arrivals, k.clone()));
         self.order.insert((created, self.arrivals, k.clone()));
         self.sizes.insert(k, (created, self.arrivals, size));
     }
@@ -140,10 +146,10 @@ impl Conversations {
                 self.per_tenant.remove(&tenant);
             }
         }
-        if let Some(n) = self.counts.get_mut(&tenant) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.counts.remove(&tenant);
+        if let Some(o) = self.tenant_order.get_mut(&tenant) {
+            o.remove(&(created, arrival, k.to_vec()));
+            if o.is_empty() {
+                self.tenant_order.remove(&tenant);
             }
         }
         match &self.disk {
@@ -203,9 +209,9 @@ impl Conversations {
         self.note(k, created_at, size);
         while self.per_tenant.get(tenant).copied().unwrap_or(0) > self.bounds.per_tenant {
             let oldest = self
-                .order
-                .iter()
-                .find(|(_, _, key)| Self::tenant_of(key) == tenant)
+                .tenant_order
+                .get(tenant)
+                .and_then(|o| o.iter().next())
                 .map(|(_, _, key)| key.clone());
             match oldest {
                 Some(o) => {
@@ -280,7 +286,10 @@ impl Conversations {
                 let mut v: Vec<(String, u64, u64)> = self
                     .per_tenant
                     .iter()
-                    .map(|(t, b)| (t.clone(), self.counts.get(t).copied().unwrap_or(0), *b))
+                    .map(|(t, b)| {
+                        let n = self.tenant_order.get(t).map_or(0, BTreeSet::len);
+                        (t.clone(), n as u64, *b)
+                    })
                     .collect();
                 v.sort();
                 let _ = reply.send(v);

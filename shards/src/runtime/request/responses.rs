@@ -204,9 +204,6 @@ pub fn finish(shard: &Shard, conv: Option<Conversation>) {
     let (Some(done), true) = (c.tap.done.take(), c.store) else {
         return;
     };
-    let Some(tx) = shard.router.store.as_ref() else {
-        return;
-    };
     let id = c.tap.id().to_string();
     let created_at = clock::unix_secs();
     let record = Record {
@@ -234,6 +231,9 @@ pub fn finish(shard: &Shard, conv: Option<Conversation>) {
             ttl_secs: cfg.responses_ttl_secs,
         });
     }
+    let Some(tx) = shard.router.store.as_ref() else {
+        return;
+    };
     let _ = tx.send(StoreMsg::ResponsePut {
         tenant: c.tenant.to_string(),
         id,
