@@ -8,7 +8,7 @@
 mod common;
 use common::*;
 use serde_json::{json, Value};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const MODEL: &str = "rm";
 
@@ -320,14 +320,18 @@ fn turns_follow_their_engine_and_survive_its_loss() {
     drop(agents);
 }
 
-/// Two routers sharing Redis: a chain begun on one continues on the
-/// other, each reads the other's turns, and a response deleted on one is
-/// gone on both (a chain through it cannot be continued anywhere).
-#[test]
-fn a_chain_moves_between_routers_sharing_redis() {
-    let dir = tmpdir("responses-fleet");
+/// Two routers sharing one Redis, one agent registered with both.
+struct Fleet {
+    redis: Proc,
+    routers: Vec<Router>,
+    _sim: Proc,
+    _agent: Proc,
+}
+
+fn two_routers_on_redis(name: &str) -> Fleet {
+    let dir = tmpdir(name);
     let rport = free_port();
-    let _redis = start_redis(&dir, rport);
+    let redis = start_redis(&dir, rport);
     let url = format!("redis://127.0.0.1:{rport}/0");
     let routers: Vec<Router> = (0..2)
         .map(|i| {
@@ -336,13 +340,104 @@ fn a_chain_moves_between_routers_sharing_redis() {
             start_router(&d, &["--shards", "1", "--shared-state", &url], &[])
         })
         .collect();
-    let (_sim, port) = start_sim(&dir, MODEL, &["--output-tokens", "4"]);
+    let (sim, port) = start_sim(&dir, MODEL, &["--output-tokens", "4"]);
     let second = format!("/ip4/127.0.0.1/tcp/{}", routers[1].p2p);
-    let _agent = start_agent(&dir, &routers[0], port, "a.key", &["--router-p2p", &second]);
+    let agent = start_agent(&dir, &routers[0], port, "a.key", &["--router-p2p", &second]);
     for r in &routers {
         wait_agent(r.http);
     }
-    let (a, b) = (routers[0].http, routers[1].http);
+    Fleet {
+        redis,
+        routers,
+        _sim: sim,
+        _agent: agent,
+    }
+}
+
+/// Send a Responses request on a raw connection: when `end` first
+/// arrived, and all that did.
+fn answer_end(http: u16, body: &str, end: &[u8]) -> (Option<Instant>, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", http)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let req = format!(
+        "POST /v1/responses HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("send");
+    let (mut got, mut at) = (Vec::new(), None);
+    let mut buf = [0u8; 16384];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        if at.is_none() && got.windows(end.len()).any(|w| w == end) {
+            at = Some(Instant::now());
+        }
+    }
+    (at, got)
+}
+
+/// The router's response ID in an answer (its first `"id":"resp_...`).
+fn response_id(got: &[u8]) -> String {
+    let text = String::from_utf8_lossy(got);
+    let at = text.find("\"id\":\"resp_").expect("a response ID") + 6;
+    text[at..].split('"').next().unwrap_or_default().to_string()
+}
+
+/// Read-your-writes across the fleet (the CI run that failed: a GET on
+/// the second router the moment the first answered was 404). A turn's
+/// end, the whole body or the stream's terminal event, reaches the
+/// client only once Redis holds the turn: with Redis frozen (SIGSTOP)
+/// while the turn is answered, the end arrives after Redis is back, and
+/// the other router at once reads it and continues the chain.
+#[test]
+fn a_turns_end_waits_for_the_fleets_copy() {
+    let f = two_routers_on_redis("responses-ryw");
+    let (a, b) = (f.routers[0].http, f.routers[1].http);
+    for stream in [false, true] {
+        let body = json!({"model": MODEL, "input": "remember me", "stream": stream}).to_string();
+        let end: &[u8] = if stream {
+            b"response.completed"
+        } else {
+            b"\"object\":\"response\""
+        };
+        signal(&f.redis, "STOP");
+        let asked = std::thread::spawn(move || answer_end(a, &body, end));
+        std::thread::sleep(Duration::from_millis(300));
+        let resumed = Instant::now();
+        signal(&f.redis, "CONT");
+        let (at, got) = asked.join().expect("client");
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        let at = at.unwrap_or_else(|| panic!("no end in {text}"));
+        assert!(
+            at >= resumed,
+            "stream={stream}: the end reached the client {:?} before Redis held the turn",
+            resumed - at
+        );
+        let id = response_id(&got);
+        let seen = Req::get(&format!("/v1/responses/{id}"))
+            .send(b)
+            .expect("get");
+        assert_eq!(seen.status, 200, "stream={stream}: {}", seen.text());
+        let next = json!({"model": MODEL, "input": "and now?", "previous_response_id": id});
+        let cont = Req::post("/v1/responses", next.to_string())
+            .send(b)
+            .expect("post");
+        assert_eq!(cont.status, 200, "stream={stream}: {}", cont.text());
+    }
+}
+
+/// Two routers sharing Redis: a chain begun on one continues on the
+/// other, each reads the other's turns, and a response deleted on one is
+/// gone on both (a chain through it cannot be continued anywhere).
+#[test]
+fn a_chain_moves_between_routers_sharing_redis() {
+    let f = two_routers_on_redis("responses-fleet");
+    let (a, b) = (f.routers[0].http, f.routers[1].http);
     let t0 = turn(a, 0, None);
     let t1 = turn(b, 1, t0["id"].as_str());
     let t2 = turn(a, 2, t1["id"].as_str());

@@ -162,7 +162,7 @@ impl<'a> Continuity<'a> {
             held,
             kept: Some(&mut kept),
             splice: Some(&mut splice),
-            tap: None,
+            turn: None,
         };
         let (outcome, sample) = attempt(shard, c, p, &agent, ask, &mut None).await;
         let end = match &outcome {

@@ -335,7 +335,7 @@ impl<'a> Run<'a> {
             held: self.admitted.reservation.as_ref(),
             kept: kept.as_mut(),
             splice: None,
-            tap: self.conv.as_mut().map(|c| &mut c.tap),
+            turn: self.conv.as_mut(),
         };
         let (outcome, sample) = attempt(shard, c, p, &agent, ask, &mut self.last_backend).await;
         let (why, api, kept) = match (outcome, api, kept) {
@@ -472,9 +472,6 @@ impl<'a> Run<'a> {
             self.affinity.failed(shard, &agent);
         }
         let keep = matches!(outcome, Outcome::Served { .. }) && p.head.keep_alive;
-        if matches!(outcome, Outcome::Served { .. }) {
-            responses::finish(shard, self.conv.take());
-        }
         served(
             model.as_ref(),
             c,

@@ -153,6 +153,10 @@ pub fn head_deadline(
 /// Non-streaming bodies up to this size are buffered (one write to the
 /// client, usage parsed); larger ones stream through.
 const BUFFERED_BODY: usize = 4 * 1024 * 1024;
+/// A Responses answer is buffered up to this size: its ID is rewritten
+/// and the turn kept (a larger one passes through as the engine gave it,
+/// unkept).
+const BUFFERED_TURN: usize = 16 * 1024 * 1024;
 
 /// How a relay ended.
 pub enum RelayEnd {
@@ -193,8 +197,8 @@ pub struct Upstream<'a> {
     /// events dropped, ID and usage the first part's).
     pub splice: Option<&'a mut crate::logic::http::api::continuation::Splice>,
     /// A Responses turn: the router's ID given to the client, the
-    /// engine's end kept (issue 52).
-    pub tap: Option<&'a mut crate::logic::http::api::responses::Tap>,
+    /// engine's end kept before it reaches the client (issue 52).
+    pub turn: Option<&'a mut super::responses::Conversation>,
 }
 
 /// Most of a stream kept for its continuation: a longer one is cut as
@@ -202,6 +206,15 @@ pub struct Upstream<'a> {
 pub const KEPT_MAX: usize = 4 * 1024 * 1024;
 
 impl Upstream<'_> {
+    /// Largest body read whole before it is relayed.
+    fn buffered_max(&self) -> usize {
+        if self.turn.is_some() {
+            BUFFERED_TURN
+        } else {
+            BUFFERED_BODY
+        }
+    }
+
     /// One read, bounded by the idle timeout and the cut signal, so a hung
     /// or frozen agent cannot hold a client (and a slot) for long.
     pub(super) async fn fill(&mut self) -> Result<usize, String> {
@@ -266,7 +279,7 @@ pub async fn relay(
             }
         }
         BodyFraming::Length(n) => match usize::try_from(n) {
-            Ok(n) if n > BUFFERED_BODY => relay_large(client, up, head, n, keep).await,
+            Ok(n) if n > up.buffered_max() => relay_large(client, up, head, n, keep).await,
             Ok(n) => relay_buffered(client, up, head, n, keep).await,
             Err(_) => RelayEnd::UpstreamFailed("response too large".into()),
         },
@@ -292,7 +305,7 @@ async fn relay_committed(
     };
     let mut out = Vec::new();
     let mut tokens = None;
-    if n <= BUFFERED_BODY {
+    if n <= up.buffered_max() {
         while up.conn.buf.len() < n {
             if let Err(end) = up.more_body().await {
                 return unsent(end);
@@ -300,10 +313,13 @@ async fn relay_committed(
         }
         let body = up.conn.buf.get(..n).unwrap_or(&[]);
         tokens = usage::from_body(body);
-        let tapped = up.tap.as_deref_mut().and_then(|t| t.body(body));
+        let tapped = up.turn.as_deref_mut().and_then(|t| t.tap.body(body));
         let body = tapped.as_deref().unwrap_or(body);
         if !body.is_empty() {
             http_write::write_chunk(&mut out, body);
+        }
+        if let Some(turn) = up.turn.as_deref_mut() {
+            turn.keep().await;
         }
     } else {
         let mut left = n;
@@ -348,14 +364,18 @@ async fn relay_buffered(
     }
     let body = up.conn.buf.get(..n).unwrap_or(&[]);
     let tokens = usage::from_body(body);
-    let tapped = up.tap.as_deref_mut().and_then(|t| t.body(body));
+    let tapped = up.turn.as_deref_mut().and_then(|t| t.tap.body(body));
     let body = tapped.as_deref().unwrap_or(body);
     let n = body.len();
     let mut out = crate::runtime::wire::bufpool::take(512 + n);
     respond::relayed_head(&mut out, head, OutFraming::Length(n), keep, &client.scope);
     out.extend_from_slice(body);
+    let turn = up.turn.take();
     // The stream is done with: retired before the client write.
     up.retire();
+    if let Some(turn) = turn {
+        turn.keep().await;
+    }
     match client.write_all(out).await {
         Ok(()) => RelayEnd::Done(tokens),
         Err(_) => RelayEnd::ClientGone,
@@ -454,13 +474,15 @@ async fn relay_chunks(
             payload.clear();
             payload.extend_from_slice(&spliced);
         }
-        if let Some(tap) = up.tap.as_deref_mut() {
+        if let Some(turn) = up.turn.as_deref_mut() {
             let mut lines = Vec::with_capacity(payload.len() + 64);
-            tap.feed(&payload, &mut lines);
+            turn.tap.feed(&payload, &mut lines);
             if !until_close && dec.is_done() {
-                tap.finish(&mut lines);
+                turn.tap.finish(&mut lines);
             }
             payload = lines;
+            // The terminal event waits until the turn is kept.
+            turn.keep().await;
         }
         if sse {
             events_seen(&mut up, &mut meter, &payload);

@@ -107,8 +107,8 @@ pub struct Ask<'a> {
     /// A continuation: the answer must be an event stream (anything else
     /// fails the try), spliced into the client's.
     pub splice: Option<&'a mut crate::logic::http::api::continuation::Splice>,
-    /// A Responses turn's tap (issue 52).
-    pub tap: Option<&'a mut crate::logic::http::api::responses::Tap>,
+    /// A Responses turn (issue 52).
+    pub turn: Option<&'a mut super::responses::Conversation>,
 }
 
 /// Take a slot, exchange with the agent under the request deadline, relay.
@@ -128,7 +128,7 @@ pub async fn attempt(
         held,
         kept,
         splice,
-        tap,
+        turn,
     } = ask;
     let _slot = Slot::take(agent.clone());
     let progress = Progress::default();
@@ -191,7 +191,7 @@ pub async fn attempt(
         link: &agent.link,
         kept,
         splice,
-        tap,
+        turn,
     };
     let relayed = exchange::relay(c, up, &head.head, p.head.keep_alive).await;
     (relay_outcome(head.head.status, relayed), sample)

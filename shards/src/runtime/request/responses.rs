@@ -3,11 +3,12 @@
 //! into the whole conversation before it is routed ([`prepare`]); the
 //! answer reaches the client with the router's response ID
 //! ([`Conversation::tap`], applied by the relay); the turn is kept in the
-//! store when it ends ([`finish`]); `GET` / `DELETE /v1/responses/{id}`
+//! store when it ends, before its end reaches the client
+//! ([`Conversation::keep`], called by the relay); `GET` / `DELETE /v1/responses/{id}`
 //! and `GET .../input_items` read it back ([`serve_api`]). Every read is
 //! the tenant's own: another tenant's ID is answered as unknown (404).
 //!
-//! Key items: [`prepare`], [`Conversation`], [`finish`], [`serve_api`].
+//! Key items: [`prepare`], [`Conversation`], [`Conversation::keep`], [`serve_api`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,7 @@ use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::runtime::services::shared_state::conversations;
 use crate::runtime::services::store_api::{ChainError, StoreMsg};
 use crate::runtime::state::pending::PendingRequest;
+use crate::runtime::state::router::Router;
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;
 use crate::runtime::state::tenancy::Principal;
@@ -37,6 +39,7 @@ const MAX_EXPANDED: usize = 64 << 20;
 pub struct Conversation {
     /// Gives the client the router's ID and keeps the engine's end.
     pub tap: Tap,
+    router: Arc<Router>,
     tenant: Arc<str>,
     model: String,
     previous: Option<String>,
@@ -186,6 +189,7 @@ async fn rebuild(shard: &Shard, p: &mut PendingRequest) -> Result<Conversation, 
     }
     Ok(Conversation {
         tap: Tap::new(id, req.previous.clone(), req.store),
+        router: shard.router.clone(),
         tenant,
         model: p.meta.model.as_str().to_string(),
         previous: req.previous,
@@ -195,51 +199,67 @@ async fn rebuild(shard: &Shard, p: &mut PendingRequest) -> Result<Conversation, 
     })
 }
 
-/// The turn ended: kept when the client asked for it and the engine's
-/// answer reached its end (completed, incomplete or failed).
-pub fn finish(shard: &Shard, conv: Option<Conversation>) {
-    let Some(mut c) = conv else {
-        return;
-    };
-    let (Some(done), true) = (c.tap.done.take(), c.store) else {
-        return;
-    };
-    let id = c.tap.id().to_string();
-    let created_at = clock::unix_secs();
-    let record = Record {
-        id: id.clone(),
-        model: c.model,
-        created_at,
-        previous_response_id: c.previous,
-        instructions: c.instructions,
-        input: c.input,
-        output: done.output,
-        usage: done.usage,
-        status: done.status,
-    };
-    let Ok(record) = serde_json::to_vec(&record) else {
-        return;
-    };
-    if let Some(shared) = shard.router.shared_state.as_ref() {
-        let cfg = &shard.router.cfg;
+/// Longest wait for Redis to hold a finished turn before its end goes
+/// to the client anyway (the write still lands when Redis catches up).
+const KEEP_WAIT: Duration = Duration::from_secs(1);
+
+impl Conversation {
+    /// The engine's answer reached its end (completed, incomplete or
+    /// failed): the turn is kept, when the client asked for it, before
+    /// the end reaches the client. So a client that sends its next turn
+    /// the moment it has this one, to any router of the fleet, finds it
+    /// (read-your-writes): the fleet's copy is waited for (up to
+    /// [`KEEP_WAIT`]), this router's store is asked first on its one
+    /// queue, so no later read here overtakes it. Once per turn.
+    pub async fn keep(&mut self) {
+        let (Some(done), true) = (self.tap.done.take(), self.store) else {
+            return;
+        };
+        let id = self.tap.id().to_string();
+        let created_at = clock::unix_secs();
+        let record = Record {
+            id: id.clone(),
+            model: std::mem::take(&mut self.model),
+            created_at,
+            previous_response_id: self.previous.take(),
+            instructions: self.instructions.take(),
+            input: std::mem::take(&mut self.input),
+            output: done.output,
+            usage: done.usage,
+            status: done.status,
+        };
+        let Ok(record) = serde_json::to_vec(&record) else {
+            return;
+        };
+        let tenant = self.tenant.to_string();
+        if let Some(tx) = self.router.store.as_ref() {
+            let _ = tx.send(StoreMsg::ResponsePut {
+                tenant: tenant.clone(),
+                id: id.clone(),
+                created_at,
+                record: record.clone(),
+            });
+        }
+        let Some(shared) = self.router.shared_state.as_ref() else {
+            return;
+        };
+        let cfg = &self.router.cfg;
+        let (stored, rx) = oneshot::channel();
         shared.responses(conversations::Op::Put {
-            tenant: c.tenant.to_string(),
+            tenant,
             id: id.clone(),
             created_at,
-            record: record.clone(),
+            record,
             per_tenant: cfg.responses_per_tenant,
             ttl_secs: cfg.responses_ttl_secs,
+            stored,
         });
+        if !matches!(monoio::time::timeout(KEEP_WAIT, rx).await, Ok(Ok(()))) {
+            // Redis is away or slow: the answer is not held for it; the
+            // other routers may not see this turn until Redis has it.
+            tracing::debug!(response = %id, "responses: the fleet's copy not confirmed");
+        }
     }
-    let Some(tx) = shard.router.store.as_ref() else {
-        return;
-    };
-    let _ = tx.send(StoreMsg::ResponsePut {
-        tenant: c.tenant.to_string(),
-        id,
-        created_at,
-        record,
-    });
 }
 
 /// `hivenet_responses_stored{tenant}` and `..._bytes{tenant}`: what this

@@ -32,6 +32,8 @@ pub enum Op {
         per_tenant: u64,
         /// `--responses-ttl-days`, seconds (0: none).
         ttl_secs: u64,
+        /// Told once Redis holds it (dropped: it does not).
+        stored: oneshot::Sender<()>,
     },
     /// The chain ending at `id`, oldest first.
     Chain {
@@ -141,6 +143,7 @@ pub fn carry_out(c: &mut Connection, op: Op) -> redis::RedisResult<()> {
             record,
             per_tenant,
             ttl_secs,
+            stored,
         } => {
             let [k1, k2, k3, k4] = keys(&tenant, &id);
             let _: i64 = redis::Script::new(PUT)
@@ -155,6 +158,7 @@ pub fn carry_out(c: &mut Connection, op: Op) -> redis::RedisResult<()> {
                 .arg(per_tenant)
                 .arg(value_prefix(&tenant))
                 .invoke(c)?;
+            let _ = stored.send(());
         }
         Op::Get { tenant, id, reply } => {
             let v = read(c, &tenant, &id)?;
