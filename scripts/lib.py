@@ -73,6 +73,22 @@ def rss_kib(pid):
     return 0
 
 
+def thread_cpu_ns(pid):
+    """On-CPU nanoseconds of each thread of a process so far, by thread
+    name (schedstat; threads of one name summed)."""
+    out = {}
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except OSError:
+            continue
+        out[name] = out.get(name, 0) + ns
+    return out
+
+
 def cpu_s(pid):
     """User + system CPU seconds of a process so far."""
     with open(f"/proc/{pid}/stat") as f:

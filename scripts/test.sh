@@ -48,6 +48,9 @@ cargo build --workspace --bins
 # by version: about 7 minutes the first time on 2 cores, a second after.
 # tests/llama_real.rs runs it too; here its build time shows on its own.
 scripts/install-llama.sh
+# The OTLP receiver of tests/traces.rs (Arize Phoenix from PyPI), cached
+# outside the clone by version: about 2 minutes the first time.
+scripts/install-phoenix.sh
 # One test at a time: the integration tests start real processes and make
 # timing assertions; running them side by side on 2 cores invites flakes.
 cargo test --workspace -- --test-threads=1

@@ -134,15 +134,24 @@ pub fn init_logging() {
         .try_init();
 }
 
-/// Say at start that `OTEL_EXPORTER_OTLP_ENDPOINT` (spec 06: tracing on)
-/// exports nothing here: trace context is propagated, spans are not sent.
-pub fn warn_if_otlp_set() {
-    if std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").is_ok_and(|v| !v.trim().is_empty()) {
-        tracing::warn!(
-            "OTEL_EXPORTER_OTLP_ENDPOINT is set but no spans are exported: W3C trace context \
-             (traceparent, tracestate, baggage) is passed on to the backends, which export their own"
-        );
-    }
+/// The OTLP trace export the standard variables ask for (spec 06:
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` turns tracing on), started; `Ok(None)`:
+/// off. A bad value is an error at start, not a silent default.
+pub fn trace_export(
+    service: &str,
+) -> Result<Option<std::sync::Arc<shards::runtime::services::otlp::TraceExport>>, String> {
+    use shards::runtime::services::otlp::{ExportCfg, TraceExport};
+    let Some(cfg) = ExportCfg::from_env(service, env!("CARGO_PKG_VERSION"))? else {
+        return Ok(None);
+    };
+    let (collector, path, sampler) = (
+        cfg.target.authority.clone(),
+        cfg.target.path.clone(),
+        cfg.sampler,
+    );
+    let export = TraceExport::start(cfg).map_err(|e| format!("OTLP export thread: {e}"))?;
+    tracing::info!(%collector, %path, ?sampler, "OTLP trace export on");
+    Ok(Some(export))
 }
 
 /// Whether `GOLOG_LOG_FMT` asks for JSON lines (case-insensitive).

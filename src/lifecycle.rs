@@ -228,6 +228,7 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
             None
         }
     };
+    let traces = crate::cli::trace_export("hivenet-router")?;
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded()).unzip();
     let shared = Arc::new(Router {
         cfg: cfg.clone(),
@@ -255,6 +256,7 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
         registry: Default::default(),
         shared_state: shared_state.as_ref().map(|(s, _)| s.clone()),
         affinity_outbox: shared_affinity.then(|| std::sync::Mutex::new(Vec::new())),
+        traces,
         audit,
         policies: Versioned::new(policies),
         policy_reloads: std::sync::Mutex::new(Default::default()),

@@ -40,7 +40,6 @@ fn main() {
         }
     }
     cli::init_logging();
-    cli::warn_if_otlp_set();
     if args.get(1).map(String::as_str) == Some("map-writer") {
         if let Err(e) = hivenet_router::map_writer::run(args.get(2..).unwrap_or(&[])) {
             eprintln!("hivenet-router: {e}");

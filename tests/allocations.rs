@@ -144,6 +144,7 @@ fn start_agent(p2p: u16, sim: u16, dir: &std::path::Path) {
         warmup: false,
         gpu_model: String::new(),
         gpus: Default::default(),
+        traces: None,
     };
     std::thread::Builder::new()
         .name("agent".into())

@@ -53,6 +53,9 @@ pub struct SimConfig {
     /// Remember each inference request's trace headers (off by default:
     /// the simulator is also the benchmarks' minimal backend).
     pub record_traces: bool,
+    /// Export one span per request to this OTLP/HTTP traces URL, under
+    /// the request's `traceparent` (as vLLM's `--otlp-traces-endpoint`).
+    pub otlp_traces_endpoint: Option<String>,
     /// Prefix cache capacity in tokens (0: no cache).
     pub prefix_cache_tokens: u64,
     /// Time to first token added per uncached prompt token.
@@ -201,6 +204,7 @@ struct Sim {
     stats: Arc<SimStats>,
     started: Instant,
     rng: Cell<u64>,
+    traces: Option<Arc<shards::runtime::services::otlp::TraceExport>>,
 }
 
 impl Sim {
@@ -293,10 +297,15 @@ pub fn run(addr: SocketAddr, threads: usize, cfg: SimConfig) -> std::io::Result<
         .kv_bits
         .store(cfg.kv_cache_usage.to_bits(), Ordering::Relaxed);
     let started = Instant::now();
+    let traces = match &cfg.otlp_traces_endpoint {
+        Some(url) => Some(engine_spans(url)?),
+        None => None,
+    };
     let mut handles = Vec::new();
     for (i, l) in listeners.into_iter().enumerate() {
         let cfg = cfg.clone();
         let stats = stats.clone();
+        let traces = traces.clone();
         let h = shards::runtime::wire::executor::spawn_runtime(
             format!("sim-{i}"),
             None,
@@ -307,6 +316,7 @@ pub fn run(addr: SocketAddr, threads: usize, cfg: SimConfig) -> std::io::Result<
                     stats,
                     started,
                     rng: Cell::new(0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1)),
+                    traces,
                 });
                 let listener = match monoio::net::TcpListener::from_std(l) {
                     Ok(l) => l,
@@ -356,11 +366,86 @@ async fn serve(sim: Rc<Sim>, mut conn: Conn) {
         if sim.cfg.record_traces && head.method == "POST" {
             record_trace(&sim.stats, &head);
         }
+        let span = sim.traces.as_ref().and_then(|_| engine_span(&sim, &head));
         let ok = handle(&sim, &mut conn, &head.method, head.path_only(), &body, keep).await;
+        if let (Some(mut s), Some(t)) = (span, sim.traces.as_ref()) {
+            s.end(unix_ns());
+            t.send(vec![s]);
+        }
         if !ok || !keep {
             return;
         }
     }
+}
+
+/// The engine's spans, as vLLM exports them (`--otlp-traces-endpoint`):
+/// every one, batched every 100 ms.
+fn engine_spans(url: &str) -> std::io::Result<Arc<shards::runtime::services::otlp::TraceExport>> {
+    use shards::logic::trace::otlp::Resource;
+    use shards::runtime::services::otlp::{target_of, ExportCfg, Target, TraceExport};
+    let (authority, path) = target_of(url, false)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    TraceExport::start(ExportCfg {
+        target: Target {
+            authority,
+            path,
+            headers: Vec::new(),
+            timeout: Duration::from_secs(2),
+        },
+        resource: Resource {
+            attrs: vec![("service.name", "hivenet-sim".into())],
+            scope: "vllm.llm_engine",
+            version: "sim",
+        },
+        sampler: shards::logic::trace::sampler::Sampler::parse(
+            Some("parentbased_always_on"),
+            None,
+            None,
+        )
+        .unwrap_or_default(),
+        delay: Duration::from_millis(100),
+        queue: 4096,
+        batch: 512,
+    })
+}
+
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// vLLM's `llm_request` span for an inference request that names a
+/// sampled parent.
+fn engine_span(
+    sim: &Sim,
+    head: &shards::logic::http::framing::http_parse::RequestHead,
+) -> Option<shards::logic::trace::span::Span> {
+    use shards::logic::trace::span::{Kind, Span};
+    if head.method != "POST" {
+        return None;
+    }
+    let tp = head
+        .header("traceparent")
+        .and_then(shards::logic::http::trace_context::parse)?;
+    if tp.flags & shards::logic::http::trace_context::SAMPLED == 0 {
+        return None;
+    }
+    let mut id = sim.uniform().to_bits().to_le_bytes();
+    id[0] |= 1;
+    let mut s = Span::new(
+        tp.trace_id,
+        id,
+        Some(tp.parent_id),
+        "llm_request",
+        Kind::Server,
+        unix_ns(),
+    );
+    s.set("gen_ai.request.model", sim.cfg.model.as_str());
+    s.set("gen_ai.system", "vllm");
+    s.set("url.path", head.path_only());
+    Some(s)
 }
 
 fn record_trace(stats: &SimStats, head: &shards::logic::http::framing::http_parse::RequestHead) {

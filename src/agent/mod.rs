@@ -10,6 +10,7 @@ pub mod gate;
 pub mod gpu;
 pub mod progress;
 pub mod serve;
+pub mod spans;
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -90,6 +91,8 @@ pub struct AgentConfig {
     /// The host's GPUs as `nvidia-smi` last read them (None: no tool, or
     /// no GPU), sampled off the runtime by [`gpu::start`].
     pub gpus: gpu::Latest,
+    /// OTLP trace export (`OTEL_EXPORTER_OTLP_ENDPOINT`; None: off).
+    pub traces: Option<std::sync::Arc<shards::runtime::services::otlp::TraceExport>>,
 }
 
 /// Parse `--router-p2p`: a multiaddr `/ip4/1.2.3.4/tcp/9000` (or `/dns4/host/tcp/port`) or `host:port`.

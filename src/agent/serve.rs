@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use futures::AsyncWriteExt;
 use shards::logic::http::errors::{self, ApiError, ErrorCode, Source};
-use shards::logic::http::framing::http_parse::{self, BodyFraming, ChunkedDecoder, Headers};
+use shards::logic::http::framing::http_parse::{self, BodyFraming, ChunkedDecoder};
 use shards::logic::http::framing::http_write::{self, OutFraming};
 use shards::logic::http::trace_context;
 use shards::logic::link::control::AGENT_FULL_HEADER;
@@ -23,6 +23,7 @@ use tracing::{debug, warn};
 
 use super::backend;
 use super::engine::Engine;
+use super::spans::AgentTrace;
 use super::AgentConfig;
 
 /// Largest request body accepted from the router.
@@ -170,7 +171,16 @@ pub async fn serve_stream(cfg: Rc<AgentConfig>, link: super::Link, s: mux::Strea
         write_full(&mut s, cfg.capacity).await;
         return;
     };
-    match proxy(&cfg, &link, &mut s, &head, &head.headers, &body, admit).await {
+    let mut trace = AgentTrace::begin(cfg.traces.as_ref(), cfg.engine.as_str(), &head);
+    let proxied = proxy(&cfg, &link, &mut s, &head, &mut trace, &body, admit).await;
+    trace.end(
+        match &proxied {
+            Ok(()) => None,
+            Err(ProxyError::BeforeHead(e) | ProxyError::AfterHead(e)) => Some(e.to_string()),
+        }
+        .as_deref(),
+    );
+    match proxied {
         Ok(()) => {}
         Err(ProxyError::BeforeHead(e)) => {
             let err = if e.kind() == io::ErrorKind::TimedOut {
@@ -250,7 +260,7 @@ async fn proxy(
     link: &super::Link,
     s: &mut HttpStream,
     head: &http_parse::RequestHead,
-    headers: &Headers,
+    trace: &mut AgentTrace,
     body: &[u8],
     admit: super::gate::Admit,
 ) -> Result<(), ProxyError> {
@@ -265,10 +275,17 @@ async fn proxy(
         &link.meter,
         link.interim,
         s,
-        backend::request(&cfg.backend, &head.method, &head.path, headers, body),
+        backend::request(
+            &cfg.backend,
+            &head.method,
+            &head.path,
+            trace.headers(head),
+            body,
+        ),
     )
     .await
     .map_err(ProxyError::BeforeHead)?;
+    trace.head(rh.status);
     if !(200..300).contains(&rh.status) && head.path_only() == "/v1/chat/completions" {
         // The native chat path classifies the engine's error into the
         // spec's codes (spec 03 §8): the same answer whatever the engine.
@@ -329,6 +346,7 @@ async fn proxy(
                 }
             }
             if !payload.is_empty() {
+                trace.piece(&payload);
                 let mut chunk = Vec::with_capacity(payload.len() + 16);
                 http_write::write_chunk(&mut chunk, &payload);
                 payload.clear();
@@ -381,6 +399,7 @@ async fn proxy(
     .await
     .map_err(ProxyError::BeforeHead)?;
     let body = Pooled::from(body);
+    trace.piece(&body);
     backend::release(&cfg.backend, conn, &rh);
     drop(admit);
     let mut out = Pooled::with_capacity(512 + body.len());

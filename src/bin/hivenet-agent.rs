@@ -253,6 +253,7 @@ fn build() -> Result<(AgentConfig, DriverChoice), String> {
             Some(v) => cli::parse_duration("--routing-signal-interval", v)?,
             None => cli::parse_duration("--engine-sample-interval", &f.engine_sample_interval)?,
         },
+        traces: cli::trace_export("hivenet-agent")?,
     };
     if cfg.http_timeout < Duration::from_millis(1) {
         return Err("--http-timeout must be greater than 0".into());
@@ -305,7 +306,6 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     shards::exit_on_version_flag("hivenet-agent", &args);
     cli::init_logging();
-    cli::warn_if_otlp_set();
     let (cfg, driver) = match build() {
         Ok(v) => v,
         Err(e) => {

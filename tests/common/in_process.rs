@@ -107,6 +107,7 @@ pub fn start_router_with(
         registry: Default::default(),
         shared_state: None,
         affinity_outbox: None,
+        traces: None,
         // On, as by default: its record costs the shard no allocation.
         audit: Some(
             shards::runtime::services::audit::AuditLog::start(&dir.join("audit.jsonl"), 0)

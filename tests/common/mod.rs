@@ -7,6 +7,7 @@ pub mod hold;
 pub mod in_process;
 pub mod latency;
 pub mod llama;
+pub mod phoenix;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -342,6 +343,18 @@ pub fn start_agent(
 
 /// An agent dialing the router's libp2p port `p2p`.
 pub fn agent_to(dir: &Path, p2p: u16, sim_port: u16, identity: &str, extra: &[&str]) -> Proc {
+    agent_to_env(dir, p2p, sim_port, identity, extra, &[])
+}
+
+/// [`agent_to`] with environment variables.
+pub fn agent_to_env(
+    dir: &Path,
+    p2p: u16,
+    sim_port: u16,
+    identity: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Proc {
     let ra = format!("/ip4/127.0.0.1/tcp/{p2p}");
     let bu = format!("http://127.0.0.1:{sim_port}");
     let id = dir.join(identity);
@@ -355,7 +368,7 @@ pub fn agent_to(dir: &Path, p2p: u16, sim_port: u16, identity: &str, extra: &[&s
         &ids,
     ];
     args.extend_from_slice(extra);
-    spawn("hivenet-agent", &args, dir, &[])
+    spawn("hivenet-agent", &args, dir, env)
 }
 
 /// Healthy agents of `model` per `/v1/models`.

@@ -50,6 +50,10 @@ struct Flags {
     /// last 256 inference requests, served at GET /sim/trace_headers
     #[argh(switch)]
     record_traces: bool,
+    /// export one span per inference request to this OTLP/HTTP traces URL
+    /// (as vLLM's --otlp-traces-endpoint), under its traceparent
+    #[argh(option)]
+    otlp_traces_endpoint: Option<String>,
     /// worker threads (default 1)
     #[argh(option, default = "1")]
     threads: usize,
@@ -136,6 +140,7 @@ fn main() {
         kv_cache_usage: f.kv_cache_usage,
         claim_prompt_tokens: f.claim_prompt_tokens,
         record_traces: f.record_traces,
+        otlp_traces_endpoint: f.otlp_traces_endpoint,
         prefix_cache_tokens: f.prefix_cache_tokens,
         prefill_per_token: dur("prefill-per-token", &f.prefill_per_token),
         cache_block_tokens: f.cache_block_tokens,

@@ -17,7 +17,8 @@
 //!   metrics, hardware);
 //! - [`tenancy`]: `auth.yaml` and key records, quotas, the dynamic key
 //!   registry;
-//! - [`system`]: the core plan, `/proc` parsers, log gating, time formats.
+//! - [`system`]: the core plan, `/proc` parsers, log gating, time formats;
+//! - [`trace`]: the spans exported over OTLP, their encoding, sampling.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
 
 pub mod http;
@@ -26,3 +27,4 @@ pub mod routing;
 pub mod sites;
 pub mod system;
 pub mod tenancy;
+pub mod trace;

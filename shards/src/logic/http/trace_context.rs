@@ -1,13 +1,14 @@
 //! W3C Trace Context (`traceparent`, `tracestate`): which trace a request
-//! belongs to. The router does not export spans of its own (no OTLP
-//! exporter), so it inserts no span into the trace: a client's valid
-//! `traceparent` goes on to the agent and the backend as it came (in its
-//! version-00 spelling), and the backend's spans are children of the
-//! client's span. A request without one (or with an invalid one) starts a
-//! trace here: a random trace ID and parent ID, sampled, so that a backend
-//! with a parent-based sampler records it. The value sent on is also the
-//! response's `traceparent` header (spec 01 §7) and its trace ID goes in
-//! the audit line.
+//! belongs to. With tracing off (the default) the router inserts no span
+//! into the trace: a client's valid `traceparent` goes on to the agent and
+//! the backend as it came (in its version-00 spelling), and the backend's
+//! spans are children of the client's span. A request without one (or
+//! with an invalid one) starts a trace here: a random trace ID and parent
+//! ID, sampled, so that a backend with a parent-based sampler records it.
+//! The value sent on is also the response's `traceparent` header (spec 01
+//! §7) and its trace ID goes in the audit line. With the OTLP export on,
+//! the router's own spans take the parent's place
+//! ([`crate::logic::trace`]).
 //!
 //! Parsing follows the W3C recommendation's rules: lower-case hex only, the
 //! version `ff` and all-zero IDs are invalid, a version 00 value is exactly

@@ -21,7 +21,7 @@ use crate::logic::routing::wait_queue::Fair;
 use crate::logic::sites::hold::{self as pure, Ticket, Waking};
 use crate::logic::sites::Kind;
 use crate::logic::tenancy::quota;
-use crate::runtime::request::respond;
+use crate::runtime::request::{respond, spans};
 use crate::runtime::state::hold_book::{DemandGuard, HeldWaiter, Release};
 use crate::runtime::state::pending::{Held, PendingRequest};
 use crate::runtime::state::scope::{Client, KeepAlive};
@@ -106,6 +106,7 @@ pub async fn hold(
         Waited::Owner(owner) => {
             drop(place);
             book.outcome(&model, "woken", started.elapsed());
+            spans::held(&mut c.scope, started, budget, "woken");
             p.held = Some(Held {
                 until,
                 budget,
@@ -137,6 +138,7 @@ pub async fn hold(
     };
     demand.leave();
     book.outcome(&model, outcome, started.elapsed());
+    spans::held(&mut c.scope, started, budget, outcome);
     c.scope.ending.ticket = quota;
     let Some(e) = answer else {
         drop(place);

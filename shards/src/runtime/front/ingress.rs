@@ -31,8 +31,9 @@ use crate::runtime::wire::conn::{Conn, HeadRead};
 use crate::runtime::wire::handoff;
 
 /// The scope of a request handed over by another shard.
-fn adopt(p: &PendingRequest) -> RequestScope {
+fn adopt(p: &mut PendingRequest) -> RequestScope {
     RequestScope {
+        spans: p.spans.take(),
         request_id: p.request_id,
         trace: Some(p.trace),
         method: p.head.method.clone(),
@@ -74,8 +75,8 @@ pub async fn serve(
     let mut c = Client::new(conn);
     // The request answered last (`None`: none yet on this connection).
     let mut last = match first {
-        Some(p) => {
-            c.scope = adopt(&p);
+        Some(mut p) => {
+            c.scope = adopt(&mut p);
             Some(if p.hold_for.is_some() {
                 // Sent here to be held with the model's other held requests.
                 Next::Hold(p)
@@ -227,6 +228,7 @@ async fn route(shard: &Rc<Shard>, c: &mut Client, head: RequestHead) -> Next {
             let e = respond::method_not_allowed(&head.method, path);
             return respond::send_error(c, &e, keep).await.into();
         }
+        crate::runtime::request::spans::begin(shard, &mut c.scope, &head, path);
         // Authenticated before the body is read (spec 01 §5.1 step 1).
         let p = match authenticate(shard, c, &head, keep).await {
             Ok(p) => p,
@@ -332,6 +334,9 @@ async fn read_inference(
         Ok(r) => r,
         Err(next) => return next,
     };
+    let (tenant, key) = principal.names();
+    let alias_name = alias.as_deref();
+    crate::runtime::request::spans::ingress(&mut c.scope, tenant, key, &meta.model, alias_name);
     // Served here when a healthy agent of the endpoint's kind is; agents
     // that are all unhealthy, or of another kind, leave the request to
     // a warm sibling or a hold first, then to the owner's answer (seed 2).
@@ -368,6 +373,7 @@ async fn read_inference(
         body_permit,
         held: None,
         hold_for: None,
+        spans: None,
     };
     // At zero here and placed here with scale_from_zero: held until an
     // agent registers (seed hold-at-zero), on the model's hold shard,
@@ -484,10 +490,12 @@ async fn resolve(
 async fn hand_off(
     shard: &Shard,
     mut c: Client,
-    pending: Box<PendingRequest>,
+    mut pending: Box<PendingRequest>,
     owner: usize,
     permit: ConnPermit,
 ) {
+    // Its trace goes with it.
+    pending.spans = c.scope.spans.take();
     let Some(tx) = shard.router.mesh.get(owner) else {
         return;
     };

@@ -62,6 +62,7 @@ pub(super) async fn place(
             location,
             count,
         } => {
+            crate::runtime::request::spans::redirected(&mut c.scope, &site, &location);
             let done = respond::send_redirect(c, &location, count, &site, keep).await;
             *shard
                 .redirects

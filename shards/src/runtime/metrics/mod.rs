@@ -408,6 +408,9 @@ pub async fn serve(shard: Rc<Shard>, conn: Conn) {
             if let Some(st) = &shard.router.shared_state {
                 render_shared_state(&mut body, st);
             }
+            if let Some(t) = &shard.router.traces {
+                t.render(&mut body);
+            }
             crate::runtime::metrics::process::render(&mut body);
             let ct = "text/plain; version=0.0.4; charset=utf-8";
             respond::send_body(&mut c, 200, ct, body.as_bytes(), keep).await

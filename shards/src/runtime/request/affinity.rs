@@ -128,6 +128,13 @@ impl<'a> RequestAffinity<'a> {
         }
     }
 
+    /// The last forward's pick as its trace shows it: the outcome and
+    /// the holder's matched prefix (text bytes; 0: a session key hit).
+    pub fn traced(&self) -> Option<(&'static str, u64)> {
+        self.pick
+            .map(|p| (p.outcome.as_str(), p.hit.map_or(0, |h| u64::from(h.depth))))
+    }
+
     /// Hook: the forward to `agent` failed; it no longer holds the
     /// request's session key (the retry's agent does).
     pub fn failed(&mut self, shard: &Shard, agent: &Agent) {

@@ -19,6 +19,7 @@ use tracing::{info, warn};
 use super::exchange;
 use super::fairness::ClassRunning;
 use super::forward::{attempt, build_request_with, Ask, Outcome};
+use super::spans;
 use crate::logic::http::api::continuation::{self, Api, Prefill, Splice, Transcript};
 use crate::logic::http::endpoint::Endpoint;
 use crate::logic::http::framing::http_write;
@@ -153,7 +154,8 @@ impl<'a> Continuity<'a> {
         ) else {
             return None;
         };
-        let next = build_request_with(p, &next);
+        let mut next = build_request_with(p, &next);
+        spans::continuation_begins(c, &agent, &self.last_why, t.deltas, &mut next);
         let mut splice = Splice::new(self.api, t, prefill);
         let mut kept = crate::runtime::wire::bufpool::take(16 * 1024);
         let ask = Ask {
@@ -165,6 +167,7 @@ impl<'a> Continuity<'a> {
             turn: None,
         };
         let (outcome, sample) = attempt(shard, c, p, &agent, ask, &mut None).await;
+        spans::attempt_ended(c, &outcome, sample, None);
         let end = match &outcome {
             Outcome::Served { .. } => {
                 if let Some(n) = shard.peer_line(&self.first, "continued") {

@@ -36,6 +36,7 @@ use super::forward::{attempt, record_attempt, Ask, Outcome};
 use super::provider;
 use super::respond;
 use super::responses;
+use super::spans;
 use crate::logic::http::api::continuation::Prefill;
 use crate::logic::http::api::usage::Tokens;
 use crate::logic::http::errors::ApiError;
@@ -329,6 +330,8 @@ impl<'a> Run<'a> {
         // A stream that may be continued keeps what it relayed.
         let api = continuation::api_of(shard, p);
         let mut kept = api.map(|_| bufpool::take(16 * 1024));
+        let step_name = self.policy.steps.get(step).map_or("", |s| s.name.as_str());
+        spans::attempt_begins(c, d, step_name, &agent, waited, &mut self.request);
         let ask = Ask {
             request: &self.request,
             deadline: d.request().deadline,
@@ -338,6 +341,7 @@ impl<'a> Run<'a> {
             turn: self.conv.as_mut(),
         };
         let (outcome, sample) = attempt(shard, c, p, &agent, ask, &mut self.last_backend).await;
+        spans::attempt_ended(c, &outcome, sample, self.affinity.traced());
         let (why, api, kept) = match (outcome, api, kept) {
             (Outcome::Broken(why), Some(api), Some(kept)) => (why, api, kept),
             (o, _, kept) => {

@@ -37,6 +37,7 @@ pub fn finish(shard: &Shard, c: &mut Client) {
     if end.dispatched {
         count_tenant(shard, scope, ok, elapsed);
     }
+    super::spans::finish(shard, scope);
     let agent = scope.ending.agent.take();
     if scope.ending.status > 0 {
         let key = (

@@ -11,7 +11,8 @@
 //! exchange with an agent, [`continuation`] a broken stream continued on
 //! another agent, [`respond`] every response the
 //! router writes itself, [`ending`] the one ending (quota, tenant
-//! counters, audit), [`models_api`] the `/v1/models` bodies.
+//! counters, audit), [`models_api`] the `/v1/models` bodies, [`spans`]
+//! the request's trace (OTLP).
 
 pub mod admission;
 pub mod affinity;
@@ -25,3 +26,4 @@ pub mod models_api;
 pub mod provider;
 pub mod respond;
 pub mod responses;
+pub mod spans;

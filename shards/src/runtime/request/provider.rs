@@ -446,6 +446,7 @@ pub async fn serve(shard: &Shard, c: &mut Client, call: Call<'_>) -> bool {
     let started = clock::now();
     let (end, status) = fallback(shard, c, fp, api, request, deadline, keep).await;
     let engine = fp.engine.name();
+    super::spans::provider(c, engine, started, status.unwrap_or(0));
     let labels = (Arc::<str>::from("cloud"), Arc::<str>::from(engine), tenant);
     let secs = started.elapsed().as_secs_f64();
     let ok = matches!(end, Fallback::Served { .. });

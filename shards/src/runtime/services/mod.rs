@@ -8,6 +8,7 @@
 
 pub mod audit;
 pub mod buckets;
+pub mod otlp;
 pub mod providers;
 pub mod shared_affinity;
 pub mod shared_quota;

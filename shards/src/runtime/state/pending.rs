@@ -41,6 +41,8 @@ pub struct PendingRequest {
     /// hold shard, where every held request of the model waits, so a wake
     /// releases them in one order).
     pub hold_for: Option<std::time::Duration>,
+    /// Its trace, carried with it to another shard.
+    pub spans: Option<Box<crate::logic::trace::request::RequestTrace>>,
 }
 
 impl PendingRequest {

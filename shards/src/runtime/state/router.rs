@@ -206,6 +206,8 @@ pub struct Router {
     /// routers, taken by the shared-state thread every round (None: off).
     pub affinity_outbox:
         Option<std::sync::Mutex<Vec<crate::logic::routing::affinity::AffinityNote>>>,
+    /// OTLP trace export (`OTEL_EXPORTER_OTLP_ENDPOINT`; None: off).
+    pub traces: Option<Arc<crate::runtime::services::otlp::TraceExport>>,
 }
 
 /// Notes the outbox holds at most between two rounds of the shared-state

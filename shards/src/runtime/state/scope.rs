@@ -182,6 +182,9 @@ pub struct RequestScope {
     pub active: Option<crate::runtime::state::model::stats::ActiveRequest>,
     /// How it ended.
     pub ending: Ending,
+    /// Its trace, when the OTLP export is on
+    /// ([`crate::runtime::request::spans`]).
+    pub spans: Option<Box<crate::logic::trace::request::RequestTrace>>,
 }
 
 // === impl RequestScope ===
@@ -236,6 +239,7 @@ impl RequestScope {
             no_cors: false,
             active: None,
             ending: Ending::default(),
+            spans: None,
         }
     }
 }

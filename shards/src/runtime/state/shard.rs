@@ -589,6 +589,7 @@ mod tests {
             registry: Default::default(),
             shared_state: None,
             affinity_outbox: None,
+            traces: None,
             audit: None,
             insecure_admin: false,
             policy_reloads: std::sync::Mutex::new(Default::default()),

@@ -173,13 +173,16 @@ impl<'a> Run<'a> {
             fraction: self.shard.router.cfg.admit_fraction,
             fair: self.fair_of(),
         };
-        match admission::admit(self.shard, c, self.model, asked, park).await {
+        let t0 = clock::now();
+        let end = match admission::admit(self.shard, c, self.model, asked, park).await {
             Ok(a) => {
                 self.admitted = a;
                 AdmitEnd::Admitted
             }
             Err(end) => end,
-        }
+        };
+        crate::runtime::request::spans::admitted(&mut c.scope, &end, t0.elapsed());
+        end
     }
 
     /// The daily token budget; the ticket and its `X-RateLimit-*`
