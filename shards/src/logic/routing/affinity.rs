@@ -182,8 +182,23 @@ pub struct AffinityPick {
     pub block_bytes: u32,
     /// The holder chosen, on a hit (its depth predicts cached tokens).
     pub hit: Option<Holder>,
+    /// The index's deepest holder, whether or not the request went there
+    /// (what the index predicted; `None`: no live holder).
+    pub predicted: Option<Holder>,
     /// The request waited for a full holder first (`holder_wait_ms`).
     pub held: bool,
+}
+
+/// The cached tokens a holder predicts for a request of `input` prompt
+/// tokens: its matched prefix in tokens (`depth` text bytes at
+/// `per_byte`), or, for a session-key holder (no prefix depth), half the
+/// prompt (the previous turn's).
+pub fn predicted_tokens(h: &Holder, per_byte: f64, input: u64) -> u64 {
+    if h.depth > 0 {
+        ((f64::from(h.depth) * per_byte) as u64).min(input)
+    } else {
+        input / 2
+    }
 }
 
 /// How one prefix-aware decision went (`hivenet_affinity_decisions_total`).

@@ -77,6 +77,7 @@ fn model_stats(tenant: &str) -> ModelStats {
     s.affinity.holder_waits = 4;
     s.affinity.holder_wait_timeouts = 1;
     s.affinity.miss_cost_per_token = Some(0.25);
+    s.affinity.cache = [300, 200, 150];
     s.backend_errors.insert(502, 2);
     s.provider_calls.insert(
         ("openai", 200),
@@ -423,6 +424,12 @@ const FAMILIES: &[Want] = &[
         "gauge",
         2,
         Some(("model", "m1", 0.25)),
+    ),
+    (
+        "hivenet_affinity_cache_tokens_total",
+        "counter",
+        6,
+        Some(("stage", "delivered", 150.0)),
     ),
     (
         "hivenet_affinity_holder_wait_timeouts_total",

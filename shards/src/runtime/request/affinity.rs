@@ -12,8 +12,8 @@
 
 use crate::logic::http::api::usage::Tokens;
 use crate::logic::routing::affinity::{
-    model_salt, peer_hash, raw_key_hash, AffinityCfg, AffinityIndex, AffinityNote, AffinityPick,
-    AffinitySource, Holder, Holders, Outcome, RequestKeys,
+    model_salt, peer_hash, predicted_tokens, raw_key_hash, AffinityCfg, AffinityIndex,
+    AffinityNote, AffinityPick, AffinitySource, Holder, Holders, Outcome, RequestKeys,
 };
 use crate::logic::routing::policy::Policy;
 use crate::runtime::state::model::agent::Agent;
@@ -128,11 +128,9 @@ impl<'a> RequestAffinity<'a> {
         }
     }
 
-    /// The last forward's pick as its trace shows it: the outcome and
-    /// the holder's matched prefix (text bytes; 0: a session key hit).
-    pub fn traced(&self) -> Option<(&'static str, u64)> {
+    /// The last forward's pick as its trace shows it.
+    pub fn traced(&self) -> Option<AffinityPick> {
         self.pick
-            .map(|p| (p.outcome.as_str(), p.hit.map_or(0, |h| u64::from(h.depth))))
     }
 
     /// Hook: the forward to `agent` failed; it no longer holds the
@@ -157,6 +155,17 @@ impl<'a> RequestAffinity<'a> {
         continued: bool,
     ) {
         let (pick, started) = (self.pick.take(), self.started.take());
+        if let (Some(pick), true) = (pick, t.cache_reported) {
+            // The cache hit three ways: what the index predicted, what
+            // the pick captured (it went to that holder), what the
+            // engine delivered.
+            let per_byte = m.admission.borrow().tokens_per_byte;
+            let predicted = pick
+                .predicted
+                .map_or(0, |h| predicted_tokens(&h, per_byte, t.input));
+            let captured = if pick.hit.is_some() { predicted } else { 0 };
+            m.stats.affinity.cache_tokens(predicted, captured, t.cached);
+        }
         if let Some(hit) = pick.and_then(|a| a.hit) {
             check_prediction(shard, m, agent, hit, t);
         }
@@ -178,13 +187,9 @@ fn check_prediction(shard: &Shard, m: &mut ModelState, agent: &Agent, hit: Holde
     if !t.cache_reported {
         return;
     }
-    let predicted = if hit.depth > 0 {
-        let per_byte = m.admission.borrow().tokens_per_byte;
-        (f64::from(hit.depth) * per_byte).min(t.input as f64)
-    } else {
-        // A key hit predicts the previous turn's prompt: at least half.
-        t.input as f64 / 2.0
-    };
+    // A key hit predicts the previous turn's prompt: at least half.
+    let per_byte = m.admission.borrow().tokens_per_byte;
+    let predicted = predicted_tokens(&hit, per_byte, t.input) as f64;
     let stale = (t.cached as f64) < predicted * STALE_SHARE;
     if let Some(ix) = shard.affinity.borrow_mut().as_mut() {
         if stale {

@@ -21,6 +21,7 @@ use super::forward::Outcome;
 use crate::logic::http::api::usage::Tokens;
 use crate::logic::http::framing::http_parse::RequestHead;
 use crate::logic::http::trace_context::{self, TRACEPARENT_LEN};
+use crate::logic::routing::affinity::AffinityPick;
 use crate::logic::routing::decision::{AdmitEnd, Decision};
 use crate::logic::trace::request::RequestTrace;
 use crate::logic::trace::span::{traceparent, Kind, Span, Value};
@@ -235,7 +236,7 @@ pub fn attempt_ended(
     c: &mut Client,
     outcome: &Outcome,
     sample_ms: Option<f64>,
-    affinity: Option<(&'static str, u64)>,
+    affinity: Option<AffinityPick>,
 ) {
     with(&mut c.scope, |s| {
         let Some(mut a) = s.attempt.take() else {
@@ -255,9 +256,14 @@ pub fn attempt_ended(
         if let Some(ms) = sample_ms {
             a.set("hivenet.srtt_sample_ms", ms);
         }
-        if let Some((pick, prefix_bytes)) = affinity {
-            a.set("hivenet.affinity.outcome", pick);
-            a.set("hivenet.cache.predicted_prefix_bytes", prefix_bytes);
+        if let Some(pick) = affinity {
+            a.set("hivenet.affinity.outcome", pick.outcome.as_str());
+            if let Some(h) = pick.predicted {
+                // The index's prediction (text bytes; 0: a session key).
+                a.set("hivenet.cache.predicted_prefix_bytes", u64::from(h.depth));
+                a.set("hivenet.cache.captured", pick.hit.is_some());
+            }
+            a.set("hivenet.affinity.holder_wait", pick.held);
         }
         a.end(unix_ns());
         s.keep(a);

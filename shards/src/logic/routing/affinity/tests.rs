@@ -320,3 +320,22 @@ fn table_bytes_is_what_new_allocates_and_never_overflows() {
     assert_eq!(table_bytes(usize::MAX, 2), None);
     assert!(table_bytes(1 << 40, 1).is_some_and(|b| b >= (1u64 << 40) * ENTRY_BYTES as u64));
 }
+
+#[test]
+fn a_holder_predicts_its_prefix_in_tokens_never_more_than_the_prompt() {
+    let h = |depth| Holder {
+        agent: 1,
+        depth,
+        age: 0,
+        hash: 0,
+    };
+    // 4 bytes a token: 4,000 bytes of prefix are 1,000 tokens.
+    assert_eq!(predicted_tokens(&h(4_000), 0.25, 3_000), 1_000);
+    assert_eq!(
+        predicted_tokens(&h(40_000), 0.25, 3_000),
+        3_000,
+        "capped by the prompt"
+    );
+    // A session key's holder: the previous turn, half the prompt.
+    assert_eq!(predicted_tokens(&h(0), 0.25, 3_000), 1_500);
+}

@@ -171,6 +171,7 @@ impl Decision {
                             hit: c.holders.find(agent_id).copied().filter(|_| {
                                 matches!(outcome, Outcome::KeyHit | Outcome::PrefixHit)
                             }),
+                            predicted: c.holders.iter().max_by_key(|h| h.depth).copied(),
                             held: self.pin_until.is_some(),
                         }),
                         _ => None,

@@ -875,20 +875,27 @@ fn a_full_holder_is_waited_for_up_to_holder_wait_then_anyone_serves() {
             ..facts(pool, 0)
         }
     }
-    // Off (the default): the idle agent at once, counted overloaded.
+    // Off (the default): the idle agent at once, counted overloaded; the
+    // index's prediction (the full holder) is kept: not captured.
     let mut d = Decision::new(policy(vec![prefix_step(0)]), request(t0), LIMITS);
-    assert!(matches!(
-        d.next(&with(&pool), t0),
-        Action::Forward {
-            agent_id: 1,
-            affinity: Some(AffinityPick {
-                outcome: Outcome::Overloaded,
-                held: false,
+    let a = d.next(&with(&pool), t0);
+    assert!(
+        matches!(
+            a,
+            Action::Forward {
+                agent_id: 1,
+                affinity: Some(AffinityPick {
+                    outcome: Outcome::Overloaded,
+                    held: false,
+                    hit: None,
+                    predicted: Some(crate::logic::routing::affinity::Holder { agent: 2, .. }),
+                    ..
+                }),
                 ..
-            }),
-            ..
-        }
-    ));
+            }
+        ),
+        "{a:?}"
+    );
     // On: a wait for the holder only, bounded by holder_wait_ms.
     let mut d = Decision::new(policy(vec![prefix_step(500)]), request(t0), LIMITS);
     let a = d.next(&with(&pool), t0);

@@ -21,11 +21,28 @@ pub struct AffinityStats {
     /// The learned seconds per uncached prompt token (filled at snapshot;
     /// None until learned).
     pub miss_cost_per_token: Option<f64>,
+    /// Prompt tokens of prefix-aware requests whose engine reports its
+    /// cache: predicted cached by the index, captured (sent to that
+    /// holder), delivered (the engine's cached count).
+    pub cache: [u64; 3],
 }
 
+/// The stages of [`AffinityStats::cache`], in order.
+pub const CACHE_STAGES: [&str; 3] = ["predicted", "captured", "delivered"];
+
 impl AffinityStats {
+    /// One request's cache hit, three ways (tokens).
+    pub fn cache_tokens(&mut self, predicted: u64, captured: u64, delivered: u64) {
+        for (c, n) in self.cache.iter_mut().zip([predicted, captured, delivered]) {
+            *c = c.saturating_add(n);
+        }
+    }
+
     /// Add another shard's counters of the model.
     pub fn add(&mut self, o: &AffinityStats) {
+        for (a, b) in self.cache.iter_mut().zip(o.cache) {
+            *a += b;
+        }
         for (a, b) in self.decisions.iter_mut().zip(o.decisions) {
             *a += b;
         }
@@ -83,6 +100,21 @@ where
                 [m, &outcome],
                 st.decisions.get(o.index()).copied().unwrap_or(0),
             );
+        }
+    }
+    let mut f = Family::new(
+        o,
+        "hivenet_affinity_cache_tokens_total",
+        Counter,
+        "Prompt tokens of prefix-aware requests whose engine reports its cache, three ways: predicted (the index's deepest holder said this many would hit), captured (of those, the requests sent to that holder), delivered (the engine's own cached count). predicted > captured: the load guard or a full holder sent them elsewhere; captured > delivered: the engines evicted what the index remembers.",
+        ["model", "stage"],
+    );
+    for (m, st) in models.clone() {
+        if st.cache.iter().all(|n| *n == 0) {
+            continue;
+        }
+        for (stage, n) in CACHE_STAGES.iter().zip(st.cache) {
+            f.series([m, stage], n);
         }
     }
     let mut f = Family::new(
