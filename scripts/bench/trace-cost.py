@@ -6,13 +6,17 @@ requests one at a time to each, alternated twice; the on-CPU time of each
 router thread (schedstat, ns) per request, and the spans exported and
 dropped. Run from a scratch directory:
 
-  python3 scripts/bench/trace-cost.py BIN_DIR [N]
+  HIVENET_ROUTER_ADMIN_API_KEYS=x python3 scripts/bench/trace-cost.py BIN_DIR [N] [PAIRS]
+
+(instruction counts, which do not move with a noisy neighbour:
+scripts/bench/callgrind-request.sh with and without the OTEL_* variables)
 """
 import json, os, subprocess, sys, time, urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from lib import free_port as fp, thread_cpu_ns as threads, wait_http
 BIN=sys.argv[1]
 N=int(sys.argv[2]) if len(sys.argv)>2 else 2000
+PAIRS=int(sys.argv[3]) if len(sys.argv)>3 else 6
 ROOT=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def metric(port, name):
     for l in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode().splitlines():
@@ -54,30 +58,21 @@ try:
     for m in routers.values():
         for _ in range(200): post(m[1])
     res={"off":[],"on":[]}
-    inst={"off":[],"on":[]}
-    for mode in ["off","on","off","on"]:
+    for mode in ["off","on"]*PAIRS:
         p,http,met,_=routers[mode]
-        # Instructions retired by the whole router (all threads, user and
-        # kernel): an exact figure beside the noisy on-CPU times.
-        out=f"perf-{mode}-{len(res[mode])}.txt"
-        perf=subprocess.Popen(["perf","stat","-x,","-e","instructions","-p",str(p.pid),"-o",out])
-        time.sleep(0.5)
         t0=threads(p.pid); w0=time.time()
         for _ in range(N): post(http)
         t1=threads(p.pid); wall=time.time()-w0
-        perf.send_signal(2); perf.wait()
-        ins=[l for l in open(out) if "instructions" in l]
-        ins=float(ins[0].split(",")[0])/N if ins and ins[0].split(",")[0].replace(".","").isdigit() else float("nan")
-        inst[mode].append(ins)
         per={k:(t1.get(k,0)-t0.get(k,0))/1e3/N for k in t1}
         tot=sum(per.values()); res[mode].append(tot)
-        print(mode, f"wall/request {wall*1e3/N:.3f} ms", {k:round(v,2) for k,v in sorted(per.items()) if v>0.05}, "total us/request", round(tot,2), f"instructions/request {ins:,.0f}", flush=True)
+        print(mode, f"wall/request {wall*1e3/N:.3f} ms", {k:round(v,2) for k,v in sorted(per.items()) if v>0.05}, "total us/request", round(tot,2), flush=True)
     time.sleep(2)
     _,_,met,_=routers["on"]
     print("exported:", list(metric(met,"hivenet_trace_spans_exported_total")))
     print("dropped:", list(metric(met,"hivenet_trace_spans_dropped_total{")))
     d=[b-a for a,b in zip(res["off"],res["on"])]
     print("on - off, us/request, per pair:", [round(x,2) for x in d])
-    print("on - off, instructions/request, per pair:", [round(b-a) for a,b in zip(inst["off"],inst["on"])])
+    d.sort()
+    print("on - off, median of pairs:", round(d[len(d)//2],2), "us/request")
 finally:
     for p in procs: p.kill()

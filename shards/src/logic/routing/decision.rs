@@ -357,20 +357,24 @@ impl Decision {
     /// One line per visited step with what each gate removed (for the log
     /// when the policy is exhausted).
     pub fn trail(&self) -> String {
-        let mut out = Vec::with_capacity(self.session.trail.len());
-        for (i, c) in &self.session.trail {
+        use std::fmt::Write;
+        // One string written in place (a traced request asks each try).
+        let mut out = String::with_capacity(120 * self.session.trail.len());
+        for (k, (i, c)) in self.session.trail.iter().enumerate() {
             let name = self
                 .policy
                 .steps
                 .get(*i)
                 .map(|s| s.name.as_str())
                 .unwrap_or("?");
-            out.push(format!(
-                "{name}: pool={} unhealthy={} capability_mismatch={} unmatched={} prev_failed={} at_capacity={} exclude_if={}",
+            let sep = if k == 0 { "" } else { " | " };
+            let _ = write!(
+                out,
+                "{sep}{name}: pool={} unhealthy={} capability_mismatch={} unmatched={} prev_failed={} at_capacity={} exclude_if={}",
                 c.pool, c.unhealthy, c.capability, c.unmatched, c.prev_failed, c.at_capacity, c.excluded
-            ));
+            );
         }
-        out.join(" | ")
+        out
     }
 
     fn gate<P: Pool + ?Sized>(&self, gate: Gate, model: &ModelFacts<'_, P>) -> Option<Rejection> {

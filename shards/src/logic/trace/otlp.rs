@@ -86,11 +86,12 @@ fn kv_len(key: &str, v: &Value) -> usize {
 }
 
 fn kv(out: &mut Vec<u8>, field: u8, key: &str, v: &Value) {
+    let value_len = any_len(v);
     tag(out, field, LEN);
-    varint(out, kv_len(key, v) as u64);
+    varint(out, (field_len(key.len()) + field_len(value_len)) as u64);
     bytes(out, 1, key.as_bytes());
     tag(out, 2, LEN);
-    varint(out, any_len(v) as u64);
+    varint(out, value_len as u64);
     any(out, v);
 }
 
@@ -126,9 +127,9 @@ fn span_len(s: &Span) -> usize {
     n
 }
 
-fn span(out: &mut Vec<u8>, s: &Span) {
+fn span(out: &mut Vec<u8>, s: &Span, len: usize) {
     tag(out, 2, LEN);
-    varint(out, span_len(s) as u64);
+    varint(out, len as u64);
     bytes(out, 1, &s.trace_id);
     bytes(out, 2, &s.span_id);
     if let Some(p) = &s.parent {
@@ -179,8 +180,9 @@ pub struct Resource {
 pub fn encode(resource: &Resource, spans: &[Span], out: &mut Vec<u8>) {
     let res_len = attrs_len(&resource.attrs);
     let scope_len = field_len(resource.scope.len()) + field_len(resource.version.len());
-    let scope_spans_len =
-        field_len(scope_len) + spans.iter().map(|s| field_len(span_len(s))).sum::<usize>();
+    // Each span measured once (its length is written before it).
+    let lens: Vec<usize> = spans.iter().map(span_len).collect();
+    let scope_spans_len = field_len(scope_len) + lens.iter().map(|n| field_len(*n)).sum::<usize>();
     let resource_spans_len = field_len(res_len) + field_len(scope_spans_len);
     out.reserve(field_len(resource_spans_len));
     // ExportTraceServiceRequest.resource_spans
@@ -199,8 +201,8 @@ pub fn encode(resource: &Resource, spans: &[Span], out: &mut Vec<u8>) {
     varint(out, scope_len as u64);
     bytes(out, 1, resource.scope.as_bytes());
     bytes(out, 2, resource.version.as_bytes());
-    for s in spans {
-        span(out, s);
+    for (s, len) in spans.iter().zip(lens) {
+        span(out, s, len);
     }
 }
 

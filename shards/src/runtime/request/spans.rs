@@ -194,7 +194,7 @@ pub fn attempt_begins(
         a.set("hivenet.decision.trail", d.trail());
         a.set("hivenet.agent.active", u64::from(agent.active.get()));
         a.set("hivenet.agent.capacity", u64::from(agent.reg.capacity));
-        if let Some(srtt) = agent.facts().srtt {
+        if let Some(srtt) = agent.est.get().srtt() {
             a.set("hivenet.agent.srtt_ms", srtt);
         }
         if let Some(w) = waited {
