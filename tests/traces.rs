@@ -244,11 +244,28 @@ fn each_decision_is_one_trace_from_client_to_engine() {
     .expect("policy");
     let pdir_s = pdir.to_string_lossy().to_string();
     let base = format!("http://127.0.0.1:{pp}");
+    std::fs::create_dir_all(dir.join("fallback")).expect("dir");
+    std::fs::write(
+        dir.join("fallback/auth.yaml"),
+        format!(
+            "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      metadata: {{name: open, owner: acme}}\n    - key_hash: \"{}\"\n      metadata: {{name: tiny, owner: tiny}}\n      quota: {{tokens_per_day: 5}}\n",
+            sha256_hex("sk-open"),
+            sha256_hex("sk-tiny")
+        ),
+    )
+    .expect("auth");
     let fdir = dir.join("fallback");
     std::fs::create_dir_all(&fdir).expect("dir");
     let f = start_router(
         &fdir,
-        &["--shards", "1", "--policy-model-dir", &pdir_s],
+        &[
+            "--shards",
+            "1",
+            "--policy-model-dir",
+            &pdir_s,
+            "--auth-config-file",
+            "auth.yaml",
+        ],
         &[
             &[
                 ("HIVENET_ROUTER_OPENAI_API_KEY", "sk-provider"),
@@ -260,9 +277,24 @@ fn each_decision_is_one_trace_from_client_to_engine() {
     );
     let (_busy, bp) = start_sim(&dir, "m", &["--error-rate", "1", "--error-status", "503"]);
     let _a4 = agent_to_env(&dir, f.p2p, bp, "d.key", &[], &envs(&env));
-    wait_agents(f.http, "m", 1);
+    wait_until(
+        Duration::from_secs(30),
+        || routing_table(f.http)["total"] == 1,
+        "the agent registered",
+    );
+    let keyed = |tid: &str, key: &str| {
+        Req::new("POST", "/v1/chat/completions")
+            .body(chat_body("m", false).as_bytes())
+            .raw_headers(&format!(
+                "{}Authorization: Bearer {key}\r\n",
+                traceparent(tid)
+            ))
+            .send(f.http)
+            .map(Resp::triple)
+            .expect("chat")
+    };
     let tid = trace_id(400);
-    let (st, _, body) = chat(f.http, &tid, false);
+    let (st, _, body) = keyed(&tid, "sk-open");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
     let spans = phoenix.wait_trace(&tid, "provider", |s| {
         s.iter().any(|x| x["name"] == "hivenet.provider")
@@ -279,6 +311,18 @@ fn each_decision_is_one_trace_from_client_to_engine() {
             .any(|s| s["name"] == "hivenet.attempt" && s["status_code"] == "ERROR"),
         "the local attempts that failed first: {spans:#?}"
     );
+    assert_eq!(attr(root, "hivenet.tenant"), "acme");
+    // A quota refusal names its rule.
+    let tid = trace_id(450);
+    let (st, _, body) = keyed(&tid, "sk-tiny");
+    assert_eq!(st, 429, "{}", String::from_utf8_lossy(&body));
+    let spans = phoenix.wait_trace(&tid, "quota", |s| !s.is_empty());
+    let root = span(&spans, "POST /v1/chat/completions");
+    assert_eq!(attr(root, "hivenet.refusal"), "tokens_per_day");
+    assert_eq!(attr(root, "http.response.status_code"), 429);
+    assert!(attr(root, "hivenet.refusal.message")
+        .as_str()
+        .is_some_and(|m| !m.is_empty()));
 
     // 6. The receiver frozen, then killed, under load: every request is
     // served, the spans are dropped and counted.

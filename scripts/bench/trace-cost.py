@@ -74,5 +74,20 @@ try:
     print("on - off, us/request, per pair:", [round(x,2) for x in d])
     d.sort()
     print("on - off, median of pairs:", round(d[len(d)//2],2), "us/request")
+    # The receiver up, frozen (SIGSTOP), then killed: the traced router's
+    # latency against the untraced one's, request by request interleaved
+    # (one client, so a slower request shows), and its drops.
+    phx=procs[0]
+    def lat(port):
+        t=time.perf_counter(); post(port); return (time.perf_counter()-t)*1e3
+    def pct(xs,q): xs=sorted(xs); return xs[min(len(xs)-1,int(q*len(xs)))]
+    for phase in ["receiver up","receiver frozen","receiver killed"]:
+        if phase=="receiver frozen": phx.send_signal(19)
+        if phase=="receiver killed": phx.send_signal(9); phx.send_signal(18)
+        off_l=[]; on_l=[]
+        for _ in range(N):
+            off_l.append(lat(routers["off"][1])); on_l.append(lat(routers["on"][1]))
+        print(f"{phase}: off p50 {pct(off_l,.5):.3f} p99 {pct(off_l,.99):.3f} max {max(off_l):.3f} ms; on p50 {pct(on_l,.5):.3f} p99 {pct(on_l,.99):.3f} max {max(on_l):.3f} ms; on/off p99 {pct(on_l,.99)/pct(off_l,.99):.2f}", flush=True)
+        print("  dropped:", list(metric(routers["on"][2],"hivenet_trace_spans_dropped_total{")), flush=True)
 finally:
     for p in procs: p.kill()

@@ -331,7 +331,8 @@ impl<'a> Run<'a> {
         let api = continuation::api_of(shard, p);
         let mut kept = api.map(|_| bufpool::take(16 * 1024));
         let step_name = self.policy.steps.get(step).map_or("", |s| s.name.as_str());
-        spans::attempt_begins(c, d, step_name, &agent, waited, &mut self.request);
+        let queued = waited.map(|w| (w, class));
+        spans::attempt_begins(c, d, step_name, &agent, queued, &mut self.request);
         let ask = Ask {
             request: &self.request,
             deadline: d.request().deadline,
@@ -534,6 +535,7 @@ impl<'a> Run<'a> {
         let exhausted = matches!(&r, Refusal::Routing(x) if x.exhausted_policy());
         let (p, class, model) = (self.p, self.class, self.model);
         self.with_model(|m| refusals::record(m, model, d, &r, &p.principal, class));
+        spans::refused(c, &r, model);
         let keep = p.head.keep_alive;
         if let Some(e) = self.last_backend.take().filter(|_| exhausted) {
             return respond::send_error(c, &e, keep).await;

@@ -23,6 +23,8 @@ use crate::logic::http::framing::http_parse::RequestHead;
 use crate::logic::http::trace_context::{self, TRACEPARENT_LEN};
 use crate::logic::routing::affinity::AffinityPick;
 use crate::logic::routing::decision::{AdmitEnd, Decision};
+use crate::logic::routing::refusal::Refusal;
+use crate::logic::routing::wait_queue::Class;
 use crate::logic::trace::request::RequestTrace;
 use crate::logic::trace::span::{traceparent, Kind, Span, Value};
 use crate::runtime::state::model::agent::Agent;
@@ -172,6 +174,16 @@ pub fn admitted(scope: &mut RequestScope, end: &AdmitEnd, parked: Duration) {
     });
 }
 
+/// The machine refused the request: which rule (a quota's limit, an
+/// admission gate, the routing steps) and what the client was told.
+pub fn refused(c: &mut Client, r: &Refusal, model: &str) {
+    with(&mut c.scope, |s| {
+        s.root.set("hivenet.refusal", r.reason());
+        s.root
+            .set("hivenet.refusal.message", r.error(model).message);
+    });
+}
+
 /// An attempt to `agent` begins: its span (the decision that chose the
 /// agent in its attributes) becomes the parent in the `traceparent` the
 /// agent receives (patched into `request`, the bytes about to be sent).
@@ -180,7 +192,7 @@ pub fn attempt_begins(
     d: &Decision,
     step_name: &str,
     agent: &Agent,
-    waited: Option<Duration>,
+    waited: Option<(Duration, Class)>,
     request: &mut [u8],
 ) {
     with(&mut c.scope, |s| {
@@ -197,8 +209,9 @@ pub fn attempt_begins(
         if let Some(srtt) = agent.est.get().srtt() {
             a.set("hivenet.agent.srtt_ms", srtt);
         }
-        if let Some(w) = waited {
+        if let Some((w, class)) = waited {
             a.set("hivenet.queue.wait_ms", ms(w));
+            a.set("hivenet.queue.class", class.as_str());
         }
         patch_parent(request, &a.span_id);
         s.attempt = Some(a);
