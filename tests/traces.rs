@@ -106,6 +106,14 @@ fn each_decision_is_one_trace_from_client_to_engine() {
         attr(attempt, "hivenet.decision.trail").is_string(),
         "{attempt}"
     );
+    let peer = attr(attempt, "hivenet.agent.peer_id")
+        .as_str()
+        .unwrap_or("?");
+    assert_eq!(
+        attr(attempt, "hivenet.decision.verdicts"),
+        format!("{}: eligible", &peer[peer.len() - 8..]).as_str(),
+        "{attempt}"
+    );
     assert!(attr(attempt, "hivenet.agent.peer_id")
         .as_str()
         .is_some_and(|p| p.starts_with("12D3")));

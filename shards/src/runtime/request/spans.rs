@@ -15,6 +15,7 @@
 //! Key items: [`begin`], [`with`], [`finish`]; the data is
 //! [`RequestTrace`].
 
+use std::rc::Rc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::forward::Outcome;
@@ -215,6 +216,38 @@ pub fn attempt_begins(
         }
         patch_parent(request, &a.span_id);
         s.attempt = Some(a);
+    });
+}
+
+/// Most agents whose verdict an attempt lists.
+const VERDICTS_MAX: usize = 32;
+
+/// The attempt just begun: each agent's verdict at its step (the gate
+/// that removed it, or `eligible`), by the last 8 characters of its peer
+/// ID.
+pub fn verdicts(c: &mut Client, d: &Decision, pool: &[Rc<Agent>]) {
+    with(&mut c.scope, |s| {
+        let Some(a) = s.attempt.as_mut() else {
+            return;
+        };
+        let mut out = String::with_capacity(24 * pool.len().min(VERDICTS_MAX));
+        for (id, v) in d.verdicts(pool, VERDICTS_MAX) {
+            let peer = pool.iter().find(|x| x.id == id).map_or("?", |x| {
+                x.peer
+                    .get(x.peer.len().saturating_sub(8)..)
+                    .unwrap_or(&x.peer)
+            });
+            if !out.is_empty() {
+                out.push_str(", ");
+            }
+            out.push_str(peer);
+            out.push_str(": ");
+            out.push_str(v);
+        }
+        if pool.len() > VERDICTS_MAX {
+            out.push_str(&format!(", +{} more", pool.len() - VERDICTS_MAX));
+        }
+        a.set("hivenet.decision.verdicts", out);
     });
 }
 

@@ -27,6 +27,20 @@ pub(super) struct Choice {
 // === impl Decision ===
 
 impl Decision {
+    /// Each agent's verdict at the step in use (the gate that removes it
+    /// for this request, or `eligible`), the first `max` agents of `pool`
+    /// by id: what a traced request's attempt shows.
+    pub fn verdicts<P: Pool + ?Sized>(&self, pool: &P, max: usize) -> Vec<(u64, &'static str)> {
+        let Some(step) = self.policy.steps.get(self.session.step) else {
+            return Vec::new();
+        };
+        let cap = self.request.endpoint.capability();
+        (0..pool.agent_count().min(max))
+            .filter_map(|i| pool.facts(i))
+            .map(|a| (a.id, policy::verdict(step, cap, &a, &self.session.failed)))
+            .collect()
+    }
+
     /// What the step in use offers this request now: the selector's pick,
     /// bent by the holder wait (`holder_wait_ms`), the class and tenant
     /// reservations, and the line of requests already waiting.

@@ -174,6 +174,27 @@ fn passes(
     false
 }
 
+/// The gate of `step` that removes `a` for this request, or `eligible`
+/// (a traced request's verdict per agent; the gates of [`passes`]).
+pub fn verdict(step: &Step, cap: Capability, a: &AgentFacts<'_>, failed: &[u64]) -> &'static str {
+    let mut c = GateCounts::default();
+    if passes(step, cap, a, failed, &mut c) {
+        "eligible"
+    } else if c.unhealthy > 0 {
+        "unhealthy"
+    } else if c.capability > 0 {
+        "capability_mismatch"
+    } else if c.unmatched > 0 {
+        "unmatched"
+    } else if c.prev_failed > 0 {
+        "prev_failed"
+    } else if c.at_capacity > 0 {
+        "at_capacity"
+    } else {
+        "exclude_if"
+    }
+}
+
 /// [`select`], and for a `prefix-aware` step the cache holders of the
 /// request: the least loaded eligible holder is chosen when it carries at
 /// most `load_band` of its capacity more than the least-loaded eligible

@@ -616,3 +616,54 @@ fn prefix_aware_fields_are_validated() {
     .expect_err("affinity without prefix-aware");
     assert_eq!(e.path, "routing_policy.affinity");
 }
+
+#[test]
+fn each_agent_gets_the_verdict_of_the_first_gate_that_removes_it() {
+    let step = gate(500.0);
+    let cases = [
+        (
+            facts(1, true, 0, 10, Some(50.0), "vllm"),
+            &[][..],
+            "eligible",
+        ),
+        (
+            facts(2, false, 0, 10, Some(50.0), "vllm"),
+            &[][..],
+            "unhealthy",
+        ),
+        (
+            facts(3, true, 0, 10, Some(50.0), "vllm"),
+            &[3u64][..],
+            "prev_failed",
+        ),
+        (
+            facts(4, true, 10, 10, Some(50.0), "vllm"),
+            &[][..],
+            "at_capacity",
+        ),
+        (
+            facts(5, true, 0, 10, Some(900.0), "vllm"),
+            &[][..],
+            "exclude_if",
+        ),
+        // Unhealthy and slow: the first gate in order names it.
+        (
+            facts(6, false, 10, 10, Some(900.0), "vllm"),
+            &[6u64][..],
+            "unhealthy",
+        ),
+    ];
+    for (a, failed, want) in cases {
+        assert_eq!(
+            verdict(&step, Capability::Llm, &a, failed),
+            want,
+            "agent {}",
+            a.id
+        );
+    }
+    let emb = facts(7, true, 0, 10, None, "vllm");
+    assert_eq!(
+        verdict(&step, Capability::Embedding, &emb, &[]),
+        "capability_mismatch"
+    );
+}
