@@ -68,6 +68,55 @@ pub struct SimConfig {
     /// their end, as an engine that dies): a stream at a random token, a
     /// whole answer after half its body. The continuation tests' fault.
     pub abort_rate: f64,
+    /// Requests served at once per simulator thread (0: no limit, the
+    /// default); past it a request waits in line, first come first
+    /// served, before its prefill, as vLLM's `--max-num-seqs`.
+    pub max_running: u32,
+}
+
+/// The engine's slots (`--max-running`): requests past them wait in
+/// arrival order; the prefix cache is read when a request gets its slot.
+#[derive(Default)]
+struct Slots {
+    free: Cell<u32>,
+    line: std::cell::RefCell<std::collections::VecDeque<futures::channel::oneshot::Sender<()>>>,
+}
+
+/// A slot held until the answer is written.
+struct SlotGuard<'a>(Option<&'a Slots>);
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        let Some(s) = self.0 else {
+            return;
+        };
+        // The slot passes to the next in line (one that left is skipped).
+        let mut line = s.line.borrow_mut();
+        while let Some(next) = line.pop_front() {
+            if next.send(()).is_ok() {
+                return;
+            }
+        }
+        s.free.set(s.free.get() + 1);
+    }
+}
+
+impl Sim {
+    /// A slot, waiting in line when all are taken (`--max-running`).
+    async fn slot(&self) -> SlotGuard<'_> {
+        if self.cfg.max_running == 0 {
+            return SlotGuard(None);
+        }
+        let s = &self.slots;
+        if s.free.get() > 0 && s.line.borrow().is_empty() {
+            s.free.set(s.free.get() - 1);
+            return SlotGuard(Some(s));
+        }
+        let (tx, rx) = futures::channel::oneshot::channel();
+        s.line.borrow_mut().push_back(tx);
+        let _ = rx.await;
+        SlotGuard(Some(s))
+    }
 }
 
 /// Counters shared by the simulator's threads.
@@ -205,6 +254,7 @@ struct Sim {
     started: Instant,
     rng: Cell<u64>,
     traces: Option<Arc<shards::runtime::services::otlp::TraceExport>>,
+    slots: Slots,
 }
 
 impl Sim {
@@ -312,6 +362,10 @@ pub fn run(addr: SocketAddr, threads: usize, cfg: SimConfig) -> std::io::Result<
             shards::runtime::wire::executor::DriverChoice::Auto,
             move || async move {
                 let sim = Rc::new(Sim {
+                    slots: Slots {
+                        free: Cell::new(cfg.max_running),
+                        line: Default::default(),
+                    },
                     cfg,
                     stats,
                     started,
@@ -367,6 +421,12 @@ async fn serve(sim: Rc<Sim>, mut conn: Conn) {
             record_trace(&sim.stats, &head);
         }
         let span = sim.traces.as_ref().and_then(|_| engine_span(&sim, &head));
+        // Inference waits for a slot (`--max-running`); the rest does not.
+        let _slot = if head.method == "POST" {
+            Some(sim.slot().await)
+        } else {
+            None
+        };
         let ok = handle(&sim, &mut conn, &head.method, head.path_only(), &body, keep).await;
         if let (Some(mut s), Some(t)) = (span, sim.traces.as_ref()) {
             s.end(unix_ns());

@@ -484,3 +484,58 @@ fn the_oracle_mirrors_every_sim_cache_exactly() {
     };
     assert!(e.contains("--oracle-shape"), "{e}");
 }
+
+/// One POST to the sim on its own connection; the status line.
+fn post_chat(port: u16) -> String {
+    use std::io::{Read, Write};
+    let body = r#"{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: s\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.lines().next().unwrap_or_default().to_string()
+}
+
+/// The sim's `name` gauge from its /metrics.
+fn sim_gauge(port: u16, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n")
+        .expect("write");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{name} in {out}"))
+}
+
+/// `--max-running`: an engine's slots (vLLM's --max-num-seqs). Six
+/// requests at once on two slots: all served, never more than two in
+/// flight (the rest waited in line); without the flag all six run at once.
+#[test]
+fn max_running_bounds_the_requests_in_flight() {
+    for (flag, want) in [(Some("2"), 2.0), (None, 6.0)] {
+        let mut args = vec!["--ttft", "300ms", "--output-tokens", "4", "--itl", "1ms"];
+        if let Some(n) = flag {
+            args.extend(["--max-running", n]);
+        }
+        let (_s, port) = sim(&args);
+        let clients: Vec<_> = (0..6)
+            .map(|_| std::thread::spawn(move || post_chat(port)))
+            .collect();
+        for c in clients {
+            let status = c.join().expect("client");
+            assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        }
+        assert_eq!(
+            sim_gauge(port, "hivenet_sim_peak_running "),
+            want,
+            "--max-running {flag:?}"
+        );
+    }
+}

@@ -22,12 +22,31 @@
 # HOLDER_WAITS="1000 3000" also runs prefix-aware with these
 # holder_wait_ms (wait for a full cache holder), as prefix-aware-w1000 ...
 # ORACLE=0 skips the oracle (its column then reads 0 %).
+# PEERS="vllm-router:cache_aware vllm-router:round_robin sglang-router:cache_aware"
+# (the default; PEERS="" for none) runs the peer routers, installed from
+# PyPI at pinned versions into a cache outside the clone, in front of the
+# same sims (no agents: they talk to the engines), their cached share from
+# the sims' own counters as the oracle's.
+# CAPACITY=4: each hivenet agent's --capacity; with a GPU-shaped sim give
+# the sims the same --max-running (their slots) in SIM_FLAGS.
+# Each engine's share of the requests served is in OUT/reports/*-engines.txt
+# and the summary's "busiest engine" column.
 # Writes OUT/summary.md.
 # Usage: AGENTS="8 32" RAMP="0.5 1 2 4" DUR=30s scripts/bench/affinity-ramp.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 AGENTS="${AGENTS:-8 32}"; RAMP="${RAMP:-0.5 1 2 4}"; DUR="${DUR:-30s}"
 CONV_PER_AGENT="${CONV_PER_AGENT:-4}"
+CAPACITY="${CAPACITY:-4}"
+PEERS="${PEERS-vllm-router:cache_aware vllm-router:round_robin sglang-router:cache_aware}"
+VLLM_ROUTER_VERSION=0.1.17
+SGLANG_ROUTER_VERSION=0.3.2
+PEER_VENV="${HIVENET_CACHE:-$HOME/.cache/hivenet}/peer-routers-vllm$VLLM_ROUTER_VERSION-sglang$SGLANG_ROUTER_VERSION"
+if [ -n "$PEERS" ] && [ ! -f "$PEER_VENV/.installed" ]; then
+  rm -rf "$PEER_VENV"; python3 -m venv "$PEER_VENV"
+  "$PEER_VENV/bin/pip" install -q --disable-pip-version-check "vllm-router==$VLLM_ROUTER_VERSION" "sglang-router==$SGLANG_ROUTER_VERSION"
+  touch "$PEER_VENV/.installed"
+fi
 BANDS="${BANDS:-}"
 HOLDER_WAITS="${HOLDER_WAITS:-}"
 SIM_FLAGS="${SIM_FLAGS:---ttft 5ms --prefill-per-token 9.65ms --itl 30.8ms --output-tokens 16 --prefix-cache-tokens 4096 --cache-block-tokens 1 --bytes-per-token 2.0}"
@@ -63,6 +82,13 @@ sims_counter() {
   for u in ${SIM_URLS//,/ }; do total=$((total + $(sim_counter "$u" "$1"))); done
   echo "$total"
 }
+# Requests each sim of $SIM_URLS served so far, space-separated.
+engines_served() {
+  local u
+  for u in ${SIM_URLS//,/ }; do
+    curl -sf "$u/metrics" | awk 'index($0, "vllm:request_success_total{") == 1 {s += $NF} END {printf "%.0f ", s}'
+  done
+}
 run_steps() { # strategy n url [router]
   local strategy="$1" n="$2" url="$3" step=0
   for r in $RAMP; do
@@ -71,7 +97,7 @@ run_steps() { # strategy n url [router]
     rate=$(python3 -c "print($n * $r)")
     if [ "$strategy" = ideal ]; then
       p0=$(sim_counter "$url" queries); c0=$(sim_counter "$url" hits)
-    elif [ "$strategy" = oracle ]; then
+    elif [ "$strategy" = oracle ] || [ -n "${PEER:-}" ]; then
       p0=$(sims_counter queries); c0=$(sims_counter hits)
     else
       p0=$(metric_sum hivenet_agent_prompt_tokens_total); c0=$(metric_sum hivenet_agent_cached_prompt_tokens_total)
@@ -84,7 +110,7 @@ run_steps() { # strategy n url [router]
       --out "$OUT/reports/$strategy-$n-$step.json" >"$OUT/reports/$strategy-$n-$step.txt" 2>&1 || true
     if [ "$strategy" = ideal ]; then
       echo "$strategy $n $step $r $(( $(sim_counter "$url" queries) - p0 )) $(( $(sim_counter "$url" hits) - c0 ))" >>"$OUT/reports/tokens.txt"
-    elif [ "$strategy" = oracle ]; then
+    elif [ "$strategy" = oracle ] || [ -n "${PEER:-}" ]; then
       echo "$strategy $n $step $r $(( $(sims_counter queries) - p0 )) $(( $(sims_counter hits) - c0 ))" >>"$OUT/reports/tokens.txt"
     else
       sleep 1
@@ -107,15 +133,46 @@ for n in $AGENTS; do
         args+=(--policy-file "$HN_WORK/wait.yaml") ;;
     esac
     hn_router "$HTTP" "$MET" "$P2P" "${args[@]}"
+    SIM_URLS=""
     for i in $(seq 1 "$n"); do
       port=$(hn_free_port)
       # shellcheck disable=SC2086
       hn_sim "$port" sim-model "sim-$i" $SIM_FLAGS
-      hn_agent "$P2P" "$port" "a$i.key" "agent-$i" --capacity 4 --warmup off
+      SIM_URLS="$SIM_URLS${SIM_URLS:+,}http://127.0.0.1:$port"
+      hn_agent "$P2P" "$port" "a$i.key" "agent-$i" --capacity "$CAPACITY" --warmup off
     done
     hn_wait_http "http://127.0.0.1:$HTTP/v1/models" 120 "\"healthy\":$n"
     run_steps "$strategy" "$n" "http://127.0.0.1:$HTTP"
+    engines_served >"$OUT/reports/$strategy-$n-engines.txt"
     curl -sf "http://127.0.0.1:$MET/metrics" | grep '^hivenet_affinity' >"$OUT/reports/$strategy-$n-affinity.txt" || true
+    hn_stop_all
+    rm -rf "$HN_WORK"
+  done
+  # The peers, in front of the same sims (no agents: they call the engines).
+  for peer in $PEERS; do
+    HN_WORK="$(mktemp -d -t hivenet-peer-XXXX)"; HN_PIDS=()
+    SIM_URLS=""
+    for i in $(seq 1 "$n"); do
+      port=$(hn_free_port)
+      # shellcheck disable=SC2086
+      hn_sim "$port" sim-model "sim-$i" $SIM_FLAGS
+      SIM_URLS="$SIM_URLS${SIM_URLS:+,}http://127.0.0.1:$port"
+    done
+    for u in ${SIM_URLS//,/ }; do hn_wait_http "$u/v1/models" 20; done
+    PP=$(hn_free_port); PM=$(hn_free_port)
+    name="${peer%%:*}"; policy="${peer#*:}"
+    # shellcheck disable=SC2086
+    case "$name" in
+      vllm-router) "$PEER_VENV/bin/vllm-router" --host 127.0.0.1 --port "$PP" --worker-urls ${SIM_URLS//,/ } \
+        --policy "$policy" --log-level warning --prometheus-port "$PM" >"$HN_WORK/peer.log" 2>&1 & ;;
+      sglang-router) "$PEER_VENV/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port "$PP" \
+        --worker-urls ${SIM_URLS//,/ } --policy "$policy" --log-level warn --prometheus-port "$PM" >"$HN_WORK/peer.log" 2>&1 & ;;
+      *) echo "unknown peer $name" >&2; exit 2 ;;
+    esac
+    HN_PIDS+=("$!")
+    hn_wait_http "http://127.0.0.1:$PP/v1/models" 120 || { tail -20 "$HN_WORK/peer.log" >&2; exit 1; }
+    PEER=1 run_steps "$name-$policy" "$n" "http://127.0.0.1:$PP"
+    engines_served >"$OUT/reports/$name-$policy-$n-engines.txt"
     hn_stop_all
     rm -rf "$HN_WORK"
   done

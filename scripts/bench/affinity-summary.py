@@ -20,7 +20,18 @@ def report(strategy, n, step):
 # least-loaded, prefix-aware at its default band, then at the BANDS asked.
 strategies = ["least-loaded", "prefix-aware"] + sorted(
     {k[0] for k in rows if k[0].startswith("prefix-aware-b")}, key=lambda s: float(s[len("prefix-aware-b"):])) + sorted(
-    {k[0] for k in rows if k[0].startswith("prefix-aware-w")}, key=lambda s: int(s[len("prefix-aware-w"):]))
+    {k[0] for k in rows if k[0].startswith("prefix-aware-w")}, key=lambda s: int(s[len("prefix-aware-w"):])) + sorted(
+    {k[0] for k in rows if k[0].startswith(("vllm-router-", "sglang-router-"))})
+
+
+def busiest(strategy, n):
+    """The busiest engine's share of the requests the fleet served over
+    the whole ramp (1/n: even; 1: all on one)."""
+    p = f"{out}/reports/{strategy}-{n}-engines.txt"
+    if not os.path.exists(p):
+        return ""
+    counts = [int(x) for x in open(p).read().split()]
+    return f"{max(counts) / sum(counts):.0%}" if counts and sum(counts) else ""
 
 
 def share(key):
@@ -29,8 +40,8 @@ def share(key):
 
 
 print("# Cache affinity on calibrated simulated engines: prefix-aware vs least-loaded\n")
-print("| agents | asked /s | strategy | served /s | errors | first content p50 / p95 ms | cached share | of the oracle's |")
-print("|---|---|---|---|---|---|---|---|")
+print("| agents | asked /s | strategy | served /s | errors | first content p50 / p95 / p99 ms | latency p50 / p95 / p99 ms | cached share | of the oracle's | busiest engine (whole ramp) |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for n in sorted({k[1] for k in rows}):
     for step in sorted({k[2] for k in rows if k[1] == n}):
         oracle = share(("oracle", n, step))
@@ -41,23 +52,25 @@ for n in sorted({k[1] for k in rows}):
             j = report(strategy, n, step)
             fc = j.get("first_content") or {}
             s = share((strategy, n, step))
+            lat = j.get("total") or {}
             print(f"| {n} | {n * r:g} | {strategy} | {j.get('achieved_rps', 0):.1f} | {j.get('errors', 0)} | "
-                  f"{fc.get('p50', 0):.0f} / {fc.get('p95', fc.get('p90', 0)):.0f} | {s:.1%} | "
-                  f"{(s / oracle if oracle else 0):.0%} |")
+                  f"{fc.get('p50', 0):.0f} / {fc.get('p95', fc.get('p90', 0)):.0f} / {fc.get('p99', 0):.0f} | "
+                  f"{lat.get('p50', 0):.0f} / {lat.get('p95', 0):.0f} / {lat.get('p99', 0):.0f} | {s:.1%} | "
+                  f"{(s / oracle if oracle else 0):.0%} | {busiest(strategy, n) if step == 1 else ''} |")
         if ("oracle", n, step) not in rows:
             continue
         j = report("oracle", n, step)
         fc = j.get("first_content") or {}
         print(f"| {n} | | oracle (every engine's cache known, same fleet and requests) | {j.get('achieved_rps', 0):.1f} | "
-              f"{j.get('errors', 0)} | {fc.get('p50', 0):.0f} / {fc.get('p95', fc.get('p90', 0)):.0f} | {oracle:.1%} | 100% |")
+              f"{j.get('errors', 0)} | {fc.get('p50', 0):.0f} / {fc.get('p95', fc.get('p90', 0)):.0f} | | {oracle:.1%} | 100% | |")
         # The oracle's mirrors against the sims' own count of cached tokens.
         t = f"{out}/reports/oracle-{n}-{step}.txt"
         pred = [l.split()[-1] for l in open(t) if l.startswith("oracle: cached tokens predicted")] if os.path.exists(t) else []
         if pred and ("oracle", n, step) in rows:
             sims = rows[("oracle", n, step)][2]
             mark = "exact" if int(pred[0]) == sims else f"MISMATCH: sims {sims}"
-            print(f"| {n} | | (oracle's mirrors predicted {int(pred[0]):,} cached tokens: {mark}) | | | | | |")
+            print(f"| {n} | | (oracle's mirrors predicted {int(pred[0]):,} cached tokens: {mark}) | | | | | | | |")
         if ("ideal", n, step) in rows:
             ideal = share(("ideal", n, step))
-            print(f"| {n} | | ideal (one never-evicting cache, same requests) | | | | {ideal:.1%} | "
-                  f"{(ideal / oracle if oracle else 0):.0%} |")
+            print(f"| {n} | | ideal (one never-evicting cache, same requests) | | | | | {ideal:.1%} | "
+                  f"{(ideal / oracle if oracle else 0):.0%} | |")

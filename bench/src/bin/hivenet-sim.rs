@@ -80,6 +80,11 @@ struct Flags {
     /// whole answer after half its body (default 0)
     #[argh(option, default = "0.0")]
     abort_rate: f64,
+    /// requests served at once per thread (0: no limit, the default);
+    /// past it a request waits in line before its prefill, as vLLM's
+    /// --max-num-seqs
+    #[argh(option, default = "0")]
+    max_running: u32,
 }
 
 fn dur(name: &str, s: &str) -> std::time::Duration {
@@ -146,6 +151,7 @@ fn main() {
         cache_block_tokens: f.cache_block_tokens,
         bytes_per_token: f.bytes_per_token,
         abort_rate: f.abort_rate,
+        max_running: f.max_running,
     };
     if let Err(e) = sim::run(std::net::SocketAddr::new(ip, f.port), f.threads.max(1), cfg) {
         eprintln!("hivenet-sim: {e}");
