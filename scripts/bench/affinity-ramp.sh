@@ -31,6 +31,8 @@
 # the sims the same --max-running (their slots) in SIM_FLAGS.
 # Each engine's share of the requests served is in OUT/reports/*-engines.txt
 # and the summary's "busiest engine" column.
+# ONLY_ORACLE=1 runs the oracle alone (to add it to an earlier run: its
+# tokens.txt lines and reports go beside that run's).
 # Writes OUT/summary.md.
 # Usage: AGENTS="8 32" RAMP="0.5 1 2 4" DUR=30s scripts/bench/affinity-ramp.sh
 set -euo pipefail
@@ -38,6 +40,11 @@ cd "$(dirname "$0")/../.."
 AGENTS="${AGENTS:-8 32}"; RAMP="${RAMP:-0.5 1 2 4}"; DUR="${DUR:-30s}"
 CONV_PER_AGENT="${CONV_PER_AGENT:-4}"
 CAPACITY="${CAPACITY:-4}"
+# The oracle mirrors the sims' caches and slots: their shape from SIM_FLAGS
+# (the sim's defaults where a flag is absent) and CAPACITY.
+flag_of() { echo " $SIM_FLAGS " | sed -n "s/.* $1 \([^ ]*\) .*/\1/p"; }
+ORACLE_SHAPE="${ORACLE_SHAPE:-$(flag_of --prefix-cache-tokens):$(flag_of --cache-block-tokens):$(flag_of --bytes-per-token):$CAPACITY}"
+ORACLE_SHAPE="$(echo "$ORACLE_SHAPE" | awk -F: '{printf "%s:%s:%s:%s", ($1==""?0:$1), ($2==""?16:$2), ($3==""?4.0:$3), $4}')"
 PEERS="${PEERS-vllm-router:cache_aware vllm-router:round_robin sglang-router:cache_aware}"
 VLLM_ROUTER_VERSION=0.1.17
 SGLANG_ROUTER_VERSION=0.3.2
@@ -67,7 +74,7 @@ printf 'routing_policy:\n  strategy: prefix-aware\n' >"$POLICY"
   echo "bench: $BENCH_FLAGS --conversations (agents x $CONV_PER_AGENT) --stream --rate (agents x step) --duration $DUR --seed (step)"
   echo "prefix-aware policy: defaults (load_band 0.5, ttl_seconds 600, block_bytes 2048, holder_wait_ms 3000 bounded by the learned miss cost, since 0aabf7c; 0 before)"
 } >"$OUT/env.txt"
-echo "${ORACLE:+ORACLE=$ORACLE }${IDEAL:+IDEAL=$IDEAL }${BANDS:+BANDS=\"$BANDS\" }${HOLDER_WAITS:+HOLDER_WAITS=\"$HOLDER_WAITS\" }${BENCH_FLAGS_SET:+BENCH_FLAGS=\"$BENCH_FLAGS\" }AGENTS=\"$AGENTS\" RAMP=\"$RAMP\" DUR=$DUR CONV_PER_AGENT=$CONV_PER_AGENT scripts/bench/affinity-ramp.sh" >"$OUT/cmd.txt"
+echo "SIM_FLAGS=\"$SIM_FLAGS\" CAPACITY=$CAPACITY PEERS=\"$PEERS\" ${ORACLE:+ORACLE=$ORACLE }${IDEAL:+IDEAL=$IDEAL }${BANDS:+BANDS=\"$BANDS\" }${HOLDER_WAITS:+HOLDER_WAITS=\"$HOLDER_WAITS\" }${BENCH_FLAGS_SET:+BENCH_FLAGS=\"$BENCH_FLAGS\" }AGENTS=\"$AGENTS\" RAMP=\"$RAMP\" DUR=$DUR CONV_PER_AGENT=$CONV_PER_AGENT scripts/bench/affinity-ramp.sh" >"$OUT/cmd.txt"
 export HIVENET_ROUTER_ADMIN_API_KEYS=bench-admin
 metric_sum() {
   curl -sf "http://127.0.0.1:$MET/metrics" | awk -v n="$1" 'index($0, n "{") == 1 {s += $NF} END {printf "%.0f", s}'
@@ -104,7 +111,7 @@ run_steps() { # strategy n url [router]
     fi
     # shellcheck disable=SC2086
     local target=(--url "$url")
-    [ "$strategy" = oracle ] && target=(--url "${SIM_URLS%%,*}" --oracle-of "$SIM_URLS" --oracle-state "$HN_WORK/oracle-state.json")
+    [ "$strategy" = oracle ] && target=(--url "${SIM_URLS%%,*}" --oracle-of "$SIM_URLS" --oracle-shape "$ORACLE_SHAPE" --oracle-state "$HN_WORK/oracle-state.json")
     "$HN_BIN/hivenet-bench" "${target[@]}" --model sim-model --stream --rate "$rate" --seed "$step" \
       --duration "$DUR" --timeout 60s --quiet $BENCH_FLAGS --conversations $((n * CONV_PER_AGENT)) \
       --out "$OUT/reports/$strategy-$n-$step.json" >"$OUT/reports/$strategy-$n-$step.txt" 2>&1 || true
@@ -119,7 +126,7 @@ run_steps() { # strategy n url [router]
   done
 }
 for n in $AGENTS; do
-  for strategy in least-loaded prefix-aware $(for b in $BANDS; do echo "prefix-aware-b$b"; done) $(for w in $HOLDER_WAITS; do echo "prefix-aware-w$w"; done); do
+  for strategy in $([ "${ONLY_ORACLE:-0}" = 1 ] || echo least-loaded prefix-aware) $(for b in $BANDS; do echo "prefix-aware-b$b"; done) $(for w in $HOLDER_WAITS; do echo "prefix-aware-w$w"; done); do
     HN_WORK="$(mktemp -d -t hivenet-aff-XXXX)"; HN_PIDS=()
     HTTP=$(hn_free_port); MET=$(hn_free_port); P2P=$(hn_free_port)
     args=(--disk-db-path "$HN_WORK/db")
@@ -149,7 +156,7 @@ for n in $AGENTS; do
     rm -rf "$HN_WORK"
   done
   # The peers, in front of the same sims (no agents: they call the engines).
-  for peer in $PEERS; do
+  for peer in $([ "${ONLY_ORACLE:-0}" = 1 ] || echo "$PEERS"); do
     HN_WORK="$(mktemp -d -t hivenet-peer-XXXX)"; HN_PIDS=()
     SIM_URLS=""
     for i in $(seq 1 "$n"); do
