@@ -40,11 +40,6 @@ cd "$(dirname "$0")/../.."
 AGENTS="${AGENTS:-8 32}"; RAMP="${RAMP:-0.5 1 2 4}"; DUR="${DUR:-30s}"
 CONV_PER_AGENT="${CONV_PER_AGENT:-4}"
 CAPACITY="${CAPACITY:-4}"
-# The oracle mirrors the sims' caches and slots: their shape from SIM_FLAGS
-# (the sim's defaults where a flag is absent) and CAPACITY.
-flag_of() { echo " $SIM_FLAGS " | sed -n "s/.* $1 \([^ ]*\) .*/\1/p"; }
-ORACLE_SHAPE="${ORACLE_SHAPE:-$(flag_of --prefix-cache-tokens):$(flag_of --cache-block-tokens):$(flag_of --bytes-per-token):$CAPACITY}"
-ORACLE_SHAPE="$(echo "$ORACLE_SHAPE" | awk -F: '{printf "%s:%s:%s:%s", ($1==""?0:$1), ($2==""?16:$2), ($3==""?4.0:$3), $4}')"
 PEERS="${PEERS-vllm-router:cache_aware vllm-router:round_robin sglang-router:cache_aware}"
 VLLM_ROUTER_VERSION=0.1.17
 SGLANG_ROUTER_VERSION=0.3.2
@@ -57,6 +52,11 @@ fi
 BANDS="${BANDS:-}"
 HOLDER_WAITS="${HOLDER_WAITS:-}"
 SIM_FLAGS="${SIM_FLAGS:---ttft 5ms --prefill-per-token 9.65ms --itl 30.8ms --output-tokens 16 --prefix-cache-tokens 4096 --cache-block-tokens 1 --bytes-per-token 2.0}"
+# The oracle mirrors the sims' caches and slots: their shape from SIM_FLAGS
+# (the sim's defaults where a flag is absent) and CAPACITY.
+flag_of() { echo " $SIM_FLAGS " | sed -n "s/.* $1 \([^ ]*\) .*/\1/p"; }
+ORACLE_SHAPE="${ORACLE_SHAPE:-$(flag_of --prefix-cache-tokens):$(flag_of --cache-block-tokens):$(flag_of --bytes-per-token):$CAPACITY}"
+ORACLE_SHAPE="$(echo "$ORACLE_SHAPE" | awk -F: '{printf "%s:%s:%s:%s", ($1==""?0:$1), ($2==""?16:$2), ($3==""?4.0:$3), $4}')"
 BENCH_FLAGS_SET="${BENCH_FLAGS:+1}"
 BENCH_FLAGS="${BENCH_FLAGS:---apps 8 --system-tokens 256 --turns 8 --prompt-tokens 8-16 --max-tokens 16}"
 OUT="${OUT:-perf/$(date -u +%Y-%m-%d)-affinity-sim}"
@@ -95,6 +95,18 @@ engines_served() {
   for u in ${SIM_URLS//,/ }; do
     curl -sf "$u/metrics" | awk 'index($0, "vllm:request_success_total{") == 1 {s += $NF} END {printf "%.0f ", s}'
   done
+}
+# N sims of SIM_FLAGS, up; their URLs in SIM_URLS (no agents).
+start_sims() {
+  local i port u
+  SIM_URLS=""
+  for i in $(seq 1 "$1"); do
+    port=$(hn_free_port)
+    # shellcheck disable=SC2086
+    hn_sim "$port" sim-model "sim-$i" $SIM_FLAGS
+    SIM_URLS="$SIM_URLS${SIM_URLS:+,}http://127.0.0.1:$port"
+  done
+  for u in ${SIM_URLS//,/ }; do hn_wait_http "$u/v1/models" 20; done
 }
 run_steps() { # strategy n url [router]
   local strategy="$1" n="$2" url="$3" step=0
@@ -158,14 +170,7 @@ for n in $AGENTS; do
   # The peers, in front of the same sims (no agents: they call the engines).
   for peer in $([ "${ONLY_ORACLE:-0}" = 1 ] || echo "$PEERS"); do
     HN_WORK="$(mktemp -d -t hivenet-peer-XXXX)"; HN_PIDS=()
-    SIM_URLS=""
-    for i in $(seq 1 "$n"); do
-      port=$(hn_free_port)
-      # shellcheck disable=SC2086
-      hn_sim "$port" sim-model "sim-$i" $SIM_FLAGS
-      SIM_URLS="$SIM_URLS${SIM_URLS:+,}http://127.0.0.1:$port"
-    done
-    for u in ${SIM_URLS//,/ }; do hn_wait_http "$u/v1/models" 20; done
+    start_sims "$n"
     PP=$(hn_free_port); PM=$(hn_free_port)
     name="${peer%%:*}"; policy="${peer#*:}"
     # shellcheck disable=SC2086
@@ -186,14 +191,7 @@ for n in $AGENTS; do
   # The oracle: the same fleet of sims, every cache known.
   [ "${ORACLE:-1}" = 0 ] && continue
   HN_WORK="$(mktemp -d -t hivenet-oracle-XXXX)"; HN_PIDS=()
-  SIM_URLS=""
-  for i in $(seq 1 "$n"); do
-    port=$(hn_free_port)
-    # shellcheck disable=SC2086
-    hn_sim "$port" sim-model "sim-$i" $SIM_FLAGS
-    SIM_URLS="$SIM_URLS${SIM_URLS:+,}http://127.0.0.1:$port"
-  done
-  for u in ${SIM_URLS//,/ }; do hn_wait_http "$u/v1/models" 20; done
+  start_sims "$n"
   run_steps oracle "$n" ""
   hn_stop_all
   rm -rf "$HN_WORK"
