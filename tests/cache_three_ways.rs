@@ -4,7 +4,8 @@
 //! the engines delivered (`hivenet_affinity_cache_tokens_total{stage}`);
 //! delivered equals, token for token, both what the clients were told
 //! (`prompt_tokens_details.cached_tokens`) and the engines' own counter
-//! (`llamacpp:prompt_tokens_cached_total`, summed over the three).
+//! (`llamacpp:prompt_tokens_cached_total`, summed over the three); the
+//! per-agent counters add up to the model's.
 
 mod common;
 use common::llama::*;
@@ -105,6 +106,26 @@ fn predicted_captured_and_delivered_agree_with_the_engines() {
         "cache three ways: input {told_input}, predicted {predicted}, captured {captured}, delivered {delivered}; engines' counters {engines}, clients told {told_cached}"
     );
     assert_eq!(delivered, engines, "delivered is the engines' own sum");
+    // Per agent, the same three ways add up to the model's.
+    let text = metrics_text(r.metrics);
+    let per_agent = |name: &str| -> u64 {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum::<f64>() as u64
+    };
+    assert_eq!(
+        per_agent("hivenet_agent_cache_predicted_tokens_total"),
+        predicted
+    );
+    assert_eq!(
+        per_agent("hivenet_agent_cache_captured_tokens_total"),
+        captured
+    );
+    assert_eq!(
+        per_agent("hivenet_agent_cached_prompt_tokens_total"),
+        delivered
+    );
     assert_eq!(delivered, told_cached, "and what the clients were told");
     assert!(captured <= predicted, "{captured} <= {predicted}");
     assert!(captured > 0, "turns after the first went to their holder");

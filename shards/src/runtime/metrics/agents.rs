@@ -72,7 +72,7 @@ pub(super) fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
         f.series(routing_labels(a), a.last_seen_ms);
     }
     type Get = fn(&AgentView) -> Option<f64>;
-    let per_agent: [(&'static str, Kind, &str, Get); 26] = [
+    let per_agent: [(&'static str, Kind, &str, Get); 28] = [
         (
             "hivenet_agent_capacity_utilization",
             Gauge,
@@ -164,6 +164,18 @@ pub(super) fn render_agents(o: &mut String, snaps: &[ShardSnapshot]) {
             Counter,
             "Of hivenet_agent_prompt_tokens_total, those the engine read from its prompt cache (since registration).",
             |a| Some(a.cached_prompt_tokens as f64),
+        ),
+        (
+            "hivenet_agent_cache_predicted_tokens_total",
+            Counter,
+            "Cached prompt tokens the prefix-aware index predicted on this agent (it held a request's longest prefix), since registration: with captured and hivenet_agent_cached_prompt_tokens_total (delivered), the cache hit three ways per agent.",
+            |a| Some(a.cache_predicted as f64),
+        ),
+        (
+            "hivenet_agent_cache_captured_tokens_total",
+            Counter,
+            "Of hivenet_agent_cache_predicted_tokens_total, the tokens of requests sent to this agent (the others went elsewhere: load guard, full holder, failure).",
+            |a| Some(a.cache_captured as f64),
         ),
         (
             "hivenet_agent_rejected_requests_total",

@@ -37,6 +37,8 @@ fn agent(peer: &str, model: &str, srtt: Option<f64>) -> AgentView {
         output_tokens: 50,
         cached_prompt_tokens: 40,
         prompt_tokens: 100,
+        cache_predicted: 30,
+        cache_captured: 20,
         disconnections: 1,
         rejected: 2,
         others_active: 1,
@@ -646,6 +648,18 @@ const FAMILIES: &[Want] = &[
         "counter",
         3,
         Some(("peer_id", "12D3KooWa", 100.0)),
+    ),
+    (
+        "hivenet_agent_cache_predicted_tokens_total",
+        "counter",
+        3,
+        Some(("peer_id", "12D3KooWa", 30.0)),
+    ),
+    (
+        "hivenet_agent_cache_captured_tokens_total",
+        "counter",
+        3,
+        Some(("peer_id", "12D3KooWa", 20.0)),
     ),
     (
         "hivenet_agent_signals_dropped_total",

@@ -165,6 +165,20 @@ impl<'a> RequestAffinity<'a> {
                 .map_or(0, |h| predicted_tokens(&h, per_byte, t.input));
             let captured = if pick.hit.is_some() { predicted } else { 0 };
             m.stats.affinity.cache_tokens(predicted, captured, t.cached);
+            // Per agent: predicted on the holder, captured by the agent
+            // that served it (the holder, on a hit).
+            let holder = pick.predicted.and_then(|h| {
+                m.agents
+                    .iter()
+                    .find(|a| a.id & 0xffff_ffff == u64::from(h.agent))
+            });
+            if let Some(h) = holder {
+                h.cache_predicted
+                    .set(h.cache_predicted.get().saturating_add(predicted));
+            }
+            agent
+                .cache_captured
+                .set(agent.cache_captured.get().saturating_add(captured));
         }
         if let Some(hit) = pick.and_then(|a| a.hit) {
             check_prediction(shard, m, agent, hit, t);

@@ -46,6 +46,10 @@ pub struct AgentView {
     pub cached_prompt_tokens: u64,
     /// Prompt tokens of responses that reported a cached count.
     pub prompt_tokens: u64,
+    /// Cached tokens the affinity index predicted on it.
+    pub cache_predicted: u64,
+    /// Of those, captured (the request went to it).
+    pub cache_captured: u64,
     /// Lifetime disconnections.
     pub disconnections: u64,
     /// Busy answers (429, 503) of its backend since registration.
@@ -87,6 +91,8 @@ impl AgentView {
             output_tokens: a.output_tokens.get(),
             cached_prompt_tokens: a.cached_prompt_tokens.get(),
             prompt_tokens: a.prompt_tokens.get(),
+            cache_predicted: a.cache_predicted.get(),
+            cache_captured: a.cache_captured.get(),
             disconnections: a.disconnections.get(),
             rejected: a.rejected.get(),
             others_active: a.others.get(),

@@ -75,6 +75,11 @@ pub struct Agent {
     pub cached_prompt_tokens: Cell<u64>,
     /// Input tokens of the responses that reported a cached count.
     pub prompt_tokens: Cell<u64>,
+    /// Cached tokens the affinity index predicted on this agent (it was
+    /// a request's deepest holder), since registration.
+    pub cache_predicted: Cell<u64>,
+    /// Of those, the ones of requests sent to it (captured).
+    pub cache_captured: Cell<u64>,
     /// Times the agent left routing (restored from history).
     pub disconnections: Cell<u64>,
     /// Requests its backend turned away as busy (429 or 503) since
@@ -240,6 +245,8 @@ impl Agent {
             input_tokens: Cell::new(h.input_tokens),
             output_tokens: Cell::new(h.output_tokens),
             cached_prompt_tokens: Cell::new(0),
+            cache_predicted: Cell::new(0),
+            cache_captured: Cell::new(0),
             prompt_tokens: Cell::new(0),
             disconnections: Cell::new(h.disconnections),
             rejected: Cell::new(0),
