@@ -122,6 +122,10 @@ fn each_decision_is_one_trace_from_client_to_engine() {
         "{attempt}"
     );
     assert_eq!(attr(attempt, "http.response.status_code"), 200);
+    // The tenant's share of the model's running requests (this one).
+    assert_eq!(attr(attempt, "hivenet.queue.tenant_running"), 1);
+    assert_eq!(attr(attempt, "hivenet.queue.model_running"), 1);
+    assert_eq!(attr(attempt, "hivenet.queue.tenants_running"), 1);
     let agent = span(&spans, "agent POST /v1/chat/completions");
     assert!(
         child_of(agent, attempt),

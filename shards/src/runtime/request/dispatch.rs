@@ -333,7 +333,8 @@ impl<'a> Run<'a> {
         let step_name = self.policy.steps.get(step).map_or("", |s| s.name.as_str());
         let queued = waited.map(|w| (w, class));
         spans::attempt_begins(c, d, step_name, &agent, queued, &mut self.request);
-        self.with_model(|m| spans::verdicts(c, d, &m.agents));
+        let tenant = self.tenant;
+        self.with_model(|m| spans::verdicts(c, d, m, tenant));
         let ask = Ask {
             request: &self.request,
             deadline: d.request().deadline,

@@ -71,6 +71,14 @@ pub fn held_back(m: &ModelState, a: Asker<'_>) -> (bool, bool) {
     (by_class, by_tenant)
 }
 
+/// The tenant's share of the model's running requests, for its trace:
+/// (its requests running, all tenants' requests running, tenants running).
+pub fn tenant_share(m: &ModelState, tenant: u64) -> (u32, u32, usize) {
+    let q = m.queue.borrow();
+    let all = m.running.iter().copied().sum::<u32>();
+    (q.tenants.running(tenant), all, q.tenants.tenants())
+}
+
 /// Hook: the request left the capacity queue for a forward after `w`.
 pub fn waited(m: &mut ModelState, class: Class, principal: &Principal, w: Duration) {
     let s = &mut m.stats;

@@ -15,7 +15,6 @@
 //! Key items: [`begin`], [`with`], [`finish`]; the data is
 //! [`RequestTrace`].
 
-use std::rc::Rc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::forward::Outcome;
@@ -29,6 +28,7 @@ use crate::logic::routing::wait_queue::Class;
 use crate::logic::trace::request::RequestTrace;
 use crate::logic::trace::span::{traceparent, Kind, Span, Value};
 use crate::runtime::state::model::agent::Agent;
+use crate::runtime::state::model::ModelState;
 use crate::runtime::state::scope::{Client, RequestScope};
 use crate::runtime::state::shard::Shard;
 use crate::runtime::wire::clock;
@@ -224,12 +224,17 @@ const VERDICTS_MAX: usize = 32;
 
 /// The attempt just begun: each agent's verdict at its step (the gate
 /// that removed it, or `eligible`), by the last 8 characters of its peer
-/// ID.
-pub fn verdicts(c: &mut Client, d: &Decision, pool: &[Rc<Agent>]) {
+/// ID; and the tenant's share of the model's running requests.
+pub fn verdicts(c: &mut Client, d: &Decision, m: &ModelState, tenant: u64) {
     with(&mut c.scope, |s| {
         let Some(a) = s.attempt.as_mut() else {
             return;
         };
+        let (mine, all, tenants) = super::fairness::tenant_share(m, tenant);
+        a.set("hivenet.queue.tenant_running", u64::from(mine));
+        a.set("hivenet.queue.model_running", u64::from(all));
+        a.set("hivenet.queue.tenants_running", tenants);
+        let pool = &m.agents[..];
         let mut out = String::with_capacity(24 * pool.len().min(VERDICTS_MAX));
         for (id, v) in d.verdicts(pool, VERDICTS_MAX) {
             let peer = pool.iter().find(|x| x.id == id).map_or("?", |x| {
