@@ -469,12 +469,7 @@ fn engine_spans(url: &str) -> std::io::Result<Arc<shards::runtime::services::otl
     })
 }
 
-fn unix_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
+use shards::runtime::wire::clock::unix_ns;
 
 /// vLLM's `llm_request` span for an inference request that names a
 /// sampled parent.

@@ -9,7 +9,7 @@
 //! Key items: [`AgentTrace`].
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use shards::logic::http::framing::http_parse::{Headers, RequestHead};
 use shards::logic::http::trace_context::{self, SAMPLED, TRACEPARENT_LEN};
@@ -17,20 +17,8 @@ use shards::logic::trace::sampler::Notable;
 use shards::logic::trace::span::{traceparent, Kind, Span};
 use shards::runtime::services::otlp::TraceExport;
 
-fn unix_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
-fn span_id() -> [u8; 8] {
-    let mut id: [u8; 8] = rand::random();
-    if id == [0; 8] {
-        id[7] = 1;
-    }
-    id
-}
+use shards::runtime::request::spans::span_id;
+use shards::runtime::wire::clock::unix_ns;
 
 fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1000.0

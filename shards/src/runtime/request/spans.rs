@@ -15,7 +15,7 @@
 //! Key items: [`begin`], [`with`], [`finish`]; the data is
 //! [`RequestTrace`].
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use super::forward::Outcome;
 use crate::logic::http::api::usage::Tokens;
@@ -33,13 +33,7 @@ use crate::runtime::state::scope::{Client, RequestScope};
 use crate::runtime::state::shard::Shard;
 use crate::runtime::wire::clock;
 
-/// Unix nanoseconds now.
-fn unix_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
+use crate::runtime::wire::clock::unix_ns;
 
 /// Unix nanoseconds of `at` (an instant in the past).
 fn unix_of(at: clock::Instant) -> u64 {
@@ -47,7 +41,8 @@ fn unix_of(at: clock::Instant) -> u64 {
     unix_ns().saturating_sub(u64::try_from(ago.as_nanos()).unwrap_or(0))
 }
 
-fn span_id() -> [u8; 8] {
+/// A fresh span ID (never all zero), for the router's and the agent's spans.
+pub fn span_id() -> [u8; 8] {
     let mut id: [u8; 8] = rand::random();
     if id == [0; 8] {
         id[7] = 1;

@@ -32,6 +32,12 @@ pub fn unix_nanos() -> (u64, u32) {
         .unwrap_or((0, 0))
 }
 
+/// Wall-clock nanoseconds since the Unix epoch (span times).
+pub fn unix_ns() -> u64 {
+    let (s, n) = unix_nanos();
+    s.saturating_mul(1_000_000_000).saturating_add(u64::from(n))
+}
+
 /// Monotonic nanoseconds since the process's first call: one time base
 /// every shard shares (the quota buckets compare them across cores).
 pub fn mono_ns() -> u64 {
