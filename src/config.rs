@@ -192,34 +192,18 @@ pub(crate) struct Flags {
     /// client keys and quotas, auth.yaml (env HIVENET_ROUTER_AUTH_CONFIG; without it HIVENET_ROUTER_AUTH_MODE decides: none or dynamic)
     #[argh(option)]
     auth_config_file: Option<String>,
+    /// take over from the router running on --upgrade-socket: its listening sockets, connections, held requests and store; it finishes its streams and exits (SIGUSR2 on a running router starts its replacement this way)
+    #[argh(switch)]
+    upgrade: bool,
+    /// the Unix socket a running router hands its work over on (default: <--disk-db-path>.upgrade.sock, mode 0600, same user only)
+    #[argh(option)]
+    upgrade_socket: Option<String>,
+    /// time a replaced router gives its streams to finish before it exits (default 10m)
+    #[argh(option, default = "String::from(\"10m\")")]
+    upgrade_drain_timeout: String,
 }
 
-/// Validated start-up settings.
-pub(crate) struct Startup {
-    pub(crate) drain: std::time::Duration,
-    pub(crate) policy_sources: hivenet_router::policy_files::PolicySources,
-    pub(crate) policies: shards::logic::routing::policy_set::PolicySet,
-    pub(crate) store: hivenet_router::store::StoreConfig,
-    pub(crate) admin_keys: Vec<[u8; 32]>,
-    pub(crate) insecure_admin: bool,
-    pub(crate) auth_sources: hivenet_router::auth_files::AuthSources,
-    pub(crate) auth: shards::logic::tenancy::auth::AuthConfig,
-    /// Path, whether the operator chose it, size cap; `None`: off.
-    pub(crate) audit: Option<(std::path::PathBuf, bool, u64)>,
-    pub(crate) cfg: RouterConfig,
-    pub(crate) plan: Vec<Option<usize>>,
-    pub(crate) driver: DriverChoice,
-    pub(crate) psk: Option<libp2p_pnet::PreSharedKey>,
-    pub(crate) keypair: libp2p_identity::Keypair,
-    pub(crate) shared_state: Option<(
-        std::sync::Arc<shards::runtime::services::shared_state::SharedState>,
-        shards::runtime::services::shared_state::Pending,
-    )>,
-    /// `--shared-state-affinity`.
-    pub(crate) shared_affinity: bool,
-    /// `--p2p-announce-addr`.
-    pub(crate) announce: Option<crate::go_flags::Announce>,
-}
+pub(crate) use crate::startup::Startup;
 
 pub(crate) fn build() -> Result<Startup, String> {
     let f: Flags = cli::parse_args();
@@ -604,6 +588,12 @@ pub(crate) fn build() -> Result<Startup, String> {
         cli::parse_duration("--wake-keepalive", &ka)?
     };
     let drain = cli::parse_duration("--drain-timeout", &f.drain_timeout)?;
+    let upgrade = crate::startup::upgrade_cfg(
+        f.upgrade,
+        f.upgrade_socket,
+        &f.upgrade_drain_timeout,
+        &store,
+    )?;
     cfg.drain_timeout = drain;
     Ok(Startup {
         drain,
@@ -623,6 +613,7 @@ pub(crate) fn build() -> Result<Startup, String> {
         shared_state,
         shared_affinity,
         announce,
+        upgrade,
     })
 }
 

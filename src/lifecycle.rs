@@ -5,6 +5,7 @@
 use crate::config::*;
 use futures::channel::mpsc;
 use shards::logic::routing::directory::Directory;
+use shards::logic::system::upgrade::ListenerKind;
 use shards::logic::tenancy::auth::ApiMode;
 use shards::runtime::front::event_loop::{self, ShardListeners};
 use shards::runtime::state::router::Router;
@@ -75,6 +76,8 @@ pub(crate) fn flush_quota(
 /// The periodic flush of token usage (same period as the history flush).
 pub(crate) struct QuotaFlusher {
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Set while the store moves to a replacing process (issue 54).
+    pub(crate) paused: Arc<std::sync::atomic::AtomicBool>,
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -93,7 +96,8 @@ pub(crate) fn start_quota_flush(
     store: shards::runtime::services::store_api::StoreTx,
 ) -> QuotaFlusher {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let s = stop.clone();
+    let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s, p) = (stop.clone(), paused.clone());
     let every = shared.cfg.flush_interval;
     let handle = std::thread::Builder::new()
         .name("quota-flush".into())
@@ -102,10 +106,16 @@ pub(crate) fn start_quota_flush(
             if s.load(std::sync::atomic::Ordering::Relaxed) {
                 return;
             }
-            flush_quota(&shared, &store, false);
+            if !p.load(std::sync::atomic::Ordering::Relaxed) {
+                flush_quota(&shared, &store, false);
+            }
         })
         .ok();
-    QuotaFlusher { stop, handle }
+    QuotaFlusher {
+        stop,
+        paused,
+        handle,
+    }
 }
 
 /// Requests in flight on every shard (from their snapshots).
@@ -132,6 +142,24 @@ pub(crate) fn in_flight(shared: &Router) -> u64 {
     // Held requests count until their answer is written (a shutdown
     // answers them model_waking; exiting first would cut those answers).
     total + shared.holds.lock().ledger.held().0
+}
+
+/// The peer IDs of the agents registered on every shard.
+pub(crate) fn agents_here(shared: &Router) -> std::collections::HashSet<String> {
+    let mut out = std::collections::HashSet::new();
+    for tx in &shared.mesh {
+        let (t, r) = futures::channel::oneshot::channel();
+        if tx
+            .unbounded_send(shards::runtime::state::mesh::ShardMsg::Snapshot { reply: t })
+            .is_err()
+        {
+            continue;
+        }
+        if let Ok(s) = futures::executor::block_on(r) {
+            out.extend(s.agents.into_iter().map(|a| a.peer_id));
+        }
+    }
+    out
 }
 
 /// A timer future for the main thread (no runtime there).
@@ -165,14 +193,51 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
         shared_state,
         shared_affinity,
         announce,
+        upgrade,
     } = startup;
     let n = plan.len();
-    let http = executor::bind_reuseport(cfg.http_addr, n)
-        .map_err(|e| format!("cannot listen on {}: {e}", cfg.http_addr))?;
-    let metrics = executor::bind_reuseport(cfg.metrics_addr, n)
-        .map_err(|e| format!("cannot listen on {}: {e}", cfg.metrics_addr))?;
-    let p2p = executor::bind_reuseport(cfg.p2p_addr, n)
-        .map_err(|e| format!("cannot listen on {}: {e}", cfg.p2p_addr))?;
+    // Replacing a running router: its sockets, not new ones (issue 54).
+    let mut inherit = if upgrade.take_over {
+        Some(crate::upgrade::new::connect(&upgrade.socket)?)
+    } else {
+        None
+    };
+    let (http, metrics, p2p) = match inherit.as_mut() {
+        Some(i) => (
+            i.deal(ListenerKind::Http, n),
+            i.deal(ListenerKind::Metrics, n),
+            i.deal(ListenerKind::P2p, n),
+        ),
+        None => {
+            let bind = |addr| {
+                executor::bind_reuseport(addr, n)
+                    .map(|v| v.into_iter().map(|l| vec![l]).collect::<Vec<_>>())
+                    .map_err(|e| format!("cannot listen on {addr}: {e}"))
+            };
+            (
+                bind(cfg.http_addr)?,
+                bind(cfg.metrics_addr)?,
+                bind(cfg.p2p_addr)?,
+            )
+        }
+    };
+    // Copies for a later hand-over of this process's own.
+    let mut copies = Vec::new();
+    for (kind, lists) in [
+        (ListenerKind::Http, &http),
+        (ListenerKind::Metrics, &metrics),
+        (ListenerKind::P2p, &p2p),
+    ] {
+        for l in lists.iter().flatten() {
+            let c = l
+                .try_clone()
+                .map_err(|e| format!("cannot duplicate a listener: {e}"))?;
+            copies.push((kind, c));
+        }
+    }
+    if let Some(i) = &inherit {
+        i.want_store()?;
+    }
     if psk.is_none() {
         warn!("no --swarm-key-file: agent links are authenticated by noise only; any peer that can reach the p2p port can register");
     }
@@ -263,12 +328,13 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
         feed: std::sync::Mutex::new(Vec::new()),
         sites: Versioned::new(Default::default()),
         holds: Default::default(),
+        carry: Default::default(),
     });
     info!(
         peer_id = %keypair.public().to_peer_id(),
-        http = %http.first().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default(),
-        metrics = %metrics.first().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default(),
-        p2p = %p2p.first().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default(),
+        http = %http.iter().flatten().next().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default(),
+        metrics = %metrics.iter().flatten().next().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default(),
+        p2p = %p2p.iter().flatten().next().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default(),
         shards = n,
         auth = api_mode.as_str(),
         keys = key_count,
@@ -305,6 +371,7 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
             http: h,
             metrics: m,
             p2p: p,
+            clients: inherit.is_none(),
         };
         let handle = executor::spawn_runtime(format!("shard-{id}"), cpu, driver, move || {
             event_loop::run(id, shared, listeners, rx)
@@ -316,9 +383,40 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGUSR1,
+        signal_hook::consts::SIGUSR2,
     ])
     .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    if let Some(i) = inherit.take() {
+        i.take_over(shared.clone(), store_tx.clone())?;
+    }
+    let (handed_tx, handed_rx) = std::sync::mpsc::channel();
+    crate::upgrade::old::listen(
+        &upgrade.socket,
+        upgrade.take_over,
+        crate::upgrade::old::Handles {
+            shared: shared.clone(),
+            store: store_tx.clone(),
+            listeners: copies,
+            flush_paused: flusher.paused.clone(),
+        },
+        handed_tx,
+    )?;
+    let mut handed = None;
     for sig in signals.forever() {
+        if sig == signal_hook::consts::SIGUSR2 {
+            crate::upgrade::old::start_replacement(&upgrade);
+            continue;
+        }
+        if sig == signal_hook::consts::SIGUSR1 {
+            match handed_rx.try_recv() {
+                Ok(h) => {
+                    handed = Some(h);
+                    break;
+                }
+                Err(_) => continue,
+            }
+        }
         if sig == signal_hook::consts::SIGHUP {
             // Auth first (spec 05 §9); an invalid file keeps the old keys.
             reload_auth(&shared, &auth_sources);
@@ -351,6 +449,11 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
         }
         info!(signal = sig, drain = ?drain, "shutting down: draining in-flight requests");
         break;
+    }
+    // Replaced: the streams here finish (up to --upgrade-drain-timeout);
+    // everything else went to the new process.
+    if let Some(h) = handed {
+        crate::upgrade::old::drain(&shared, h, upgrade.drain);
     }
     // Requests held at zero are answered now (model_waking), not dropped.
     for tx in &shared.mesh {

@@ -7,6 +7,8 @@ mod config;
 mod go_flags;
 mod lifecycle;
 mod start_checks;
+mod startup;
+mod upgrade;
 
 use crate::config::build;
 use crate::lifecycle::run;

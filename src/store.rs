@@ -24,6 +24,7 @@ use shards::runtime::services::store_api::StoreMsg;
 use shards::runtime::wire::clock;
 use tracing::{error, info, warn};
 
+mod handover;
 pub mod responses;
 mod upkeep;
 use upkeep::{stats, sweep};
@@ -614,6 +615,29 @@ fn run(cfg: StoreConfig, store: Option<Open>, rx: Receiver<StoreMsg>, errors: Ar
                     None => Ok(()),
                 };
                 let _ = reply.send(r);
+            }
+            StoreMsg::Release { forward, done } => {
+                flush_pending(&cfg, &mut store, &mut pending, &mut seq, &errors);
+                if let Some(o) = store.take() {
+                    let _ = o.db.persist(PersistMode::SyncAll);
+                }
+                drop(std::mem::replace(
+                    &mut conversations,
+                    responses::Conversations::open(None, cfg.responses),
+                ));
+                let _ = done.send(());
+                match handover::forward(&rx, forward) {
+                    handover::Back::Resume(done) => {
+                        let r = try_open(&cfg.path).map(|o| store = Some(o));
+                        conversations = responses::Conversations::open(disk(&store), cfg.responses);
+                        let _ = done.send(r.map_err(|e| e.to_string()));
+                    }
+                    handover::Back::Shutdown(done) => {
+                        let _ = done.send(());
+                        break;
+                    }
+                    handover::Back::Gone => break,
+                }
             }
             StoreMsg::Shutdown { done } => {
                 flush_pending(&cfg, &mut store, &mut pending, &mut seq, &errors);

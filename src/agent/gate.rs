@@ -36,13 +36,22 @@ struct LinkLoad {
     dirty: Cell<bool>,
     /// Wakes the link's control loop (None: not connected).
     notify: RefCell<Option<mpsc::UnboundedSender<()>>>,
+    /// Its router is being replaced (issue 54): the link's twin took
+    /// over; this one ends with its link and does not reconnect.
+    retiring: Cell<bool>,
 }
 
 /// Requests in flight at the agent, over every link.
 pub struct Gate {
     capacity: u32,
     total: Cell<u32>,
+    /// Two slots per router: its link, and the twin that links to the
+    /// process replacing it during an upgrade (issue 54).
     links: Vec<LinkLoad>,
+    routers: usize,
+    /// Refusals and load reports on: several routers, or a router being
+    /// replaced (two links to one address for a while).
+    shared: Cell<bool>,
     /// Links registered now.
     registered: Cell<u32>,
     /// A link is warming the backend up (the others wait for it).
@@ -87,10 +96,13 @@ pub struct Admit {
 impl Gate {
     /// A gate for `links` routers sharing `capacity`.
     pub fn new(capacity: u32, links: usize) -> Rc<Self> {
+        let routers = links.max(1);
         Rc::new(Gate {
             capacity,
             total: Cell::new(0),
-            links: (0..links.max(1)).map(|_| LinkLoad::default()).collect(),
+            links: (0..routers * 2).map(|_| LinkLoad::default()).collect(),
+            routers,
+            shared: Cell::new(routers > 1),
             registered: Cell::new(0),
             warming: Cell::new(false),
             owed: RefCell::new(VecDeque::new()),
@@ -139,7 +151,36 @@ impl Gate {
 
     /// Whether several routers share it (refusals and load reports on).
     pub fn shared(&self) -> bool {
-        self.links.len() > 1
+        self.shared.get()
+    }
+
+    /// The router of link slot `link` (its index in `--router-p2p`).
+    pub fn router_of(&self, link: usize) -> usize {
+        link % self.routers
+    }
+
+    /// The router of `link` is being replaced (issue 54): its twin slot,
+    /// which links to the new process, or `None` when this link is
+    /// already retiring (a second relink request is ignored). From now on
+    /// the capacity is shared between both links.
+    pub fn relink(&self, link: usize) -> Option<usize> {
+        let l = self.links.get(link)?;
+        if l.retiring.replace(true) {
+            return None;
+        }
+        self.shared.set(true);
+        let twin = (link + self.routers) % self.links.len();
+        // Both routers hear the load at once.
+        self.changed();
+        Some(twin)
+    }
+
+    /// The session of `link` ended: whether it retires (no reconnect);
+    /// the slot is free for a later upgrade.
+    pub fn retired(&self, link: usize) -> bool {
+        self.links
+            .get(link)
+            .is_some_and(|l| l.retiring.replace(false))
     }
 
     /// Admit a request from `link` at `now`, unless the routers together

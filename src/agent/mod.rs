@@ -243,9 +243,13 @@ pub async fn run(cfg: AgentConfig, stop: futures::channel::mpsc::UnboundedReceiv
     let gate = Gate::new(cfg.capacity, cfg.routers.len());
     let meter = Rc::new(progress::EngineProgress::new(cfg.engine));
     monoio::spawn(drain_on_stop(stop, gate.clone(), cfg.drain_timeout));
-    let loops =
-        (0..cfg.routers.len()).map(|i| run_link(cfg.clone(), gate.clone(), meter.clone(), i));
-    futures::future::join_all(loops).await;
+    for i in 0..cfg.routers.len() {
+        monoio::spawn(run_link(cfg.clone(), gate.clone(), meter.clone(), i));
+    }
+    // A link loop ends when the agent drains (which exits the process)
+    // or when its router is replaced, its twin loop then going on
+    // (issue 54): the agent lives until it is stopped.
+    futures::future::pending::<()>().await;
 }
 
 /// On the first stop signal (SIGTERM, SIGINT): tell every router to send
@@ -295,13 +299,13 @@ async fn drain_on_stop(
 
 /// The reconnect loop of the link to router `link`: returns only when the
 /// agent is draining.
-async fn run_link(
+pub(crate) async fn run_link(
     cfg: Rc<AgentConfig>,
     gate: Rc<Gate>,
     meter: Rc<progress::EngineProgress>,
     link: usize,
 ) {
-    let Some(router) = cfg.routers.get(link).copied() else {
+    let Some(router) = cfg.routers.get(gate.router_of(link)).copied() else {
         return;
     };
     let peer_id = cfg.keypair.public().to_peer_id();
@@ -339,6 +343,11 @@ async fn run_link(
         match session(cfg.clone(), to, &model, peer_id.to_string(), &mut backoff).await {
             Ok(()) => info!(router = %router.addr, "router link closed"),
             Err(e) => warn!(router = %router.addr, "session ended: {e}"),
+        }
+        // Its router was replaced: the twin link serves the new process.
+        if gate.retired(link) {
+            info!(router = %router.addr, "link to the replaced router process closed; the new one is linked");
+            return;
         }
         info!(router = %router.addr, retry_in = ?backoff, "reconnecting");
         monoio::time::sleep(backoff).await;

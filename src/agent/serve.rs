@@ -110,6 +110,22 @@ fn backend_error(status: u16, message: String) -> ApiError {
 
 /// The answer of an agent whose routers together hold its capacity: a 503
 /// the router reads as "full, try another agent or wait", not a failure.
+/// The router of `link` is being replaced by a new process on the same
+/// address (issue 54): link to it now with the twin slot; this link
+/// serves what it has until the old process closes it.
+fn relink(cfg: &Rc<AgentConfig>, link: &super::Link) {
+    let Some(twin) = link.gate.relink(link.index) else {
+        return;
+    };
+    tracing::info!(router = %link.router.addr, "router being replaced: linking to its new process");
+    monoio::spawn(super::run_link(
+        cfg.clone(),
+        link.gate.clone(),
+        link.meter.clone(),
+        twin,
+    ));
+}
+
 async fn write_full(s: &mut HttpStream, capacity: u32) {
     let mut out = Vec::new();
     let err = ApiError {
@@ -159,6 +175,15 @@ pub async fn serve_stream(cfg: Rc<AgentConfig>, link: super::Link, s: mux::Strea
             return;
         }
     };
+    if head.path_only() == shards::runtime::front::carry::RELINK_PATH {
+        relink(&cfg, &link);
+        let _ = s
+            .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+            .await;
+        let _ = s.flush().await;
+        let _ = s.close().await;
+        return;
+    }
     if cfg.engine == Engine::Infinity && head.path_only() == "/v1/chat/completions" {
         let e = ApiError::new(
             ErrorCode::RequestInvalid,

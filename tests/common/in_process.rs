@@ -119,6 +119,7 @@ pub fn start_router_with(
         feed: Default::default(),
         sites: Versioned::new(Default::default()),
         holds: Default::default(),
+        carry: Default::default(),
     });
     let listeners = ShardListeners { http, metrics, p2p };
     executor::spawn_runtime("shard-0".into(), None, DriverChoice::Auto, move || {

@@ -8,4 +8,5 @@ pub mod core_plan;
 pub mod log_gate;
 pub mod procfs;
 pub mod timefmt;
+pub mod upgrade;
 pub mod version;

@@ -13,45 +13,108 @@ use futures::channel::mpsc::UnboundedReceiver;
 use futures::StreamExt;
 use tracing::warn;
 
+use crate::logic::system::upgrade::ListenerKind;
 use crate::runtime::state::mesh::ShardMsg;
 use crate::runtime::state::router::Router;
 use crate::runtime::state::shard::{inc, Shard};
 use crate::runtime::wire::conn::Conn;
 use crate::runtime::wire::handoff;
 
-/// Listeners of one shard, bound by the main thread with SO_REUSEPORT.
+/// Listeners of one shard: bound by the main thread with SO_REUSEPORT, or
+/// received from the process this one replaces (then a shard may have
+/// several of a kind, or none).
 pub struct ShardListeners {
     /// Client HTTP.
-    pub http: StdListener,
+    pub http: Vec<StdListener>,
     /// Prometheus.
-    pub metrics: StdListener,
+    pub metrics: Vec<StdListener>,
     /// Agent links.
-    pub p2p: StdListener,
+    pub p2p: Vec<StdListener>,
+    /// Accept clients (HTTP, metrics) from the start; `false` while an
+    /// upgrade's old process still does (they start on `Accept`).
+    pub clients: bool,
 }
 
-/// Accept connections on `listener` forever, serving each with `serve`.
-fn accept_loop<F, Fut>(shard: &Rc<Shard>, what: &'static str, listener: StdListener, serve: F)
-where
+/// The shard's listeners and the switches of their accept loops.
+struct Accepting {
+    listeners: Vec<(ListenerKind, Rc<monoio::net::TcpListener>)>,
+    /// The running loops' cancellers, by kind.
+    running: Vec<(
+        ListenerKind,
+        monoio::io::Canceller,
+        Rc<std::cell::Cell<bool>>,
+    )>,
+}
+
+impl Accepting {
+    /// Start (`on`) or stop accepting on every listener of `kind`.
+    fn switch(&mut self, shard: &Rc<Shard>, kind: ListenerKind, on: bool) {
+        let running = self.running.iter().any(|(k, _, _)| *k == kind);
+        if on && !running {
+            for (k, l) in self.listeners.iter().filter(|(k, _)| *k == kind) {
+                let c = monoio::io::Canceller::new();
+                let stopped = Rc::new(std::cell::Cell::new(false));
+                let handle = (c.handle(), stopped.clone());
+                let l = l.clone();
+                match k {
+                    ListenerKind::Http => accept_loop(shard, "HTTP", l, handle, serve_http),
+                    ListenerKind::Metrics => {
+                        accept_loop(shard, "metrics", l, handle, |shard, s| {
+                            crate::runtime::metrics::serve(shard, Conn::new(s, Vec::new()))
+                        })
+                    }
+                    ListenerKind::P2p => {
+                        accept_loop(shard, "p2p", l, handle, super::agent_link::accept_link)
+                    }
+                }
+                self.running.push((kind, c, stopped));
+            }
+        } else if !on {
+            // A connection the kernel gave an accept being cancelled is
+            // served, never dropped (the cancelled accept still returns it).
+            let (stop, keep) = std::mem::take(&mut self.running)
+                .into_iter()
+                .partition(|(k, _, _)| *k == kind);
+            self.running = keep;
+            for (_, c, stopped) in stop {
+                stopped.set(true);
+                c.cancel();
+            }
+        }
+    }
+}
+
+async fn serve_http(shard: Rc<Shard>, s: monoio::net::TcpStream) {
+    let conn = Conn::new(s, Vec::new());
+    match shard.router.budget.connection() {
+        Some(permit) => super::ingress::serve(shard, conn, None, permit).await,
+        None => refuse_connection(conn).await,
+    }
+}
+
+/// Accept connections on `listener` until `stop` is cancelled, serving
+/// each with `serve`.
+fn accept_loop<F, Fut>(
+    shard: &Rc<Shard>,
+    what: &'static str,
+    listener: Rc<monoio::net::TcpListener>,
+    (stop, stopped): (monoio::io::CancelHandle, Rc<std::cell::Cell<bool>>),
+    serve: F,
+) where
     F: Fn(Rc<Shard>, monoio::net::TcpStream) -> Fut + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    let listener = match monoio::net::TcpListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
-            warn!(shard = shard.id, "cannot adopt the {what} listener: {e}");
-            return;
-        }
-    };
     let shard = shard.clone();
     monoio::spawn(async move {
         // Accept errors come in floods (out of descriptors): one line a
         // second, with how many it stands for (issue 29 #4).
         let mut gate = crate::logic::system::log_gate::LogGate::default();
         loop {
-            match listener.accept().await {
+            match listener.cancelable_accept(stop.clone()).await {
                 Ok((s, _)) => {
                     monoio::spawn(serve(shard.clone(), s));
                 }
+                Err(_) if stopped.get() => return,
                 Err(e) => {
                     // Out of descriptors and the like: back off, keep serving.
                     let now = crate::runtime::wire::clock::now();
@@ -94,17 +157,28 @@ pub async fn run(
     mut rx: UnboundedReceiver<ShardMsg>,
 ) {
     let shard = Rc::new(Shard::new(id, router));
-    accept_loop(&shard, "HTTP", listeners.http, |shard, s| async move {
-        let conn = Conn::new(s, Vec::new());
-        match shard.router.budget.connection() {
-            Some(permit) => super::ingress::serve(shard, conn, None, permit).await,
-            None => refuse_connection(conn).await,
+    let mut accepting = Accepting {
+        listeners: Vec::new(),
+        running: Vec::new(),
+    };
+    let kinds = [
+        (ListenerKind::Http, listeners.http),
+        (ListenerKind::Metrics, listeners.metrics),
+        (ListenerKind::P2p, listeners.p2p),
+    ];
+    for (kind, ls) in kinds {
+        for l in ls {
+            match monoio::net::TcpListener::from_std(l) {
+                Ok(l) => accepting.listeners.push((kind, Rc::new(l))),
+                Err(e) => warn!(shard = shard.id, "cannot adopt a {kind:?} listener: {e}"),
+            }
         }
-    });
-    accept_loop(&shard, "metrics", listeners.metrics, |shard, s| {
-        crate::runtime::metrics::serve(shard, Conn::new(s, Vec::new()))
-    });
-    accept_loop(&shard, "p2p", listeners.p2p, super::agent_link::accept_link);
+    }
+    accepting.switch(&shard, ListenerKind::P2p, true);
+    if listeners.clients {
+        accepting.switch(&shard, ListenerKind::Http, true);
+        accepting.switch(&shard, ListenerKind::Metrics, true);
+    }
     {
         // Periodic history flush.
         let shard = shard.clone();
@@ -137,12 +211,19 @@ pub async fn run(
         });
     }
     while let Some(msg) = rx.next().await {
-        on_message(&shard, msg);
+        on_message(&shard, &mut accepting, msg);
     }
 }
 
-fn on_message(shard: &Rc<Shard>, msg: ShardMsg) {
+fn on_message(shard: &Rc<Shard>, accepting: &mut Accepting, msg: ShardMsg) {
     match msg {
+        ShardMsg::Accept { kind, on, reply } => {
+            accepting.switch(shard, kind, on);
+            let _ = reply.send(());
+        }
+        ShardMsg::HandOverHolds => super::hold::hand_over(shard),
+        ShardMsg::AdoptCarried(o) => super::carry::adopt(shard, o.stream, o.bytes, o.hold),
+        ShardMsg::Relink { reply } => super::carry::relink_all(shard, reply),
         ShardMsg::DrainAgent { peer_id, on, reply } => {
             let _ = reply.send(shard.drain_agent(&peer_id, on));
         }

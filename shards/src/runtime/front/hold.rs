@@ -35,6 +35,12 @@ pub enum HoldEnd {
     Answered(bool),
     /// Woken: serve it on `owner`.
     Released(Box<PendingRequest>, usize),
+    /// The process replacing this one takes it over (issue 54), with
+    /// its hold state.
+    Carry(
+        Box<PendingRequest>,
+        crate::logic::system::upgrade::CarriedHold,
+    ),
 }
 
 /// The hold budget of `model` when the map places it on this site, for
@@ -79,13 +85,28 @@ pub async fn hold(
 ) -> HoldEnd {
     let keep = p.head.keep_alive;
     let model = p.meta.model.to_string();
-    let started = clock::now();
+    // Held by the process this one replaced: the hold goes on where it
+    // was (its time, keepalives and quota taken there).
+    let carried = p.carried.take();
+    let now = clock::now();
+    let (started, budget) = match &carried {
+        Some(h) => (
+            now.checked_sub(Duration::from_millis(h.held_ms))
+                .unwrap_or(now),
+            Duration::from_millis(h.budget_ms),
+        ),
+        None => (now, budget),
+    };
     let until = started + budget;
     let book = shard.router.holds.clone();
     let retry_after = pure::retry_after(budget, book.wake_p90(&model));
-    let quota = match quota_before_hold(shard, c, &p, &model).await {
-        Ok(q) => q,
-        Err(end) => return end,
+    let quota = match &carried {
+        Some(h) => matches!(p.principal, Principal::Key(_))
+            .then(|| tenancy::Ticket::carried(&p.principal, &model, h.daily)),
+        None => match quota_before_hold(shard, c, &p, &model).await {
+            Ok(q) => q,
+            Err(end) => return end,
+        },
     };
     // The quota taken is settled by the request's one ending, whichever
     // way the hold ends (it travels with a released request).
@@ -100,6 +121,12 @@ pub async fn hold(
     // (issue 29 #9).
     p.body_permit.release();
     start_keepalives(shard, c, &p, started);
+    if let Some(h) = &carried {
+        c.scope.committed = h.committed;
+        if let (Some(k), Some(ms)) = (c.scope.keepalive.as_mut(), h.keepalive_in_ms) {
+            k.next = now + Duration::from_millis(ms);
+        }
+    }
     let fair = fair_of(&p);
     let waited = wait_for_wake(shard, c, &model, p.endpoint.capability(), fair, until).await;
     let (outcome, answer) = match waited {
@@ -118,6 +145,25 @@ pub async fn hold(
             });
             p.reply_headers = std::mem::take(&mut c.scope.reply_headers);
             return HoldEnd::Released(Box::new(p), owner);
+        }
+        Waited::HandOver => {
+            drop(place);
+            demand.leave();
+            book.outcome(&model, "handed_over", started.elapsed());
+            let now = clock::now();
+            let carried = crate::logic::system::upgrade::CarriedHold {
+                held_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                budget_ms: u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
+                keepalive_in_ms: c.scope.keepalive.as_ref().map(|k| {
+                    u64::try_from(k.next.saturating_duration_since(now).as_millis()).unwrap_or(0)
+                }),
+                committed: c.scope.committed,
+                daily: quota.as_ref().and_then(tenancy::Ticket::reserved),
+                request_id: c.scope.request_id.as_str().to_string(),
+            };
+            // Its quota is settled where it ends, never here.
+            drop(quota);
+            return HoldEnd::Carry(Box::new(p), carried);
         }
         Waited::ClientGone => ("cancelled", None),
         Waited::Unplaced => (
@@ -325,6 +371,8 @@ enum Waited {
     Unplaced,
     /// The router is shutting down.
     ShuttingDown,
+    /// The process replacing this one takes it over.
+    HandOver,
 }
 
 /// Wait for an agent of `model` with the request's capability until
@@ -357,6 +405,7 @@ async fn wait_for_wake(
             None => return Waited::ClientGone,
             Some(Either::Left((Ok(Release::Unplaced), _))) => return Waited::Unplaced,
             Some(Either::Left((Ok(Release::ShuttingDown), _))) => return Waited::ShuttingDown,
+            Some(Either::Left((Ok(Release::HandOver), _))) => return Waited::HandOver,
             Some(Either::Left(_)) => {
                 // Woken (or the room was cleared): served here now?
                 if let Some(o) = shard.owner_with(model, cap) {
@@ -405,6 +454,24 @@ pub fn map_changed(shard: &Shard) {
             let waiters = shard.held.borrow_mut().remove(&m).unwrap_or_default();
             for w in waiters {
                 let _ = w.tx.send(Release::Unplaced);
+            }
+        }
+    }
+}
+
+/// The process replacing this one takes every held request over, in the
+/// order a wake would release them (issue 54).
+pub fn hand_over(shard: &Shard) {
+    let all: Vec<_> = shard.held.borrow_mut().drain().collect();
+    for (_, waiters) in all {
+        let who: Vec<_> = waiters
+            .iter()
+            .map(|w| (w.fair.class, w.fair.tenant, w.fair.cost))
+            .collect();
+        let mut waiters: Vec<Option<HeldWaiter>> = waiters.into_iter().map(Some).collect();
+        for i in pure::release_order(&who) {
+            if let Some(w) = waiters.get_mut(i).and_then(Option::take) {
+                let _ = w.tx.send(Release::HandOver);
             }
         }
     }

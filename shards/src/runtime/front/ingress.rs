@@ -57,11 +57,25 @@ async fn hold_here(shard: &Rc<Shard>, c: &mut Client, mut p: Box<PendingRequest>
     c.scope.reply_headers = std::mem::take(&mut p.reply_headers);
     match Box::pin(super::hold::hold(shard, c, *p, budget)).await {
         super::hold::HoldEnd::Answered(k) => k.into(),
+        super::hold::HoldEnd::Carry(p, h) => Next::Carry(Some((p, h))),
         super::hold::HoldEnd::Released(p, o) if o != shard.id => Next::HandOff(p, o),
         super::hold::HoldEnd::Released(p, _) => Box::pin(dispatch::serve_inference(shard, c, *p))
             .await
             .into(),
     }
+}
+
+/// Serve a connection the process this one replaced accepted (issue 54):
+/// its bytes are read already; `hold`: its first request was held there.
+pub async fn serve_carried(
+    shard: Rc<Shard>,
+    conn: Conn,
+    hold: Option<Box<crate::logic::system::upgrade::CarriedHold>>,
+    permit: ConnPermit,
+) {
+    let mut c = Client::new(conn);
+    c.carried = hold;
+    serve_client(shard, c, None, permit).await
 }
 
 /// Serve one client connection; `first` is a request handed over by
@@ -72,7 +86,15 @@ pub async fn serve(
     first: Option<Box<PendingRequest>>,
     permit: ConnPermit,
 ) {
-    let mut c = Client::new(conn);
+    serve_client(shard, Client::new(conn), first, permit).await
+}
+
+async fn serve_client(
+    shard: Rc<Shard>,
+    mut c: Client,
+    first: Option<Box<PendingRequest>>,
+    permit: ConnPermit,
+) {
     // The request answered last (`None`: none yet on this connection).
     let mut last = match first {
         Some(mut p) => {
@@ -97,6 +119,11 @@ pub async fn serve(
             }
             // Its owner finishes it.
             Some(Next::HandOff(p, owner)) => return hand_off(&shard, c, p, owner, permit).await,
+            Some(Next::Carry(held)) => {
+                let first = held.as_ref().map(|(p, h)| (&**p, h.clone()));
+                super::carry::out(&shard, c, first, permit);
+                return;
+            }
             Some(Next::KeepAlive) => ending::finish(&shard, &mut c),
             Some(Next::Close) => {
                 ending::finish(&shard, &mut c);
@@ -107,23 +134,45 @@ pub async fn serve(
             // Boxed: between requests (idle keep-alive) and while a
             // request is held, the connection's task keeps only this
             // loop's state.
-            Some(head) => Some(Box::pin(route(&shard, &mut c, head)).await),
-            None => return,
+            Read::Head(head) => Some(Box::pin(route(&shard, &mut c, head)).await),
+            // Read, not answered: the process replacing this one answers.
+            Read::Carry => Some(Next::Carry(None)),
+            Read::Done => return,
         };
     }
 }
 
-/// Read the next request head and start its scope; `None`: the
-/// connection is done (closed, a bad head answered, the header timeout).
-async fn read_next(shard: &Shard, c: &mut Client) -> Option<RequestHead> {
+/// What [`read_next`] found.
+enum Read {
+    /// A request head (its scope begun).
+    Head(RequestHead),
+    /// A whole head while this process hands its connections over: the
+    /// head's bytes stay in the buffer for the new process (issue 54).
+    Carry,
+    /// The connection is done (closed, a bad head answered, the header
+    /// timeout).
+    Done,
+}
+
+/// Read the next request head and start its scope.
+async fn read_next(shard: &Shard, c: &mut Client) -> Read {
     let header_timeout = shard.router.cfg.header_timeout;
     let started = clock::now();
-    match monoio::time::timeout(header_timeout, c.conn.read_request_head()).await {
-        Ok(Ok(h)) => {
+    match monoio::time::timeout(header_timeout, c.conn.peek_request_head()).await {
+        Ok(Ok(_)) if shard.router.carry.on() && c.carried.is_none() => Read::Carry,
+        Ok(Ok((h, n))) => {
+            c.conn.consume(n);
             c.scope.begin(&h, started);
-            Some(h)
+            if let Some(id) = c
+                .carried
+                .as_ref()
+                .and_then(|k| crate::logic::http::request_id::RequestId::parse(&k.request_id))
+            {
+                c.scope.request_id = id;
+            }
+            Read::Head(h)
         }
-        Ok(Err(HeadRead::Closed)) => None,
+        Ok(Err(HeadRead::Closed)) => Read::Done,
         Ok(Err(HeadRead::Bad(e))) => {
             // Not audited: no request to name.
             c.scope = RequestScope::fresh(started);
@@ -133,7 +182,7 @@ async fn read_next(shard: &Shard, c: &mut Client) -> Option<RequestHead> {
             };
             respond::send_error(c, &err, false).await;
             linger(&mut c.conn).await;
-            None
+            Read::Done
         }
         Err(_) => {
             if !c.conn.buf.is_empty() {
@@ -141,7 +190,7 @@ async fn read_next(shard: &Shard, c: &mut Client) -> Option<RequestHead> {
                 let err = ApiError::new(ErrorCode::ClientTimeout, "request header timeout");
                 respond::send_error(c, &err, false).await;
             }
-            None
+            Read::Done
         }
     }
 }
@@ -346,7 +395,11 @@ async fn read_inference(
         Some((_, healthy)) => LocalAgents::Registered { healthy },
         None => LocalAgents::None,
     };
+    // Held by the process this one replaced: held here for the rest of
+    // its budget, wherever the model is now (its 200 head may be out).
+    let carried = c.carried.take();
     let serving = match serving(shard, &head, ep, &meta.model, &principal, agents) {
+        _ if carried.is_some() => Serving::Hold(shard.router.cfg.wake_hold_budget),
         // No agent anywhere, and the policy names a fallback provider for
         // this API: the machine sends it there (spec 04 §7, issue 56).
         Serving::NotFound if provider_serves(shard, ep, &meta.model) => Serving::Here,
@@ -374,6 +427,7 @@ async fn read_inference(
         held: None,
         hold_for: None,
         spans: None,
+        carried,
     };
     // At zero here and placed here with scale_from_zero: held until an
     // agent registers (seed hold-at-zero), on the model's hold shard,

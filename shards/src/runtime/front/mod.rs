@@ -4,6 +4,7 @@
 //! zero) and [`agent_link`] (the agents' control protocol).
 
 pub mod agent_link;
+pub mod carry;
 pub mod event_loop;
 pub mod hold;
 pub mod ingress;

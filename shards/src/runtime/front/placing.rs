@@ -25,6 +25,14 @@ pub(super) enum Next {
     HandOff(Box<PendingRequest>, usize),
     /// Hold this request here, its model's hold shard (`hold_for` set).
     Hold(Box<PendingRequest>),
+    /// The process replacing this one takes the connection (issue 54),
+    /// with this held request and its state.
+    Carry(
+        Option<(
+            Box<PendingRequest>,
+            crate::logic::system::upgrade::CarriedHold,
+        )>,
+    ),
 }
 
 impl From<bool> for Next {

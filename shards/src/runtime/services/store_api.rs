@@ -86,6 +86,21 @@ pub enum StoreMsg {
         /// Where to answer: (tenant, records, bytes).
         reply: oneshot::Sender<Vec<(String, u64, u64)>>,
     },
+    /// Give the store to the process replacing this one (issue 54):
+    /// flush, persist and close it; every later message goes to
+    /// `forward` until `Resume`.
+    Release {
+        /// Where later messages go.
+        forward: Box<dyn FnMut(StoreMsg) + Send>,
+        /// Signalled once the store is closed.
+        done: oneshot::Sender<()>,
+    },
+    /// Open the store again (the process that was to replace this one
+    /// failed before it took over).
+    Resume {
+        /// Whether it opened.
+        done: oneshot::Sender<Result<(), String>>,
+    },
     /// Persist and stop.
     Shutdown {
         /// Signalled when stopped.

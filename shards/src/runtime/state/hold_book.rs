@@ -26,6 +26,8 @@ pub enum Release {
     Unplaced,
     /// The router is shutting down: answered now, not dropped.
     ShuttingDown,
+    /// The process replacing this one takes it over (issue 54).
+    HandOver,
 }
 
 /// A held request's waker, with what orders the release: its class,

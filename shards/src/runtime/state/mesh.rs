@@ -56,6 +56,26 @@ pub enum ShardMsg {
         /// The notes.
         notes: Vec<crate::logic::routing::affinity::AffinityNote>,
     },
+    /// Start (`on`) or stop accepting on this shard's listeners of a kind
+    /// (an upgrade, issue 54); the reply once done.
+    Accept {
+        /// Which listeners.
+        kind: crate::logic::system::upgrade::ListenerKind,
+        /// Start or stop.
+        on: bool,
+        /// Signalled when done.
+        reply: oneshot::Sender<()>,
+    },
+    /// The process replacing this one takes every held request over.
+    HandOverHolds,
+    /// Serve a connection the process this one replaced sent.
+    AdoptCarried(Box<crate::runtime::front::carry::Outgoing>),
+    /// Tell every agent linked here to link to the process replacing
+    /// this one; the reply is their peer IDs.
+    Relink {
+        /// Where to answer.
+        reply: oneshot::Sender<Vec<String>>,
+    },
     /// Reply with this shard's snapshot.
     Snapshot {
         /// Where to send it.

@@ -43,6 +43,9 @@ pub struct PendingRequest {
     pub hold_for: Option<std::time::Duration>,
     /// Its trace, carried with it to another shard.
     pub spans: Option<Box<crate::logic::trace::request::RequestTrace>>,
+    /// Held at zero by the process this one replaced: its hold state
+    /// (issue 54).
+    pub carried: Option<Box<crate::logic::system::upgrade::CarriedHold>>,
 }
 
 impl PendingRequest {

@@ -199,6 +199,8 @@ pub struct Router {
     pub sites: Versioned<Sites>,
     /// Hold at zero's books (limits, demand, outcomes, wake times).
     pub holds: Arc<super::hold_book::HoldBook>,
+    /// Connections going to the process that replaces this one (issue 54).
+    pub carry: crate::runtime::front::carry::CarryOut,
     /// `--shared-state`: Redis shared with the other routers (None: this
     /// router alone).
     pub shared_state: Option<Arc<crate::runtime::services::shared_state::SharedState>>,

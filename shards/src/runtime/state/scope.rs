@@ -251,6 +251,9 @@ pub struct Client {
     pub conn: Conn<TcpStream>,
     /// The request being answered.
     pub scope: RequestScope,
+    /// Its first request was held at zero by the process this one
+    /// replaced: its hold goes on here (issue 54).
+    pub carried: Option<Box<crate::logic::system::upgrade::CarriedHold>>,
 }
 
 /// Pipelined input kept while a request waits; past it the client socket
@@ -289,6 +292,7 @@ impl Client {
         Client {
             conn,
             scope: RequestScope::empty(clock::now()),
+            carried: None,
         }
     }
 

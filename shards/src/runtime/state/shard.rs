@@ -596,6 +596,7 @@ mod tests {
             feed: std::sync::Mutex::new(Vec::new()),
             sites: Versioned::new(Default::default()),
             holds: Default::default(),
+            carry: Default::default(),
         })
     }
 

@@ -49,6 +49,13 @@ impl Budget {
         Some(ConnPermit(self.clone()))
     }
 
+    /// A connection slot even at the cap: a connection another process
+    /// accepted and handed over (issue 54) is not refused a second time.
+    pub fn connection_forced(self: &Arc<Self>) -> ConnPermit {
+        self.connections.fetch_add(1, Ordering::AcqRel);
+        ConnPermit(self.clone())
+    }
+
     /// An empty body permit, grown as bytes are buffered.
     pub fn body(self: &Arc<Self>) -> BodyPermit {
         BodyPermit {

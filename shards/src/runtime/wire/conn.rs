@@ -261,7 +261,24 @@ impl<S: Transport> Conn<S> {
 
     /// Read a request head (server side), consuming its bytes.
     pub async fn read_request_head(&mut self) -> Result<RequestHead, HeadRead> {
-        self.read_head_with(http_parse::parse_request_head).await
+        let (h, n) = self.peek_request_head().await?;
+        self.consume(n);
+        Ok(h)
+    }
+
+    /// Read a request head, leaving its `n` bytes in the buffer.
+    pub async fn peek_request_head(&mut self) -> Result<(RequestHead, usize), HeadRead> {
+        loop {
+            match http_parse::parse_request_head(&self.buf) {
+                Ok(Some(hn)) => return Ok(hn),
+                Ok(None) => {}
+                Err(e) => return Err(HeadRead::Bad(e)),
+            }
+            match self.fill().await {
+                Ok(0) | Err(_) => return Err(HeadRead::Closed),
+                Ok(_) => {}
+            }
+        }
     }
 
     /// Read a request head the router forwarded (the agent's side: the

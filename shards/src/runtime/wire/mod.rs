@@ -12,6 +12,7 @@ pub mod clock;
 pub mod conn;
 pub mod executor;
 pub mod exposition;
+pub mod fd_pass;
 pub mod handoff;
 pub mod http_stream;
 pub mod link;

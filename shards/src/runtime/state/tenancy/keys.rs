@@ -281,6 +281,19 @@ impl AuthState {
         self.by_hash.len()
     }
 
+    /// Add `delta` tokens to `day`'s usage of the bucket `key`: what the
+    /// process this one replaced counted after it gave the store away
+    /// (issue 54). `false`: no such bucket here.
+    pub fn add_usage(&self, key: &BucketKey, day: u64, delta: i64) -> bool {
+        match self.buckets.get(key) {
+            Some(b) => {
+                super::quota::adjust_tokens(b, day, delta);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Today's usage of every bucket that has some (for the store).
     pub fn daily_states(&self) -> Vec<(BucketKey, u64)> {
         self.buckets

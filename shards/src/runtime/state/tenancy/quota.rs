@@ -341,6 +341,33 @@ pub fn take_daily(
 // === impl Ticket ===
 
 impl Ticket {
+    /// What its daily charge reserved: (day, charged, input estimate);
+    /// carried with a held request to the process that replaces this one
+    /// (issue 54), which settles it.
+    pub fn reserved(&self) -> Option<(u64, u64, u64)> {
+        self.daily.as_ref().map(|(_, d, c, e)| (*d, *c, *e))
+    }
+
+    /// A ticket whose daily charge another process took (a held request
+    /// carried over by an upgrade): nothing is charged again; it settles
+    /// against this process's bucket of `p` for `model`.
+    pub fn carried(p: &Principal, model: &str, reserved: Option<(u64, u64, u64)>) -> Ticket {
+        let bucket = match p {
+            Principal::Key(c) => match &c.key.limits {
+                Limits::Flat { .. } => c.flat.clone(),
+                Limits::PerModel(_) => c.per_model.get(model).cloned(),
+                Limits::None => None,
+            },
+            _ => None,
+        };
+        Ticket {
+            daily: bucket
+                .zip(reserved)
+                .map(|(b, (day, charged, estimate))| (b, day, charged, estimate)),
+            ..Ticket::default()
+        }
+    }
+
     /// True the daily charge up once the request is over: to the exact
     /// usage when the response reported it, refunded in full when the
     /// request failed before any output reached the client, else kept.

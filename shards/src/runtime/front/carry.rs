@@ -1,0 +1,224 @@
+//! Client connections carried to the process that replaces this one
+//! (issue 54). Once the new process accepts clients, every connection the
+//! old one still has goes over at its next request (the head read, not
+//! answered: its bytes go with the socket), and every request held at
+//! zero goes over with its hold state; the new process serves them as if
+//! it had read them. Streams in flight stay here until they end.
+//!
+//! The process-level protocol is `hivenet_router::upgrade`; this room is
+//! the shards' side of it: [`CarryOut`] (the old's outbox), [`out`] (take
+//! a connection out of its runtime and send it) and [`adopt`] (the new's
+//! side).
+
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::logic::system::upgrade::CarriedHold;
+use crate::runtime::state::pending::PendingRequest;
+use crate::runtime::state::scope::Client;
+use crate::runtime::state::shard::Shard;
+use crate::runtime::wire::budget::ConnPermit;
+use crate::runtime::wire::conn::Conn;
+use crate::runtime::wire::handoff;
+
+/// A connection on its way to the new process.
+pub struct Outgoing {
+    /// The socket (this process's copy is closed once it is sent).
+    pub stream: std::net::TcpStream,
+    /// What was read from it and not answered.
+    pub bytes: Vec<u8>,
+    /// Its held request's state, when it was held.
+    pub hold: Option<CarriedHold>,
+}
+
+/// The old process's outbox: set once the new process accepts clients.
+#[derive(Default)]
+pub struct CarryOut {
+    outbox: Mutex<Option<std::sync::mpsc::Sender<Outgoing>>>,
+    on: AtomicBool,
+    /// Connections sent (idle ones, held ones).
+    pub sent: [AtomicU64; 2],
+}
+
+impl CarryOut {
+    /// Whether connections go over now (one relaxed load per request).
+    #[inline]
+    pub fn on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Start carrying connections to `tx`.
+    pub fn start(&self, tx: std::sync::mpsc::Sender<Outgoing>) {
+        *self.lock() = Some(tx);
+        self.on.store(true, Ordering::Release);
+    }
+
+    /// Stop (the new process failed before it took over).
+    pub fn stop(&self) {
+        self.on.store(false, Ordering::Release);
+        *self.lock() = None;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<std::sync::mpsc::Sender<Outgoing>>> {
+        match self.outbox.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn send(&self, o: Outgoing) -> bool {
+        let held = o.hold.is_some();
+        let ok = self.lock().as_ref().is_some_and(|tx| tx.send(o).is_ok());
+        if ok {
+            self.sent[usize::from(held)].fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+}
+
+/// The request as HTTP/1.1 bytes again (what the new process parses): its
+/// head with the body's length, and its whole body.
+pub fn request_bytes(p: &PendingRequest) -> Vec<u8> {
+    let mut out = Vec::with_capacity(p.body.len() + 1024);
+    out.extend_from_slice(p.head.method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(p.head.path.as_str().as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in p.head.headers.iter() {
+        let skip = [
+            "content-length",
+            "transfer-encoding",
+            "expect",
+            "connection",
+        ];
+        if skip.iter().any(|s| name.eq_ignore_ascii_case(s)) {
+            continue;
+        }
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !p.head.keep_alive {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"content-length: ");
+    out.extend_from_slice(p.body.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n\r\n");
+    out.extend_from_slice(&p.body);
+    out
+}
+
+/// Send `c` to the new process: its socket, `first` (a held request with
+/// its state) and what was read past it. `false`: it could not go (the
+/// new process is gone); the connection is closed.
+pub fn out(
+    shard: &Shard,
+    c: Client,
+    first: Option<(&PendingRequest, CarriedHold)>,
+    permit: ConnPermit,
+) -> bool {
+    let stream = if c.conn.watched {
+        match handoff::dup_watched(&c.conn.stream) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(shard = shard.id, "cannot carry a connection over: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let (own, buf) = c.conn.into_parts();
+    let stream = match stream {
+        Some(s) => s,
+        None => handoff::into_std(own),
+    };
+    let (bytes, hold) = match first {
+        Some((p, h)) => {
+            let mut b = request_bytes(p);
+            b.extend_from_slice(&buf);
+            (b, Some(h))
+        }
+        None => (buf, None),
+    };
+    drop(permit);
+    let ok = shard.router.carry.send(Outgoing {
+        stream,
+        bytes,
+        hold,
+    });
+    if !ok {
+        tracing::warn!(
+            shard = shard.id,
+            "the new process is gone: a connection it was to take is closed"
+        );
+    }
+    ok
+}
+
+/// The new process's side: serve a carried connection on this shard.
+pub fn adopt(
+    shard: &Rc<Shard>,
+    stream: std::net::TcpStream,
+    bytes: Vec<u8>,
+    hold: Option<CarriedHold>,
+) {
+    let s = match handoff::adopt(stream) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(shard = shard.id, "cannot adopt a carried connection: {e}");
+            return;
+        }
+    };
+    // Under the connection cap like any other; over it, served anyway:
+    // it was accepted once already.
+    let permit = shard.router.budget.connection_forced();
+    monoio::spawn(super::ingress::serve_carried(
+        shard.clone(),
+        Conn::new(s, bytes),
+        hold.map(Box::new),
+        permit,
+    ));
+}
+
+/// The agent-side path of a relink request (the router's own; never a
+/// client's: it travels only on the router's authenticated link).
+pub const RELINK_PATH: &str = "/_hivenet/relink";
+
+/// Tell every agent linked to this shard to open a second link to the
+/// same address, which the process replacing this one now accepts (its
+/// capacity is then shared by both links through its load reports); the
+/// link here stays until this process closes it. Replies with the peer
+/// IDs told.
+pub fn relink_all(shard: &Rc<Shard>, reply: futures::channel::oneshot::Sender<Vec<String>>) {
+    let agents = shard.all_agents();
+    let peers = agents.iter().map(|a| a.reg.peer_id.clone()).collect();
+    let _ = reply.send(peers);
+    for a in agents {
+        monoio::spawn(async move {
+            let req =
+                format!("POST {RELINK_PATH} HTTP/1.1\r\nhost: agent\r\ncontent-length: 0\r\n\r\n");
+            let progress = crate::runtime::request::exchange::Progress::default();
+            let got = monoio::time::timeout(
+                std::time::Duration::from_secs(5),
+                crate::runtime::request::exchange::exchange_head(
+                    &a.link,
+                    req.as_bytes(),
+                    &progress,
+                ),
+            )
+            .await;
+            match got {
+                Ok(Ok(h)) if h.head.status == 204 => {}
+                Ok(Ok(h)) => {
+                    tracing::warn!(peer_id = %a.reg.peer_id, status = h.head.status, "agent refused to relink (an older agent?); it follows when this process closes its link")
+                }
+                _ => {
+                    tracing::warn!(peer_id = %a.reg.peer_id, "agent did not answer the relink; it follows when this process closes its link")
+                }
+            }
+        });
+    }
+}
