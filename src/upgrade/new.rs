@@ -100,7 +100,21 @@ impl Inherit {
         let steps = reader(self.link.clone(), shared.clone(), store);
         self.link.say(&Msg::Started)?;
         let peers = match next_step(&steps, "agent list", STEP)? {
-            Msg::Expect { peers } => peers,
+            Msg::Expect { peers, sibling_map } => {
+                if let Some(body) = sibling_map {
+                    let path = "/admin/sibling-map";
+                    let target = "/admin/sibling-map?force=true";
+                    let r = shards::runtime::admin::sites::sites_api(
+                        &shared,
+                        "PUT",
+                        path,
+                        target,
+                        body.as_bytes(),
+                    );
+                    info!(status = ?r.map(|r| r.0), "upgrade: the sibling map carried over");
+                }
+                peers
+            }
             other => return Err(format!("--upgrade: unexpected message {other:?}")),
         };
         let linked = wait_linked(&shared, &peers, Duration::from_secs(10));

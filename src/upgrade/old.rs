@@ -214,8 +214,16 @@ fn hand_over(h: &Handles, sock: std::os::unix::net::UnixStream) -> Result<Handed
         agents = peers.len(),
         "upgrade: agents told to link to the new process"
     );
+    // The sibling map lives in memory (pushed through the admin API).
+    let sibling_map = h
+        .shared
+        .sites
+        .load()
+        .map
+        .as_ref()
+        .and_then(|m| serde_json::to_string(&m.dto).ok());
     let linked = link
-        .say(&Msg::Expect { peers })
+        .say(&Msg::Expect { peers, sibling_map })
         .and_then(|()| next_step(&steps, "linked agents", STEP));
     match linked {
         Ok(Msg::Linked { peers }) => info!(

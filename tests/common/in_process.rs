@@ -121,7 +121,12 @@ pub fn start_router_with(
         holds: Default::default(),
         carry: Default::default(),
     });
-    let listeners = ShardListeners { http, metrics, p2p };
+    let listeners = ShardListeners {
+        http: vec![http],
+        metrics: vec![metrics],
+        p2p: vec![p2p],
+        clients: true,
+    };
     executor::spawn_runtime("shard-0".into(), None, DriverChoice::Auto, move || {
         on_shard_thread();
         event_loop::run(0, shared, listeners, rx)

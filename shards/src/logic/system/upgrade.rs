@@ -142,10 +142,14 @@ pub enum Msg {
     },
     /// new → old: store open, shards running, agent links accepted.
     Started,
-    /// old → new: the agents told to link to new (peer IDs).
+    /// old → new: the agents told to link to new (peer IDs), and the
+    /// sibling map pushed to old (its `PUT` body; `None`: none).
     Expect {
         /// Peer IDs.
         peers: Vec<String>,
+        /// The map.
+        #[serde(default)]
+        sibling_map: Option<String>,
     },
     /// new → old: these agents are linked to new.
     Linked {

@@ -1,0 +1,420 @@
+//! Replacing a running router (issue 54), scaled down: under load (long
+//! streams in flight, requests held at zero, a client opening connections
+//! all the time, a keep-alive client) `hivenet-router --upgrade` takes
+//! over: no stream cut, no held request lost or failed, no connection
+//! refused, the pending demand never counted twice; the SRTT history and
+//! today's token usage are the same before and after; a replacement that
+//! fails at start, or dies during the hand-over, leaves the old router
+//! serving with nothing lost.
+
+mod common;
+use common::hold::ADMIN;
+use common::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The router's arguments (the replacement gets the same plus --upgrade).
+fn args(ports: (u16, u16, u16)) -> Vec<String> {
+    vec![
+        "--http-port".into(),
+        format!("127.0.0.1:{}", ports.0),
+        "--metrics-port".into(),
+        format!("127.0.0.1:{}", ports.1),
+        "--p2p-port".into(),
+        ports.2.to_string(),
+        "--shards".into(),
+        "2".into(),
+        "--site-id".into(),
+        "a".into(),
+        "--auth-config-file".into(),
+        "auth.yaml".into(),
+    ]
+}
+
+const KEY: &str = "sk-upgrade";
+
+fn auth_yaml() -> String {
+    format!(
+        "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      metadata: {{name: k, owner: acme}}\n      quota: {{tokens_per_day: 100000000}}\n",
+        sha256_hex(KEY)
+    )
+}
+
+fn start(dir: &std::path::Path, ports: (u16, u16, u16), upgrade: bool) -> Proc {
+    let mut a = args(ports);
+    if upgrade {
+        a.push("--upgrade".into());
+    }
+    let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+    spawn(
+        "hivenet-router",
+        &refs,
+        dir,
+        &[("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN)],
+    )
+}
+
+/// Wait until `model` has a healthy agent (`/v1/models` with the key).
+fn wait_model(http: u16, model: &str) {
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            let Ok((200, b)) = Req::get("/v1/models")
+                .bearer(KEY)
+                .send(http)
+                .map(Resp::pair)
+            else {
+                return false;
+            };
+            let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or_default();
+            v["data"]
+                .as_array()
+                .and_then(|a| a.iter().find(|m| m["id"] == model))
+                .and_then(|m| m["agents"]["healthy"].as_u64())
+                .is_some_and(|n| n >= 1)
+        },
+        &format!("an agent of {model}"),
+    );
+}
+
+fn healthy(http: u16) -> bool {
+    Req::get("/health")
+        .send(http)
+        .map(Resp::pair)
+        .map(|(s, _)| s == 200)
+        .unwrap_or(false)
+}
+
+/// One request on its own connection; the whole answer.
+fn request(http: u16, model: &str, stream: bool, tokens: u32) -> std::io::Result<(String, String)> {
+    let body = format!(
+        r#"{{"model":"{model}","stream":{stream},"max_tokens":{tokens},"messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
+    let mut s = TcpStream::connect(("127.0.0.1", http))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    Ok(hold_split(&out))
+}
+
+fn hold_split(out: &[u8]) -> (String, String) {
+    common::hold::split_response(out)
+}
+
+/// Place `z` (chat) on this site at zero, held up to 120 s.
+fn push_map(http: u16) {
+    let body = format!(
+        r#"{{"version":"1","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{http}"}}],"placements":[{}]}}"#,
+        common::hold::at_zero("z", "chat", "120s")
+    );
+    let (st, b) = Req::new("PUT", "/admin/sibling-map")
+        .body(body.as_bytes())
+        .bearer(ADMIN)
+        .send(http)
+        .map(Resp::pair)
+        .expect("push");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+}
+
+/// A streamed answer is whole: every token and the end.
+fn whole_stream(body: &str, tokens: usize) -> bool {
+    let chunks = body
+        .lines()
+        .filter(|l| l.starts_with("data: {") && l.contains("\"content\""))
+        .count();
+    body.contains("data: [DONE]") && chunks >= tokens
+}
+
+fn wait_exit(p: &mut Proc, limit: Duration) -> Option<std::process::ExitStatus> {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if let Ok(Some(s)) = p.child.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+fn srtt(http: u16) -> Vec<(String, Option<f64>)> {
+    let (st, b) = Req::get("/admin/routing-table")
+        .bearer(ADMIN)
+        .send(http)
+        .map(Resp::pair)
+        .expect("routing table");
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
+    let mut out: Vec<_> = v["agents"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|a| {
+                    (
+                        a["peer_id"].as_str().unwrap_or_default().to_string(),
+                        a["universal"]["srtt_ms"].as_f64(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn used_today(metrics: u16) -> f64 {
+    metric(
+        metrics,
+        "hivenet_tenant_tokens_used_today{tenant_id=\"acme\",model=\"\"}",
+    )
+    .unwrap_or(0.0)
+}
+
+#[test]
+fn an_upgrade_under_load_cuts_nothing_and_loses_nothing() {
+    let dir = tmpdir("upgrade-load");
+    std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth");
+    let ports = (free_port(), free_port(), free_port());
+    let mut old = start(&dir, ports, false);
+    wait_until(Duration::from_secs(20), || healthy(ports.0), "router");
+    // `m` served (50 ms between tokens: a 60-token stream lasts 3 s),
+    // `z` placed here at zero: held.
+    let (_sim, sim_port) = start_sim(&dir, "m", &["--itl", "50ms", "--output-tokens", "60"]);
+    let _agent = agent_to(&dir, ports.2, sim_port, "a.key", &[]);
+    wait_model(ports.0, "m");
+    push_map(ports.0);
+    const STREAMS: usize = 12;
+    const HELD: usize = 8;
+    let streams: Vec<_> = (0..STREAMS)
+        .map(|_| std::thread::spawn(move || request(ports.0, "m", true, 60)))
+        .collect();
+    let held: Vec<_> = (0..HELD)
+        .map(|_| std::thread::spawn(move || request(ports.0, "z", true, 4)))
+        .collect();
+    wait_until(
+        Duration::from_secs(10),
+        || metric(ports.1, "hivenet_pending_demand{model=\"z\"}") == Some(HELD as f64),
+        "requests held",
+    );
+    // A client opening a connection every 20 ms, one keeping its own.
+    let stop = Arc::new(AtomicBool::new(false));
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    let opener = {
+        let (stop, outcomes) = (stop.clone(), outcomes.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let r = request(ports.0, "m", false, 2)
+                    .map(|(h, _)| h.lines().next().unwrap_or_default().to_string());
+                outcomes.lock().expect("lock").push(format!("{r:?}"));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let keeper = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut s = TcpStream::connect(("127.0.0.1", ports.0)).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(30))).ok();
+            let mut buf = Vec::new();
+            let mut statuses = Vec::new();
+            let body = chat_body("m", false);
+            while !stop.load(Ordering::Relaxed) {
+                let req = format!(
+                    "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                s.write_all(req.as_bytes()).expect("keep-alive write");
+                statuses.push(read_response(&mut s, &mut buf).0);
+                std::thread::sleep(Duration::from_millis(30));
+            }
+            statuses
+        })
+    };
+    // The pending demand, scraped all along: never above what is held.
+    let demand_max = Arc::new(Mutex::new(0f64));
+    let scraper = {
+        let (stop, max) = (stop.clone(), demand_max.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(d) = metric(ports.1, "hivenet_pending_demand{model=\"z\"}") {
+                    let mut m = max.lock().expect("lock");
+                    *m = m.max(d);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let mut new = start(&dir, ports, true);
+    // The old process leaves once its streams ended.
+    let st = wait_exit(&mut old, Duration::from_secs(30));
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "the old router did not finish: {st:?}\n{}",
+        old.log_text()
+    );
+    let old_log = old.log_text();
+    assert!(
+        old_log.contains(&format!("held={HELD}")),
+        "held requests not handed over:\n{old_log}"
+    );
+    // The keep-alive client's connection went over at its next request.
+    assert!(
+        !old_log.contains("handed over connections=0"),
+        "no connection carried over:\n{old_log}"
+    );
+    // The held requests wake in the new process.
+    let (_zsim, zport) = start_sim(&dir, "z", &[]);
+    let _zagent = agent_to(&dir, ports.2, zport, "z.key", &[]);
+    for h in held {
+        let (head, body) = h.join().expect("held").expect("held answer");
+        assert!(head.starts_with("HTTP/1.1 200"), "held: {head}\n{body}");
+        assert!(whole_stream(&body, 4), "held answer cut: {body}");
+    }
+    for s in streams {
+        let (head, body) = s.join().expect("stream").expect("stream answer");
+        assert!(head.starts_with("HTTP/1.1 200"), "stream: {head}");
+        assert!(whole_stream(&body, 60), "a stream was cut: {body}");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    opener.join().expect("opener");
+    let kept = keeper.join().expect("keeper");
+    scraper.join().expect("scraper");
+    let outcomes = outcomes.lock().expect("lock").clone();
+    assert!(
+        outcomes.len() > 20,
+        "too few connections tried: {outcomes:?}"
+    );
+    let bad: Vec<_> = outcomes.iter().filter(|o| !o.contains("200")).collect();
+    assert!(bad.is_empty(), "connections failed: {bad:?}");
+    assert!(
+        kept.len() > 10 && kept.iter().all(|s| *s == 200),
+        "keep-alive client: {kept:?}"
+    );
+    let max = *demand_max.lock().expect("lock");
+    assert!(max <= HELD as f64, "pending demand counted twice: {max}");
+    assert!(healthy(ports.0), "{}", new.log_text());
+    sigterm(&mut new);
+}
+
+#[test]
+fn history_and_usage_are_the_same_after_an_upgrade() {
+    let dir = tmpdir("upgrade-state");
+    std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth");
+    let ports = (free_port(), free_port(), free_port());
+    let mut old = start(&dir, ports, false);
+    wait_until(Duration::from_secs(20), || healthy(ports.0), "router");
+    let (_sim, sim_port) = start_sim(&dir, "m", &["--ttft", "5ms"]);
+    let _agent = agent_to(&dir, ports.2, sim_port, "a.key", &[]);
+    wait_model(ports.0, "m");
+    for _ in 0..5 {
+        let (h, _) = request(ports.0, "m", false, 8).expect("chat");
+        assert!(h.starts_with("HTTP/1.1 200"), "{h}");
+    }
+    let before = srtt(ports.0);
+    let used = used_today(ports.1);
+    assert!(
+        used > 0.0 && before.iter().all(|(_, s)| s.is_some()),
+        "{before:?} {used}"
+    );
+    let mut new = start(&dir, ports, true);
+    assert!(
+        wait_exit(&mut old, Duration::from_secs(30)).is_some(),
+        "old still running"
+    );
+    wait_model(ports.0, "m");
+    assert_eq!(
+        srtt(ports.0),
+        before,
+        "SRTT history changed across the upgrade"
+    );
+    assert_eq!(
+        used_today(ports.1),
+        used,
+        "today's usage changed across the upgrade"
+    );
+    // Served after it, counted on top.
+    let (h, _) = request(ports.0, "m", false, 8).expect("chat");
+    assert!(h.starts_with("HTTP/1.1 200"), "{h}");
+    assert!(used_today(ports.1) > used);
+    sigterm(&mut new);
+}
+
+#[test]
+fn a_replacement_that_fails_leaves_the_old_router_serving() {
+    let dir = tmpdir("upgrade-fail");
+    std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth");
+    let ports = (free_port(), free_port(), free_port());
+    let mut old = start(&dir, ports, false);
+    wait_until(Duration::from_secs(20), || healthy(ports.0), "router");
+    let (_sim, sim_port) = start_sim(&dir, "m", &["--itl", "20ms", "--output-tokens", "50"]);
+    let _agent = agent_to(&dir, ports.2, sim_port, "a.key", &[]);
+    wait_model(ports.0, "m");
+    let streams: Vec<_> = (0..4)
+        .map(|_| std::thread::spawn(move || request(ports.0, "m", true, 50)))
+        .collect();
+    // A bad configuration: refused before it touches anything.
+    let mut a = args(ports);
+    a.extend(["--upgrade".into(), "--queue-depth".into(), "lots".into()]);
+    let bad = std::process::Command::new(bin("hivenet-router"))
+        .args(&a)
+        .current_dir(&dir)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let (code, err) = exit_within(bad, Duration::from_secs(10));
+    assert_eq!(code, Some(2), "{err}");
+    // Replacements killed at steps of the hand-over: once connected
+    // (the sockets received), once the store moved to it.
+    for step in ["listening sockets received", "the store is ours"] {
+        let mut p = start(&dir, ports, true);
+        wait_until(
+            Duration::from_secs(20),
+            || p.log_text().contains(step),
+            step,
+        );
+        p.kill9();
+        assert!(
+            !p.log_text().contains("this process serves"),
+            "killed too late (after the switch):\n{}",
+            p.log_text()
+        );
+        // The old one serves on, its store back.
+        wait_until(
+            Duration::from_secs(70),
+            || request(ports.0, "m", false, 2).is_ok_and(|(h, _)| h.starts_with("HTTP/1.1 200")),
+            "old router serving again",
+        );
+        assert!(
+            old.child.try_wait().ok().flatten().is_none(),
+            "old router exited"
+        );
+    }
+    for s in streams {
+        let (head, body) = s.join().expect("stream").expect("stream answer");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(whole_stream(&body, 50), "a stream was cut: {body}");
+    }
+    // Its store is its own again: a restart-free flush still works and a
+    // later replacement succeeds.
+    let mut new = start(&dir, ports, true);
+    assert!(
+        wait_exit(&mut old, Duration::from_secs(30)).is_some(),
+        "{}",
+        new.log_text()
+    );
+    wait_model(ports.0, "m");
+    let (h, _) = request(ports.0, "m", false, 2).expect("chat");
+    assert!(h.starts_with("HTTP/1.1 200"), "{h}");
+    sigterm(&mut new);
+}
