@@ -245,7 +245,7 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
         warn!("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN=true: admin routes are open without a key");
     }
     let storage_errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let (store_tx, store_thread, restored) =
+    let (store_tx, store_thread, restored, recent_agents) =
         hivenet_router::store::start(store_cfg, storage_errors.clone())?;
     let restored: std::collections::HashMap<_, _> = restored
         .into_iter()
@@ -329,6 +329,10 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
         sites: Versioned::new(Default::default()),
         holds: Default::default(),
         carry: Default::default(),
+        readiness: shards::runtime::state::readiness::Readiness::expecting(
+            recent_agents,
+            shards::runtime::state::readiness::READY_WAIT,
+        ),
     });
     info!(
         peer_id = %keypair.public().to_peer_id(),
@@ -389,6 +393,9 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
     .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     if let Some(i) = inherit.take() {
         i.take_over(shared.clone(), store_tx.clone())?;
+    } else {
+        // Type=notify units: this process serves now.
+        crate::upgrade::notify_systemd("READY=1");
     }
     let (handed_tx, handed_rx) = std::sync::mpsc::channel();
     crate::upgrade::old::listen(
@@ -450,23 +457,42 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
         info!(signal = sig, drain = ?drain, "shutting down: draining in-flight requests");
         break;
     }
+    shared.readiness.drain();
     // Replaced: the streams here finish (up to --upgrade-drain-timeout);
     // everything else went to the new process.
     if let Some(h) = handed {
         crate::upgrade::old::drain(&shared, h, upgrade.drain);
     }
-    // Requests held at zero are answered now (model_waking), not dropped.
-    for tx in &shared.mesh {
-        let _ = tx.unbounded_send(shards::runtime::state::mesh::ShardMsg::ReleaseHolds);
+    // Requests held at zero: alone, this router answers them now
+    // (model_waking: the client retries later). With other routers of the
+    // fleet (shared state: a rolling replacement), they stay held while it
+    // drains: their agent, linked to every router, wakes them here too.
+    let keep_held = shared.shared_state.is_some();
+    let release_holds = |shared: &Router| {
+        for tx in &shared.mesh {
+            let _ = tx.unbounded_send(shards::runtime::state::mesh::ShardMsg::ReleaseHolds);
+        }
+    };
+    if !keep_held {
+        release_holds(&shared);
     }
     // Let in-flight requests (streams included) finish, up to --drain-timeout.
     let started = std::time::Instant::now();
+    let mut released = !keep_held;
     loop {
         let active = in_flight(&shared);
         if active == 0 {
             break;
         }
         if started.elapsed() >= drain {
+            if !released {
+                // Still held at the deadline: answered now, then a moment
+                // for those answers to go out.
+                released = true;
+                release_holds(&shared);
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                continue;
+            }
             warn!(active, "drain timeout: cutting the remaining requests");
             break;
         }

@@ -26,7 +26,10 @@ use tracing::{error, info, warn};
 
 mod handover;
 pub mod responses;
+mod stamps;
 mod upkeep;
+
+use stamps::*;
 use upkeep::{stats, sweep};
 
 const KEYSPACE: &str = "agent_history";
@@ -95,127 +98,6 @@ fn load_quota(o: &Open, today: u64) -> Vec<QuotaState> {
         out.push(((t.to_string(), m.to_string()), state));
     }
     out
-}
-
-/// Which flush a store holds: a sequence number and its time, written in
-/// the flush's own batch, and (after the persist) in a small file beside
-/// the store, so a store that comes back older than the last flush we made
-/// (a truncated journal, a restored copy) or empty is noticed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    seq: u64,
-    unix: u64,
-}
-
-impl Stamp {
-    fn encode(self) -> [u8; 16] {
-        let mut b = [0u8; 16];
-        b[..8].copy_from_slice(&self.seq.to_be_bytes());
-        b[8..].copy_from_slice(&self.unix.to_be_bytes());
-        b
-    }
-
-    fn decode(b: &[u8]) -> Option<Self> {
-        let seq = u64::from_be_bytes(b.get(..8)?.try_into().ok()?);
-        let unix = u64::from_be_bytes(b.get(8..16)?.try_into().ok()?);
-        Some(Stamp { seq, unix })
-    }
-}
-
-/// The files that remember the last persisted flush, both written after
-/// every flush: one inside the store's directory, so that a volume
-/// mounted at the store path carries it across restarts (issue 29 #7;
-/// fjall ignores files it does not own), one beside it, so that an older
-/// copy restored over the store is still noticed. The newest counts.
-fn stamp_file(store: &Path) -> PathBuf {
-    store.join("hivenet-flush-stamp")
-}
-
-/// The stamp beside the store (the only one of earlier versions).
-fn beside_stamp_file(store: &Path) -> PathBuf {
-    PathBuf::from(format!("{}.flush-stamp", store.display()))
-}
-
-fn parse_stamp(text: &str) -> Option<Stamp> {
-    let mut it = text.split_whitespace();
-    Some(Stamp {
-        seq: it.next()?.parse().ok()?,
-        unix: it.next()?.parse().ok()?,
-    })
-}
-
-/// When writes began to fail, if a stamp file says they never recovered.
-fn unflushed_marker(store: &Path) -> Option<u64> {
-    [stamp_file(store), beside_stamp_file(store)]
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .find_map(|t| {
-            let mut it = t.split_whitespace();
-            let (_, since, mark) = (it.next()?, it.next()?, it.next()?);
-            (mark == "unflushed").then(|| since.parse().ok()).flatten()
-        })
-}
-
-/// The newest of the two stamp files.
-fn read_stamp_file(store: &Path) -> Option<Stamp> {
-    [stamp_file(store), beside_stamp_file(store)]
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .filter_map(|t| parse_stamp(&t))
-        .max_by_key(|s| s.seq)
-}
-
-fn write_one_stamp(path: &Path, s: Stamp) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
-    let mut f = std::fs::File::create(&tmp)?;
-    writeln!(f, "{} {}", s.seq, s.unix)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
-}
-
-fn write_stamp_file(store: &Path, s: Stamp) -> std::io::Result<()> {
-    write_one_stamp(&stamp_file(store), s)?;
-    write_one_stamp(&beside_stamp_file(store), s)
-}
-
-/// Compare the store's stamp with the file's on open; log loudly and count
-/// a storage error when the store is older than the last flush we made or
-/// empty when one was expected. Returns the sequence to continue from.
-fn check_stamps(path: &Path, o: &Open, errors: &AtomicU64) -> u64 {
-    let in_store = o
-        .meta
-        .get(FLUSH_STAMP)
-        .ok()
-        .flatten()
-        .and_then(|v| Stamp::decode(&v));
-    let on_file = read_stamp_file(path);
-    match (on_file, in_store) {
-        (Some(f), None) => {
-            errors.fetch_add(1, Ordering::Relaxed);
-            let empty = o.ks.iter().next().is_none();
-            error!(
-                path = %path.display(), expected_flush = f.seq, expected_flush_unix = f.unix,
-                "{}: the store holds no flush stamp but flush #{} was persisted; latency history may be lost",
-                if empty { "STORE EMPTY" } else { "STORE ROLLED BACK" },
-                f.seq
-            );
-        }
-        (Some(f), Some(s)) if s.seq < f.seq => {
-            errors.fetch_add(1, Ordering::Relaxed);
-            error!(
-                path = %path.display(), recovered_flush = s.seq, recovered_flush_unix = s.unix,
-                expected_flush = f.seq, expected_flush_unix = f.unix,
-                "STORE ROLLED BACK: the store recovered flush #{} but flush #{} was persisted; the history is older than it should be",
-                s.seq, f.seq
-            );
-        }
-        _ => {}
-    }
-    on_file
-        .map(|f| f.seq)
-        .max(in_store.map(|s| s.seq))
-        .unwrap_or(0)
 }
 
 /// Why the store could not be opened.
@@ -370,12 +252,32 @@ fn open(cfg: &StoreConfig, errors: &AtomicU64) -> Result<Option<Open>, String> {
     }
 }
 
-/// The store thread's sender, its join handle, today's token usage.
+/// The store thread's sender, its join handle, today's token usage, and
+/// the agents whose history was written lately (the ones a restarted
+/// router waits for before it says it is ready).
 pub type Started = (
     std::sync::mpsc::Sender<StoreMsg>,
     std::thread::JoinHandle<()>,
     Vec<QuotaState>,
+    Vec<String>,
 );
+
+/// Peers whose record was written in the last `within` seconds.
+fn recent_peers(o: &Open, now: u64, within: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    for kv in o.ks.iter() {
+        let Ok((k, v)) = kv.into_inner() else {
+            continue;
+        };
+        match (std::str::from_utf8(&k), History::decode(&v)) {
+            (Ok(peer), Ok(h)) if now.saturating_sub(h.written_at) <= within => {
+                out.push(peer.to_string())
+            }
+            _ => {}
+        }
+    }
+    out
+}
 
 /// Open the store (on the calling thread, so a store held by another
 /// process stops start-up with a clear error), then start the store
@@ -387,12 +289,18 @@ pub fn start(cfg: StoreConfig, errors: Arc<AtomicU64>) -> Result<Started, String
         .as_ref()
         .map(|o| load_quota(o, today))
         .unwrap_or_default();
+    // A router flushes every agent's record when it stops (and
+    // periodically): records of the last 3 minutes are the agents it had.
+    let recent = store
+        .as_ref()
+        .map(|o| recent_peers(o, clock::unix_secs(), 180))
+        .unwrap_or_default();
     let (tx, rx) = std::sync::mpsc::channel();
     let h = std::thread::Builder::new()
         .name("store".into())
         .spawn(move || run(cfg, store, rx, errors))
         .map_err(|e| format!("cannot start the store thread: {e}"))?;
-    Ok((tx, h, restored))
+    Ok((tx, h, restored, recent))
 }
 
 /// What failed to reach the disk, kept in memory (the newest value per
@@ -435,18 +343,6 @@ fn write_all(o: &Open, u: &mut Unflushed, seq: u64) -> Result<Stamp, fjall::Erro
     u.history.clear();
     u.quota.clear();
     Ok(stamp)
-}
-
-/// Mark the stamp files "writes failing since `since`" in place (no new
-/// block on a full disk): a restart then says what was lost.
-fn mark_unflushed(store: &Path, last: u64, since: u64) {
-    for p in [stamp_file(store), beside_stamp_file(store)] {
-        if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(&p) {
-            use std::io::Write;
-            let line = format!("{last} {since} unflushed");
-            let _ = f.write_all(format!("{line:<63}\n").as_bytes());
-        }
-    }
 }
 
 /// Write what is pending; after a failure, reopen the store first (a

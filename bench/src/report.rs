@@ -44,6 +44,9 @@ pub struct Recorder {
     pub by_code: BTreeMap<String, u64>,
     /// Per-second histograms of `total`, by intended send second.
     pub timeline: Vec<Histogram<u64>>,
+    /// Per-second histograms of `content_gap`, by the second each gap
+    /// ended in (what a router upgrade at second t adds shows there).
+    pub gap_timeline: Vec<Histogram<u64>>,
 }
 
 impl Default for Recorder {
@@ -62,7 +65,18 @@ impl Default for Recorder {
             by_status: BTreeMap::new(),
             by_code: BTreeMap::new(),
             timeline: Vec::new(),
+            gap_timeline: Vec::new(),
         }
+    }
+}
+
+/// Record `v` in the histogram of second `t` of `line`.
+fn at_second(line: &mut Vec<Histogram<u64>>, t: usize, v: u64) {
+    while line.len() <= t {
+        line.push(hist());
+    }
+    if let Some(h) = line.get_mut(t) {
+        let _ = h.record(v.max(1));
     }
 }
 
@@ -85,6 +99,8 @@ pub struct Sample {
     pub gaps_us: Vec<u64>,
     /// Gaps between events with text, microseconds.
     pub content_gaps_us: Vec<u64>,
+    /// The second (since the start) each of `content_gaps_us` ended in.
+    pub content_gap_seconds: Vec<usize>,
     /// Microseconds the send was late.
     pub lag_us: u64,
     /// HTTP status (0: transport failure).
@@ -116,6 +132,9 @@ impl Recorder {
             }
             for g in &s.content_gaps_us {
                 let _ = self.content_gap.record((*g).max(1));
+            }
+            for (g, t) in s.content_gaps_us.iter().zip(&s.content_gap_seconds) {
+                at_second(&mut self.gap_timeline, *t, *g);
             }
             while self.timeline.len() <= s.second {
                 self.timeline.push(hist());
@@ -149,6 +168,14 @@ impl Recorder {
         }
         for (k, v) in &o.by_code {
             *self.by_code.entry(k.clone()).or_default() += v;
+        }
+        for (i, h) in o.gap_timeline.iter().enumerate() {
+            while self.gap_timeline.len() <= i {
+                self.gap_timeline.push(hist());
+            }
+            if let Some(t) = self.gap_timeline.get_mut(i) {
+                let _ = t.add(h);
+            }
         }
         for (i, h) in o.timeline.iter().enumerate() {
             while self.timeline.len() <= i {
@@ -268,6 +295,9 @@ pub struct Report {
     pub send_lag: Summary,
     /// Per second of the schedule.
     pub timeline: Vec<Second>,
+    /// Gaps between events with text, by the second they ended in.
+    #[serde(default)]
+    pub content_gap_by_second: Vec<Second>,
     /// Latency distribution (percentile, ms) for plotting.
     pub distribution: Vec<(f64, f64)>,
 }
@@ -283,6 +313,27 @@ pub fn build(
     elapsed_s: f64,
 ) -> Report {
     let errors = rec.sent - rec.ok;
+    let seconds = |line: &Vec<Histogram<u64>>| -> Vec<Second> {
+        line.iter()
+            .enumerate()
+            .map(|(t, h)| Second {
+                t,
+                count: h.len(),
+                p50: if h.is_empty() {
+                    0.0
+                } else {
+                    ms(h.value_at_quantile(0.5))
+                },
+                p99: if h.is_empty() {
+                    0.0
+                } else {
+                    ms(h.value_at_quantile(0.99))
+                },
+                max: if h.is_empty() { 0.0 } else { ms(h.max()) },
+            })
+            .collect()
+    };
+    let content_gap_by_second = seconds(&rec.gap_timeline);
     let timeline = rec
         .timeline
         .iter()
@@ -342,6 +393,7 @@ pub fn build(
         content_gap: summary(&rec.content_gap),
         send_lag: summary(&rec.send_lag),
         timeline,
+        content_gap_by_second,
         distribution,
     }
 }

@@ -457,6 +457,12 @@ fn finish(
             .windows(2)
             .map(|w| us(w[0], w[1]))
             .collect();
+        s.content_gap_seconds = x
+            .content_events
+            .iter()
+            .skip(1)
+            .map(|t| t.saturating_duration_since(ctx.start).as_secs() as usize)
+            .collect();
         s.gaps_us = x.events.windows(2).map(|w| us(w[0], w[1])).collect();
     }
     if (200..300).contains(&status) {

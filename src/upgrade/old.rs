@@ -256,6 +256,7 @@ fn hand_over(h: &Handles, sock: std::os::unix::net::UnixStream) -> Result<Handed
         })
         .map_err(|e| format!("cannot start the carrier thread: {e}"))?;
     h.shared.carry.start(tx);
+    h.shared.readiness.drain();
     link.say(&Msg::Go)?;
     for s in &h.shared.mesh {
         let _ = s.unbounded_send(ShardMsg::HandOverHolds);

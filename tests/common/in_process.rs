@@ -67,7 +67,7 @@ pub fn start_router_with(
         })
         .expect("default policies");
     let storage_errors = Arc::new(AtomicU64::new(0));
-    let (store, _store_thread, _restored) = hivenet_router::store::start(
+    let (store, _store_thread, _restored, _recent) = hivenet_router::store::start(
         hivenet_router::store::StoreConfig {
             path: dir.join("db"),
             reset: false,
@@ -120,6 +120,7 @@ pub fn start_router_with(
         sites: Versioned::new(Default::default()),
         holds: Default::default(),
         carry: Default::default(),
+        readiness: Default::default(),
     });
     let listeners = ShardListeners {
         http: vec![http],

@@ -446,6 +446,7 @@ pub async fn serve_link(
         }
     }
     let agent = shard.add_agent(reg, link, warm);
+    shard.router.readiness.registered(&agent.reg.peer_id);
     shard.router.publish("registered", &agent.reg);
     if let Some(n) = shard.peer_line(&agent.reg.peer_id, "registered") {
         info!(

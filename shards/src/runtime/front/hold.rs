@@ -459,22 +459,37 @@ pub fn map_changed(shard: &Shard) {
     }
 }
 
+/// Held requests handed over per batch, and the pause between batches:
+/// carrying 10,000 at once stalled the streams this shard relays by
+/// 0.5 s (perf/2026-12-05-upgrade).
+const HAND_OVER_BATCH: usize = 128;
+const HAND_OVER_PAUSE: Duration = Duration::from_millis(4);
+
 /// The process replacing this one takes every held request over, in the
-/// order a wake would release them (issue 54).
-pub fn hand_over(shard: &Shard) {
-    let all: Vec<_> = shard.held.borrow_mut().drain().collect();
-    for (_, waiters) in all {
-        let who: Vec<_> = waiters
-            .iter()
-            .map(|w| (w.fair.class, w.fair.tenant, w.fair.cost))
-            .collect();
-        let mut waiters: Vec<Option<HeldWaiter>> = waiters.into_iter().map(Some).collect();
-        for i in pure::release_order(&who) {
-            if let Some(w) = waiters.get_mut(i).and_then(Option::take) {
-                let _ = w.tx.send(Release::HandOver);
+/// order a wake would release them (issue 54), a batch at a time.
+pub fn hand_over(shard: &Rc<Shard>) {
+    let shard = shard.clone();
+    monoio::spawn(async move {
+        loop {
+            let Some(model) = shard.held.borrow().keys().next().cloned() else {
+                return;
+            };
+            let waiters = shard.held.borrow_mut().remove(&model).unwrap_or_default();
+            let who: Vec<_> = waiters
+                .iter()
+                .map(|w| (w.fair.class, w.fair.tenant, w.fair.cost))
+                .collect();
+            let mut waiters: Vec<Option<HeldWaiter>> = waiters.into_iter().map(Some).collect();
+            for (n, i) in pure::release_order(&who).into_iter().enumerate() {
+                if let Some(w) = waiters.get_mut(i).and_then(Option::take) {
+                    let _ = w.tx.send(Release::HandOver);
+                }
+                if n % HAND_OVER_BATCH == HAND_OVER_BATCH - 1 {
+                    monoio::time::sleep(HAND_OVER_PAUSE).await;
+                }
             }
         }
-    }
+    });
 }
 
 /// The router is shutting down: every held request is answered now.

@@ -262,6 +262,21 @@ async fn route(shard: &Rc<Shard>, c: &mut Client, head: RequestHead) -> Next {
         c.scope.quiet = true;
         return respond::send_no_content(c, keep).await.into();
     }
+    // Readiness (a load balancer's probe): 503 until its former agents
+    // are back, and once it stops or was replaced (its streams and held
+    // requests still finish here).
+    if path == "/ready" && head.method == "GET" {
+        c.scope.quiet = true;
+        let r = &shard.router.readiness;
+        return if r.ready(clock::now()) {
+            respond::send_json(c, 200, br#"{"status":"ready"}"#, keep).await
+        } else if r.draining() {
+            respond::send_json(c, 503, br#"{"status":"draining"}"#, keep).await
+        } else {
+            respond::send_json(c, 503, br#"{"status":"starting"}"#, keep).await
+        }
+        .into();
+    }
     if path == "/health" {
         c.scope.quiet = true;
         return if head.method == "GET" {

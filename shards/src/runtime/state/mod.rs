@@ -12,6 +12,7 @@ pub mod mesh;
 pub mod model;
 pub mod peer_log;
 pub mod pending;
+pub mod readiness;
 pub mod router;
 pub mod scope;
 pub mod shard;

@@ -201,6 +201,9 @@ pub struct Router {
     pub holds: Arc<super::hold_book::HoldBook>,
     /// Connections going to the process that replaces this one (issue 54).
     pub carry: crate::runtime::front::carry::CarryOut,
+    /// What `/ready` answers: not before its former agents are back, not
+    /// once it stops or is replaced (issue 54).
+    pub readiness: super::readiness::Readiness,
     /// `--shared-state`: Redis shared with the other routers (None: this
     /// router alone).
     pub shared_state: Option<Arc<crate::runtime::services::shared_state::SharedState>>,

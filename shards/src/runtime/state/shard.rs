@@ -597,6 +597,7 @@ mod tests {
             sites: Versioned::new(Default::default()),
             holds: Default::default(),
             carry: Default::default(),
+            readiness: Default::default(),
         })
     }
 

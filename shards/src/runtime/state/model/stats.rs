@@ -17,7 +17,7 @@ pub const HTTP_BUCKETS: [f64; 13] = [
 
 /// Every route label: the endpoints' patterns, then `unmatched` (a
 /// bounded set, whatever clients send).
-pub const ROUTES: [&str; 19] = [
+pub const ROUTES: [&str; 20] = [
     "/v1/chat/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
@@ -25,6 +25,7 @@ pub const ROUTES: [&str; 19] = [
     "/v1/rerank",
     "/v1/models",
     "/health",
+    "/ready",
     "/admin/routing-table",
     "/admin/health",
     "/admin/policy",
@@ -40,7 +41,7 @@ pub const ROUTES: [&str; 19] = [
 ];
 
 /// Where [`ROUTES`]' patterns with a parameter begin.
-const PREFIXED_FROM: usize = 14;
+const PREFIXED_FROM: usize = 15;
 
 /// The index in [`ROUTES`] of a request path's route.
 pub fn route_index(path: &str) -> usize {
