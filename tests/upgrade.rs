@@ -36,11 +36,24 @@ fn args(ports: (u16, u16, u16)) -> Vec<String> {
 
 const KEY: &str = "sk-upgrade";
 
+const RPM_KEY: &str = "sk-upgrade-rpm";
+
 fn auth_yaml() -> String {
     format!(
-        "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      metadata: {{name: k, owner: acme}}\n      quota: {{tokens_per_day: 100000000}}\n",
-        sha256_hex(KEY)
+        "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      metadata: {{name: k, owner: acme}}\n      quota: {{tokens_per_day: 100000000}}\n    - key_hash: \"{}\"\n      metadata: {{name: r, owner: slow}}\n      quota: {{requests_per_minute: 3}}\n",
+        sha256_hex(KEY),
+        sha256_hex(RPM_KEY)
     )
+}
+
+/// One non-streamed chat with `key`: its status.
+fn status_with(http: u16, key: &str) -> u16 {
+    Req::chat("m")
+        .bearer(key)
+        .send(http)
+        .map(Resp::pair)
+        .map(|(s, _)| s)
+        .unwrap_or(0)
 }
 
 fn start(dir: &std::path::Path, ports: (u16, u16, u16), upgrade: bool) -> Proc {
@@ -321,6 +334,10 @@ fn history_and_usage_are_the_same_after_an_upgrade() {
         let (h, _) = request(ports.0, "m", false, 8).expect("chat");
         assert!(h.starts_with("HTTP/1.1 200"), "{h}");
     }
+    // A tenant's minute of requests spent before the upgrade.
+    for _ in 0..3 {
+        assert_eq!(status_with(ports.0, RPM_KEY), 200);
+    }
     let before = srtt(ports.0);
     let used = used_today(ports.1);
     assert!(
@@ -342,6 +359,12 @@ fn history_and_usage_are_the_same_after_an_upgrade() {
         used_today(ports.1),
         used,
         "today's usage changed across the upgrade"
+    );
+    // No second minute's budget in the new process.
+    assert_eq!(
+        status_with(ports.0, RPM_KEY),
+        429,
+        "the request rate was not carried over"
     );
     // Served after it, counted on top.
     let (h, _) = request(ports.0, "m", false, 8).expect("chat");

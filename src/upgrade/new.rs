@@ -127,7 +127,14 @@ impl Inherit {
         }
         self.link.say(&Msg::Linked { peers: linked })?;
         match next_step(&steps, "go", STEP)? {
-            Msg::Go => {}
+            Msg::Go { rates } => {
+                let rates: Vec<_> = rates
+                    .into_iter()
+                    .map(|(t, m, ahead)| ((Arc::<str>::from(t.as_str()), m), ahead))
+                    .collect();
+                let now = shards::runtime::wire::clock::mono_ns();
+                shared.auth.load().take_rates(&rates, now);
+            }
             other => return Err(format!("--upgrade: unexpected message {other:?}")),
         }
         for kind in [ListenerKind::Http, ListenerKind::Metrics] {

@@ -257,7 +257,16 @@ fn hand_over(h: &Handles, sock: std::os::unix::net::UnixStream) -> Result<Handed
         .map_err(|e| format!("cannot start the carrier thread: {e}"))?;
     h.shared.carry.start(tx);
     h.shared.readiness.drain();
-    link.say(&Msg::Go)?;
+    let now = shards::runtime::wire::clock::mono_ns();
+    let rates = h
+        .shared
+        .auth
+        .load()
+        .rates_ahead(now)
+        .into_iter()
+        .map(|((t, m), ahead)| (t.to_string(), m, ahead))
+        .collect();
+    link.say(&Msg::Go { rates })?;
     for s in &h.shared.mesh {
         let _ = s.unbounded_send(ShardMsg::HandOverHolds);
     }

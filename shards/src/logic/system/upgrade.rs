@@ -156,8 +156,13 @@ pub enum Msg {
         /// Peer IDs.
         peers: Vec<String>,
     },
-    /// old → new: old stopped accepting; accept clients now.
-    Go,
+    /// old → new: old stopped accepting; accept clients now. `rates`:
+    /// each request-rate bucket spending ahead (tenant, model, ns ahead).
+    Go {
+        /// Buckets ahead.
+        #[serde(default)]
+        rates: Vec<(String, String, u64)>,
+    },
     /// old → new: a client connection (descriptor attached; payload:
     /// the bytes read from it and not answered).
     Conn {

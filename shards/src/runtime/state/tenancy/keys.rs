@@ -294,6 +294,31 @@ impl AuthState {
         }
     }
 
+    /// The request-rate state of every bucket spending ahead of `now_ns`
+    /// (its GCRA arrival time, as nanoseconds ahead): what a replacing
+    /// process takes over (issue 54), clocks being per process.
+    pub fn rates_ahead(&self, now_ns: u64) -> Vec<(BucketKey, u64)> {
+        self.buckets
+            .iter()
+            .filter_map(|(k, b)| {
+                let tat = b.rpm.load(Ordering::Relaxed);
+                (tat > now_ns).then(|| (k.clone(), tat - now_ns))
+            })
+            .collect()
+    }
+
+    /// Take the request-rate state of the process this one replaced: a
+    /// bucket's arrival time moves to `now_ns + ahead` when that is later
+    /// (no tenant gets a second minute's budget across an upgrade).
+    pub fn take_rates(&self, rates: &[(BucketKey, u64)], now_ns: u64) {
+        for (k, ahead) in rates {
+            if let Some(b) = self.buckets.get(k) {
+                b.rpm
+                    .fetch_max(now_ns.saturating_add(*ahead), Ordering::AcqRel);
+            }
+        }
+    }
+
     /// Today's usage of every bucket that has some (for the store).
     pub fn daily_states(&self) -> Vec<(BucketKey, u64)> {
         self.buckets
