@@ -19,11 +19,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def http_get(port, path, timeout=5):
-    """(status, body) of GET http://127.0.0.1:port/path on its own connection."""
+def http_request(port, method, path, body=b"", timeout=5, headers=""):
+    """(status, body) of one request to http://127.0.0.1:port/path on its
+    own connection (`headers`: extra header lines, each ending in CRLF)."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     try:
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n".encode())
+        head = (f"{method} {path} HTTP/1.1\r\nHost: s\r\n{headers}"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+        s.sendall(head.encode() + body)
         data = b""
         while True:
             d = s.recv(65536)
@@ -32,8 +35,13 @@ def http_get(port, path, timeout=5):
             data += d
     finally:
         s.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), rest
+
+
+def http_get(port, path, timeout=5):
+    """(status, body) of GET http://127.0.0.1:port/path on its own connection."""
+    return http_request(port, "GET", path, timeout=timeout)
 
 
 def wait_until(pred, what, limit=30.0):

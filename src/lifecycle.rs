@@ -118,9 +118,10 @@ pub(crate) fn start_quota_flush(
     }
 }
 
-/// Requests in flight on every shard (from their snapshots).
-pub(crate) fn in_flight(shared: &Router) -> u64 {
-    let mut total = 0u64;
+/// Every shard's snapshot (a shard that does not answer within 1 s is
+/// left out).
+fn snapshots(shared: &Router) -> Vec<shards::runtime::state::views::ShardSnapshot> {
+    let mut out = Vec::new();
     for tx in &shared.mesh {
         let (t, r) = futures::channel::oneshot::channel();
         if tx
@@ -135,10 +136,18 @@ pub(crate) fn in_flight(shared: &Router) -> u64 {
             futures::pin_mut!(timeout);
             futures::select! { s = futures::FutureExt::fuse(r) => s.ok(), _ = timeout => None }
         });
-        if let Some(s) = got {
-            total += s.agents.iter().map(|a| u64::from(a.active)).sum::<u64>();
-        }
+        out.extend(got);
     }
+    out
+}
+
+/// Requests in flight on every shard (from their snapshots).
+pub(crate) fn in_flight(shared: &Router) -> u64 {
+    let total: u64 = snapshots(shared)
+        .iter()
+        .flat_map(|s| s.agents.iter())
+        .map(|a| u64::from(a.active))
+        .sum();
     // Held requests count until their answer is written (a shutdown
     // answers them model_waking; exiting first would cut those answers).
     total + shared.holds.lock().ledger.held().0
@@ -146,20 +155,10 @@ pub(crate) fn in_flight(shared: &Router) -> u64 {
 
 /// The peer IDs of the agents registered on every shard.
 pub(crate) fn agents_here(shared: &Router) -> std::collections::HashSet<String> {
-    let mut out = std::collections::HashSet::new();
-    for tx in &shared.mesh {
-        let (t, r) = futures::channel::oneshot::channel();
-        if tx
-            .unbounded_send(shards::runtime::state::mesh::ShardMsg::Snapshot { reply: t })
-            .is_err()
-        {
-            continue;
-        }
-        if let Ok(s) = futures::executor::block_on(r) {
-            out.extend(s.agents.into_iter().map(|a| a.peer_id));
-        }
-    }
-    out
+    snapshots(shared)
+        .into_iter()
+        .flat_map(|s| s.agents.into_iter().map(|a| a.peer_id))
+        .collect()
 }
 
 /// A timer future for the main thread (no runtime there).

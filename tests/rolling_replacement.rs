@@ -8,14 +8,11 @@
 //! failed, no connection refused.
 
 mod common;
+use common::hold::{chat_on, push_at_zero, whole_stream, ADMIN};
 use common::*;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-const ADMIN: &str = "rolling-admin";
 
 fn router(dir: &std::path::Path, ports: (u16, u16, u16), redis: u16) -> Proc {
     let h = format!("127.0.0.1:{}", ports.0);
@@ -54,20 +51,6 @@ fn ready(http: u16) -> bool {
         .is_ok_and(|(s, _)| s == 200)
 }
 
-fn push_map(http: u16) {
-    let body = format!(
-        r#"{{"version":"1","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{http}"}}],"placements":[{}]}}"#,
-        common::hold::at_zero("z", "chat", "120s")
-    );
-    let (st, b) = Req::new("PUT", "/admin/sibling-map")
-        .body(body.as_bytes())
-        .bearer(ADMIN)
-        .send(http)
-        .map(Resp::pair)
-        .expect("push");
-    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
-}
-
 /// The Service: the next ready router, in turn (what a Service's
 /// endpoints do once a terminating pod's readiness fails).
 struct Service {
@@ -95,29 +78,7 @@ fn request(
     stream: bool,
     tokens: u32,
 ) -> std::io::Result<(String, String)> {
-    let body = format!(
-        r#"{{"model":"{model}","stream":{stream},"max_tokens":{tokens},"messages":[{{"role":"user","content":"hi"}}]}}"#
-    );
-    let mut s = TcpStream::connect(("127.0.0.1", svc.pick()))?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    s.write_all(
-        format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .as_bytes(),
-    )?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out)?;
-    Ok(common::hold::split_response(&out))
-}
-
-fn whole_stream(body: &str, tokens: usize) -> bool {
-    let n = body
-        .lines()
-        .filter(|l| l.starts_with("data: {") && l.contains("\"content\""))
-        .count();
-    body.contains("data: [DONE]") && n >= tokens
+    chat_on(svc.pick(), None, model, stream, tokens)
 }
 
 #[test]
@@ -132,8 +93,8 @@ fn a_rolling_replacement_of_one_of_two_routers_loses_nothing() {
     std::fs::create_dir_all(&db).expect("dir");
     let mut a = router(&da, pa, redis_port);
     let mut b = router(&db, pb, redis_port);
-    push_map(pa.0);
-    push_map(pb.0);
+    push_at_zero(pa.0, "z", "120s");
+    push_at_zero(pb.0, "z", "120s");
     // Every agent links to both routers.
     let to_both = |sim: u16, key: &str| {
         let ra = format!("/ip4/127.0.0.1/tcp/{}", pa.2);
@@ -235,7 +196,7 @@ fn a_rolling_replacement_of_one_of_two_routers_loses_nothing() {
     );
     // The new pod on A's ports; the agents come back to it.
     let mut a2 = router(&da, pa, redis_port);
-    push_map(pa.0);
+    push_at_zero(pa.0, "z", "120s");
     wait_agents(pa.0, "m", 1);
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);

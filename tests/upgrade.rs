@@ -8,9 +8,9 @@
 //! serving with nothing lost.
 
 mod common;
-use common::hold::ADMIN;
+use common::hold::{chat_on, push_at_zero, whole_stream, ADMIN};
 use common::*;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -101,51 +101,36 @@ fn healthy(http: u16) -> bool {
         .unwrap_or(false)
 }
 
-/// One request on its own connection; the whole answer.
+/// One chat with the test's key on its own connection.
 fn request(http: u16, model: &str, stream: bool, tokens: u32) -> std::io::Result<(String, String)> {
-    let body = format!(
-        r#"{{"model":"{model}","stream":{stream},"max_tokens":{tokens},"messages":[{{"role":"user","content":"hi"}}]}}"#
-    );
-    let mut s = TcpStream::connect(("127.0.0.1", http))?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    s.write_all(
-        format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .as_bytes(),
-    )?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out)?;
-    Ok(hold_split(&out))
+    chat_on(http, Some(KEY), model, stream, tokens)
 }
 
-fn hold_split(out: &[u8]) -> (String, String) {
-    common::hold::split_response(out)
+/// A router with a served model `m` (a sim with `sim`, its agent).
+struct Setup {
+    dir: std::path::PathBuf,
+    ports: (u16, u16, u16),
+    old: Proc,
+    _sim: Proc,
+    _agent: Proc,
 }
 
-/// Place `z` (chat) on this site at zero, held up to 120 s.
-fn push_map(http: u16) {
-    let body = format!(
-        r#"{{"version":"1","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{http}"}}],"placements":[{}]}}"#,
-        common::hold::at_zero("z", "chat", "120s")
-    );
-    let (st, b) = Req::new("PUT", "/admin/sibling-map")
-        .body(body.as_bytes())
-        .bearer(ADMIN)
-        .send(http)
-        .map(Resp::pair)
-        .expect("push");
-    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
-}
-
-/// A streamed answer is whole: every token and the end.
-fn whole_stream(body: &str, tokens: usize) -> bool {
-    let chunks = body
-        .lines()
-        .filter(|l| l.starts_with("data: {") && l.contains("\"content\""))
-        .count();
-    body.contains("data: [DONE]") && chunks >= tokens
+fn setup(tag: &str, sim: &[&str]) -> Setup {
+    let dir = tmpdir(tag);
+    std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth");
+    let ports = (free_port(), free_port(), free_port());
+    let old = start(&dir, ports, false);
+    wait_until(Duration::from_secs(20), || healthy(ports.0), "router");
+    let (_sim, sim_port) = start_sim(&dir, "m", sim);
+    let _agent = agent_to(&dir, ports.2, sim_port, "a.key", &[]);
+    wait_model(ports.0, "m");
+    Setup {
+        dir,
+        ports,
+        old,
+        _sim,
+        _agent,
+    }
 }
 
 fn wait_exit(p: &mut Proc, limit: Duration) -> Option<std::process::ExitStatus> {
@@ -204,7 +189,7 @@ fn an_upgrade_under_load_cuts_nothing_and_loses_nothing() {
     let (_sim, sim_port) = start_sim(&dir, "m", &["--itl", "50ms", "--output-tokens", "60"]);
     let _agent = agent_to(&dir, ports.2, sim_port, "a.key", &[]);
     wait_model(ports.0, "m");
-    push_map(ports.0);
+    push_at_zero(ports.0, "z", "120s");
     const STREAMS: usize = 12;
     const HELD: usize = 8;
     let streams: Vec<_> = (0..STREAMS)
@@ -322,14 +307,9 @@ fn an_upgrade_under_load_cuts_nothing_and_loses_nothing() {
 
 #[test]
 fn history_and_usage_are_the_same_after_an_upgrade() {
-    let dir = tmpdir("upgrade-state");
-    std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth");
-    let ports = (free_port(), free_port(), free_port());
-    let mut old = start(&dir, ports, false);
-    wait_until(Duration::from_secs(20), || healthy(ports.0), "router");
-    let (_sim, sim_port) = start_sim(&dir, "m", &["--ttft", "5ms"]);
-    let _agent = agent_to(&dir, ports.2, sim_port, "a.key", &[]);
-    wait_model(ports.0, "m");
+    let mut su = setup("upgrade-state", &["--ttft", "5ms"]);
+    let (dir, ports) = (su.dir.clone(), su.ports);
+    let old = &mut su.old;
     for _ in 0..5 {
         let (h, _) = request(ports.0, "m", false, 8).expect("chat");
         assert!(h.starts_with("HTTP/1.1 200"), "{h}");
@@ -346,7 +326,7 @@ fn history_and_usage_are_the_same_after_an_upgrade() {
     );
     let mut new = start(&dir, ports, true);
     assert!(
-        wait_exit(&mut old, Duration::from_secs(30)).is_some(),
+        wait_exit(old, Duration::from_secs(30)).is_some(),
         "old still running"
     );
     wait_model(ports.0, "m");
@@ -375,14 +355,9 @@ fn history_and_usage_are_the_same_after_an_upgrade() {
 
 #[test]
 fn a_replacement_that_fails_leaves_the_old_router_serving() {
-    let dir = tmpdir("upgrade-fail");
-    std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth");
-    let ports = (free_port(), free_port(), free_port());
-    let mut old = start(&dir, ports, false);
-    wait_until(Duration::from_secs(20), || healthy(ports.0), "router");
-    let (_sim, sim_port) = start_sim(&dir, "m", &["--itl", "20ms", "--output-tokens", "50"]);
-    let _agent = agent_to(&dir, ports.2, sim_port, "a.key", &[]);
-    wait_model(ports.0, "m");
+    let mut su = setup("upgrade-fail", &["--itl", "20ms", "--output-tokens", "50"]);
+    let (dir, ports) = (su.dir.clone(), su.ports);
+    let old = &mut su.old;
     let streams: Vec<_> = (0..4)
         .map(|_| std::thread::spawn(move || request(ports.0, "m", true, 50)))
         .collect();
@@ -432,7 +407,7 @@ fn a_replacement_that_fails_leaves_the_old_router_serving() {
     // later replacement succeeds.
     let mut new = start(&dir, ports, true);
     assert!(
-        wait_exit(&mut old, Duration::from_secs(30)).is_some(),
+        wait_exit(old, Duration::from_secs(30)).is_some(),
         "{}",
         new.log_text()
     );
@@ -440,4 +415,47 @@ fn a_replacement_that_fails_leaves_the_old_router_serving() {
     let (h, _) = request(ports.0, "m", false, 2).expect("chat");
     assert!(h.starts_with("HTTP/1.1 200"), "{h}");
     sigterm(&mut new);
+}
+
+#[test]
+fn sigusr2_replaces_the_router_with_the_binary_at_its_path() {
+    // What `systemctl reload` does with the shipped unit.
+    let mut su = setup("upgrade-usr2", &["--itl", "20ms", "--output-tokens", "50"]);
+    let ports = su.ports;
+    let old = &mut su.old;
+    let stream = std::thread::spawn(move || request(ports.0, "m", true, 50));
+    std::thread::sleep(Duration::from_millis(200));
+    signal(old, "USR2");
+    let st = wait_exit(old, Duration::from_secs(30));
+    let log = old.log_text();
+    assert!(st.is_some_and(|s| s.success()), "{st:?}\n{log}");
+    let pid: u32 = log
+        .lines()
+        .find(|l| l.contains("SIGUSR2: replacement started"))
+        .and_then(|l| l.split("pid=").nth(1))
+        .and_then(|p| p.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no replacement pid in the log:\n{log}"));
+    let (head, body) = stream.join().expect("stream").expect("stream answer");
+    assert!(
+        head.starts_with("HTTP/1.1 200") && whole_stream(&body, 50),
+        "{body}"
+    );
+    wait_model(ports.0, "m");
+    let (h, _) = request(ports.0, "m", false, 2).expect("chat");
+    assert!(h.starts_with("HTTP/1.1 200"), "{h}");
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    wait_until(
+        Duration::from_secs(15),
+        || !std::path::Path::new(&format!("/proc/{pid}")).exists() || zombie(pid),
+        "the replacement stops",
+    );
+}
+
+fn zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.contains(") Z "))
+        .unwrap_or(true)
 }

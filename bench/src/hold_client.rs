@@ -117,6 +117,9 @@ struct Book {
     connect_errors: u64,
     sent: usize,
     ended: usize,
+    /// The last bytes of the first few answers that ended after data
+    /// but without `[DONE]` (cut).
+    cut: Vec<String>,
 }
 
 /// Keepalive figures.
@@ -143,6 +146,10 @@ pub struct ReleaseFigures {
     pub closed_without_data: u64,
     /// Could not connect.
     pub connect_errors: u64,
+    /// Ended after data, without `[DONE]`.
+    pub cut: u64,
+    /// The last bytes of the first few of those.
+    pub cut_tails: Vec<String>,
     /// Instants of first data, seconds after the earliest, in hold order.
     pub first_data_s_by_hold_order: Vec<Option<f64>>,
 }
@@ -206,6 +213,7 @@ async fn one(i: usize, opts: Rc<HoldOpts>, book: Rc<RefCell<Book>>, req: Rc<Vec<
     let mut k = 0u32;
     let mut last: Option<Instant> = None;
     let mut buf = vec![0u8; 512];
+    let mut tail: Vec<u8> = Vec::new();
     loop {
         let (r, b) = s.read(buf).await;
         buf = b;
@@ -214,12 +222,29 @@ async fn one(i: usize, opts: Rc<HoldOpts>, book: Rc<RefCell<Book>>, req: Rc<Vec<
                 let mut b = book.borrow_mut();
                 if b.first_data[i].is_none() {
                     b.closed += 1;
+                } else if memchr_find(&unchunked(&tail), b"data: [DONE]") {
+                    // The end marker split over two HTTP chunks (legal:
+                    // the relay passes reads on as they come).
+                    b.served += 1;
+                } else if b.cut.len() < 5 {
+                    let why = match &r {
+                        Err(e) => format!("error {e}"),
+                        _ => "eof".into(),
+                    };
+                    b.cut
+                        .push(format!("{why}: {}", String::from_utf8_lossy(&tail)));
+                } else {
+                    b.cut.push(String::new());
                 }
                 end(&mut b);
                 return;
             }
             Ok(n) => n,
         };
+        tail.extend_from_slice(&buf[..n]);
+        if tail.len() > 600 {
+            tail.drain(..tail.len() - 600);
+        }
         let now = Instant::now();
         let seen = scan.feed(&buf[..n]);
         let mut b = book.borrow_mut();
@@ -255,6 +280,30 @@ async fn one(i: usize, opts: Rc<HoldOpts>, book: Rc<RefCell<Book>>, req: Rc<Vec<
             return;
         }
     }
+}
+
+/// `b` with every chunk-size line (`\r\n<hex>\r\n`) taken out: the
+/// events of a chunked body, near enough to find a marker split by one.
+pub fn unchunked(b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i..].starts_with(b"\r\n") {
+            let rest = &b[i + 2..];
+            let hex = rest.iter().take_while(|c| c.is_ascii_hexdigit()).count();
+            if hex > 0 && rest[hex..].starts_with(b"\r\n") {
+                i += 2 + hex + 2;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
+}
+
+fn memchr_find(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Connect from a source address and port of our own choosing: with
@@ -331,6 +380,8 @@ pub async fn run(opts: HoldOpts) {
     let rel = ReleaseFigures {
         served: b.served,
         closed_without_data: b.closed,
+        cut: b.cut.len() as u64,
+        cut_tails: b.cut.iter().filter(|t| !t.is_empty()).cloned().collect(),
         connect_errors: b.connect_errors,
         first_data_s_by_hold_order: order
             .iter()
@@ -353,6 +404,16 @@ pub async fn run(opts: HoldOpts) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_end_marker_split_over_two_chunks_is_found() {
+        let tail = b"data: {\"a\":1}\n\ndata: [\r\n7\r\nDONE]\n\n\r\n0\r\n\r\n";
+        assert!(memchr_find(&unchunked(tail), b"data: [DONE]"));
+        assert!(!memchr_find(
+            &unchunked(b"data: {\"a\":1}\n\n"),
+            b"data: [DONE]"
+        ));
+    }
 
     #[test]
     fn counts_keepalives_and_events_split_across_reads() {

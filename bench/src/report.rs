@@ -334,26 +334,7 @@ pub fn build(
             .collect()
     };
     let content_gap_by_second = seconds(&rec.gap_timeline);
-    let timeline = rec
-        .timeline
-        .iter()
-        .enumerate()
-        .map(|(t, h)| Second {
-            t,
-            count: h.len(),
-            p50: if h.is_empty() {
-                0.0
-            } else {
-                ms(h.value_at_quantile(0.5))
-            },
-            p99: if h.is_empty() {
-                0.0
-            } else {
-                ms(h.value_at_quantile(0.99))
-            },
-            max: if h.is_empty() { 0.0 } else { ms(h.max()) },
-        })
-        .collect();
+    let timeline = seconds(&rec.timeline);
     let mut distribution = Vec::new();
     if !rec.total.is_empty() {
         for q in [

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from lib import free_port, metric, rss_kib, wait_until  # noqa: E402
+from lib import free_port, http_request, metric, rss_kib, wait_until  # noqa: E402
 
 ADMIN = "bench-admin"
 
@@ -64,17 +63,8 @@ def opener(port, stop, out):
     body = json.dumps({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}).encode()
     while not stop.is_set():
         try:
-            s = socket.create_connection(("127.0.0.1", port), timeout=30)
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
-                      + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-            data = b""
-            while True:
-                d = s.recv(65536)
-                if not d:
-                    break
-                data += d
-            s.close()
-            status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else 0
+            status, _ = http_request(port, "POST", "/v1/chat/completions", body, timeout=30,
+                                     headers="Content-Type: application/json\r\n")
         except OSError as e:
             status = f"{type(e).__name__}"
         out.append(status)
@@ -98,7 +88,10 @@ def main():
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--held", type=int, default=10000)
     ap.add_argument("--itl-ms", type=int, default=100)
-    ap.add_argument("--tokens", type=int, default=60)
+    # A range: streams end at different times (one wave of 1,000 streams
+    # ending together stalls the sim and the client themselves, router or
+    # not: perf/2026-12-05-upgrade/notes.md).
+    ap.add_argument("--tokens", default="30-90")
     ap.add_argument("--duration", type=int, default=40)
     ap.add_argument("--switch-at", type=int, default=15)
     ap.add_argument("--no-switch", action="store_true", help="the same load without the upgrade (the baseline)")
@@ -119,7 +112,7 @@ def main():
     urllib.request.urlopen(req, timeout=5)
     # Two engines for the streams, each taking half of them and more.
     cap = a.streams // 2 + 64
-    sim_args = ["--itl", f"{a.itl_ms}ms", "--output-tokens", str(a.tokens), "--threads", "1"]
+    sim_args = ["--itl", f"{a.itl_ms}ms", "--output-tokens", "1000", "--threads", "1"]
     procs += sim_and_agent(a, work, ports[2], "m", "m1.key", sim_args, cap)
     procs += sim_and_agent(a, work, ports[2], "m", "m2.key", sim_args, cap)
     wait_until(lambda: b'"healthy":2' in urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v1/models").read(),
@@ -187,6 +180,7 @@ def main():
         "pending_demand_max": max(demand) if demand else None, "pending_demand_samples": len(demand),
         "held_served": res["release"]["served"], "held_closed_without_data": res["release"]["closed_without_data"],
         "held_connect_errors": res["release"]["connect_errors"],
+        "held_cut": res["release"].get("cut"), "held_cut_tails": res["release"].get("cut_tails"),
         "keepalive_gap_late_p99_ms": both["from_previous"]["late_p99_ms"],
         "keepalive_gap_late_max_ms": both["from_previous"]["late_max_ms"],
         "keepalive_late_gaps_by_second": both["late_gaps_by_second"],

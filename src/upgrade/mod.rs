@@ -21,6 +21,9 @@ use shards::runtime::wire::fd_pass;
 /// old process then serves on as before).
 pub(crate) const STEP: Duration = Duration::from_secs(60);
 
+/// A message with its payload and descriptors.
+pub(crate) type Received = (Msg, Vec<u8>, Vec<OwnedFd>);
+
 /// One end of the hand-over's socket: reads on one thread, writes from
 /// any (a frame at a time).
 #[derive(Clone)]
@@ -54,9 +57,13 @@ impl Link {
     }
 
     /// The next message; `Ok(None)` when the other side closed.
-    pub(crate) fn recv(&self) -> Result<Option<(Msg, Vec<u8>, Vec<OwnedFd>)>, String> {
+    pub(crate) fn recv(&self) -> Result<Option<Received>, String> {
         match fd_pass::recv(&self.read) {
-            Ok(Some(f)) => Ok(Some((proto::decode(&f.header)?, f.payload, f.fds))),
+            Ok(Some(f)) => Ok(Some((
+                proto::decode(&f.header).map_err(|e| e.to_string())?,
+                f.payload,
+                f.fds,
+            ))),
             Ok(None) => Ok(None),
             Err(e) => Err(format!("upgrade link: {e}")),
         }
@@ -68,7 +75,7 @@ impl Link {
     }
 
     /// The next message, which must be `what` (by its name).
-    pub(crate) fn expect(&self, what: &str) -> Result<(Msg, Vec<u8>, Vec<OwnedFd>), String> {
+    pub(crate) fn expect(&self, what: &str) -> Result<Received, String> {
         match self.recv()? {
             Some(m) => Ok(m),
             None => Err(format!("upgrade link closed while waiting for {what}")),

@@ -222,9 +222,16 @@ fn adopt(
         warn!("upgrade link: a connection without its socket");
         return;
     };
-    let n = shared.mesh.len().max(1);
-    *next = (*next + 1) % n;
-    let Some(tx) = shared.mesh.get(*next) else {
+    // A held request goes to its model's hold shard; a connection to
+    // the shards in turn.
+    let shard = match hold.as_ref().filter(|h| !h.model.is_empty()) {
+        Some(h) => shards::runtime::front::hold::hold_shard(shared, &h.model),
+        None => {
+            *next = (*next + 1) % shared.mesh.len().max(1);
+            *next
+        }
+    };
+    let Some(tx) = shared.mesh.get(shard) else {
         return;
     };
     let o = Outgoing {

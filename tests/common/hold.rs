@@ -138,3 +138,57 @@ pub fn push_kinds(r: &Router) {
         ],
     );
 }
+
+/// Place `model` (chat) on site `a` of the router at `http` with
+/// scale_from_zero, held up to `budget`.
+pub fn push_at_zero(http: u16, model: &str, budget: &str) {
+    let body = format!(
+        r#"{{"version":"1","sites":[{{"site_id":"a","base_url":"http://127.0.0.1:{http}"}}],"placements":[{}]}}"#,
+        at_zero(model, "chat", budget)
+    );
+    let (st, b) = Req::new("PUT", "/admin/sibling-map")
+        .body(body.as_bytes())
+        .bearer(ADMIN)
+        .send(http)
+        .map(Resp::pair)
+        .expect("push");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+}
+
+/// One chat on its own connection to `port` (`key`: its bearer); the
+/// whole answer (head, de-chunked body).
+pub fn chat_on(
+    port: u16,
+    key: Option<&str>,
+    model: &str,
+    stream: bool,
+    tokens: u32,
+) -> std::io::Result<(String, String)> {
+    let body = format!(
+        r#"{{"model":"{model}","stream":{stream},"max_tokens":{tokens},"messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
+    let auth = key
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    Ok(split_response(&out))
+}
+
+/// A streamed answer is whole: at least `tokens` content events and the end.
+pub fn whole_stream(body: &str, tokens: usize) -> bool {
+    let n = body
+        .lines()
+        .filter(|l| l.starts_with("data: {") && l.contains("\"content\""))
+        .count();
+    body.contains("data: [DONE]") && n >= tokens
+}

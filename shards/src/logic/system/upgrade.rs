@@ -50,6 +50,10 @@ pub struct CarriedHold {
     pub daily: Option<(u64, u64, u64)>,
     /// Its request ID (a generated one is kept: the client may have seen it).
     pub request_id: String,
+    /// Its model: the new process sends the connection straight to the
+    /// model's hold shard (no second hand-off between its shards).
+    #[serde(default)]
+    pub model: String,
 }
 
 /// A store call the old process forwards to the new one (which owns the
@@ -198,9 +202,19 @@ pub fn encode(m: &Msg) -> Vec<u8> {
     serde_json::to_vec(m).unwrap_or_default()
 }
 
+/// A message header that is not one of [`Msg`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadMessage(pub String);
+
+impl std::fmt::Display for BadMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "bad upgrade message: {}", self.0)
+    }
+}
+
 /// Decode a message header (from a peer process: any bytes get an error).
-pub fn decode(b: &[u8]) -> Result<Msg, String> {
-    serde_json::from_slice(b).map_err(|e| format!("bad upgrade message: {e}"))
+pub fn decode(b: &[u8]) -> Result<Msg, BadMessage> {
+    serde_json::from_slice(b).map_err(|e| BadMessage(e.to_string()))
 }
 
 /// Records packed into one payload: each `u32` big-endian length first.
@@ -228,12 +242,17 @@ pub fn unpack(mut b: &[u8]) -> Option<Vec<Vec<u8>>> {
     Some(out)
 }
 
+/// A daily bucket: (tenant, model).
+pub type BucketName = (String, String);
+/// A bucket's usage: (day, tokens).
+pub type DayUsage = (u64, u64);
+
 /// The delta of usage between two counts of the same buckets: what the
 /// new process adds to its own (`now` minus `before`, per (tenant,
 /// model, day); a day that changed counts from zero).
 pub fn usage_deltas(
-    before: &std::collections::HashMap<(String, String), (u64, u64)>,
-    now: &[((String, String), (u64, u64))],
+    before: &std::collections::HashMap<BucketName, DayUsage>,
+    now: &[(BucketName, DayUsage)],
 ) -> Vec<(String, String, u64, i64)> {
     let mut out = Vec::new();
     for ((t, m), (day, used)) in now {
@@ -264,6 +283,7 @@ mod tests {
                 committed: true,
                 daily: Some((20_000, 512, 12)),
                 request_id: "r".into(),
+                model: "m".into(),
             }),
         };
         assert_eq!(decode(&encode(&m)), Ok(m));

@@ -160,6 +160,7 @@ pub async fn hold(
                 committed: c.scope.committed,
                 daily: quota.as_ref().and_then(tenancy::Ticket::reserved),
                 request_id: c.scope.request_id.as_str().to_string(),
+                model: model.clone(),
             };
             // Its quota is settled where it ends, never here.
             drop(quota);
@@ -459,11 +460,12 @@ pub fn map_changed(shard: &Shard) {
     }
 }
 
-/// Held requests handed over per batch, and the pause between batches:
-/// carrying 10,000 at once stalled the streams this shard relays by
-/// 0.5 s (perf/2026-12-05-upgrade).
-const HAND_OVER_BATCH: usize = 128;
-const HAND_OVER_PAUSE: Duration = Duration::from_millis(4);
+/// Held requests handed over per batch, and the pause between batches
+/// (10,000 in about 2.4 s; their keepalives go on meanwhile): carrying
+/// them at once stalled the streams relayed beside them by 0.5 s, 128
+/// every 4 ms still added 80-100 ms at p99 (perf/2026-12-05-upgrade).
+const HAND_OVER_BATCH: usize = 64;
+const HAND_OVER_PAUSE: Duration = Duration::from_millis(15);
 
 /// The process replacing this one takes every held request over, in the
 /// order a wake would release them (issue 54), a batch at a time.
