@@ -374,7 +374,10 @@ fn a_replacement_that_fails_leaves_the_old_router_serving() {
     assert_eq!(code, Some(2), "{err}");
     // Replacements killed at steps of the hand-over: once connected
     // (the sockets received), once the store moved to it.
+    // The agent is paused meanwhile: the replacement waits for it to
+    // link (up to 10 s), so each kill lands before the switch.
     for step in ["listening sockets received", "the store is ours"] {
+        signal(&su._agent, "STOP");
         let mut p = start(&dir, ports, true);
         wait_until(
             Duration::from_secs(20),
@@ -382,6 +385,7 @@ fn a_replacement_that_fails_leaves_the_old_router_serving() {
             step,
         );
         p.kill9();
+        signal(&su._agent, "CONT");
         assert!(
             !p.log_text().contains("this process serves"),
             "killed too late (after the switch):\n{}",
@@ -458,4 +462,119 @@ fn zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| s.contains(") Z "))
         .unwrap_or(true)
+}
+
+/// Turn `turn` of conversation `conv`: its own long system prompt, the
+/// turns before, a new question.
+fn conversation_turn(conv: usize, turn: usize) -> String {
+    let system = format!("You are assistant {conv}. ") + &"Answer briefly. ".repeat(60);
+    let mut msgs = vec![serde_json::json!({"role": "system", "content": system})];
+    for t in 0..=turn {
+        msgs.push(
+            serde_json::json!({"role": "user", "content": format!("question {t} of {conv}")}),
+        );
+        if t < turn {
+            msgs.push(serde_json::json!({"role": "assistant", "content": format!("answer {t}")}));
+        }
+    }
+    serde_json::json!({"model": "m", "max_tokens": 2, "messages": msgs}).to_string()
+}
+
+/// Which of `sims` served one request (its completion count moved).
+fn served_by(http: u16, sims: &[u16], body: &str) -> usize {
+    let before: Vec<f64> = sims.iter().map(|p| sim_completions(*p)).collect();
+    let (st, b) = Req::post("/v1/chat/completions", body)
+        .bearer(KEY)
+        .send(http)
+        .map(Resp::pair)
+        .expect("turn");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    let mut who = usize::MAX;
+    wait_until(
+        Duration::from_secs(5),
+        || {
+            who = sims
+                .iter()
+                .zip(&before)
+                .position(|(p, b)| sim_completions(*p) > *b)
+                .unwrap_or(usize::MAX);
+            who != usize::MAX
+        },
+        "the serving engine",
+    );
+    who
+}
+
+#[test]
+fn conversations_keep_their_engines_across_an_upgrade() {
+    let dir = tmpdir("upgrade-affinity");
+    std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth");
+    std::fs::write(
+        dir.join("policy.yaml"),
+        "routing_policy:\n  strategy: prefix-aware\n",
+    )
+    .expect("policy");
+    let ports = (free_port(), free_port(), free_port());
+    let mut a = args(ports);
+    a.extend(["--policy-file".into(), "policy.yaml".into()]);
+    let start_with = |upgrade: bool| {
+        let mut a = a.clone();
+        if upgrade {
+            a.push("--upgrade".into());
+        }
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        spawn(
+            "hivenet-router",
+            &refs,
+            &dir,
+            &[("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN)],
+        )
+    };
+    let mut old = start_with(false);
+    wait_until(Duration::from_secs(20), || healthy(ports.0), "router");
+    let mut keep = Vec::new();
+    let mut sims = Vec::new();
+    for i in 0..3 {
+        let (s, port) = start_sim(&dir, "m", &["--prefix-cache-tokens", "65536"]);
+        keep.push(s);
+        keep.push(agent_to(&dir, ports.2, port, &format!("a{i}.key"), &[]));
+        sims.push(port);
+    }
+    let three = || {
+        let Ok((200, b)) = Req::get("/v1/models")
+            .bearer(KEY)
+            .send(ports.0)
+            .map(Resp::pair)
+        else {
+            return false;
+        };
+        String::from_utf8_lossy(&b).contains("\"healthy\":3")
+    };
+    wait_until(Duration::from_secs(30), three, "three engines");
+    let holders: Vec<usize> = (0..6)
+        .map(|c| served_by(ports.0, &sims, &conversation_turn(c, 0)))
+        .collect();
+    assert!(
+        holders
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            > 1,
+        "the conversations all went to one engine: {holders:?}"
+    );
+    let mut new = start_with(true);
+    assert!(
+        wait_exit(&mut old, Duration::from_secs(30)).is_some(),
+        "old still running"
+    );
+    wait_until(
+        Duration::from_secs(30),
+        three,
+        "three engines after the upgrade",
+    );
+    let after: Vec<usize> = (0..6)
+        .map(|c| served_by(ports.0, &sims, &conversation_turn(c, 1)))
+        .collect();
+    assert_eq!(after, holders, "a conversation moved to another engine");
+    sigterm(&mut new);
 }

@@ -309,6 +309,30 @@ mod tests {
     }
 
     #[test]
+    fn a_router_being_replaced_shares_the_capacity_across_both_links() {
+        let t = Instant::now();
+        let g = Gate::new(2, 1);
+        assert!(!g.shared(), "one router: nothing refused or reported");
+        let a = g.try_enter(0, t).expect("first");
+        let twin = g.relink(0).expect("the twin slot");
+        assert_eq!((twin, g.router_of(twin)), (1, 0));
+        assert!(g.relink(0).is_none(), "a second relink is ignored");
+        assert!(g.shared());
+        let b = g
+            .try_enter(twin, t)
+            .expect("second, on the new process's link");
+        assert!(
+            g.try_enter(twin, t).is_none(),
+            "over the capacity of both links together"
+        );
+        assert_eq!(g.report(twin), (2, 1));
+        drop(a);
+        assert!(g.retired(0), "the old link does not reconnect");
+        assert!(!g.retired(0), "its slot is free for a later upgrade");
+        drop(b);
+    }
+
+    #[test]
     fn capacity_holds_in_total_across_links_and_reports_coalesce() {
         let t = Instant::now();
         let g = Gate::new(2, 3);

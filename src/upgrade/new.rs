@@ -201,6 +201,14 @@ fn reader(link: Link, shared: Arc<Router>, store: StoreTx) -> super::Steps {
                             let _ = link.send(&Msg::StoreReply { id, answer }, &out, &[]);
                         }
                     }
+                    Msg::Affinity { model } => {
+                        let notes =
+                            shards::logic::routing::affinity::AffinityNote::decode_all(&payload);
+                        let owner = shared.directory.load().assigned(&model);
+                        if let Some(tx) = owner.and_then(|o| shared.mesh.get(o)) {
+                            let _ = tx.unbounded_send(ShardMsg::Affinity { model, notes });
+                        }
+                    }
                     Msg::Done => info!("upgrade: the old process finished and exits"),
                     step => {
                         let _ = tx.send(step);

@@ -242,6 +242,18 @@ fn hand_over(h: &Handles, sock: std::os::unix::net::UnixStream) -> Result<Handed
     // held requests go over.
     accept(&h.shared, ListenerKind::Http, false);
     accept(&h.shared, ListenerKind::Metrics, false);
+    // Conversations keep their engines: the affinity index goes over.
+    let mut by_model: HashMap<String, Vec<u8>> = HashMap::new();
+    for (model, note) in each_shard(&h.shared, |reply| ShardMsg::AffinityDump { reply })
+        .into_iter()
+        .flatten()
+    {
+        note.encode(by_model.entry(model).or_default());
+    }
+    for (model, blob) in by_model {
+        link.send(&Msg::Affinity { model }, &blob, &[])
+            .map_err(|e| format!("cannot send the affinity index: {e}"))?;
+    }
     let (tx, rx) = std::sync::mpsc::channel::<shards::runtime::front::carry::Outgoing>();
     let carrier = link.clone();
     std::thread::Builder::new()

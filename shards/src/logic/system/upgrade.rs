@@ -160,6 +160,12 @@ pub enum Msg {
         /// Peer IDs.
         peers: Vec<String>,
     },
+    /// old → new: the cache-affinity index's entries of `model` (the
+    /// payload: notes, `AffinityNote::encode`d), before `Go`.
+    Affinity {
+        /// The model.
+        model: String,
+    },
     /// old → new: old stopped accepting; accept clients now. `rates`:
     /// each request-rate bucket spending ahead (tenant, model, ns ahead).
     Go {

@@ -222,6 +222,9 @@ fn on_message(shard: &Rc<Shard>, accepting: &mut Accepting, msg: ShardMsg) {
             let _ = reply.send(());
         }
         ShardMsg::HandOverHolds => super::hold::hand_over(shard),
+        ShardMsg::AffinityDump { reply } => {
+            let _ = reply.send(crate::runtime::request::affinity::dump(shard));
+        }
         ShardMsg::AdoptCarried(o) => super::carry::adopt(shard, o.stream, o.bytes, o.hold),
         ShardMsg::Relink { reply } => super::carry::relink_all(shard, reply),
         ShardMsg::DrainAgent { peer_id, on, reply } => {

@@ -216,3 +216,46 @@ fn check_prediction(shard: &Shard, m: &mut ModelState, agent: &Agent, hit: Holde
         m.stats.affinity.stale += 1;
     }
 }
+
+/// This shard's index as notes per model: (model, note), each note one
+/// agent's hashes (at most [`crate::logic::routing::affinity::NOTE_HASHES`]),
+/// for the process replacing this one (issue 54), which records them as
+/// it records other routers' notes: a conversation keeps its engine
+/// across an upgrade.
+pub fn dump(shard: &Shard) -> Vec<(String, AffinityNote)> {
+    let entries = match shard.affinity.borrow().as_ref() {
+        Some(ix) => ix.entries(),
+        None => return Vec::new(),
+    };
+    let agents: std::collections::HashMap<u64, (String, u64)> = shard
+        .all_agents()
+        .iter()
+        .map(|a| (a.id, (a.reg.model.clone(), peer_hash(&a.reg.peer_id))))
+        .collect();
+    let mut open: std::collections::HashMap<u64, AffinityNote> = Default::default();
+    let mut out = Vec::new();
+    for (hash, agent) in entries {
+        let Some((model, peer)) = agents.get(&agent) else {
+            continue;
+        };
+        let n = open.entry(agent).or_insert_with(|| AffinityNote {
+            salt: model_salt(model),
+            peer: *peer,
+            ..AffinityNote::default()
+        });
+        if let Some(slot) = n.hashes.get_mut(usize::from(n.len)) {
+            *slot = hash;
+            n.len += 1;
+        }
+        if usize::from(n.len) == n.hashes.len() {
+            out.push((model.clone(), *n));
+            n.len = 0;
+        }
+    }
+    for (agent, n) in open {
+        if let (Some((model, _)), true) = (agents.get(&agent), n.len > 0) {
+            out.push((model.clone(), n));
+        }
+    }
+    out
+}

@@ -68,6 +68,12 @@ pub enum ShardMsg {
     },
     /// The process replacing this one takes every held request over.
     HandOverHolds,
+    /// This shard's cache-affinity index as notes per model, for the
+    /// process replacing this one.
+    AffinityDump {
+        /// Where to answer.
+        reply: oneshot::Sender<Vec<(String, crate::logic::routing::affinity::AffinityNote)>>,
+    },
     /// Serve a connection the process this one replaced sent.
     AdoptCarried(Box<crate::runtime::front::carry::Outgoing>),
     /// Tell every agent linked here to link to the process replacing

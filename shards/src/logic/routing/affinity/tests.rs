@@ -339,3 +339,14 @@ fn a_holder_predicts_its_prefix_in_tokens_never_more_than_the_prompt() {
     // A session key's holder: the previous turn, half the prompt.
     assert_eq!(predicted_tokens(&h(0), 0.25, 3_000), 1_500);
 }
+
+#[test]
+fn entries_name_the_live_holders_only() {
+    let mut ix = AffinityIndex::new(64);
+    ix.join(1);
+    ix.join(2);
+    ix.record(11 << 20, 1, 5);
+    ix.record(22 << 20, 2, 5);
+    ix.leave(2);
+    assert_eq!(ix.entries(), vec![(11 << 20, 1)]);
+}
