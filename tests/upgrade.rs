@@ -57,17 +57,21 @@ fn status_with(http: u16, key: &str) -> u16 {
 }
 
 fn start(dir: &std::path::Path, ports: (u16, u16, u16), upgrade: bool) -> Proc {
-    let mut a = args(ports);
-    if upgrade {
-        a.push("--upgrade".into());
-    }
-    let refs: Vec<&str> = a.iter().map(String::as_str).collect();
-    spawn(
-        "hivenet-router",
-        &refs,
+    start_args(
         dir,
+        &args(ports),
+        upgrade,
         &[("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN)],
     )
+}
+
+/// A router with `args` (plus `--upgrade` for a replacement).
+fn start_args(dir: &std::path::Path, args: &[String], upgrade: bool, env: &[(&str, &str)]) -> Proc {
+    let mut refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    if upgrade {
+        refs.push("--upgrade");
+    }
+    spawn("hivenet-router", &refs, dir, env)
 }
 
 /// Wait until `model` has a healthy agent (`/v1/models` with the key).
@@ -518,15 +522,10 @@ fn conversations_keep_their_engines_across_an_upgrade() {
     let mut a = args(ports);
     a.extend(["--policy-file".into(), "policy.yaml".into()]);
     let start_with = |upgrade: bool| {
-        let mut a = a.clone();
-        if upgrade {
-            a.push("--upgrade".into());
-        }
-        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
-        spawn(
-            "hivenet-router",
-            &refs,
+        start_args(
             &dir,
+            &a,
+            upgrade,
             &[("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN)],
         )
     };
@@ -576,5 +575,40 @@ fn conversations_keep_their_engines_across_an_upgrade() {
         .map(|c| served_by(ports.0, &sims, &conversation_turn(c, 1)))
         .collect();
     assert_eq!(after, holders, "a conversation moved to another engine");
+    sigterm(&mut new);
+}
+
+#[test]
+fn dynamic_keys_are_carried_over() {
+    let dir = tmpdir("upgrade-dyn");
+    let ports = (free_port(), free_port(), free_port());
+    let mut a = args(ports);
+    a.truncate(a.len() - 2); // no auth file: the registry's keys
+    let start_dyn = |upgrade: bool| {
+        start_args(
+            &dir,
+            &a,
+            upgrade,
+            &[("HIVENET_ROUTER_AUTH_MODE", "dynamic")],
+        )
+    };
+    let mut old = start_dyn(false);
+    wait_until(Duration::from_secs(20), || healthy(ports.0), "router");
+    let (_sim, sim_port) = start_sim(&dir, "m", &[]);
+    let _agent = agent_to(&dir, ports.2, sim_port, "a.key", &[]);
+    let raw = "sk-dynamic-upgrade";
+    let dto = serde_json::json!({"version": "v1", "key_hash": sha256_hex(raw), "key_preview": "sk-...e",
+        "owner": "acme", "name": "dyn", "allowed_models": ["m"], "quota": {"requests_per_minute": 1000}});
+    let (st, v) = admin(ports.0, "PUT", "/admin/api-keys/dyn", dto);
+    assert_eq!(st, 200, "{v}");
+    let chat = || status_with(ports.0, raw);
+    wait_until(Duration::from_secs(30), || chat() == 200, "the key serves");
+    let mut new = start_dyn(true);
+    assert!(
+        wait_exit(&mut old, Duration::from_secs(30)).is_some(),
+        "old still running"
+    );
+    assert_eq!(chat(), 200, "the dynamic key was lost in the upgrade");
+    assert_eq!(status_with(ports.0, "sk-unknown"), 401);
     sigterm(&mut new);
 }

@@ -100,7 +100,14 @@ impl Inherit {
         let steps = reader(self.link.clone(), shared.clone(), store);
         self.link.say(&Msg::Started)?;
         let peers = match next_step(&steps, "agent list", STEP)? {
-            Msg::Expect { peers, sibling_map } => {
+            Msg::Expect {
+                peers,
+                sibling_map,
+                registry,
+            } => {
+                if let Some(json) = registry {
+                    take_registry(&shared, &json);
+                }
                 if let Some(body) = sibling_map {
                     let path = "/admin/sibling-map";
                     let target = "/admin/sibling-map?force=true";
@@ -151,6 +158,26 @@ impl Inherit {
         super::notify_systemd(&format!("MAINPID={}\nREADY=1", std::process::id()));
         info!("upgrade: this process serves; the old one finishes its streams");
         Ok(())
+    }
+}
+
+/// The old process's dynamic keys, in force here from now on.
+fn take_registry(shared: &Router, json: &str) {
+    use shards::logic::tenancy::registry::{Registry, Snapshot};
+    let reg = serde_json::from_str::<Snapshot>(json)
+        .map_err(|e| e.to_string())
+        .and_then(|s| Registry::from_snapshot(s, 0).map_err(|e| format!("{e:?}")));
+    match reg {
+        Ok(reg) => {
+            shared.publish_registry(&reg);
+            let keys = reg.list().len();
+            match shared.registry.lock() {
+                Ok(mut g) => *g = reg,
+                Err(p) => *p.into_inner() = reg,
+            }
+            info!(keys, "upgrade: the dynamic key registry carried over");
+        }
+        Err(e) => warn!("upgrade: the dynamic key registry could not be carried over: {e}"),
     }
 }
 

@@ -222,8 +222,22 @@ fn hand_over(h: &Handles, sock: std::os::unix::net::UnixStream) -> Result<Handed
         .map
         .as_ref()
         .and_then(|m| serde_json::to_string(&m.dto).ok());
+    let registry = {
+        let dynamic = h.shared.auth.load().mode == shards::logic::tenancy::auth::ApiMode::Dynamic;
+        let reg = match h.shared.registry.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        (dynamic && !reg.version().is_empty())
+            .then(|| serde_json::to_string(&reg.snapshot()).ok())
+            .flatten()
+    };
     let linked = link
-        .say(&Msg::Expect { peers, sibling_map })
+        .say(&Msg::Expect {
+            peers,
+            sibling_map,
+            registry,
+        })
         .and_then(|()| next_step(&steps, "linked agents", STEP));
     match linked {
         Ok(Msg::Linked { peers }) => info!(

@@ -146,14 +146,19 @@ pub enum Msg {
     },
     /// new → old: store open, shards running, agent links accepted.
     Started,
-    /// old → new: the agents told to link to new (peer IDs), and the
-    /// sibling map pushed to old (its `PUT` body; `None`: none).
+    /// old → new: the agents told to link to new (peer IDs), the sibling
+    /// map pushed to old (its `PUT` body; `None`: none) and its dynamic
+    /// keys (both live in memory, pushed through the admin API).
     Expect {
         /// Peer IDs.
         peers: Vec<String>,
         /// The map.
         #[serde(default)]
         sibling_map: Option<String>,
+        /// The dynamic key registry (`HIVENET_ROUTER_AUTH_MODE=dynamic`),
+        /// its snapshot as JSON (`None`: none pushed).
+        #[serde(default)]
+        registry: Option<String>,
     },
     /// new → old: these agents are linked to new.
     Linked {

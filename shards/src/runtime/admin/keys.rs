@@ -3,7 +3,8 @@
 //! /{id}?version=`, `POST /replace`. Every accepted change is published as
 //! a new key snapshot at once (buckets of surviving tenants carry over).
 //! The registry lives in memory: after a restart it is empty until the
-//! operator's service pushes `replace` again (as in the spec).
+//! operator's service pushes `replace` again (as in the spec); an upgrade
+//! (`--upgrade`) carries it to the new process.
 
 use crate::logic::system::config_error::ConfigError;
 use serde::Deserialize;
