@@ -6,6 +6,7 @@
 mod config;
 mod go_flags;
 mod lifecycle;
+mod shard_calls;
 mod start_checks;
 mod startup;
 mod upgrade;

@@ -40,6 +40,8 @@ pub(crate) struct UpgradeCfg {
     pub(crate) take_over: bool,
     /// `--upgrade-socket`.
     pub(crate) socket: std::path::PathBuf,
+    /// The operator named it (else the default beside the store).
+    pub(crate) socket_explicit: bool,
     /// `--upgrade-drain-timeout`.
     pub(crate) drain: std::time::Duration,
     /// This binary's path at start (a replaced file keeps its path).
@@ -56,6 +58,7 @@ pub(crate) fn upgrade_cfg(
     drain: &str,
     store: &hivenet_router::store::StoreConfig,
 ) -> Result<UpgradeCfg, String> {
+    let socket_explicit = socket.is_some();
     let socket = match socket {
         Some(s) if s.is_empty() => return Err("--upgrade-socket: empty path".into()),
         Some(s) => std::path::PathBuf::from(s),
@@ -70,6 +73,7 @@ pub(crate) fn upgrade_cfg(
     Ok(UpgradeCfg {
         take_over,
         socket,
+        socket_explicit,
         drain,
         exe: std::env::current_exe().ok(),
         args,

@@ -612,3 +612,37 @@ fn dynamic_keys_are_carried_over() {
     assert_eq!(status_with(ports.0, "sk-unknown"), 401);
     sigterm(&mut new);
 }
+
+#[test]
+fn an_upgrade_socket_that_cannot_be_bound_is_said() {
+    // The default path (beside the store) past a Unix socket's 108
+    // bytes: the router serves, without the hand-over, and says so.
+    let dir = tmpdir("upgrade-long");
+    std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth");
+    let ports = (free_port(), free_port(), free_port());
+    let db = dir.join("d".repeat(120)).to_string_lossy().to_string();
+    let mut a = args(ports);
+    a.extend(["--disk-db-path".into(), db]);
+    let mut p = start_args(&dir, &a, false, &[]);
+    wait_until(Duration::from_secs(20), || healthy(ports.0), "router");
+    assert!(
+        p.log_text().contains("upgrade hand-over OFF"),
+        "{}",
+        p.log_text()
+    );
+    sigterm(&mut p);
+    // Named by the operator: it must work, or the router does not start.
+    let long = dir.join("s".repeat(120)).to_string_lossy().to_string();
+    let mut a = args((free_port(), free_port(), free_port()));
+    a.extend(["--upgrade-socket".into(), long]);
+    let child = std::process::Command::new(bin("hivenet-router"))
+        .args(&a)
+        .current_dir(&dir)
+        .env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let (code, err) = exit_within(child, Duration::from_secs(20));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--upgrade-socket"), "{err}");
+}

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shards::logic::system::upgrade::{self as proto, ListenerKind, Msg, StoreAnswer, StoreCall};
-use shards::runtime::front::carry::Outgoing;
 use shards::runtime::services::store_api::{ChainError, StoreMsg, StoreTx};
+use shards::runtime::state::carry_out::Outgoing;
 use shards::runtime::state::mesh::ShardMsg;
 use shards::runtime::state::router::Router;
 use tracing::{info, warn};
@@ -185,7 +185,7 @@ fn take_registry(shared: &Router, json: &str) {
 fn wait_linked(shared: &Router, want: &[String], within: Duration) -> Vec<String> {
     let started = std::time::Instant::now();
     loop {
-        let here = crate::lifecycle::agents_here(shared);
+        let here = crate::shard_calls::agents_here(shared);
         let linked: Vec<String> = want.iter().filter(|p| here.contains(*p)).cloned().collect();
         if linked.len() == want.len() || started.elapsed() >= within {
             return linked;

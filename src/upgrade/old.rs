@@ -115,7 +115,7 @@ fn each_shard<T>(shared: &Router, make: impl Fn(oneshot::Sender<T>) -> ShardMsg)
         .into_iter()
         .filter_map(|r| {
             futures::executor::block_on(async {
-                let timeout = futures::FutureExt::fuse(crate::lifecycle::futures_timer(
+                let timeout = futures::FutureExt::fuse(crate::shard_calls::futures_timer(
                     Duration::from_secs(5),
                 ));
                 futures::pin_mut!(timeout);
@@ -165,7 +165,7 @@ fn hand_over(h: &Handles, sock: std::os::unix::net::UnixStream) -> Result<Handed
     // The store moves: history and usage flushed, the files closed.
     h.flush_paused.store(true, Ordering::Relaxed);
     each_shard(&h.shared, |reply| ShardMsg::Shutdown { reply });
-    crate::lifecycle::flush_quota(&h.shared, &h.store, true);
+    crate::shard_calls::flush_quota(&h.shared, &h.store, true);
     let counted = usage(&h.shared);
     let calls = Arc::new(Calls::default());
     let forward = forwarder(link.clone(), calls.clone());
@@ -268,7 +268,7 @@ fn hand_over(h: &Handles, sock: std::os::unix::net::UnixStream) -> Result<Handed
         link.send(&Msg::Affinity { model }, &blob, &[])
             .map_err(|e| format!("cannot send the affinity index: {e}"))?;
     }
-    let (tx, rx) = std::sync::mpsc::channel::<shards::runtime::front::carry::Outgoing>();
+    let (tx, rx) = std::sync::mpsc::channel::<shards::runtime::state::carry_out::Outgoing>();
     let carrier = link.clone();
     std::thread::Builder::new()
         .name("upgrade-carry".into())
@@ -495,7 +495,7 @@ pub(crate) fn drain(shared: &Router, h: Handed, limit: Duration) {
         for s in &shared.mesh {
             let _ = s.unbounded_send(ShardMsg::HandOverHolds);
         }
-        let active = crate::lifecycle::in_flight(shared);
+        let active = crate::shard_calls::in_flight(shared);
         let conns = shared.budget.connections();
         if active == 0 && conns == 0 {
             info!(waited = ?started.elapsed(), "upgrade: every stream here ended");

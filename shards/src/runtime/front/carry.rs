@@ -6,76 +6,21 @@
 //! it had read them. Streams in flight stay here until they end.
 //!
 //! The process-level protocol is `hivenet_router::upgrade`; this room is
-//! the shards' side of it: [`CarryOut`] (the old's outbox), [`out`] (take
-//! a connection out of its runtime and send it) and [`adopt`] (the new's
-//! side).
+//! the shards' side of it: [`out`] (take a connection out of its runtime
+//! and send it to the old process's outbox,
+//! [`crate::runtime::state::carry_out::CarryOut`]) and [`relink_all`]
+//! (agents told to follow); the new process serves what it receives
+//! from its event loop (`ShardMsg::AdoptCarried`).
 
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
 
 use crate::logic::system::upgrade::CarriedHold;
+use crate::runtime::state::carry_out::Outgoing;
 use crate::runtime::state::pending::PendingRequest;
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;
 use crate::runtime::wire::budget::ConnPermit;
-use crate::runtime::wire::conn::Conn;
 use crate::runtime::wire::handoff;
-
-/// A connection on its way to the new process.
-pub struct Outgoing {
-    /// The socket (this process's copy is closed once it is sent).
-    pub stream: std::net::TcpStream,
-    /// What was read from it and not answered.
-    pub bytes: Vec<u8>,
-    /// Its held request's state, when it was held.
-    pub hold: Option<CarriedHold>,
-}
-
-/// The old process's outbox: set once the new process accepts clients.
-#[derive(Default)]
-pub struct CarryOut {
-    outbox: Mutex<Option<std::sync::mpsc::Sender<Outgoing>>>,
-    on: AtomicBool,
-    /// Connections sent (idle ones, held ones).
-    pub sent: [AtomicU64; 2],
-}
-
-impl CarryOut {
-    /// Whether connections go over now (one relaxed load per request).
-    #[inline]
-    pub fn on(&self) -> bool {
-        self.on.load(Ordering::Relaxed)
-    }
-
-    /// Start carrying connections to `tx`.
-    pub fn start(&self, tx: std::sync::mpsc::Sender<Outgoing>) {
-        *self.lock() = Some(tx);
-        self.on.store(true, Ordering::Release);
-    }
-
-    /// Stop (the new process failed before it took over).
-    pub fn stop(&self) {
-        self.on.store(false, Ordering::Release);
-        *self.lock() = None;
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<std::sync::mpsc::Sender<Outgoing>>> {
-        match self.outbox.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
-    }
-
-    fn send(&self, o: Outgoing) -> bool {
-        let held = o.hold.is_some();
-        let ok = self.lock().as_ref().is_some_and(|tx| tx.send(o).is_ok());
-        if ok {
-            self.sent[usize::from(held)].fetch_add(1, Ordering::Relaxed);
-        }
-        ok
-    }
-}
 
 /// The request as HTTP/1.1 bytes again (what the new process parses): its
 /// head with the body's length, and its whole body.
@@ -156,31 +101,6 @@ pub fn out(
         );
     }
     ok
-}
-
-/// The new process's side: serve a carried connection on this shard.
-pub fn adopt(
-    shard: &Rc<Shard>,
-    stream: std::net::TcpStream,
-    bytes: Vec<u8>,
-    hold: Option<CarriedHold>,
-) {
-    let s = match handoff::adopt(stream) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(shard = shard.id, "cannot adopt a carried connection: {e}");
-            return;
-        }
-    };
-    // Under the connection cap like any other; over it, served anyway:
-    // it was accepted once already.
-    let permit = shard.router.budget.connection_forced();
-    monoio::spawn(super::ingress::serve_carried(
-        shard.clone(),
-        Conn::new(s, bytes),
-        hold.map(Box::new),
-        permit,
-    ));
 }
 
 /// The agent-side path of a relink request (the router's own; never a

@@ -215,6 +215,26 @@ pub async fn run(
     }
 }
 
+/// Serve a connection the process this one replaced sent (issue 54).
+fn adopt_carried(shard: &Rc<Shard>, o: crate::runtime::state::carry_out::Outgoing) {
+    let s = match handoff::adopt(o.stream) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(shard = shard.id, "cannot adopt a carried connection: {e}");
+            return;
+        }
+    };
+    // Under the connection cap like any other; over it, served anyway:
+    // it was accepted once already.
+    let permit = shard.router.budget.connection_forced();
+    monoio::spawn(super::ingress::serve_carried(
+        shard.clone(),
+        Conn::new(s, o.bytes),
+        o.hold.map(Box::new),
+        permit,
+    ));
+}
+
 fn on_message(shard: &Rc<Shard>, accepting: &mut Accepting, msg: ShardMsg) {
     match msg {
         ShardMsg::Accept { kind, on, reply } => {
@@ -225,7 +245,7 @@ fn on_message(shard: &Rc<Shard>, accepting: &mut Accepting, msg: ShardMsg) {
         ShardMsg::AffinityDump { reply } => {
             let _ = reply.send(crate::runtime::request::affinity::dump(shard));
         }
-        ShardMsg::AdoptCarried(o) => super::carry::adopt(shard, o.stream, o.bytes, o.hold),
+        ShardMsg::AdoptCarried(o) => adopt_carried(shard, *o),
         ShardMsg::Relink { reply } => super::carry::relink_all(shard, reply),
         ShardMsg::DrainAgent { peer_id, on, reply } => {
             let _ = reply.send(shard.drain_agent(&peer_id, on));

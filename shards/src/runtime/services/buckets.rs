@@ -137,6 +137,16 @@ pub(crate) enum LeaseAnswer {
 }
 
 impl Bucket {
+    /// Add `delta` tokens to `day`'s usage (a true-up, a refund, or what
+    /// a replaced process counted).
+    pub fn adjust_daily(&self, day: u64, delta: i64) {
+        let _ = self
+            .daily
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |s| {
+                Some(crate::logic::tenancy::quota::adjust(s, day, delta))
+            });
+    }
+
     /// Spend one request from the lease at `rate` (`now_ns` monotonic).
     pub(crate) fn spend_request(&self, rate: Rate, now_ns: u64) -> LeaseAnswer {
         let Some(link) = &self.link else {

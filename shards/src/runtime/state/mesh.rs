@@ -75,7 +75,7 @@ pub enum ShardMsg {
         reply: oneshot::Sender<Vec<(String, crate::logic::routing::affinity::AffinityNote)>>,
     },
     /// Serve a connection the process this one replaced sent.
-    AdoptCarried(Box<crate::runtime::front::carry::Outgoing>),
+    AdoptCarried(Box<super::carry_out::Outgoing>),
     /// Tell every agent linked here to link to the process replacing
     /// this one; the reply is their peer IDs.
     Relink {

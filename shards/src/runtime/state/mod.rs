@@ -7,6 +7,7 @@
 //! [`views`] (snapshots for admin and metrics). The threads beside the
 //! shards are in [`crate::runtime::services`].
 
+pub mod carry_out;
 pub mod hold_book;
 pub mod mesh;
 pub mod model;

@@ -200,7 +200,7 @@ pub struct Router {
     /// Hold at zero's books (limits, demand, outcomes, wake times).
     pub holds: Arc<super::hold_book::HoldBook>,
     /// Connections going to the process that replaces this one (issue 54).
-    pub carry: crate::runtime::front::carry::CarryOut,
+    pub carry: super::carry_out::CarryOut,
     /// What `/ready` answers: not before its former agents are back, not
     /// once it stops or is replaced (issue 54).
     pub readiness: super::readiness::Readiness,

@@ -287,7 +287,7 @@ impl AuthState {
     pub fn add_usage(&self, key: &BucketKey, day: u64, delta: i64) -> bool {
         match self.buckets.get(key) {
             Some(b) => {
-                super::quota::adjust_tokens(b, day, delta);
+                b.adjust_daily(day, delta);
                 true
             }
             None => false,

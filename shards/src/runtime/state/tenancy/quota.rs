@@ -116,14 +116,6 @@ pub(crate) fn take_tokens(b: &Bucket, day: u64, limit: u64, need: u64, charge: u
     }
 }
 
-pub(crate) fn adjust_tokens(b: &Bucket, day: u64, delta: i64) {
-    let _ = b
-        .daily
-        .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |s| {
-            Some(quota::adjust(s, day, delta))
-        });
-}
-
 /// Requests, then daily tokens, in one call (the admission gates run
 /// between the two in the request path: [`take_requests`], [`take_daily`]).
 pub fn admit(
@@ -386,7 +378,7 @@ impl Ticket {
             Settle::Unknown => i64::try_from(estimate).unwrap_or(i64::MAX) - charged,
         };
         if delta != 0 {
-            adjust_tokens(&bucket, day, delta);
+            bucket.adjust_daily(day, delta);
             bucket.adjust_lease_tokens(delta);
         }
     }
