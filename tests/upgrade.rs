@@ -287,6 +287,13 @@ fn an_upgrade_under_load_cuts_nothing_and_loses_nothing() {
         assert!(head.starts_with("HTTP/1.1 200"), "stream: {head}");
         assert!(whole_stream(&body, 60), "a stream was cut: {body}");
     }
+    // The sibling map came over: the new process places `z` here (its
+    // demand series exists only while a map does).
+    assert_eq!(
+        metric(ports.1, "hivenet_pending_demand{model=\"z\"}"),
+        Some(0.0),
+        "the sibling map was not carried over"
+    );
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     opener.join().expect("opener");
