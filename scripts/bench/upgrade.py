@@ -32,7 +32,7 @@ from lib import free_port, http_request, metric, rss_kib, wait_until  # noqa: E4
 ADMIN = "bench-admin"
 
 
-def router(a, work, ports, upgrade, tag):
+def router(a, work, ports, upgrade, tag, extra=()):
     args = [os.path.join(a.bin, "hivenet-router"), "--http-port", f"127.0.0.1:{ports[0]}",
             "--metrics-port", f"127.0.0.1:{ports[1]}", "--p2p-port", str(ports[2]),
             "--shards", "2", "--site-id", "a", "--wake-keepalive", "1s",
@@ -40,6 +40,7 @@ def router(a, work, ports, upgrade, tag):
             "--max-client-connections", "0", "--queue-depth", "4096", "--header-timeout", "5s"]
     if upgrade:
         args.append("--upgrade")
+    args.extend(extra)
     env = dict(os.environ, HIVENET_ROUTER_ADMIN_API_KEYS=ADMIN, RUST_LOG="info",
                HIVENET_ROUTER_AUDIT_LOG_PATH="off")
     return subprocess.Popen(args, cwd=work, env=env, stdout=open(os.path.join(work, f"{tag}.log"), "w"),
@@ -95,6 +96,8 @@ def main():
     ap.add_argument("--duration", type=int, default=40)
     ap.add_argument("--switch-at", type=int, default=15)
     ap.add_argument("--no-switch", action="store_true", help="the same load without the upgrade (the baseline)")
+    ap.add_argument("--fail-first", action="store_true",
+                    help="5 s before the upgrade, a replacement with a bad flag (it must exit 2, the old router untouched)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -136,7 +139,15 @@ def main():
                               "--model", "m", "--max-tokens", str(a.tokens), "--timeout", "120s",
                               "--out", report], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     t_bench = time.monotonic()
-    time.sleep(a.switch_at)
+    failed = None
+    if a.fail_first:
+        time.sleep(max(0, a.switch_at - 5))
+        bad = router(a, work, ports, True, "router-bad", ["--wake-keepalive", "often"])
+        failed = {"at_s": round(time.monotonic() - t_bench, 2), "exit": bad.wait(timeout=30),
+                  "old_alive": old.poll() is None}
+        time.sleep(max(0, a.switch_at - (time.monotonic() - t_bench)))
+    else:
+        time.sleep(a.switch_at)
     rss_old = rss_kib(old.pid)
     t_switch = time.monotonic() - t_bench
     if a.no_switch:
@@ -167,7 +178,7 @@ def main():
     handed = [l for l in old_log.splitlines() if "handed over" in l]
     summary = {
         "streams": a.streams, "held": a.held, "itl_ms": a.itl_ms, "tokens": a.tokens,
-        "switch_at_s": round(t_switch, 2), "old_exit_code": old_rc, "old_gone_at_s": t_old_gone, "switched": not a.no_switch,
+        "switch_at_s": round(t_switch, 2), "failed_replacement": failed, "old_exit_code": old_rc, "old_gone_at_s": t_old_gone, "switched": not a.no_switch,
         "old_rss_kib_before_switch": rss_old,
         "streams_sent": r["sent"], "streams_ok": r["ok"], "stream_errors": r["errors"],
         "stream_errors_by_code": r["errors_by_code"],
