@@ -3,7 +3,7 @@
 //! handled, everything joined.
 
 use crate::config::*;
-use crate::shard_calls::{flush_quota, futures_timer, in_flight};
+use crate::shard_calls::{each_shard, flush_quota, in_flight};
 use futures::channel::mpsc;
 use shards::logic::routing::directory::Directory;
 use shards::logic::system::upgrade::ListenerKind;
@@ -429,24 +429,9 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
     info!("flushing history");
     // Every shard hands its agents' history to the store, then the store
     // persists and stops (one FIFO channel keeps that order).
-    let mut waits = Vec::new();
-    for tx in &shared.mesh {
-        let (t, r) = futures::channel::oneshot::channel();
-        if tx
-            .unbounded_send(shards::runtime::state::mesh::ShardMsg::Shutdown { reply: t })
-            .is_ok()
-        {
-            waits.push(r);
-        }
-    }
-    for r in waits {
-        futures::executor::block_on(async {
-            let timeout =
-                futures::FutureExt::fuse(futures_timer(std::time::Duration::from_secs(5)));
-            futures::pin_mut!(timeout);
-            futures::select! { _ = futures::FutureExt::fuse(r) => {}, _ = timeout => {} }
-        });
-    }
+    each_shard(&shared, std::time::Duration::from_secs(5), |reply| {
+        shards::runtime::state::mesh::ShardMsg::Shutdown { reply }
+    });
     flusher.stop();
     flush_quota(&shared, &store_tx, true);
     let (t, r) = futures::channel::oneshot::channel();

@@ -32,27 +32,38 @@ pub(crate) fn flush_quota(
     }
 }
 
+/// Send a message to every shard, then wait for each reply, `within` at
+/// most each (a shard that does not answer is left out).
+pub(crate) fn each_shard<T>(
+    shared: &Router,
+    within: std::time::Duration,
+    make: impl Fn(futures::channel::oneshot::Sender<T>) -> shards::runtime::state::mesh::ShardMsg,
+) -> Vec<T> {
+    let mut waits = Vec::new();
+    for tx in &shared.mesh {
+        let (t, r) = futures::channel::oneshot::channel();
+        if tx.unbounded_send(make(t)).is_ok() {
+            waits.push(r);
+        }
+    }
+    waits
+        .into_iter()
+        .filter_map(|r| {
+            futures::executor::block_on(async {
+                let timeout = futures::FutureExt::fuse(futures_timer(within));
+                futures::pin_mut!(timeout);
+                futures::select! { v = futures::FutureExt::fuse(r) => v.ok(), _ = timeout => None }
+            })
+        })
+        .collect()
+}
+
 /// Every shard's snapshot (a shard that does not answer within 1 s is
 /// left out).
 fn snapshots(shared: &Router) -> Vec<shards::runtime::state::views::ShardSnapshot> {
-    let mut out = Vec::new();
-    for tx in &shared.mesh {
-        let (t, r) = futures::channel::oneshot::channel();
-        if tx
-            .unbounded_send(shards::runtime::state::mesh::ShardMsg::Snapshot { reply: t })
-            .is_err()
-        {
-            continue;
-        }
-        let got = futures::executor::block_on(async {
-            let timeout =
-                futures::FutureExt::fuse(futures_timer(std::time::Duration::from_secs(1)));
-            futures::pin_mut!(timeout);
-            futures::select! { s = futures::FutureExt::fuse(r) => s.ok(), _ = timeout => None }
-        });
-        out.extend(got);
-    }
-    out
+    each_shard(shared, std::time::Duration::from_secs(1), |reply| {
+        shards::runtime::state::mesh::ShardMsg::Snapshot { reply }
+    })
 }
 
 /// Requests in flight on every shard (from their snapshots).

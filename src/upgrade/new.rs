@@ -85,8 +85,8 @@ impl Inherit {
     pub(crate) fn want_store(&self) -> Result<(), String> {
         self.link.say(&Msg::WantState)?;
         match self.link.expect("the store")?.0 {
-            Msg::StoreFree { usage } => {
-                info!(buckets = usage.len(), "upgrade: the store is ours");
+            Msg::StoreFree => {
+                info!("upgrade: the store is ours");
                 Ok(())
             }
             other => Err(format!("--upgrade: unexpected message {other:?}")),

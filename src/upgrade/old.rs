@@ -104,25 +104,7 @@ fn same_user(sock: &std::os::unix::net::UnixStream) -> bool {
 
 /// Send a message to every shard and wait for each reply (5 s at most).
 fn each_shard<T>(shared: &Router, make: impl Fn(oneshot::Sender<T>) -> ShardMsg) -> Vec<T> {
-    let mut waits = Vec::new();
-    for tx in &shared.mesh {
-        let (t, r) = oneshot::channel();
-        if tx.unbounded_send(make(t)).is_ok() {
-            waits.push(r);
-        }
-    }
-    waits
-        .into_iter()
-        .filter_map(|r| {
-            futures::executor::block_on(async {
-                let timeout = futures::FutureExt::fuse(crate::shard_calls::futures_timer(
-                    Duration::from_secs(5),
-                ));
-                futures::pin_mut!(timeout);
-                futures::select! { v = futures::FutureExt::fuse(r) => v.ok(), _ = timeout => None }
-            })
-        })
-        .collect()
+    crate::shard_calls::each_shard(shared, Duration::from_secs(5), make)
 }
 
 fn accept(shared: &Router, kind: ListenerKind, on: bool) {
@@ -174,16 +156,9 @@ fn hand_over(h: &Handles, sock: std::os::unix::net::UnixStream) -> Result<Handed
         .send(StoreMsg::Release { forward, done: t })
         .map_err(|_| "the store thread is gone".to_string())?;
     let _ = futures::executor::block_on(r);
-    let usage_msg = counted
-        .iter()
-        .map(|((t, m), (d, u))| {
-            (
-                t.clone(),
-                m.clone(),
-                shards::logic::tenancy::quota::pack(*d, *u),
-            )
-        })
-        .collect();
+    // The reader blocks without a bound (the steps have theirs): a read
+    // cut by a timeout could stop inside a frame.
+    link.read_timeout(None);
     let steps = reader(link.clone(), calls);
     let undo_store = || {
         let (t, r) = oneshot::channel();
@@ -195,7 +170,7 @@ fn hand_over(h: &Handles, sock: std::os::unix::net::UnixStream) -> Result<Handed
         }
         h.flush_paused.store(false, Ordering::Relaxed);
     };
-    link.say(&Msg::StoreFree { usage: usage_msg })?;
+    link.say(&Msg::StoreFree)?;
     match next_step(&steps, "start", STEP) {
         Ok(Msg::Started) => {}
         other => {
@@ -296,7 +271,6 @@ fn hand_over(h: &Handles, sock: std::os::unix::net::UnixStream) -> Result<Handed
     for s in &h.shared.mesh {
         let _ = s.unbounded_send(ShardMsg::HandOverHolds);
     }
-    link.read_timeout(None);
     Ok(Handed {
         link,
         baseline: counted.into_iter().collect(),
@@ -412,7 +386,6 @@ fn reader(link: Link, calls: Arc<Calls>) -> super::Steps {
             let (m, payload) = match link.recv() {
                 Ok(Some((m, p, _))) => (m, p),
                 Ok(None) => return,
-                Err(e) if e.contains("timed out") || e.contains("temporarily") => continue,
                 Err(e) => {
                     warn!("upgrade link: {e}");
                     return;

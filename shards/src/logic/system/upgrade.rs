@@ -138,12 +138,9 @@ pub enum Msg {
     Listeners,
     /// new → old: shards built; give me the store.
     WantState,
-    /// old → new: the store is flushed and closed; today's usage as the
-    /// old counted it (tenant, model, packed day and tokens).
-    StoreFree {
-        /// Usage per bucket.
-        usage: Vec<(String, String, u64)>,
-    },
+    /// old → new: the store is flushed (history, today's usage) and
+    /// closed: open it.
+    StoreFree,
     /// new → old: store open, shards running, agent links accepted.
     Started,
     /// old → new: the agents told to link to new (peer IDs), the sibling

@@ -64,19 +64,22 @@ pub fn out(
     first: Option<(&PendingRequest, CarriedHold)>,
     permit: ConnPermit,
 ) -> bool {
-    let stream = if c.conn.watched {
+    // A watched socket (a held request) is duplicated: a cancelled
+    // readiness poll may still hold the runtime's descriptor
+    // (`handoff::dup_watched`).
+    let dup = if c.conn.watched {
         match handoff::dup_watched(&c.conn.stream) {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(shard = shard.id, "cannot carry a connection over: {e}");
-                None
+                return false;
             }
         }
     } else {
         None
     };
     let (own, buf) = c.conn.into_parts();
-    let stream = match stream {
+    let stream = match dup {
         Some(s) => s,
         None => handoff::into_std(own),
     };
