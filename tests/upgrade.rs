@@ -653,3 +653,120 @@ fn an_upgrade_socket_that_cannot_be_bound_is_said() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("--upgrade-socket"), "{err}");
 }
+
+/// The simulator's words, in order (bench/src/sim.rs `WORDS`).
+const WORDS: [&str; 16] = [
+    "The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".", " Hivenet",
+    " routes", " every", " token", " home", ".",
+];
+
+/// One streamed chat with usage on its own connection: (head, body).
+fn stream_with_usage(http: u16, i: usize) -> std::io::Result<(String, String)> {
+    use std::io::Read;
+    let body = format!(
+        r#"{{"model":"m","stream":true,"stream_options":{{"include_usage":true}},"max_tokens":100,"messages":[{{"role":"user","content":"story {i}"}}]}}"#
+    );
+    let mut s = TcpStream::connect(("127.0.0.1", http))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    Ok(common::hold::split_response(&out))
+}
+
+/// Streams still relayed when `--upgrade-drain-timeout` passes are not
+/// cut: each goes to the new process with what its client received, and
+/// the new process continues it (on the same engine, relinked): every
+/// client reads one whole answer, byte for byte the uninterrupted text,
+/// one role, one ID, one usage, and today's usage counts each answer once.
+#[test]
+fn streams_past_the_drain_timeout_are_continued_by_the_new_process() {
+    let dir = tmpdir("upgrade-carry-streams");
+    std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth");
+    let ports = (free_port(), free_port(), free_port());
+    let mut a = args(ports);
+    a.extend(["--upgrade-drain-timeout".to_string(), "1s".to_string()]);
+    let env = [("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN)];
+    let mut old = start_args(&dir, &a, false, &env);
+    wait_until(Duration::from_secs(20), || healthy(ports.0), "router");
+    // 60 tokens 200 ms apart: 12 s, far past the 1 s drain.
+    let (_sim, sim_port) = start_sim(&dir, "m", &["--itl", "200ms", "--output-tokens", "60"]);
+    let _agent = agent_to(&dir, ports.2, sim_port, "a.key", &[]);
+    wait_model(ports.0, "m");
+    let before = used_today(ports.1);
+    const STREAMS: usize = 4;
+    let streams: Vec<_> = (0..STREAMS)
+        .map(|i| std::thread::spawn(move || stream_with_usage(ports.0, i)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(800));
+    let new = start_args(&dir, &a, true, &env);
+    let gone = wait_exit(&mut old, Duration::from_secs(30));
+    assert!(
+        gone.is_some(),
+        "the old router left after its drain timeout"
+    );
+    // It left them running (before: it relayed them to their end).
+    assert!(
+        streams.iter().all(|s| !s.is_finished()),
+        "the old router left while the streams ran"
+    );
+    let want: String = (0..60).map(|i| WORDS[i % WORDS.len()]).collect();
+    let mut total = 0u64;
+    for (i, s) in streams.into_iter().enumerate() {
+        let (head, body) = s.join().expect("thread").expect("stream");
+        assert!(head.starts_with("HTTP/1.1 200"), "stream {i}: {head}");
+        assert!(!body.contains("error"), "stream {i} was cut:\n{body}");
+        assert_eq!(
+            body.matches("data: [DONE]").count(),
+            1,
+            "stream {i}:\n{body}"
+        );
+        let (mut text, mut roles, mut ids, mut usage) = (String::new(), 0, Vec::new(), None);
+        for e in body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        {
+            if let Some(id) = e["id"].as_str() {
+                if !ids.iter().any(|x| x == id) {
+                    ids.push(id.to_string());
+                }
+            }
+            let d = &e["choices"][0]["delta"];
+            roles += usize::from(d.get("role").is_some());
+            text.push_str(d["content"].as_str().unwrap_or(""));
+            if e["usage"].is_object() {
+                usage = Some(e["usage"].clone());
+            }
+        }
+        assert_eq!(text, want, "stream {i}: the whole text\n{body}");
+        assert_eq!(roles, 1, "stream {i}: one role delta\n{body}");
+        assert_eq!(ids.len(), 1, "stream {i}: one ID {ids:?}");
+        let u = usage.unwrap_or_else(|| panic!("stream {i}: a usage event\n{body}"));
+        assert_eq!(u["completion_tokens"], 60, "stream {i}: {u}");
+        total += u["total_tokens"].as_u64().unwrap_or(0);
+    }
+    // Each was continued by the new process, none finished by the old.
+    let continued = metric(
+        ports.1,
+        "hivenet_stream_migrations_total{model=\"m\",outcome=\"continued\"}",
+    );
+    assert_eq!(continued, Some(STREAMS as f64), "{}", metrics_text(ports.1));
+    // Their daily tokens counted once: the old process's reservation
+    // settled by the new one against the whole answers' usage.
+    wait_until(
+        Duration::from_secs(5),
+        || used_today(ports.1) - before == total as f64,
+        &format!(
+            "today's usage up by {total}: {}",
+            used_today(ports.1) - before
+        ),
+    );
+    assert!(healthy(ports.0), "{}", new.log_text());
+}

@@ -213,8 +213,8 @@ fn reader(link: Link, shared: Arc<Router>, store: StoreTx) -> super::Steps {
                     }
                 };
                 match m {
-                    Msg::Conn { hold } => {
-                        adopt(&shared, &mut next, fds, payload, hold);
+                    Msg::Conn { hold, stream } => {
+                        adopt(&shared, &mut next, fds, payload, hold, stream);
                     }
                     Msg::Usage { deltas } => {
                         let auth = shared.auth.load();
@@ -252,16 +252,22 @@ fn adopt(
     fds: Vec<OwnedFd>,
     payload: Vec<u8>,
     hold: Option<proto::CarriedHold>,
+    resumed: Option<Box<proto::CarriedStream>>,
 ) {
     let Some(fd) = fds.into_iter().next() else {
         warn!("upgrade link: a connection without its socket");
         return;
     };
-    // A held request goes to its model's hold shard; a connection to
-    // the shards in turn.
-    let shard = match hold.as_ref().filter(|h| !h.model.is_empty()) {
-        Some(h) => shards::runtime::front::hold::hold_shard(shared, &h.model),
-        None => {
+    // A held request goes to its model's hold shard, a stream to its
+    // model's shard (where it is continued); a connection to the shards
+    // in turn.
+    let owner = resumed
+        .as_ref()
+        .and_then(|r| shared.directory.load().assigned(&r.model));
+    let shard = match (owner, hold.as_ref().filter(|h| !h.model.is_empty())) {
+        (Some(o), _) => o,
+        (None, Some(h)) => shards::runtime::front::hold::hold_shard(shared, &h.model),
+        (None, None) => {
             *next = (*next + 1) % shared.mesh.len().max(1);
             *next
         }
@@ -273,6 +279,7 @@ fn adopt(
         stream: std::net::TcpStream::from(fd),
         bytes: payload,
         hold,
+        resumed,
     };
     let _ = tx.unbounded_send(ShardMsg::AdoptCarried(Box::new(o)));
 }

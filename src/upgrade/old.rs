@@ -249,7 +249,10 @@ fn hand_over(h: &Handles, sock: std::os::unix::net::UnixStream) -> Result<Handed
         .name("upgrade-carry".into())
         .spawn(move || {
             for o in rx {
-                let m = Msg::Conn { hold: o.hold };
+                let m = Msg::Conn {
+                    hold: o.hold,
+                    stream: o.resumed,
+                };
                 if let Err(e) = carrier.send(&m, &o.bytes, &[o.stream.as_fd()]) {
                     warn!("upgrade: a connection could not be carried over: {e}");
                 }
@@ -449,10 +452,15 @@ pub(crate) fn start_replacement(u: &crate::startup::UpgradeCfg) {
     }
 }
 
-/// After the hand-over: let the streams here end (up to `limit`), send
+/// How long the streams cut at the drain timeout get to go over.
+const CARRY_STREAMS: Duration = Duration::from_secs(5);
+
+/// After the hand-over: let the streams here end (up to `limit`; then
+/// each still relayed goes to the new process, which continues it), send
 /// the new process the usage counted meanwhile, and say goodbye.
 pub(crate) fn drain(shared: &Router, h: Handed, limit: Duration) {
     let started = std::time::Instant::now();
+    let mut carrying = false;
     let mut counted = h.baseline;
     let send_usage = |counted: &mut HashMap<(String, String), (u64, u64)>| {
         let now = usage(shared);
@@ -474,7 +482,18 @@ pub(crate) fn drain(shared: &Router, h: Handed, limit: Duration) {
             info!(waited = ?started.elapsed(), "upgrade: every stream here ended");
             break;
         }
-        if started.elapsed() >= limit {
+        if started.elapsed() >= limit && !carrying {
+            carrying = true;
+            shared.carry.carry_streams();
+            let cut: usize = each_shard(shared, |reply| ShardMsg::CutStreams { reply })
+                .into_iter()
+                .sum();
+            info!(
+                responses = cut,
+                "--upgrade-drain-timeout passed: the streams still relayed here go to the new process, which continues them"
+            );
+        }
+        if started.elapsed() >= limit + CARRY_STREAMS {
             warn!(
                 active,
                 conns, "--upgrade-drain-timeout passed: cutting what is left here"
@@ -484,10 +503,11 @@ pub(crate) fn drain(shared: &Router, h: Handed, limit: Duration) {
         std::thread::sleep(Duration::from_millis(200));
     }
     send_usage(&mut counted);
-    let [idle, held] = &shared.carry.sent;
+    let [idle, held, streams] = &shared.carry.sent;
     info!(
         connections = idle.load(Ordering::Relaxed),
         held = held.load(Ordering::Relaxed),
+        streams = streams.load(Ordering::Relaxed),
         "upgrade: handed over"
     );
     let _ = h.link.say(&Msg::Done);

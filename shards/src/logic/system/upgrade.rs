@@ -56,6 +56,25 @@ pub struct CarriedHold {
     pub model: String,
 }
 
+/// A stream the old process still relayed at `--upgrade-drain-timeout`,
+/// carried with its connection (the payload: its request's bytes): the
+/// new process continues it from what the client received, as a stream
+/// whose agent broke (issue 33's continuation, spliced: the client sees
+/// one whole answer).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CarriedStream {
+    /// Its request ID.
+    pub request_id: String,
+    /// Its model (the new process serves it on the model's shard).
+    pub model: String,
+    /// The daily tokens its quota reserved (as [`CarriedHold::daily`]).
+    pub daily: Option<(u64, u64, u64)>,
+    /// What the client received of it.
+    pub transcript: crate::logic::http::api::continuation::Transcript,
+    /// The agent it was relayed from (its peer ID, for the log).
+    pub from: String,
+}
+
 /// A store call the old process forwards to the new one (which owns the
 /// store from `StoreFree` on). The record bytes travel as the payload.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,6 +199,10 @@ pub enum Msg {
     Conn {
         /// Set when its first request was held at zero.
         hold: Option<CarriedHold>,
+        /// Set when its stream was still relayed at
+        /// `--upgrade-drain-timeout`: new continues it.
+        #[serde(default)]
+        stream: Option<Box<CarriedStream>>,
     },
     /// old → new: today's usage the old counted since `StoreFree` (or
     /// since the previous `Usage`): (tenant, model, day, token delta).
@@ -293,8 +316,29 @@ mod tests {
                 request_id: "r".into(),
                 model: "m".into(),
             }),
+            stream: None,
         };
         assert_eq!(decode(&encode(&m)), Ok(m));
+        let mut transcript = crate::logic::http::api::continuation::Transcript::default();
+        transcript.feed(
+            crate::logic::http::api::continuation::Api::OpenAi,
+            b"data: {\"id\":\"c1\",\"choices\":[{\"delta\":{\"content\":\"The quick\"}}]}\n\n",
+        );
+        assert_eq!(transcript.text, "The quick");
+        let m = Msg::Conn {
+            hold: None,
+            stream: Some(Box::new(CarriedStream {
+                request_id: "r".into(),
+                model: "m".into(),
+                daily: None,
+                transcript,
+                from: "12D3KooW".into(),
+            })),
+        };
+        assert_eq!(decode(&encode(&m)), Ok(m));
+        // A message of the build before carries no stream.
+        let old = br#"{"m":"conn","hold":null}"#;
+        assert!(matches!(decode(old), Ok(Msg::Conn { stream: None, .. })));
         assert!(decode(b"{\"m\":\"nope\"}").is_err());
         assert!(decode(b"\xff").is_err());
     }

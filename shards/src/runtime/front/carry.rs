@@ -3,7 +3,9 @@
 //! old one still has goes over at its next request (the head read, not
 //! answered: its bytes go with the socket), and every request held at
 //! zero goes over with its hold state; the new process serves them as if
-//! it had read them. Streams in flight stay here until they end.
+//! it had read them. Streams in flight stay here until they end, or
+//! until `--upgrade-drain-timeout`: then each goes over with what its
+//! client received, and the new process continues it.
 //!
 //! The process-level protocol is `hivenet_router::upgrade`; this room is
 //! the shards' side of it: [`out`] (take a connection out of its runtime
@@ -14,56 +16,36 @@
 
 use std::rc::Rc;
 
-use crate::logic::system::upgrade::CarriedHold;
+use crate::logic::system::upgrade::{CarriedHold, CarriedStream};
 use crate::runtime::state::carry_out::Outgoing;
-use crate::runtime::state::pending::PendingRequest;
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;
 use crate::runtime::wire::budget::ConnPermit;
+use crate::runtime::wire::conn::Conn;
 use crate::runtime::wire::handoff;
 
-/// The request as HTTP/1.1 bytes again (what the new process parses): its
-/// head with the body's length, and its whole body.
-pub fn request_bytes(p: &PendingRequest) -> Vec<u8> {
-    let mut out = Vec::with_capacity(p.body.len() + 1024);
-    out.extend_from_slice(p.head.method.as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(p.head.path.as_str().as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in p.head.headers.iter() {
-        let skip = [
-            "content-length",
-            "transfer-encoding",
-            "expect",
-            "connection",
-        ];
-        if skip.iter().any(|s| name.eq_ignore_ascii_case(s)) {
-            continue;
-        }
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
-    }
-    if !p.head.keep_alive {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(b"content-length: ");
-    out.extend_from_slice(p.body.len().to_string().as_bytes());
-    out.extend_from_slice(b"\r\n\r\n");
-    out.extend_from_slice(&p.body);
-    out
+/// Serve a connection the process this one replaced accepted (issue 54):
+/// its bytes are read already; its first request was held there, or its
+/// stream relayed there until the drain timeout.
+pub async fn serve_carried(
+    shard: Rc<Shard>,
+    conn: Conn,
+    (hold, resumed): (Option<Box<CarriedHold>>, Option<Box<CarriedStream>>),
+    permit: ConnPermit,
+) {
+    let mut c = Client::new(conn);
+    (c.carried, c.resumed) = (hold, resumed);
+    super::ingress::serve_client(shard, c, None, permit).await
 }
 
-/// Send `c` to the new process: its socket, `first` (a held request with
-/// its state) and what was read past it. `false`: it could not go (the
-/// new process is gone); the connection is closed.
-pub fn out(
-    shard: &Shard,
-    c: Client,
-    first: Option<(&PendingRequest, CarriedHold)>,
-    permit: ConnPermit,
-) -> bool {
+/// What goes over ahead of a connection's unread bytes: its first
+/// request's bytes, with the state of its hold or of its stream.
+pub type Lead = (Vec<u8>, Option<CarriedHold>, Option<Box<CarriedStream>>);
+
+/// Send `c` to the new process: its socket, `first` (a held request or a
+/// stream with its state) and what was read past it. When it cannot go
+/// (the new process is gone) the connection is closed.
+pub fn out(shard: &Shard, c: Client, first: Lead, permit: ConnPermit) {
     // A watched socket (a held request) is duplicated: a cancelled
     // readiness poll may still hold the runtime's descriptor
     // (`handoff::dup_watched`).
@@ -72,7 +54,7 @@ pub fn out(
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(shard = shard.id, "cannot carry a connection over: {e}");
-                return false;
+                return;
             }
         }
     } else {
@@ -83,19 +65,14 @@ pub fn out(
         Some(s) => s,
         None => handoff::into_std(own),
     };
-    let (bytes, hold) = match first {
-        Some((p, h)) => {
-            let mut b = request_bytes(p);
-            b.extend_from_slice(&buf);
-            (b, Some(h))
-        }
-        None => (buf, None),
-    };
+    let (mut bytes, hold, resumed) = first;
+    bytes.extend_from_slice(&buf);
     drop(permit);
     let ok = shard.router.carry.send(Outgoing {
         stream,
         bytes,
         hold,
+        resumed,
     });
     if !ok {
         tracing::warn!(
@@ -103,7 +80,6 @@ pub fn out(
             "the new process is gone: a connection it was to take is closed"
         );
     }
-    ok
 }
 
 /// The agent-side path of a relink request (the router's own; never a

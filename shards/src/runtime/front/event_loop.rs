@@ -227,10 +227,10 @@ fn adopt_carried(shard: &Rc<Shard>, o: crate::runtime::state::carry_out::Outgoin
     // Under the connection cap like any other; over it, served anyway:
     // it was accepted once already.
     let permit = shard.router.budget.connection_forced();
-    monoio::spawn(super::ingress::serve_carried(
+    monoio::spawn(super::carry::serve_carried(
         shard.clone(),
         Conn::new(s, o.bytes),
-        o.hold.map(Box::new),
+        (o.hold.map(Box::new), o.resumed),
         permit,
     ));
 }
@@ -247,6 +247,10 @@ fn on_message(shard: &Rc<Shard>, accepting: &mut Accepting, msg: ShardMsg) {
         }
         ShardMsg::AdoptCarried(o) => adopt_carried(shard, *o),
         ShardMsg::Relink { reply } => super::carry::relink_all(shard, reply),
+        ShardMsg::CutStreams { reply } => {
+            let cut = shard.all_agents().iter().map(|a| a.cut_streams()).sum();
+            let _ = reply.send(cut);
+        }
         ShardMsg::DrainAgent { peer_id, on, reply } => {
             let _ = reply.send(shard.drain_agent(&peer_id, on));
         }

@@ -65,19 +65,6 @@ async fn hold_here(shard: &Rc<Shard>, c: &mut Client, mut p: Box<PendingRequest>
     }
 }
 
-/// Serve a connection the process this one replaced accepted (issue 54):
-/// its bytes are read already; `hold`: its first request was held there.
-pub async fn serve_carried(
-    shard: Rc<Shard>,
-    conn: Conn,
-    hold: Option<Box<crate::logic::system::upgrade::CarriedHold>>,
-    permit: ConnPermit,
-) {
-    let mut c = Client::new(conn);
-    c.carried = hold;
-    serve_client(shard, c, None, permit).await
-}
-
 /// Serve one client connection; `first` is a request handed over by
 /// another shard; `permit` is the connection's place under the cap.
 pub async fn serve(
@@ -89,7 +76,7 @@ pub async fn serve(
     serve_client(shard, Client::new(conn), first, permit).await
 }
 
-async fn serve_client(
+pub(super) async fn serve_client(
     shard: Rc<Shard>,
     mut c: Client,
     first: Option<Box<PendingRequest>>,
@@ -111,6 +98,10 @@ async fn serve_client(
         None => None,
     };
     loop {
+        if let Some(s) = c.carry_stream.take() {
+            let (bytes, stream) = *s;
+            return super::carry::out(&shard, c, (bytes, None, Some(Box::new(stream))), permit);
+        }
         match last.take() {
             None => {}
             Some(Next::Hold(p)) => {
@@ -120,9 +111,11 @@ async fn serve_client(
             // Its owner finishes it.
             Some(Next::HandOff(p, owner)) => return hand_off(&shard, c, p, owner, permit).await,
             Some(Next::Carry(held)) => {
-                let first = held.as_ref().map(|(p, h)| (&**p, h.clone()));
-                super::carry::out(&shard, c, first, permit);
-                return;
+                let first = match held {
+                    Some((p, h)) => (p.wire_bytes(&p.body), Some(h), None),
+                    None => (Vec::new(), None, None),
+                };
+                return super::carry::out(&shard, c, first, permit);
             }
             Some(Next::KeepAlive) => ending::finish(&shard, &mut c),
             Some(Next::Close) => {
@@ -162,17 +155,22 @@ async fn read_next(shard: &Shard, c: &mut Client) -> Read {
     let header_timeout = shard.router.cfg.header_timeout;
     let started = clock::now();
     match monoio::time::timeout(header_timeout, c.conn.peek_request_head()).await {
-        Ok(Ok(_)) if shard.router.carry.on() && c.carried.is_none() => Read::Carry,
+        Ok(Ok(_)) if shard.router.carry.on() && c.carried.is_none() && c.resumed.is_none() => {
+            Read::Carry
+        }
         Ok(Ok((h, n))) => {
             c.conn.consume(n);
             c.scope.begin(&h, started);
-            if let Some(id) = c
-                .carried
-                .as_ref()
-                .and_then(|k| crate::logic::http::request_id::RequestId::parse(&k.request_id))
-            {
+            let id = match (&c.carried, &c.resumed) {
+                (Some(k), _) => Some(k.request_id.as_str()),
+                (None, Some(r)) => Some(r.request_id.as_str()),
+                (None, None) => None,
+            };
+            if let Some(id) = id.and_then(crate::logic::http::request_id::RequestId::parse) {
                 c.scope.request_id = id;
             }
+            // Its head went out from the process this one replaced.
+            c.scope.committed |= c.resumed.is_some();
             Read::Head(h)
         }
         Ok(Err(HeadRead::Closed)) => Read::Done,
@@ -415,9 +413,11 @@ async fn read_inference(
     };
     // Held by the process this one replaced: held here for the rest of
     // its budget, wherever the model is now (its 200 head may be out).
-    let carried = c.carried.take();
+    let (carried, resumed) = (c.carried.take(), c.resumed.take());
     let serving = match serving(shard, &head, ep, &meta.model, &principal, agents) {
         _ if carried.is_some() => Serving::Hold(shard.router.cfg.wake_hold_budget),
+        // Continued by its model's shard (or cut there with no agent).
+        _ if resumed.is_some() => Serving::Here,
         // No agent anywhere, and the policy names a fallback provider for
         // this API: the machine sends it there (spec 04 §7, issue 56).
         Serving::NotFound if provider_serves(shard, ep, &meta.model) => Serving::Here,
@@ -446,6 +446,7 @@ async fn read_inference(
         hold_for: None,
         spans: None,
         carried,
+        resumed,
     };
     // At zero here and placed here with scale_from_zero: held until an
     // agent registers (seed hold-at-zero), on the model's hold shard,

@@ -101,6 +101,8 @@ pub struct Continuity<'a> {
     step: usize,
     /// The first forward's class count, kept across the continuation.
     _running: Option<ClassRunning>,
+    /// Relayed by the process this one replaced (issue 54).
+    resumed: bool,
 }
 
 impl<'a> Continuity<'a> {
@@ -125,7 +127,51 @@ impl<'a> Continuity<'a> {
             last: Some(first),
             label: "failed",
             _running: running,
+            resumed: false,
         }
+    }
+
+    /// Continue `t`, a stream the process this one replaced relayed from
+    /// agent `from` until its drain timeout (issue 54): no attempt here
+    /// yet.
+    pub fn resumed(
+        shard: &'a Shard,
+        p: &'a PendingRequest,
+        api: Api,
+        t: Transcript,
+        from: &str,
+    ) -> Self {
+        Continuity {
+            shard,
+            p,
+            api,
+            t,
+            first: std::sync::Arc::from(from),
+            step: 0,
+            resumed: true,
+            last_why: "the router relaying it was replaced".into(),
+            last: None,
+            label: "failed",
+            _running: None,
+        }
+    }
+
+    /// This process is being replaced and its drain timeout passed: the
+    /// stream goes to the new process with what its client received (its
+    /// request's bytes from `request`, the agent's copy); the connection
+    /// loop sends it. Its daily tokens are settled there, its attempts
+    /// are not counted here.
+    pub fn carry_over(self, c: &mut Client, request: &[u8]) {
+        let daily = c.scope.ending.ticket.take().and_then(|t| t.reserved());
+        let stream = crate::logic::system::upgrade::CarriedStream {
+            request_id: c.scope.request_id.as_str().to_string(),
+            model: self.p.meta.model.to_string(),
+            daily,
+            transcript: self.t,
+            from: self.first.to_string(),
+        };
+        let bytes = self.p.wire_bytes(body_of(request));
+        c.carry_stream = Some(Box::new((bytes, stream)));
     }
 
     /// One try on `agent` (the machine's [`Action::Continue`]). Returns
@@ -169,6 +215,11 @@ impl<'a> Continuity<'a> {
         let (outcome, sample) = attempt(shard, c, p, &agent, ask, &mut None).await;
         spans::attempt_ended(c, &outcome, sample, None);
         let end = match &outcome {
+            Outcome::Served { .. } if self.resumed => {
+                info!(model = %p.meta.model, from = %self.first, to = %agent.peer, delivered_tokens = t.deltas, "a stream the replaced router relayed until its drain timeout continued here");
+                self.label = "continued";
+                AttemptEnd::Responded
+            }
             Outcome::Served { .. } => {
                 if let Some(n) = shard.peer_line(&self.first, "continued") {
                     info!(model = %p.meta.model, from = %self.first, to = %agent.peer, delivered_tokens = t.deltas, continued = n, "stream continued on another agent ({n} stream(s) of this agent continued since the previous line)");

@@ -20,6 +20,7 @@
 
 mod entry;
 mod refusals;
+mod upgrade;
 mod wait;
 
 use std::rc::Rc;
@@ -114,6 +115,8 @@ struct Run<'a> {
     cont: Option<Continuity<'a>>,
     /// A Responses turn (issue 52).
     conv: Option<responses::Conversation>,
+    /// A stream the process this one replaced carried over (issue 54).
+    resumed: Option<Box<crate::logic::system::upgrade::CarriedStream>>,
 }
 
 /// The decision machine's loop: it says what comes next, the [`Run`]
@@ -132,6 +135,7 @@ async fn serve(shard: &Rc<Shard>, c: &mut Client, p: &mut PendingRequest) -> boo
         Err(e) => return respond::send_error(c, &e, keep).await,
     };
     let model = run.model;
+    run.resume(c, &mut d);
     c.scope.ending.input_estimate = run.estimate;
     debug!(shard = shard.id, model, "serving request");
     loop {
@@ -364,7 +368,7 @@ impl<'a> Run<'a> {
                 d.stream_broke(agent.id, shard.router.cfg.stream_migrations, until);
                 let first = (agent, step, Outcome::Failed(why.clone()), sample);
                 self.cont = Some(Continuity::new(shard, p, api, t, first, &why, running));
-                return None;
+                return self.carry_if_upgrading(c);
             }
             Broke::Whole => {
                 self.count_migration("finished");
@@ -390,6 +394,9 @@ impl<'a> Run<'a> {
         agent: Rc<Agent>,
         prefill: Prefill,
     ) -> Option<bool> {
+        if let Some(done) = self.carry_if_upgrading(c) {
+            return Some(done);
+        }
         let (shard, p) = (self.shard, self.p);
         let cont = self.cont.as_mut()?;
         let deadline = d.continuation_deadline();

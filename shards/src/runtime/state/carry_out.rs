@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::logic::system::upgrade::CarriedHold;
+use crate::logic::system::upgrade::{CarriedHold, CarriedStream};
 
 /// A connection on its way to the new process.
 pub struct Outgoing {
@@ -16,6 +16,9 @@ pub struct Outgoing {
     pub bytes: Vec<u8>,
     /// Its held request's state, when it was held.
     pub hold: Option<CarriedHold>,
+    /// Its stream's state, when it was still relayed at
+    /// `--upgrade-drain-timeout` (`bytes`: its request).
+    pub resumed: Option<Box<CarriedStream>>,
 }
 
 /// The old process's outbox: set once the new process accepts clients.
@@ -23,8 +26,11 @@ pub struct Outgoing {
 pub struct CarryOut {
     outbox: Mutex<Option<std::sync::mpsc::Sender<Outgoing>>>,
     on: AtomicBool,
-    /// Connections sent (idle ones, held ones).
-    pub sent: [AtomicU64; 2],
+    /// Streams still relayed go over too (`--upgrade-drain-timeout`
+    /// passed).
+    streams: AtomicBool,
+    /// Connections sent (idle ones, held ones, streams).
+    pub sent: [AtomicU64; 3],
 }
 
 impl CarryOut {
@@ -32,6 +38,18 @@ impl CarryOut {
     #[inline]
     pub fn on(&self) -> bool {
         self.on.load(Ordering::Relaxed)
+    }
+
+    /// Whether a stream that breaks now goes over (its relay was cut by
+    /// [`CarryOut::carry_streams`]) instead of being continued here.
+    pub fn streams(&self) -> bool {
+        self.streams.load(Ordering::Acquire) && self.on()
+    }
+
+    /// `--upgrade-drain-timeout` passed: the streams still relayed are
+    /// cut from their agents here and continued by the new process.
+    pub fn carry_streams(&self) {
+        self.streams.store(true, Ordering::Release);
     }
 
     /// Start carrying connections to `tx`.
@@ -55,10 +73,14 @@ impl CarryOut {
 
     /// Send `o`; `false`: the outbox is closed (the new process is gone).
     pub fn send(&self, o: Outgoing) -> bool {
-        let held = o.hold.is_some();
+        let kind = match (&o.hold, &o.resumed) {
+            (_, Some(_)) => 2,
+            (Some(_), None) => 1,
+            (None, None) => 0,
+        };
         let ok = self.lock().as_ref().is_some_and(|tx| tx.send(o).is_ok());
         if ok {
-            self.sent[usize::from(held)].fetch_add(1, Ordering::Relaxed);
+            self.sent[kind].fetch_add(1, Ordering::Relaxed);
         }
         ok
     }

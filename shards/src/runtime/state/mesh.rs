@@ -82,6 +82,13 @@ pub enum ShardMsg {
         /// Where to answer.
         reply: oneshot::Sender<Vec<String>>,
     },
+    /// `--upgrade-drain-timeout` passed: every response relayed here is
+    /// cut from its agent (streams then go to the process replacing
+    /// this one); the reply is how many were.
+    CutStreams {
+        /// Where to answer.
+        reply: oneshot::Sender<usize>,
+    },
     /// Reply with this shard's snapshot.
     Snapshot {
         /// Where to send it.

@@ -46,9 +46,47 @@ pub struct PendingRequest {
     /// Held at zero by the process this one replaced: its hold state
     /// (issue 54).
     pub carried: Option<Box<crate::logic::system::upgrade::CarriedHold>>,
+    /// Relayed by the process this one replaced until its drain timeout:
+    /// continued here from what the client received (issue 54).
+    pub resumed: Option<Box<crate::logic::system::upgrade::CarriedStream>>,
 }
 
 impl PendingRequest {
+    /// The request as HTTP/1.1 bytes again (what the process replacing
+    /// this one parses, issue 54): its head with the body's length, and
+    /// its whole `body` (its own, or the copy its agent request carries
+    /// once the driver gave its own back).
+    pub fn wire_bytes(&self, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(body.len() + 1024);
+        out.extend_from_slice(self.head.method.as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(self.head.path.as_str().as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        for (name, value) in self.head.headers.iter() {
+            let skip = [
+                "content-length",
+                "transfer-encoding",
+                "expect",
+                "connection",
+            ];
+            if skip.iter().any(|s| name.eq_ignore_ascii_case(s)) {
+                continue;
+            }
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
+        }
+        if !self.head.keep_alive {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(body.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n\r\n");
+        out.extend_from_slice(body);
+        out
+    }
+
     /// Its priority class: its key's, lowered by the `X-Hivenet-Priority`
     /// header; `Err` (a message for the client) when the header is not a
     /// class or would raise it.

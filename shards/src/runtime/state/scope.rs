@@ -254,6 +254,12 @@ pub struct Client {
     /// Its first request was held at zero by the process this one
     /// replaced: its hold goes on here (issue 54).
     pub carried: Option<Box<crate::logic::system::upgrade::CarriedHold>>,
+    /// Its first request's stream was relayed by the process this one
+    /// replaced until its drain timeout: it is continued here (issue 54).
+    pub resumed: Option<Box<crate::logic::system::upgrade::CarriedStream>>,
+    /// Its stream goes to the process replacing this one, with these
+    /// request bytes (set by the driver; the connection loop sends it).
+    pub carry_stream: Option<Box<(Vec<u8>, crate::logic::system::upgrade::CarriedStream)>>,
 }
 
 /// Pipelined input kept while a request waits; past it the client socket
@@ -293,6 +299,8 @@ impl Client {
             conn,
             scope: RequestScope::empty(clock::now()),
             carried: None,
+            resumed: None,
+            carry_stream: None,
         }
     }
 

@@ -20,8 +20,10 @@ use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
 
 /// Most descriptors in one frame (the kernel's SCM_MAX_FD is 253).
 pub const MAX_FDS: usize = 16;
-/// Largest header (a JSON object of the upgrade protocol).
-pub const MAX_HEADER: usize = 1 << 20;
+/// Largest header (a JSON object of the upgrade protocol; a carried
+/// stream's transcript is in it: the relay keeps at most 4 MiB of a
+/// stream, whose text escaped as JSON stays under this).
+pub const MAX_HEADER: usize = 16 << 20;
 /// Largest payload (a carried request: the router's own body limit is
 /// checked again when the request is parsed).
 pub const MAX_PAYLOAD: usize = 64 << 20;

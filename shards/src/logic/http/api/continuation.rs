@@ -127,9 +127,12 @@ pub fn eligible(api: Api, body: &[u8]) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// What the client received of a stream, fed its SSE bytes.
-#[derive(Debug, Default, Clone)]
+/// What the client received of a stream, fed its SSE bytes. Carried
+/// with a stream an upgrading router hands over (issue 54): the partial
+/// line is not (a break ends at a relayed chunk).
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Transcript {
+    #[serde(skip)]
     line: Vec<u8>,
     /// The response ID of the first event that had one.
     pub id: Option<String>,

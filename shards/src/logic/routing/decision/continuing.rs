@@ -88,6 +88,18 @@ impl Decision {
         });
     }
 
+    /// A stream the process this one replaced was relaying when its
+    /// `--upgrade-drain-timeout` passed (issue 54): continued here as if
+    /// it broke here, on any agent (its own one too: its engine holds the
+    /// prefix; the cut was the router's). The steps before routing were
+    /// the old process's: none is taken again.
+    pub fn stream_resumed(&mut self, migrations: u32, deadline: Instant) {
+        self.stream_broke(0, migrations, deadline);
+        if let Some(c) = self.continuing.as_mut() {
+            c.tried.clear();
+        }
+    }
+
     /// The deadline of the continuation under way (the request's when
     /// none is).
     pub fn continuation_deadline(&self) -> Instant {

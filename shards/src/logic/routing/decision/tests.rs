@@ -1066,6 +1066,32 @@ fn broken(pool: &Vec<Agent>, migrations: u32, t0: Instant) -> Decision {
 }
 
 #[test]
+fn a_stream_resumed_after_an_upgrade_continues_at_once_on_any_agent() {
+    let t0 = Instant::now();
+    let pool = vec![agent(1, 0, 2, None), agent(2, 1, 2, None)];
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    d.stream_resumed(2, t0 + Duration::from_secs(60));
+    // No quota, admission or daily step again: the old process took them;
+    // the least loaded agent, none excluded.
+    let a = d.next(&facts(&pool, 0), t0);
+    assert!(matches!(a, Action::Continue { agent_id: 1, .. }), "{a:?}");
+    // A try that fails goes to the other one, then the tries run out.
+    assert!(d.continuation_ended(&retryable()));
+    let a = d.next(&facts(&pool, 0), t0);
+    assert!(matches!(a, Action::Continue { agent_id: 2, .. }), "{a:?}");
+    assert!(d.continuation_ended(&retryable()));
+    assert_eq!(d.next(&facts(&pool, 0), t0), Action::Cut(CutReason::Failed));
+    // Without an agent that can continue, it is cut at once.
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    d.stream_resumed(2, t0 + Duration::from_secs(60));
+    let none: Vec<Agent> = Vec::new();
+    assert_eq!(
+        d.next(&facts(&none, 0), t0),
+        Action::Cut(CutReason::NoAgent)
+    );
+}
+
+#[test]
 fn a_continuation_goes_to_an_untried_agent_that_can_prefill() {
     let t0 = Instant::now();
     let mut pool = vec![

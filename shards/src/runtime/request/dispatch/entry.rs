@@ -82,6 +82,7 @@ impl<'a> Run<'a> {
         // the admission gates apply to them when the policy has any.
         let llm = p.endpoint.generates();
         let mut held = p.held.take();
+        let resumed = p.resumed.take();
         let facts = request_facts(shard, p, held.as_ref(), llm && policy.admission.any());
         let request = build_request(p);
         // The request bytes carry the body from here on: one copy is held
@@ -126,6 +127,7 @@ impl<'a> Run<'a> {
             fair: None,
             cont: None,
             conv,
+            resumed,
         };
         Ok((run, d))
     }
