@@ -158,8 +158,12 @@ async fn read_next(shard: &Shard, c: &mut Client) -> Read {
         Ok(Ok(_)) if shard.router.carry.on() && c.carried.is_none() && c.resumed.is_none() => {
             Read::Carry
         }
-        Ok(Ok((h, n))) => {
+        Ok(Ok((mut h, n))) => {
             c.conn.consume(n);
+            // A stopping router's keep-alive clients go elsewhere after
+            // this answer (the Service sends their next connection to a
+            // ready router): else they would keep it busy to the end.
+            h.keep_alive &= !shard.router.readiness.draining();
             c.scope.begin(&h, started);
             let id = match (&c.carried, &c.resumed) {
                 (Some(k), _) => Some(k.request_id.as_str()),
