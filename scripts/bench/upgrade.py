@@ -13,6 +13,12 @@
 then `hivenet-router --upgrade` replaces the running router at SWITCH_AT
 seconds. Prints the figures and writes them to --out.
 
+With --kill-mid, a replacement is killed (SIGKILL) first, once it holds
+the sockets and the store (its log says so), in the middle of the
+hand-over: the old router must take its store back and serve on. With
+--drain S, the old router's --upgrade-drain-timeout is S seconds: the
+streams it still relays then go to the new process, which continues them.
+
 usage: scripts/bench/upgrade.py --bin target/release [--streams 1000] [--held 10000] [--out DIR]
 """
 import argparse
@@ -98,14 +104,19 @@ def main():
     ap.add_argument("--no-switch", action="store_true", help="the same load without the upgrade (the baseline)")
     ap.add_argument("--fail-first", action="store_true",
                     help="5 s before the upgrade, a replacement with a bad flag (it must exit 2, the old router untouched)")
+    ap.add_argument("--kill-mid", action="store_true",
+                    help="5 s before the upgrade, a replacement killed once it holds the sockets and the store")
+    ap.add_argument("--drain", type=float, default=0,
+                    help="the old router's --upgrade-drain-timeout in seconds (0: the default, 10m)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    drain = ["--upgrade-drain-timeout", f"{int(a.drain * 1000)}ms"] if a.drain else []
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     work = tempfile.mkdtemp(prefix="hivenet-upgrade-bench-")
     ports = (free_port(), free_port(), free_port())
     procs = []
-    old = router(a, work, ports, False, "router-old")
+    old = router(a, work, ports, False, "router-old", drain)
     wait_until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/health", timeout=1).status == 200, "router")
     m = {"version": "1", "sites": [{"site_id": "a", "base_url": f"http://127.0.0.1:{ports[0]}"}],
          "placements": [{"site_id": "a", "model": "zero-model", "kind": "chat", "scale_from_zero": True,
@@ -146,6 +157,21 @@ def main():
         failed = {"at_s": round(time.monotonic() - t_bench, 2), "exit": bad.wait(timeout=30),
                   "old_alive": old.poll() is None}
         time.sleep(max(0, a.switch_at - (time.monotonic() - t_bench)))
+    elif a.kill_mid:
+        time.sleep(max(0, a.switch_at - 5))
+        mid = router(a, work, ports, True, "router-mid")
+        log = os.path.join(work, "router-mid.log")
+        t_mid = time.monotonic()
+        while time.monotonic() - t_mid < 30 and "the store is ours" not in open(log).read():
+            time.sleep(0.002)
+        mid.kill()
+        mid.wait()
+        time.sleep(1)
+        old_log = open(os.path.join(work, "router-old.log")).read()
+        failed = {"at_s": round(time.monotonic() - t_bench, 2), "killed_after_s": round(time.monotonic() - t_mid, 2),
+                  "old_alive": old.poll() is None,
+                  "old_abandoned": [l.split("WARN ")[-1] for l in old_log.splitlines() if "abandoned" in l][-2:]}
+        time.sleep(max(0, a.switch_at - (time.monotonic() - t_bench)))
     else:
         time.sleep(a.switch_at)
     rss_old = rss_kib(old.pid)
@@ -153,7 +179,7 @@ def main():
     if a.no_switch:
         new, old_rc, t_old_gone = old, None, None
     else:
-        new = router(a, work, ports, True, "router-new")
+        new = router(a, work, ports, True, "router-new", drain)
         old_rc = old.wait(timeout=a.duration + 600)
         t_old_gone = round(time.monotonic() - t_bench, 2)
     out_bench, _ = bench.communicate(timeout=a.duration + 300)
@@ -176,6 +202,8 @@ def main():
     base_p99 = others[len(others) // 2] if others else None
     old_log = open(os.path.join(work, "router-old.log")).read()
     handed = [l for l in old_log.splitlines() if "handed over" in l]
+    new_log = open(os.path.join(work, "router-new.log")).read() if not a.no_switch else ""
+    carried = [l for l in old_log.splitlines() if "go to the new process" in l]
     summary = {
         "streams": a.streams, "held": a.held, "itl_ms": a.itl_ms, "tokens": a.tokens,
         "switch_at_s": round(t_switch, 2), "failed_replacement": failed, "old_exit_code": old_rc, "old_gone_at_s": t_old_gone, "switched": not a.no_switch,
@@ -196,6 +224,9 @@ def main():
         "keepalive_gap_late_max_ms": both["from_previous"]["late_max_ms"],
         "keepalive_late_gaps_by_second": both["late_gaps_by_second"],
         "old_router_handed_over": handed[-1].split("INFO ")[-1] if handed else None,
+        "drain_s": a.drain or None,
+        "streams_carried_at_drain": carried[-1].split("INFO ")[-1] if carried else None,
+        "streams_continued_by_new": new_log.count("relayed until its drain timeout continued here"),
         "held_early": res.get("early"),
         "held_wall_s": round(time.monotonic() - t_bench, 1),
     }
@@ -204,7 +235,8 @@ def main():
     print(out_bench[-2000:])
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-        tag = f"{a.streams}-{a.held}" + ("-noswitch" if a.no_switch else "")
+        tag = f"{a.streams}-{a.held}" + ("-noswitch" if a.no_switch else "") + ("-killmid" if a.kill_mid else "") \
+            + (f"-drain{a.drain:g}s" if a.drain else "")
         with open(os.path.join(a.out, f"upgrade-{tag}.json"), "w") as f:
             json.dump(summary, f, indent=1)
         with open(os.path.join(a.out, f"upgrade-{tag}-gaps.json"), "w") as f:
