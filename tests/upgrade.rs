@@ -660,11 +660,11 @@ const WORDS: [&str; 16] = [
     " routes", " every", " token", " home", ".",
 ];
 
-/// One streamed chat with usage on its own connection: (head, body).
-fn stream_with_usage(http: u16, i: usize) -> std::io::Result<(String, String)> {
+/// One streamed chat of `model` with usage on its own connection: (head, body).
+fn stream_with_usage(http: u16, model: &str, i: usize) -> std::io::Result<(String, String)> {
     use std::io::Read;
     let body = format!(
-        r#"{{"model":"m","stream":true,"stream_options":{{"include_usage":true}},"max_tokens":100,"messages":[{{"role":"user","content":"story {i}"}}]}}"#
+        r#"{{"model":"{model}","stream":true,"stream_options":{{"include_usage":true}},"max_tokens":100,"messages":[{{"role":"user","content":"story {i}"}}]}}"#
     );
     let mut s = TcpStream::connect(("127.0.0.1", http))?;
     s.set_read_timeout(Some(Duration::from_secs(60)))?;
@@ -702,7 +702,7 @@ fn streams_past_the_drain_timeout_are_continued_by_the_new_process() {
     let before = used_today(ports.1);
     const STREAMS: usize = 4;
     let streams: Vec<_> = (0..STREAMS)
-        .map(|i| std::thread::spawn(move || stream_with_usage(ports.0, i)))
+        .map(|i| std::thread::spawn(move || stream_with_usage(ports.0, "m", i)))
         .collect();
     std::thread::sleep(Duration::from_millis(800));
     let new = start_args(&dir, &a, true, &env);
@@ -769,4 +769,64 @@ fn streams_past_the_drain_timeout_are_continued_by_the_new_process() {
         ),
     );
     assert!(healthy(ports.0), "{}", new.log_text());
+}
+
+/// The `total_tokens` of a streamed answer's usage event.
+fn total_tokens(body: &str) -> u64 {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|e| e["usage"]["total_tokens"].as_u64())
+        .last()
+        .unwrap_or(0)
+}
+
+/// Tokens are counted once across an upgrade: streams that end in the
+/// old process after the switch (their usage goes over as deltas) and
+/// requests held at zero there, carried with their daily reservation and
+/// served by the new process (which settles it). Today's usage in the
+/// new process is the old one's plus exactly what the answers reported.
+#[test]
+fn tokens_of_streams_and_held_requests_across_an_upgrade_are_counted_once() {
+    let s = setup("upgrade-usage", &["--itl", "50ms", "--output-tokens", "60"]);
+    let ports = s.ports;
+    push_at_zero(ports.0, "z", "120s");
+    let before = used_today(ports.1);
+    let streams: Vec<_> = (0..3)
+        .map(|i| std::thread::spawn(move || stream_with_usage(ports.0, "m", i)))
+        .collect();
+    let held: Vec<_> = (0..2)
+        .map(|i| std::thread::spawn(move || stream_with_usage(ports.0, "z", i)))
+        .collect();
+    wait_until(
+        Duration::from_secs(10),
+        || metric(ports.1, "hivenet_pending_demand{model=\"z\"}") == Some(2.0),
+        "requests held",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let new = start(&s.dir, ports, true);
+    let mut old = s.old;
+    let gone = wait_exit(&mut old, Duration::from_secs(30));
+    assert!(gone.is_some(), "the old router left once its streams ended");
+    // The model wakes in the new process.
+    let (_zsim, zport) = start_sim(&s.dir, "z", &["--output-tokens", "5"]);
+    let _zagent = agent_to(&s.dir, ports.2, zport, "z.key", &[]);
+    let mut total = 0;
+    for (i, h) in streams.into_iter().chain(held).enumerate() {
+        let (head, body) = h.join().expect("thread").expect("answer");
+        assert!(head.starts_with("HTTP/1.1 200"), "answer {i}: {head}");
+        assert!(body.contains("data: [DONE]"), "answer {i}: {body}");
+        let t = total_tokens(&body);
+        assert!(t > 0, "answer {i} has its usage: {body}");
+        total += t;
+    }
+    wait_until(
+        Duration::from_secs(5),
+        || used_today(ports.1) - before == total as f64,
+        &format!(
+            "today's usage up by {total} in the new router: {}\n{}",
+            used_today(ports.1) - before,
+            new.log_text()
+        ),
+    );
 }

@@ -119,8 +119,7 @@ async fn run(a: Args) {
     println!("LISTENING {}", a.listen);
     let mut next = 0usize;
     while !stop.get() {
-        let accepted =
-            monoio::time::timeout(Duration::from_millis(200), listener.accept()).await;
+        let accepted = monoio::time::timeout(Duration::from_millis(200), listener.accept()).await;
         let Ok(Ok((client, _))) = accepted else {
             continue;
         };
