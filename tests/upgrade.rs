@@ -830,3 +830,54 @@ fn tokens_of_streams_and_held_requests_across_an_upgrade_are_counted_once() {
         ),
     );
 }
+
+/// A Responses turn still streaming in the old process when it hands its
+/// store over ends there: its record goes to the new process's store
+/// (forwarded over the upgrade socket), which then serves it and
+/// continues the chain.
+#[test]
+fn a_responses_turn_across_the_switch_is_kept_by_the_new_router() {
+    use std::io::Read;
+    let s = setup(
+        "upgrade-responses",
+        &["--itl", "50ms", "--output-tokens", "60"],
+    );
+    let http = s.ports.0;
+    let turn = std::thread::spawn(move || {
+        let body = r#"{"model":"m","input":"remember me","stream":true}"#;
+        let mut c = TcpStream::connect(("127.0.0.1", http)).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(30))).ok();
+        let req = format!(
+            "POST /v1/responses HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        c.write_all(req.as_bytes()).expect("send");
+        let mut got = Vec::new();
+        let _ = c.read_to_end(&mut got);
+        String::from_utf8_lossy(&got).to_string()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let new = start(&s.dir, s.ports, true);
+    let mut old = s.old;
+    let text = turn.join().expect("turn");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("response.completed"), "{text}");
+    let at = text.find("\"id\":\"resp_").expect("a response ID") + 6;
+    let id = text[at..].split('"').next().unwrap_or_default().to_string();
+    assert!(
+        wait_exit(&mut old, Duration::from_secs(30)).is_some(),
+        "the old router left"
+    );
+    // Served by the new router from its store, and continued.
+    let seen = Req::get(&format!("/v1/responses/{id}"))
+        .bearer(KEY)
+        .send(http)
+        .expect("get");
+    assert_eq!(seen.status, 200, "{}\n{}", seen.text(), new.log_text());
+    let next = format!(r#"{{"model":"m","input":"and now?","previous_response_id":"{id}"}}"#);
+    let cont = Req::post("/v1/responses", next)
+        .bearer(KEY)
+        .send(http)
+        .expect("post");
+    assert_eq!(cont.status, 200, "{}", cont.text());
+}
