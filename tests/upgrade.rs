@@ -881,3 +881,43 @@ fn a_responses_turn_across_the_switch_is_kept_by_the_new_router() {
         .expect("post");
     assert_eq!(cont.status, 200, "{}", cont.text());
 }
+
+/// An agent's capacity holds in total across its two links while both
+/// routers serve (the old one its streams, the new one new clients): its
+/// engine never runs more than `--capacity` answers at once, and the
+/// requests beyond it wait at the new router (served whole, never refused).
+#[test]
+fn an_agents_capacity_holds_across_both_routers_during_the_switch() {
+    let dir = tmpdir("upgrade-capacity");
+    std::fs::write(dir.join("auth.yaml"), auth_yaml()).expect("auth");
+    let ports = (free_port(), free_port(), free_port());
+    let mut old = start(&dir, ports, false);
+    wait_until(Duration::from_secs(20), || healthy(ports.0), "router");
+    let (_sim, sim_port) = start_sim(&dir, "m", &["--itl", "50ms", "--output-tokens", "60"]);
+    let _agent = agent_to(&dir, ports.2, sim_port, "a.key", &["--capacity", "3"]);
+    wait_model(ports.0, "m");
+    let first: Vec<_> = (0..3)
+        .map(|i| std::thread::spawn(move || stream_with_usage(ports.0, "m", i)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let new = start(&dir, ports, true);
+    wait_until(
+        Duration::from_secs(20),
+        || new.log_text().contains("this process serves"),
+        "the new router serving",
+    );
+    let second: Vec<_> = (3..6)
+        .map(|i| std::thread::spawn(move || stream_with_usage(ports.0, "m", i)))
+        .collect();
+    for (i, h) in first.into_iter().chain(second).enumerate() {
+        let (head, body) = h.join().expect("thread").expect("answer");
+        assert!(
+            head.starts_with("HTTP/1.1 200"),
+            "answer {i}: {head}\n{body}"
+        );
+        assert!(whole_stream(&body, 60), "answer {i} whole: {body}");
+    }
+    assert!(wait_exit(&mut old, Duration::from_secs(30)).is_some());
+    let peak = metric(sim_port, "hivenet_sim_peak_running");
+    assert_eq!(peak, Some(3.0), "the engine ran at most 3 at once");
+}
