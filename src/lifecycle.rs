@@ -244,6 +244,7 @@ pub(crate) fn run(startup: Startup) -> Result<(), String> {
         audit,
         policies: Versioned::new(policies),
         policy_reloads: std::sync::Mutex::new(Default::default()),
+        policies_from_api: Default::default(),
         feed: std::sync::Mutex::new(Vec::new()),
         sites: Versioned::new(Default::default()),
         holds: Default::default(),

@@ -60,7 +60,7 @@ pub(crate) fn each_shard<T>(
 
 /// Every shard's snapshot (a shard that does not answer within 1 s is
 /// left out).
-fn snapshots(shared: &Router) -> Vec<shards::runtime::state::views::ShardSnapshot> {
+pub(crate) fn snapshots(shared: &Router) -> Vec<shards::runtime::state::views::ShardSnapshot> {
     each_shard(shared, std::time::Duration::from_secs(1), |reply| {
         shards::runtime::state::mesh::ShardMsg::Snapshot { reply }
     })

@@ -774,10 +774,10 @@ fn streams_past_the_drain_timeout_are_continued_by_the_new_process() {
 /// The `total_tokens` of a streamed answer's usage event.
 fn total_tokens(body: &str) -> u64 {
     body.lines()
+        .rev()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-        .filter_map(|e| e["usage"]["total_tokens"].as_u64())
-        .last()
+        .find_map(|e| e["usage"]["total_tokens"].as_u64())
         .unwrap_or(0)
 }
 
@@ -920,4 +920,89 @@ fn an_agents_capacity_holds_across_both_routers_during_the_switch() {
     assert!(wait_exit(&mut old, Duration::from_secs(30)).is_some());
     let peak = metric(sim_port, "hivenet_sim_peak_running");
     assert_eq!(peak, Some(3.0), "the engine ran at most 3 at once");
+}
+
+/// The agents of the routing table: (peer ID, draining).
+fn draining(http: u16) -> Vec<(String, bool)> {
+    let (st, b) = Req::get("/admin/routing-table")
+        .bearer(ADMIN)
+        .send(http)
+        .map(Resp::pair)
+        .expect("routing table");
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
+    v["agents"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|a| {
+                    (
+                        a["peer_id"].as_str().unwrap_or_default().to_string(),
+                        a["status"]["draining"].as_bool().unwrap_or(false),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What lives only in the running router's memory goes over too: the
+/// policies written through the admin API (in force instead of the
+/// files', as they were) and the agents drained through it.
+#[test]
+fn admin_policies_and_drain_marks_are_carried_over() {
+    let s = setup("upgrade-admin", &[]);
+    let http = s.ports.0;
+    let docs = [
+        (
+            "/admin/policy",
+            r#"{"routing_policy":{"match":{},"strategy":"least-loaded"},"aliases":{"mm":"m"}}"#,
+        ),
+        (
+            "/admin/policy/models/pinned",
+            r#"{"models":["m"],"routing_policy":{"match":{},"strategy":"least-loaded","max_tries":2}}"#,
+        ),
+    ];
+    for (path, doc) in docs {
+        let put = Req::new("PUT", path)
+            .body(doc.as_bytes())
+            .bearer(ADMIN)
+            .send(http)
+            .expect("put");
+        assert_eq!(put.status, 200, "{path}: {}", put.text());
+    }
+    let get = |http: u16| {
+        ["/admin/policy", "/admin/policy/models"].map(|path| {
+            Req::get(path)
+                .bearer(ADMIN)
+                .send(http)
+                .map(Resp::pair)
+                .expect("get")
+        })
+    };
+    let before = get(http);
+    assert!(String::from_utf8_lossy(&before[0].1).contains("mm"));
+    assert!(String::from_utf8_lossy(&before[1].1).contains("pinned"));
+    let peer = draining(http)
+        .first()
+        .map(|(p, _)| p.clone())
+        .expect("an agent");
+    let drain = Req::new("POST", &format!("/admin/agents/{peer}/drain"))
+        .bearer(ADMIN)
+        .send(http)
+        .expect("drain");
+    assert_eq!(drain.status, 200, "{}", drain.text());
+    let new = start(&s.dir, s.ports, true);
+    let mut old = s.old;
+    assert!(wait_exit(&mut old, Duration::from_secs(30)).is_some());
+    assert_eq!(get(http), before, "{}", new.log_text());
+    assert_eq!(draining(http), vec![(peer, true)], "{}", new.log_text());
+    // The alias the carried policy declares is served (drained agent:
+    // no agent takes it, so a 503, not the 404 of an unknown model).
+    let (st, body) = Req::chat("mm")
+        .bearer(KEY)
+        .send(http)
+        .map(Resp::pair)
+        .expect("chat");
+    assert_ne!(st, 404, "{}", String::from_utf8_lossy(&body));
 }

@@ -102,9 +102,14 @@ impl Inherit {
         let peers = match next_step(&steps, "agent list", STEP)? {
             Msg::Expect {
                 peers,
+                policies,
+                drained,
                 sibling_map,
                 registry,
             } => {
+                if let Some(json) = policies {
+                    take_policies(&shared, &json);
+                }
                 if let Some(json) = registry {
                     take_registry(&shared, &json);
                 }
@@ -120,11 +125,25 @@ impl Inherit {
                     );
                     info!(status = ?r.map(|r| r.0), "upgrade: the sibling map carried over");
                 }
-                peers
+                (peers, drained)
             }
             other => return Err(format!("--upgrade: unexpected message {other:?}")),
         };
+        let (peers, drained) = peers;
         let linked = wait_linked(&shared, &peers, Duration::from_secs(10));
+        // Before clients: an agent drained there takes nothing new here.
+        for peer_id in drained {
+            let found = crate::shard_calls::each_shard(&shared, Duration::from_secs(5), |reply| {
+                ShardMsg::DrainAgent {
+                    peer_id: peer_id.clone(),
+                    on: true,
+                    reply,
+                }
+            });
+            if found.iter().all(Option::is_none) {
+                warn!(%peer_id, "upgrade: an agent drained there did not link here; its drain mark is lost");
+            }
+        }
         if linked.len() < peers.len() {
             warn!(
                 expected = peers.len(),
@@ -158,6 +177,20 @@ impl Inherit {
         super::notify_systemd(&format!("MAINPID={}\nREADY=1", std::process::id()));
         info!("upgrade: this process serves; the old one finishes its streams");
         Ok(())
+    }
+}
+
+/// The policies the old process had from its admin API, in force here
+/// instead of the files' (as they were there).
+fn take_policies(shared: &Router, json: &str) {
+    let applied = serde_json::from_str::<serde_json::Value>(json)
+        .map_err(|e| e.to_string())
+        .and_then(|v| shards::runtime::admin::policy::apply_policy_set_json(shared, &v));
+    match applied {
+        Ok(()) => info!("upgrade: the policies written through the admin API carried over"),
+        Err(e) => warn!(
+            "upgrade: the admin API's policies could not be carried over (the files' stay): {e}"
+        ),
     }
 }
 

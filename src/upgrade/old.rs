@@ -207,9 +207,22 @@ fn hand_over(h: &Handles, sock: std::os::unix::net::UnixStream) -> Result<Handed
             .then(|| serde_json::to_string(&reg.snapshot()).ok())
             .flatten()
     };
+    // Policies written through the admin API and admin drain marks live
+    // in memory too.
+    let policies = h.shared.policies_from_api.load(Ordering::Relaxed).then(|| {
+        shards::runtime::admin::policy::policy_set_json(&h.shared.policies.load()).to_string()
+    });
+    let drained: Vec<String> = crate::shard_calls::snapshots(&h.shared)
+        .into_iter()
+        .flat_map(|s| s.agents.into_iter())
+        .filter(|a| a.admin_drained)
+        .map(|a| a.peer_id)
+        .collect();
     let linked = link
         .say(&Msg::Expect {
             peers,
+            policies,
+            drained,
             sibling_map,
             registry,
         })

@@ -116,6 +116,7 @@ pub fn start_router_with(
         ),
         policies: Versioned::new(policies),
         policy_reloads: Default::default(),
+        policies_from_api: Default::default(),
         feed: Default::default(),
         sites: Versioned::new(Default::default()),
         holds: Default::default(),

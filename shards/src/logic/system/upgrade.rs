@@ -168,6 +168,13 @@ pub enum Msg {
     Expect {
         /// Peer IDs.
         peers: Vec<String>,
+        /// The policies in force, when written through the admin API since
+        /// the files were read (`admin::policy::policy_set_json`).
+        #[serde(default)]
+        policies: Option<String>,
+        /// Agents drained through the admin API (peer IDs).
+        #[serde(default)]
+        drained: Vec<String>,
         /// The map.
         #[serde(default)]
         sibling_map: Option<String>,

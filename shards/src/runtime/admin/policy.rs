@@ -104,6 +104,40 @@ pub fn policy_json(p: &crate::logic::routing::policy::Policy) -> Value {
     v
 }
 
+/// The whole policy set in the admin API's shapes (`global`: what
+/// `GET /admin/policy` shows, `named`: `GET /admin/policy/models`), for
+/// the process replacing this one (issue 54).
+pub fn policy_set_json(set: &crate::logic::routing::policy_set::PolicySet) -> Value {
+    let named: serde_json::Map<String, Value> = set
+        .named
+        .iter()
+        .map(|(k, p)| (k.clone(), policy_json(p)))
+        .collect();
+    json!({"global": policy_json(&set.global), "named": named})
+}
+
+/// Put [`policy_set_json`]'s output in force, as the admin calls would
+/// (validated whole: an invalid set changes nothing).
+pub fn apply_policy_set_json(router: &Router, v: &Value) -> Result<(), String> {
+    let parse = |name: &str, v: &Value| {
+        policy::parse(&format!("<upgrade:{name}>"), &v.to_string()).map_err(|e| e.to_string())
+    };
+    let mut next = (*router.policies.load()).clone();
+    next.global = Arc::new(policy::Policy {
+        models: Vec::new(),
+        ..parse("global", &v["global"])?
+    });
+    next.named.clear();
+    if let Some(named) = v["named"].as_object() {
+        for (name, p) in named {
+            next.named.insert(name.clone(), Arc::new(parse(name, p)?));
+        }
+    }
+    router
+        .swap_policies(next, "upgrade")
+        .map_err(|e| e.to_string())
+}
+
 /// Result of a policy admin call: status and JSON body.
 pub type AdminReply = (u16, Vec<u8>);
 

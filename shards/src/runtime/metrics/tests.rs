@@ -31,6 +31,7 @@ fn agent(peer: &str, model: &str, srtt: Option<f64>) -> AgentView {
         live: true,
         backend_healthy: true,
         draining: false,
+        admin_drained: false,
         srtt,
         rttvar: srtt.map(|s| s / 2.0),
         input_tokens: 100,

@@ -185,6 +185,10 @@ pub struct Router {
     pub policies: Versioned<PolicySet>,
     /// `hivenet_policy_reload_total{trigger,result}`.
     pub policy_reloads: std::sync::Mutex<std::collections::BTreeMap<(String, String), u64>>,
+    /// The policies in force were written through the admin API (or
+    /// carried from the router this one replaced) since the files were
+    /// last read: a process replacing this one takes them over (issue 54).
+    pub policies_from_api: std::sync::atomic::AtomicBool,
     /// Client keys and their buckets; a request takes one snapshot.
     pub auth: Versioned<super::tenancy::AuthState>,
     /// The dynamic key registry (mutated by `/admin/api-keys` only; its
@@ -378,6 +382,9 @@ impl Router {
         self.count_reload(trigger, r.is_ok());
         r?;
         self.policies.store(set);
+        let api = trigger == "api" || trigger == "upgrade";
+        self.policies_from_api
+            .store(api, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

@@ -593,6 +593,7 @@ mod tests {
             audit: None,
             insecure_admin: false,
             policy_reloads: std::sync::Mutex::new(Default::default()),
+            policies_from_api: Default::default(),
             feed: std::sync::Mutex::new(Vec::new()),
             sites: Versioned::new(Default::default()),
             holds: Default::default(),

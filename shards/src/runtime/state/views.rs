@@ -34,6 +34,9 @@ pub struct AgentView {
     pub backend_healthy: bool,
     /// The agent is stopping (nothing new is sent to it).
     pub draining: bool,
+    /// Of it: drained through the admin API (carried by an upgrade).
+    #[serde(skip)]
+    pub admin_drained: bool,
     /// SRTT, ms (None: UNKNOWN).
     pub srtt: Option<f64>,
     /// RTTVAR, ms.
@@ -85,6 +88,7 @@ impl AgentView {
             live: a.live.get(),
             backend_healthy: a.backend_healthy.get(),
             draining: a.draining.get() || a.admin_drained.get(),
+            admin_drained: a.admin_drained.get(),
             srtt: est.srtt(),
             rttvar: est.rttvar(),
             input_tokens: a.input_tokens.get(),
