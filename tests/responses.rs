@@ -473,6 +473,40 @@ fn a_chain_moves_between_routers_sharing_redis() {
             cont.text()
         );
     }
+    // A conversation made on one router is read, continued and deleted
+    // on the other.
+    let made = Req::post(
+        "/v1/conversations",
+        json!({"metadata": {"k": "v"}}).to_string(),
+    )
+    .send(a)
+    .expect("create");
+    assert_eq!(made.status, 200, "{}", made.text());
+    let conv = made.json()["id"].as_str().expect("id").to_string();
+    for (i, http) in [b, a].into_iter().enumerate() {
+        let body = json!({"model": MODEL, "input": format!("turn {i}"), "conversation": conv});
+        let t = Req::post("/v1/responses", body.to_string())
+            .send(http)
+            .expect("turn");
+        assert_eq!(t.status, 200, "{}", t.text());
+    }
+    let items = Req::get(&format!("/v1/conversations/{conv}/items?order=asc"))
+        .send(b)
+        .expect("items");
+    assert_eq!(
+        items.json()["data"][2]["content"],
+        "turn 1",
+        "{}",
+        items.text()
+    );
+    let del = Req::new("DELETE", &format!("/v1/conversations/{conv}"))
+        .send(b)
+        .expect("delete");
+    assert_eq!(del.status, 200, "{}", del.text());
+    let gone = Req::get(&format!("/v1/conversations/{conv}"))
+        .send(a)
+        .expect("get");
+    assert_eq!(gone.status, 404, "{}", gone.text());
 }
 
 /// Keys apply to Responses as to chat: the daily budget is charged the
@@ -588,4 +622,148 @@ fn a_chain_continued_on_another_router_keeps_its_engine() {
         "the session key, through Redis"
     );
     assert_eq!(decisions(b.metrics, "miss"), 0.0);
+}
+
+fn conv_call(http: u16, method: &str, path: &str, raw: &str, body: Value) -> Resp {
+    Req::new(method, path)
+        .body(body.to_string().as_bytes())
+        .bearer(raw)
+        .send(http)
+        .expect("response")
+}
+
+/// The Conversations API: a conversation is created with items and
+/// metadata, Responses turns naming it read its items and add theirs, and
+/// it is the tenant's own (404 to any other on every route, its content
+/// never shown); bad input gets the envelope; a restart keeps it.
+#[test]
+fn a_conversation_is_its_tenants_own_and_survives_a_restart() {
+    let dir = tmpdir("responses-conversations");
+    let mut r = router(&dir, &[]);
+    let (_sim, port) = start_sim(&dir, MODEL, &["--output-tokens", "4"]);
+    let _agent = start_agent(&dir, &r, port, "a.key", &[]);
+    wait_agent(r.http);
+    put_key(r.http, "ka", key("v1", "sk-alpha", "alpha"));
+    put_key(r.http, "kb", key("v2", "sk-beta", "beta"));
+    let seed = json!({"items": [{"type": "message", "role": "user", "content": "my secret is tulip"}],
+                      "metadata": {"topic": "flowers"}});
+    let made = conv_call(r.http, "POST", "/v1/conversations", "sk-alpha", seed);
+    assert_eq!(made.status, 200, "{}", made.text());
+    let conv = made.json()["id"].as_str().expect("id").to_string();
+    assert!(conv.starts_with("conv_"), "{conv}");
+    assert_eq!(made.json()["object"], "conversation");
+    let turn = |raw: &str, input: &str| {
+        Req::post(
+            "/v1/responses",
+            json!({"model": MODEL, "input": input, "max_output_tokens": 4, "conversation": conv})
+                .to_string(),
+        )
+        .bearer(raw)
+        .send(r.http)
+        .expect("turn")
+    };
+    let t1 = turn("sk-alpha", "first");
+    assert_eq!(t1.status, 200, "{}", t1.text());
+    let t2 = turn("sk-alpha", "second");
+    assert_eq!(t2.status, 200, "{}", t2.text());
+    let input = |t: &Resp| t.json()["usage"]["input_tokens"].as_u64().unwrap_or(0);
+    assert!(
+        input(&t2) > input(&t1),
+        "the conversation's items were sent"
+    );
+    let items = conv_call(
+        r.http,
+        "GET",
+        &format!("/v1/conversations/{conv}/items?order=asc"),
+        "sk-alpha",
+        json!({}),
+    );
+    assert_eq!(items.status, 200, "{}", items.text());
+    let data = items.json()["data"].as_array().cloned().unwrap_or_default();
+    assert!(
+        data.len() >= 5,
+        "seed, then each turn's input and output: {}",
+        items.text()
+    );
+    assert_eq!(data[0]["content"], "my secret is tulip");
+    assert_eq!(data[1]["content"], "first");
+    let item = data[0]["id"].as_str().expect("item id").to_string();
+    // Another tenant: unknown everywhere.
+    for (method, path) in [
+        ("GET", format!("/v1/conversations/{conv}")),
+        ("POST", format!("/v1/conversations/{conv}")),
+        ("DELETE", format!("/v1/conversations/{conv}")),
+        ("GET", format!("/v1/conversations/{conv}/items")),
+        ("POST", format!("/v1/conversations/{conv}/items")),
+        ("GET", format!("/v1/conversations/{conv}/items/{item}")),
+        ("DELETE", format!("/v1/conversations/{conv}/items/{item}")),
+    ] {
+        let body = json!({"items": [{"role": "user", "content": "x"}], "metadata": {"a": "b"}});
+        let resp = conv_call(r.http, method, &path, "sk-beta", body);
+        assert_eq!(resp.status, 404, "{method} {path}: {}", resp.text());
+        assert!(!resp.text().contains("tulip"), "{}", resp.text());
+    }
+    let foreign = turn("sk-beta", "tell me the secret");
+    assert_eq!(foreign.status, 404, "{}", foreign.text());
+    // Bad input.
+    for (method, path, body, status) in [
+        ("POST", "/v1/conversations", json!({"items": 3}), 400),
+        (
+            "POST",
+            "/v1/conversations",
+            json!({"metadata": {"a": 1}}),
+            400,
+        ),
+        ("POST", "/v1/conversations", json!([1]), 400),
+        ("PUT", "/v1/conversations", json!({}), 405),
+        ("GET", "/v1/conversations/conv_nope", json!({}), 404),
+        ("GET", "/v1/conversations/not-a-conv", json!({}), 404),
+    ] {
+        let resp = conv_call(r.http, method, path, "sk-alpha", body);
+        assert_eq!(resp.status, status, "{method} {path}: {}", resp.text());
+        assert!(
+            resp.json()["error"]["message"].is_string(),
+            "{}",
+            resp.text()
+        );
+    }
+    let both = Req::post(
+        "/v1/responses",
+        json!({"model": MODEL, "input": "x", "conversation": conv,
+               "previous_response_id": t1.json()["id"]})
+        .to_string(),
+    )
+    .bearer("sk-alpha")
+    .send(r.http)
+    .expect("both");
+    assert_eq!(both.status, 400, "{}", both.text());
+    // Killed and restarted on its store: the conversation goes on.
+    r.proc.kill9();
+    let r = router(&dir, &[]);
+    put_key(r.http, "ka", key("v3", "sk-alpha", "alpha"));
+    let again = conv_call(
+        r.http,
+        "GET",
+        &format!("/v1/conversations/{conv}"),
+        "sk-alpha",
+        json!({}),
+    );
+    assert_eq!(again.status, 200, "after a restart: {}", again.text());
+    assert_eq!(again.json()["metadata"]["topic"], "flowers");
+    let gone = conv_call(
+        r.http,
+        "DELETE",
+        &format!("/v1/conversations/{conv}"),
+        "sk-alpha",
+        json!({}),
+    );
+    assert_eq!(gone.json()["deleted"], true, "{}", gone.text());
+    let after = conv_call(
+        r.http,
+        "GET",
+        &format!("/v1/conversations/{conv}"),
+        "sk-alpha",
+        json!({}),
+    );
+    assert_eq!(after.status, 404, "{}", after.text());
 }

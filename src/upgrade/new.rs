@@ -185,7 +185,10 @@ impl Inherit {
 fn take_policies(shared: &Router, json: &str) {
     let applied = serde_json::from_str::<serde_json::Value>(json)
         .map_err(|e| e.to_string())
-        .and_then(|v| shards::runtime::admin::policy::apply_policy_set_json(shared, &v));
+        .and_then(|v| {
+            shards::runtime::admin::policy::apply_policy_set_json(shared, &v)
+                .map_err(|e| e.to_string())
+        });
     match applied {
         Ok(()) => info!("upgrade: the policies written through the admin API carried over"),
         Err(e) => warn!(

@@ -118,9 +118,14 @@ pub fn policy_set_json(set: &crate::logic::routing::policy_set::PolicySet) -> Va
 
 /// Put [`policy_set_json`]'s output in force, as the admin calls would
 /// (validated whole: an invalid set changes nothing).
-pub fn apply_policy_set_json(router: &Router, v: &Value) -> Result<(), String> {
+pub fn apply_policy_set_json(
+    router: &Router,
+    v: &Value,
+) -> Result<(), crate::logic::system::config_error::ConfigError> {
+    use crate::logic::system::config_error::ConfigError;
     let parse = |name: &str, v: &Value| {
-        policy::parse(&format!("<upgrade:{name}>"), &v.to_string()).map_err(|e| e.to_string())
+        policy::parse(&format!("<upgrade:{name}>"), &v.to_string())
+            .map_err(|e| ConfigError::new(e.to_string()))
     };
     let mut next = (*router.policies.load()).clone();
     next.global = Arc::new(policy::Policy {
@@ -133,9 +138,7 @@ pub fn apply_policy_set_json(router: &Router, v: &Value) -> Result<(), String> {
             next.named.insert(name.clone(), Arc::new(parse(name, p)?));
         }
     }
-    router
-        .swap_policies(next, "upgrade")
-        .map_err(|e| e.to_string())
+    router.swap_policies(next, "upgrade")
 }
 
 /// Result of a policy admin call: status and JSON body.

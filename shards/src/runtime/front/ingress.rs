@@ -310,15 +310,8 @@ async fn route(shard: &Rc<Shard>, c: &mut Client, head: RequestHead) -> Next {
             .await
             .into();
     }
-    if crate::runtime::request::responses::is_api_path(path) {
-        let p = match authenticate(shard, c, &head, keep).await {
-            Ok(p) => p,
-            Err(k) => return k.into(),
-        };
-        let method = head.method.to_string();
-        return crate::runtime::request::responses::serve_api(shard, c, &p, &method, path, keep)
-            .await
-            .into();
+    if let Some(next) = Box::pin(super::stateful::api(shard, c, &head, path)).await {
+        return next;
     }
     let models_route = path == "/v1/models" || path.starts_with("/v1/models/");
     let done = if models_route && head.method == "GET" {
@@ -337,7 +330,7 @@ async fn route(shard: &Rc<Shard>, c: &mut Client, head: RequestHead) -> Next {
 
 /// Authenticate a client route (the principal goes into the scope):
 /// `Err(keep)` after the 401 is written.
-async fn authenticate(
+pub(super) async fn authenticate(
     shard: &Shard,
     c: &mut Client,
     head: &RequestHead,
@@ -478,7 +471,7 @@ async fn read_inference(
 /// The body under `--max-request-bytes`, the body timeout and the
 /// router-wide body budget (`100 Continue` first when asked); `Err`: the
 /// connection's next step after the refusal.
-async fn read_body(
+pub(super) async fn read_body(
     shard: &Shard,
     c: &mut Client,
     head: &RequestHead,

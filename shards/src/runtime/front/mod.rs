@@ -9,3 +9,4 @@ pub mod event_loop;
 pub mod hold;
 pub mod ingress;
 mod placing;
+mod stateful;

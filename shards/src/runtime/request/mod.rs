@@ -17,6 +17,7 @@
 pub mod admission;
 pub mod affinity;
 pub mod continuation;
+pub mod conversations;
 pub mod dispatch;
 pub mod ending;
 pub mod exchange;

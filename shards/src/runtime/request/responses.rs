@@ -43,6 +43,8 @@ pub struct Conversation {
     tenant: Arc<str>,
     model: String,
     previous: Option<String>,
+    /// The conversation its items are added to (`conversations`).
+    conversation: Option<String>,
     instructions: Option<serde_json::Value>,
     input: Vec<serde_json::Value>,
     store: bool,
@@ -56,19 +58,22 @@ fn not_found(id: &str) -> ApiError {
 }
 
 /// Ask the store; `None`: no store, or no answer in time.
-async fn ask<T>(shard: &Shard, msg: impl FnOnce(oneshot::Sender<T>) -> StoreMsg) -> Option<T> {
-    let tx = shard.router.store.as_ref()?;
+pub(super) async fn ask<T>(
+    router: &Router,
+    msg: impl FnOnce(oneshot::Sender<T>) -> StoreMsg,
+) -> Option<T> {
+    let tx = router.store.as_ref()?;
     let (reply, rx) = oneshot::channel();
     tx.send(msg(reply)).ok()?;
     monoio::time::timeout(STORE_WAIT, rx).await.ok()?.ok()
 }
 
 /// Ask the fleet's copy in Redis (`None`: no shared state, or no answer).
-async fn ask_fleet<T>(
-    shard: &Shard,
+pub(super) async fn ask_fleet<T>(
+    router: &Router,
     op: impl FnOnce(oneshot::Sender<T>) -> conversations::Op,
 ) -> Option<T> {
-    let shared = shard.router.shared_state.as_ref()?;
+    let shared = router.shared_state.as_ref()?;
     let (reply, rx) = oneshot::channel();
     shared.responses(op(reply));
     monoio::time::timeout(STORE_WAIT, rx).await.ok()?.ok()
@@ -84,7 +89,7 @@ async fn chain_of(
 ) -> Option<Result<Vec<Vec<u8>>, ChainError>> {
     let fleet = || {
         let (t, i) = (tenant.to_string(), id.to_string());
-        ask_fleet(shard, |reply| conversations::Op::Chain {
+        ask_fleet(&shard.router, |reply| conversations::Op::Chain {
             tenant: t,
             id: i,
             reply,
@@ -103,7 +108,7 @@ async fn chain_of(
         return answer;
     }
     let (t, i) = (tenant.to_string(), id.to_string());
-    ask(shard, |reply| StoreMsg::ResponseChain {
+    ask(&shard.router, |reply| StoreMsg::ResponseChain {
         tenant: t,
         id: i,
         reply,
@@ -141,9 +146,14 @@ async fn rebuild(shard: &Shard, p: &mut PendingRequest) -> Result<Conversation, 
     let req = responses::parse_request(&p.body)
         .map_err(|m| ApiError::new(ErrorCode::RequestInvalid, m))?;
     let tenant = p.principal.tenant_arc();
-    let chain: Vec<Vec<u8>> = match &req.previous {
-        None => Vec::new(),
-        Some(id) => {
+    let chain: Vec<Vec<u8>> = match (&req.previous, &req.conversation) {
+        (None, None) => Vec::new(),
+        // Its items come first, as a turn's would.
+        (_, Some(id)) => match super::conversations::load(&shard.router, &tenant, id).await {
+            Some(c) => vec![crate::logic::http::api::conversations::as_turn(&c)],
+            None => return Err(super::conversations::not_found(id)),
+        },
+        (Some(id), None) => {
             let found = chain_of(shard, &tenant, id).await;
             match found {
                 Some(Ok(raw)) => raw,
@@ -193,6 +203,7 @@ async fn rebuild(shard: &Shard, p: &mut PendingRequest) -> Result<Conversation, 
         tenant,
         model: p.meta.model.as_str().to_string(),
         previous: req.previous,
+        conversation: req.conversation,
         instructions: req.instructions,
         input: req.input,
         store: req.store,
@@ -201,7 +212,7 @@ async fn rebuild(shard: &Shard, p: &mut PendingRequest) -> Result<Conversation, 
 
 /// Longest wait for Redis to hold a finished turn before its end goes
 /// to the client anyway (the write still lands when Redis catches up).
-const KEEP_WAIT: Duration = Duration::from_secs(1);
+pub(super) const KEEP_WAIT: Duration = Duration::from_secs(1);
 
 impl Conversation {
     /// The engine's answer reached its end (completed, incomplete or
@@ -212,9 +223,16 @@ impl Conversation {
     /// [`KEEP_WAIT`]), this router's store is asked first on its one
     /// queue, so no later read here overtakes it. Once per turn.
     pub async fn keep(&mut self) {
-        let (Some(done), true) = (self.tap.done.take(), self.store) else {
+        let Some(done) = self.tap.done.take() else {
             return;
         };
+        if let Some(conv) = self.conversation.take() {
+            let (input, output) = (self.input.clone(), done.output.clone());
+            super::conversations::append(&self.router, &self.tenant, &conv, input, output).await;
+        }
+        if !self.store {
+            return;
+        }
         let id = self.tap.id().to_string();
         let created_at = clock::unix_secs();
         let record = Record {
@@ -330,14 +348,14 @@ pub async fn serve_api(
     let tenant = p.tenant().to_string();
     if method == "DELETE" {
         let (t, i) = (tenant.clone(), id.to_string());
-        let here = ask(shard, |reply| StoreMsg::ResponseDelete {
+        let here = ask(&shard.router, |reply| StoreMsg::ResponseDelete {
             tenant: t,
             id: i,
             reply,
         })
         .await;
         let (t, i) = (tenant, id.to_string());
-        let fleet = ask_fleet(shard, |reply| conversations::Op::Delete {
+        let fleet = ask_fleet(&shard.router, |reply| conversations::Op::Delete {
             tenant: t,
             id: i,
             reply,
@@ -351,7 +369,7 @@ pub async fn serve_api(
         return respond::send_json(c, 200, body.to_string().as_bytes(), keep).await;
     }
     let (t, i) = (tenant.clone(), id.to_string());
-    let fleet = ask_fleet(shard, |reply| conversations::Op::Get {
+    let fleet = ask_fleet(&shard.router, |reply| conversations::Op::Get {
         tenant: t,
         id: i,
         reply,
@@ -361,7 +379,7 @@ pub async fn serve_api(
         Some(v) => v,
         None => {
             let (t, i) = (tenant, id.to_string());
-            ask(shard, |reply| StoreMsg::ResponseGet {
+            ask(&shard.router, |reply| StoreMsg::ResponseGet {
                 tenant: t,
                 id: i,
                 reply,

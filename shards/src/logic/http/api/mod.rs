@@ -6,6 +6,7 @@
 //! fallback provider's request and answer, translated between dialects).
 
 pub mod continuation;
+pub mod conversations;
 pub mod probe;
 pub mod prompt_hash;
 pub mod provider;

@@ -30,6 +30,9 @@ pub const MAX_EVENT_BYTES: usize = 8 << 20;
 pub struct Request {
     /// The turn it continues.
     pub previous: Option<String>,
+    /// The conversation it belongs to (`conversations`): its items come
+    /// first, and this turn's are added to it.
+    pub conversation: Option<String>,
     /// Keep this turn (the API's default: true).
     pub store: bool,
     /// This turn's input, as items.
@@ -62,11 +65,25 @@ pub fn parse_request(body: &[u8]) -> Result<Request, String> {
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err("'store' must be a boolean".into()),
     };
-    if body.get("conversation").is_some_and(|c| !c.is_null()) {
-        return Err(
-            "'conversation' is not supported by this router; continue with 'previous_response_id'"
-                .into(),
-        );
+    let conversation = match body.get("conversation") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Object(o)) => match o.get("id") {
+            Some(Value::String(s)) => Some(s.clone()),
+            _ => return Err("'conversation.id' must be a string".into()),
+        },
+        Some(_) => {
+            return Err("'conversation' must be a conversation ID or an object with 'id'".into())
+        }
+    };
+    if conversation
+        .as_deref()
+        .is_some_and(|c| !super::conversations::is_id(c))
+    {
+        return Err("'conversation' must be a conversation ID ('conv_...')".into());
+    }
+    if conversation.is_some() && previous.is_some() {
+        return Err("'previous_response_id' and 'conversation' cannot be used together".into());
     }
     let input = match body.get("input") {
         Some(Value::String(s)) => vec![serde_json::json!({"role": "user", "content": s})],
@@ -82,6 +99,7 @@ pub fn parse_request(body: &[u8]) -> Result<Request, String> {
     let instructions = body.get("instructions").filter(|v| !v.is_null()).cloned();
     Ok(Request {
         previous,
+        conversation,
         store,
         input,
         instructions,
@@ -165,6 +183,7 @@ pub fn expanded_body(
 ) -> Result<(Vec<u8>, Option<String>), String> {
     let mut body = req.body.clone();
     body.remove("previous_response_id");
+    body.remove("conversation");
     body.insert("store".into(), Value::Bool(false));
     if chain.is_empty() {
         return Ok((

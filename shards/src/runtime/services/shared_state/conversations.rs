@@ -10,6 +10,7 @@
 use futures::channel::oneshot;
 use redis::Connection;
 
+use crate::logic::http::api::conversations::Conversation;
 use crate::logic::http::api::responses::{previous_of, Record, MAX_CHAIN};
 use crate::runtime::services::store_api::ChainError;
 
@@ -162,7 +163,13 @@ pub fn carry_out(c: &mut Connection, op: Op) -> redis::RedisResult<()> {
         }
         Op::Get { tenant, id, reply } => {
             let v = read(c, &tenant, &id)?;
-            let v = v.filter(|v| serde_json::from_slice::<Record>(v).is_ok());
+            // A conversation (the Conversations API) or a response.
+            let v = v.filter(
+                |v| match crate::logic::http::api::conversations::is_id(&id) {
+                    true => serde_json::from_slice::<Conversation>(v).is_ok(),
+                    false => serde_json::from_slice::<Record>(v).is_ok(),
+                },
+            );
             let _ = reply.send(v);
         }
         Op::Delete { tenant, id, reply } => {

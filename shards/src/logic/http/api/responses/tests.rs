@@ -45,12 +45,44 @@ fn a_request_is_read_with_the_apis_defaults_and_errors() {
         ),
         (
             br#"{"model":"m","input":"x","conversation":"c"}"#,
-            "not supported",
+            "conversation ID",
+        ),
+        (
+            br#"{"model":"m","input":"x","conversation":3}"#,
+            "'conversation' must be",
+        ),
+        (
+            br#"{"model":"m","input":"x","conversation":{"id":"conv_1"},"previous_response_id":"resp_1"}"#,
+            "cannot be used together",
         ),
         (b"{", "Invalid request"),
     ] {
         let e = parse_request(bad).expect_err("refused");
         assert!(e.contains(says), "{e}");
+    }
+}
+
+#[test]
+fn a_conversation_is_named_by_id_or_object_and_never_reaches_the_engine() {
+    for body in [
+        &br#"{"model":"m","input":"x","conversation":"conv_ab"}"#[..],
+        br#"{"model":"m","input":"x","conversation":{"id":"conv_ab"}}"#,
+    ] {
+        let r = parse_request(body).expect("ok");
+        assert_eq!(r.conversation.as_deref(), Some("conv_ab"));
+        let c = crate::logic::http::api::conversations::Conversation::new(
+            "conv_ab".into(),
+            1,
+            serde_json::json!({}),
+            vec![serde_json::json!({"role": "user", "content": "before"})],
+        );
+        let chain = vec![crate::logic::http::api::conversations::as_turn(&c)];
+        let (out, root) = expanded_body(&r, &chain).expect("expanded");
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert!(v.get("conversation").is_none(), "{v}");
+        assert_eq!(v["input"][0]["content"], "before");
+        assert_eq!(v["input"][1]["content"], "x");
+        assert_eq!(root.as_deref(), Some("conv_ab"));
     }
 }
 

@@ -1,0 +1,54 @@
+//! The routes of the state the router keeps for its clients (issue 52):
+//! the Responses API's stored responses (`/v1/responses/{id}...`) and the
+//! Conversations API (`/v1/conversations...`), authenticated like
+//! inference; their logic is in [`crate::runtime::request::responses`]
+//! and [`crate::runtime::request::conversations`].
+
+use std::rc::Rc;
+
+use super::ingress::{authenticate, read_body};
+use super::placing::Next;
+use crate::logic::http::framing::http_parse::{BodyFraming, RequestHead};
+use crate::runtime::state::scope::Client;
+use crate::runtime::state::shard::Shard;
+
+/// The state the router keeps for the Responses and Conversations APIs
+/// (`/v1/responses/{id}...`, `/v1/conversations...`); `None`: another
+/// path.
+pub(super) async fn api(
+    shard: &Rc<Shard>,
+    c: &mut Client,
+    head: &RequestHead,
+    path: &str,
+) -> Option<Next> {
+    use crate::runtime::request::{conversations, responses};
+    let conv = conversations::is_api_path(path);
+    if !conv && !responses::is_api_path(path) {
+        return None;
+    }
+    // A body not read closes the connection after a refusal.
+    let keep = head.keep_alive && head.framing == BodyFraming::None;
+    let p = match authenticate(shard, c, head, keep).await {
+        Ok(p) => p,
+        Err(k) => return Some(k.into()),
+    };
+    let method = head.method.to_string();
+    if !conv {
+        return Some(
+            responses::serve_api(shard, c, &p, &method, path, keep)
+                .await
+                .into(),
+        );
+    }
+    let body = match head.framing {
+        BodyFraming::None => Vec::new(),
+        _ => match read_body(shard, c, head).await {
+            Ok((b, _permit)) => b,
+            Err(next) => return Some(next),
+        },
+    };
+    let query = head.path.as_str().split_once('?').map_or("", |(_, q)| q);
+    let keep = head.keep_alive;
+    let done = conversations::serve_api(shard, c, &p, &method, path, query, &body, keep);
+    Some(done.await.into())
+}
