@@ -160,6 +160,9 @@ def test_a_conversation_on_the_simulator(fleet):
     rs = conversation_api(c, "m", 5)
     for a, b in zip(rs, rs[1:]):
         assert b.usage.input_tokens_details.cached_tokens > 0
+    # Each turn was rebuilt from the conversation (an expansion).
+    text = fleet.metrics_text()
+    assert 'hivenet_responses_requests_total{model="m",kind="continued"} 5' in text, text
 
 
 def test_a_conversation_on_llama_server(fleet):

@@ -132,7 +132,8 @@ pub async fn prepare(
     let prepared = rebuild(shard, p).await;
     let kind = match &prepared {
         Err(_) => "refused",
-        Ok(c) if c.previous.is_some() => "continued",
+        // Rebuilt from a chain or a conversation.
+        Ok(c) if c.previous.is_some() || c.conversation.is_some() => "continued",
         Ok(_) => "new",
     };
     if let Some(m) = shard.model(p.meta.model.as_str()) {
