@@ -1,7 +1,9 @@
 //! The Responses API's added cost on the router (issue 52), pure parts:
 //! reading a turn, rebuilding a 5-turn conversation into the engine's
 //! body, and the tap on a stream's events (a delta passes, the final
-//! `response.completed` is rewritten and kept), against what chat pays
+//! `response.completed` is rewritten and kept), a conversation of the
+//! same 5 turns read, rebuilt and written back with the next turn's
+//! items (the Conversations API), against what chat pays
 //! (the probe of a chat body of the same conversation). Plain output;
 //! run with `cargo bench -p shards --bench responses`.
 #![forbid(unsafe_code)]
@@ -10,6 +12,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use serde_json::json;
+use shards::logic::http::api::conversations::{as_turn, Conversation};
 use shards::logic::http::api::probe;
 use shards::logic::http::api::responses::{expanded_body, parse_request, Record, Tap};
 
@@ -71,9 +74,23 @@ fn main() {
         json!({"type": "response.completed", "response": {"id": "resp_engine", "object": "response",
             "status": "completed", "output": chain[4].output, "usage": chain[4].usage}})
     );
+    // The same 5 turns as one conversation (its items, in order).
+    let items: Vec<serde_json::Value> = chain
+        .iter()
+        .flat_map(|r| r.input.iter().chain(r.output.iter()).cloned())
+        .collect();
+    let conv = Conversation::new(format!("conv_{:032x}", 7), 1, json!({}), items);
+    let conv_raw = serde_json::to_vec(&conv).expect("json");
+    let conv_body = json!({"model": "m", "input": "And the longest?", "conversation": conv.id,
+        "instructions": "Be brief.", "max_output_tokens": 64, "stream": true})
+    .to_string();
+    let next_items = vec![chain[4].input[0].clone(), chain[4].output[0].clone()];
     let n = 20_000;
     for round in 0..2 {
-        println!("round {round} (state bytes per turn kept: {per_turn})");
+        println!(
+            "round {round} (state bytes per turn kept: {per_turn}; the 5-turn conversation: {} bytes)",
+            conv_raw.len()
+        );
         timed(
             "chat: probe of the whole conversation (baseline)",
             n,
@@ -98,6 +115,25 @@ fn main() {
             n,
             || {
                 black_box(probe::probe(black_box(&rebuilt)).ok());
+            },
+        );
+        let conv_req = parse_request(conv_body.as_bytes()).expect("turn");
+        timed(
+            "conversation: read it and rebuild it into the engine's body",
+            n,
+            || {
+                let c: Conversation = serde_json::from_slice(black_box(&conv_raw)).expect("conv");
+                black_box(expanded_body(black_box(&conv_req), &[as_turn(&c)]).ok());
+            },
+        );
+        timed(
+            "conversation: add the turn's items and encode it (written back)",
+            n,
+            || {
+                let mut c: Conversation =
+                    serde_json::from_slice(black_box(&conv_raw)).expect("conv");
+                c.add(next_items.clone());
+                black_box(serde_json::to_vec(&c).ok());
             },
         );
         let mut out = Vec::with_capacity(64 * 1024);

@@ -207,7 +207,7 @@ async fn answer(
         }
         ("GET", [id, "items", item]) => {
             let c = found(shard, tenant, id).await?;
-            c.item(item).cloned().ok_or_else(|| item_not_found(item))
+            c.item(item).ok_or_else(|| item_not_found(item))
         }
         ("DELETE", [id, "items", item]) => {
             let mut c = found(shard, tenant, id).await?;

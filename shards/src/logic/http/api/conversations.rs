@@ -27,8 +27,13 @@ pub const MAX_LIST: usize = 100;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invalid(pub String);
 
+/// An item as stored: its JSON as written (never decoded into a tree on
+/// a turn's way: a 5-turn conversation is read, rebuilt and written back
+/// with a validation pass and copies).
+pub type RawItem = Box<serde_json::value::RawValue>;
+
 /// A conversation as the router keeps it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Conversation {
     /// `conv_...`.
     pub id: String,
@@ -39,7 +44,7 @@ pub struct Conversation {
     pub metadata: Value,
     /// Its items, oldest first, each with an `id`.
     #[serde(default)]
-    pub items: Vec<Value>,
+    pub items: Vec<RawItem>,
     /// The next item ID's number.
     #[serde(default)]
     pub next_item: u64,
@@ -189,8 +194,21 @@ impl Conversation {
                 item
             })
             .collect();
-        self.items.extend(added.iter().cloned());
+        for item in &added {
+            if let Ok(raw) = serde_json::value::to_raw_value(item) {
+                self.items.push(raw);
+            }
+        }
         added
+    }
+
+    /// The ID of a stored item (read alone).
+    fn id_of(item: &RawItem) -> Option<String> {
+        #[derive(Deserialize)]
+        struct Id {
+            id: String,
+        }
+        serde_json::from_str::<Id>(item.get()).ok().map(|i| i.id)
     }
 
     /// The conversation object the routes answer.
@@ -204,24 +222,24 @@ impl Conversation {
     }
 
     /// One of its items.
-    pub fn item(&self, id: &str) -> Option<&Value> {
+    pub fn item(&self, id: &str) -> Option<Value> {
         self.items
             .iter()
-            .find(|i| i.get("id").and_then(Value::as_str) == Some(id))
+            .find(|i| Self::id_of(i).as_deref() == Some(id))
+            .and_then(|i| serde_json::from_str(i.get()).ok())
     }
 
     /// Delete one of its items; `false`: no such item.
     pub fn delete_item(&mut self, id: &str) -> bool {
         let before = self.items.len();
-        self.items
-            .retain(|i| i.get("id").and_then(Value::as_str) != Some(id));
+        self.items.retain(|i| Self::id_of(i).as_deref() != Some(id));
         self.items.len() != before
     }
 
     /// A page of its items: after the item `after` (in the page's
     /// order), at most `limit`, oldest first when `asc`.
     pub fn list(&self, after: Option<&str>, limit: usize, asc: bool) -> Value {
-        let ordered: Vec<&Value> = if asc {
+        let ordered: Vec<&RawItem> = if asc {
             self.items.iter().collect()
         } else {
             self.items.iter().rev().collect()
@@ -229,12 +247,16 @@ impl Conversation {
         let start = match after {
             Some(a) => ordered
                 .iter()
-                .position(|i| i.get("id").and_then(Value::as_str) == Some(a))
+                .position(|i| Self::id_of(i).as_deref() == Some(a))
                 .map_or(ordered.len(), |p| p + 1),
             None => 0,
         };
         let rest = ordered.get(start..).unwrap_or(&[]);
-        let page: Vec<Value> = rest.iter().take(limit).map(|v| (*v).clone()).collect();
+        let page: Vec<Value> = rest
+            .iter()
+            .take(limit)
+            .filter_map(|v| serde_json::from_str(v.get()).ok())
+            .collect();
         list_of(page, rest.len() > limit)
     }
 }
@@ -260,7 +282,19 @@ pub fn deleted(id: &str) -> Value {
 /// (`responses::expanded_body`): its items as the turn's input, its ID
 /// as the chain's first (the conversation's session key).
 pub fn as_turn(c: &Conversation) -> Vec<u8> {
-    serde_json::to_vec(&json!({"id": c.id, "input": c.items, "output": []})).unwrap_or_default()
+    let size: usize = c.items.iter().map(|i| i.get().len() + 1).sum();
+    let mut out = Vec::with_capacity(size + c.id.len() + 32);
+    out.extend_from_slice(b"{\"id\":");
+    out.extend_from_slice(&serde_json::to_vec(&c.id).unwrap_or_default());
+    out.extend_from_slice(b",\"input\":[");
+    for (k, item) in c.items.iter().enumerate() {
+        if k > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(item.get().as_bytes());
+    }
+    out.extend_from_slice(b"],\"output\":[]}");
+    out
 }
 
 #[cfg(test)]
@@ -281,10 +315,14 @@ mod tests {
         ]);
         assert_eq!(added[0]["id"], "msg_engine", "an item's own ID is kept");
         assert_eq!(c.items.len(), 3);
-        assert_eq!(c.items[0]["type"], "message");
-        let first = c.items[0]["id"].as_str().unwrap_or_default().to_string();
+        let page = c.list(None, 10, true);
+        assert_eq!(page["data"][0]["type"], "message");
+        let first = page["data"][0]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         assert!(first.starts_with("msg_"), "{first}");
-        assert_ne!(first, c.items[2]["id"].as_str().unwrap_or_default());
+        assert_ne!(json!(first), page["data"][2]["id"]);
         // Newest first by default; `after` continues the page.
         let p = c.list(None, 2, false);
         assert_eq!(p["data"][0]["content"], "more");
@@ -338,10 +376,9 @@ mod tests {
             vec![json!({"role": "user", "content": "a"})],
         );
         let raw = serde_json::to_vec(&c).unwrap_or_default();
-        assert_eq!(
-            serde_json::from_slice::<Conversation>(&raw).ok(),
-            Some(c.clone())
-        );
+        let back: Conversation = serde_json::from_slice(&raw).expect("read back");
+        assert_eq!(serde_json::to_vec(&back).unwrap_or_default(), raw);
+        assert_eq!(back.list(None, 1, true)["data"][0]["content"], "a");
         let turn: Value = serde_json::from_slice(&as_turn(&c)).unwrap_or_default();
         assert_eq!(turn["id"], json!(c.id));
         assert_eq!(turn["input"][0]["content"], "a");
