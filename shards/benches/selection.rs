@@ -1,7 +1,8 @@
 //! Selection cost: our one-pass gate pipeline against a naive baseline
 //! that copies the agents, sorts them by peer ID (as the Go router did on
 //! every attempt) and then scans, at 1, 10, 100 and 1000 agents per model
-//! and 0, 2 and 5 `exclude_if` gates. Plain output; run with
+//! and 0, 2 and 5 `exclude_if` gates; then what `prefix-aware` adds at 8,
+//! 32, 100 and 1000 agents. Plain output; run with
 //! `cargo bench -p shards --bench selection`.
 #![forbid(unsafe_code)]
 
@@ -213,7 +214,8 @@ fn prefix_aware() {
         key: None,
         marks: &marks,
     };
-    for n in [10usize, 100, 1000] {
+    // 8 and 32: the GPU-shaped fleets of issue 55's side-by-side runs.
+    for n in [8usize, 32, 100, 1000] {
         let a = agents(n);
         let ll = step(2);
         let pa = Step {
@@ -224,6 +226,15 @@ fn prefix_aware() {
         let mut ix = AffinityIndex::new(1 << 19);
         for ag in &a {
             ix.join(ag.id);
+        }
+        if n == 8 {
+            // Its memory does not grow with the engines: one fixed table,
+            // and one map entry (an ID and a horizon) per engine.
+            println!(
+                "  (index table: {} bytes for {} entries, whatever the engines)",
+                ix.table_bytes(),
+                ix.capacity()
+            );
         }
         for (case, held) in [("miss", false), ("hit", true)] {
             if held {
