@@ -14,6 +14,18 @@ from conftest import Engine
 SYSTEM = "You are a terse assistant. " * 30
 
 
+def ask(client, turn, **kw):
+    """One turn, streamed when `turn` is odd: the response."""
+    if turn % 2 == 0:
+        return client.responses.create(**kw)
+    final = None
+    for ev in client.responses.create(stream=True, **kw):
+        if ev.type == "response.completed":
+            final = ev.response
+    assert final is not None, f"turn {turn}: no response.completed"
+    return final
+
+
 def turns(client, model, n, **extra):
     """n chained turns, odd ones streamed: the responses in order."""
     prev, got = None, []
@@ -22,15 +34,7 @@ def turns(client, model, n, **extra):
                   max_output_tokens=8, **extra)
         if prev:
             kw["previous_response_id"] = prev
-        if turn % 2:
-            final = None
-            for ev in client.responses.create(stream=True, **kw):
-                if ev.type == "response.completed":
-                    final = ev.response
-            assert final is not None, f"turn {turn}: no response.completed"
-            r = final
-        else:
-            r = client.responses.create(**kw)
+        r = ask(client, turn, **kw)
         assert r.id.startswith("resp_"), r.id
         assert r.previous_response_id == prev, (turn, r.previous_response_id, prev)
         assert r.output_text, f"turn {turn}: no text"
@@ -98,17 +102,8 @@ def conversation_turns(client, model, conv, n, **extra):
     """n turns of conversation conv, odd ones streamed."""
     got = []
     for turn in range(n):
-        kw = dict(model=model, instructions=SYSTEM, input=f"Turn {turn}: say something about lakes.",
-                  max_output_tokens=8, conversation=conv, **extra)
-        if turn % 2:
-            final = None
-            for ev in client.responses.create(stream=True, **kw):
-                if ev.type == "response.completed":
-                    final = ev.response
-            assert final is not None, f"turn {turn}: no response.completed"
-            r = final
-        else:
-            r = client.responses.create(**kw)
+        r = ask(client, turn, model=model, instructions=SYSTEM, input=f"Turn {turn}: say something about lakes.",
+                max_output_tokens=8, conversation=conv, **extra)
         assert r.id.startswith("resp_"), r.id
         assert r.output_text, f"turn {turn}: no text"
         got.append(r)

@@ -17,7 +17,7 @@ use futures::channel::oneshot;
 use serde_json::Value;
 
 use super::respond;
-use super::responses::{ask, ask_fleet, KEEP_WAIT};
+use super::responses::{delete_record, get_record, KEEP_WAIT};
 use crate::logic::http::api::conversations::{self as api, Conversation};
 use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::runtime::services::shared_state::conversations as fleet;
@@ -43,26 +43,7 @@ fn bad(m: api::Invalid) -> ApiError {
 /// The conversation `id` of `tenant` (Redis first, then this router's
 /// store); `None`: not found.
 pub async fn load(router: &Router, tenant: &str, id: &str) -> Option<Conversation> {
-    let (t, i) = (tenant.to_string(), id.to_string());
-    let raw = match ask_fleet(router, |reply| fleet::Op::Get {
-        tenant: t,
-        id: i,
-        reply,
-    })
-    .await
-    {
-        Some(v) => v,
-        None => {
-            let (t, i) = (tenant.to_string(), id.to_string());
-            ask(router, |reply| StoreMsg::ResponseGet {
-                tenant: t,
-                id: i,
-                reply,
-            })
-            .await
-            .flatten()
-        }
-    };
+    let raw = get_record(router, tenant, id).await;
     raw.and_then(|r| serde_json::from_slice::<Conversation>(&r).ok())
         .filter(|c| c.id == id)
 }
@@ -188,7 +169,7 @@ async fn answer(
         }
         ("DELETE", [id]) => {
             found(shard, tenant, id).await?;
-            delete(shard, tenant, id).await;
+            delete_record(&shard.router, tenant, id).await;
             Ok(api::deleted(id))
         }
         ("GET", [id, "items"]) => {
@@ -236,21 +217,4 @@ fn item_not_found(id: &str) -> ApiError {
         ErrorCode::NotFound,
         format!("Item with id '{id}' not found."),
     )
-}
-
-async fn delete(shard: &Shard, tenant: &str, id: &str) {
-    let (t, i) = (tenant.to_string(), id.to_string());
-    let _ = ask(&shard.router, |reply| StoreMsg::ResponseDelete {
-        tenant: t,
-        id: i,
-        reply,
-    })
-    .await;
-    let (t, i) = (tenant.to_string(), id.to_string());
-    let _ = ask_fleet(&shard.router, |reply| fleet::Op::Delete {
-        tenant: t,
-        id: i,
-        reply,
-    })
-    .await;
 }

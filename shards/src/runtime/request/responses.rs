@@ -58,10 +58,7 @@ fn not_found(id: &str) -> ApiError {
 }
 
 /// Ask the store; `None`: no store, or no answer in time.
-pub(super) async fn ask<T>(
-    router: &Router,
-    msg: impl FnOnce(oneshot::Sender<T>) -> StoreMsg,
-) -> Option<T> {
+async fn ask<T>(router: &Router, msg: impl FnOnce(oneshot::Sender<T>) -> StoreMsg) -> Option<T> {
     let tx = router.store.as_ref()?;
     let (reply, rx) = oneshot::channel();
     tx.send(msg(reply)).ok()?;
@@ -69,7 +66,7 @@ pub(super) async fn ask<T>(
 }
 
 /// Ask the fleet's copy in Redis (`None`: no shared state, or no answer).
-pub(super) async fn ask_fleet<T>(
+async fn ask_fleet<T>(
     router: &Router,
     op: impl FnOnce(oneshot::Sender<T>) -> conversations::Op,
 ) -> Option<T> {
@@ -318,6 +315,51 @@ pub async fn render_stored(shard: &Shard, o: &mut String) {
     }
 }
 
+/// A kept record of `tenant` (a response or a conversation): Redis's
+/// copy when it answers (the fleet's truth), else this router's store.
+pub(super) async fn get_record(router: &Router, tenant: &str, id: &str) -> Option<Vec<u8>> {
+    let (t, i) = (tenant.to_string(), id.to_string());
+    let fleet = ask_fleet(router, |reply| conversations::Op::Get {
+        tenant: t,
+        id: i,
+        reply,
+    })
+    .await;
+    match fleet {
+        Some(v) => v,
+        None => {
+            let (t, i) = (tenant.to_string(), id.to_string());
+            ask(router, |reply| StoreMsg::ResponseGet {
+                tenant: t,
+                id: i,
+                reply,
+            })
+            .await
+            .flatten()
+        }
+    }
+}
+
+/// Delete a kept record of `tenant` here and in Redis; whether it was
+/// there (Redis's word when it answers).
+pub(super) async fn delete_record(router: &Router, tenant: &str, id: &str) -> bool {
+    let (t, i) = (tenant.to_string(), id.to_string());
+    let here = ask(router, |reply| StoreMsg::ResponseDelete {
+        tenant: t,
+        id: i,
+        reply,
+    })
+    .await;
+    let (t, i) = (tenant.to_string(), id.to_string());
+    let fleet = ask_fleet(router, |reply| conversations::Op::Delete {
+        tenant: t,
+        id: i,
+        reply,
+    })
+    .await;
+    fleet.or(here) == Some(true)
+}
+
 /// Whether `path` is one of the stored-response routes.
 pub fn is_api_path(path: &str) -> bool {
     path.starts_with("/v1/responses/") && path != "/v1/responses/input_tokens"
@@ -348,47 +390,14 @@ pub async fn serve_api(
     }
     let tenant = p.tenant().to_string();
     if method == "DELETE" {
-        let (t, i) = (tenant.clone(), id.to_string());
-        let here = ask(&shard.router, |reply| StoreMsg::ResponseDelete {
-            tenant: t,
-            id: i,
-            reply,
-        })
-        .await;
-        let (t, i) = (tenant, id.to_string());
-        let fleet = ask_fleet(&shard.router, |reply| conversations::Op::Delete {
-            tenant: t,
-            id: i,
-            reply,
-        })
-        .await;
-        let deleted = fleet.or(here) == Some(true);
+        let deleted = delete_record(&shard.router, &tenant, id).await;
         if !deleted {
             return respond::send_error(c, &not_found(id), keep).await;
         }
         let body = serde_json::json!({"id": id, "object": "response", "deleted": true});
         return respond::send_json(c, 200, body.to_string().as_bytes(), keep).await;
     }
-    let (t, i) = (tenant.clone(), id.to_string());
-    let fleet = ask_fleet(&shard.router, |reply| conversations::Op::Get {
-        tenant: t,
-        id: i,
-        reply,
-    })
-    .await;
-    let raw = match fleet {
-        Some(v) => v,
-        None => {
-            let (t, i) = (tenant, id.to_string());
-            ask(&shard.router, |reply| StoreMsg::ResponseGet {
-                tenant: t,
-                id: i,
-                reply,
-            })
-            .await
-            .flatten()
-        }
-    };
+    let raw = get_record(&shard.router, &tenant, id).await;
     let Some(record) = raw.and_then(|r| serde_json::from_slice::<Record>(&r).ok()) else {
         return respond::send_error(c, &not_found(id), keep).await;
     };
