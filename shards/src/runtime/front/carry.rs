@@ -21,22 +21,7 @@ use crate::runtime::state::carry_out::Outgoing;
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;
 use crate::runtime::wire::budget::ConnPermit;
-use crate::runtime::wire::conn::Conn;
 use crate::runtime::wire::handoff;
-
-/// Serve a connection the process this one replaced accepted (issue 54):
-/// its bytes are read already; its first request was held there, or its
-/// stream relayed there until the drain timeout.
-pub async fn serve_carried(
-    shard: Rc<Shard>,
-    conn: Conn,
-    (hold, resumed): (Option<Box<CarriedHold>>, Option<Box<CarriedStream>>),
-    permit: ConnPermit,
-) {
-    let mut c = Client::new(conn);
-    (c.carried, c.resumed) = (hold, resumed);
-    super::ingress::serve_client(shard, c, None, permit).await
-}
 
 /// What goes over ahead of a connection's unread bytes: its first
 /// request's bytes, with the state of its hold or of its stream.

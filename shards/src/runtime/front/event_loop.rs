@@ -227,12 +227,11 @@ fn adopt_carried(shard: &Rc<Shard>, o: crate::runtime::state::carry_out::Outgoin
     // Under the connection cap like any other; over it, served anyway:
     // it was accepted once already.
     let permit = shard.router.budget.connection_forced();
-    monoio::spawn(super::carry::serve_carried(
-        shard.clone(),
-        Conn::new(s, o.bytes),
-        (o.hold.map(Box::new), o.resumed),
-        permit,
-    ));
+    // Its bytes are read already; its first request was held there, or
+    // its stream relayed there until the drain timeout.
+    let mut c = crate::runtime::state::scope::Client::new(Conn::new(s, o.bytes));
+    (c.carried, c.resumed) = (o.hold.map(Box::new), o.resumed);
+    monoio::spawn(super::ingress::serve_client(shard.clone(), c, None, permit));
 }
 
 fn on_message(shard: &Rc<Shard>, accepting: &mut Accepting, msg: ShardMsg) {

@@ -9,4 +9,5 @@ pub mod event_loop;
 pub mod hold;
 pub mod ingress;
 mod placing;
+mod reading;
 mod stateful;

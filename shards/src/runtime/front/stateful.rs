@@ -6,8 +6,8 @@
 
 use std::rc::Rc;
 
-use super::ingress::{authenticate, read_body};
 use super::placing::Next;
+use super::reading::{authenticate, read_body};
 use crate::logic::http::framing::http_parse::{BodyFraming, RequestHead};
 use crate::runtime::state::scope::Client;
 use crate::runtime::state::shard::Shard;

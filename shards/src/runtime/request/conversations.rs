@@ -16,8 +16,8 @@
 use futures::channel::oneshot;
 use serde_json::Value;
 
+use super::kept::{delete_record, get_record, KEEP_WAIT};
 use super::respond;
-use super::responses::{delete_record, get_record, KEEP_WAIT};
 use crate::logic::http::api::conversations::{self as api, Conversation};
 use crate::logic::http::errors::{ApiError, ErrorCode};
 use crate::runtime::services::shared_state::conversations as fleet;

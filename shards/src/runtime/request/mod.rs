@@ -23,6 +23,7 @@ pub mod ending;
 pub mod exchange;
 pub mod fairness;
 pub mod forward;
+pub mod kept;
 pub mod models_api;
 pub mod provider;
 pub mod respond;

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use futures::channel::oneshot;
 
+use super::kept::{ask, ask_fleet, delete_record, get_record, KEEP_WAIT};
 use super::respond;
 use crate::logic::http::api::probe;
 use crate::logic::http::api::prompt_hash::raw_key_hash;
@@ -30,8 +31,6 @@ use crate::runtime::state::shard::Shard;
 use crate::runtime::state::tenancy::Principal;
 use crate::runtime::wire::clock;
 
-/// Longest wait for the store's answer.
-const STORE_WAIT: Duration = Duration::from_secs(2);
 /// Largest expanded body when `--max-request-bytes` sets no limit.
 const MAX_EXPANDED: usize = 64 << 20;
 
@@ -55,25 +54,6 @@ fn not_found(id: &str) -> ApiError {
         ErrorCode::NotFound,
         format!("Response with id '{id}' not found."),
     )
-}
-
-/// Ask the store; `None`: no store, or no answer in time.
-async fn ask<T>(router: &Router, msg: impl FnOnce(oneshot::Sender<T>) -> StoreMsg) -> Option<T> {
-    let tx = router.store.as_ref()?;
-    let (reply, rx) = oneshot::channel();
-    tx.send(msg(reply)).ok()?;
-    monoio::time::timeout(STORE_WAIT, rx).await.ok()?.ok()
-}
-
-/// Ask the fleet's copy in Redis (`None`: no shared state, or no answer).
-async fn ask_fleet<T>(
-    router: &Router,
-    op: impl FnOnce(oneshot::Sender<T>) -> conversations::Op,
-) -> Option<T> {
-    let shared = router.shared_state.as_ref()?;
-    let (reply, rx) = oneshot::channel();
-    shared.responses(op(reply));
-    monoio::time::timeout(STORE_WAIT, rx).await.ok()?.ok()
 }
 
 /// The chain ending at `id`: with `--shared-state` the fleet's copy is
@@ -208,10 +188,6 @@ async fn rebuild(shard: &Shard, p: &mut PendingRequest) -> Result<Conversation, 
     })
 }
 
-/// Longest wait for Redis to hold a finished turn before its end goes
-/// to the client anyway (the write still lands when Redis catches up).
-pub(super) const KEEP_WAIT: Duration = Duration::from_secs(1);
-
 impl Conversation {
     /// The engine's answer reached its end (completed, incomplete or
     /// failed): the turn is kept, when the client asked for it, before
@@ -313,51 +289,6 @@ pub async fn render_stored(shard: &Shard, o: &mut String) {
     for (t, _, b) in &tenants {
         f.series([t], b);
     }
-}
-
-/// A kept record of `tenant` (a response or a conversation): Redis's
-/// copy when it answers (the fleet's truth), else this router's store.
-pub(super) async fn get_record(router: &Router, tenant: &str, id: &str) -> Option<Vec<u8>> {
-    let (t, i) = (tenant.to_string(), id.to_string());
-    let fleet = ask_fleet(router, |reply| conversations::Op::Get {
-        tenant: t,
-        id: i,
-        reply,
-    })
-    .await;
-    match fleet {
-        Some(v) => v,
-        None => {
-            let (t, i) = (tenant.to_string(), id.to_string());
-            ask(router, |reply| StoreMsg::ResponseGet {
-                tenant: t,
-                id: i,
-                reply,
-            })
-            .await
-            .flatten()
-        }
-    }
-}
-
-/// Delete a kept record of `tenant` here and in Redis; whether it was
-/// there (Redis's word when it answers).
-pub(super) async fn delete_record(router: &Router, tenant: &str, id: &str) -> bool {
-    let (t, i) = (tenant.to_string(), id.to_string());
-    let here = ask(router, |reply| StoreMsg::ResponseDelete {
-        tenant: t,
-        id: i,
-        reply,
-    })
-    .await;
-    let (t, i) = (tenant.to_string(), id.to_string());
-    let fleet = ask_fleet(router, |reply| conversations::Op::Delete {
-        tenant: t,
-        id: i,
-        reply,
-    })
-    .await;
-    fleet.or(here) == Some(true)
 }
 
 /// Whether `path` is one of the stored-response routes.

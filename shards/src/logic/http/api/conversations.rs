@@ -55,7 +55,8 @@ pub fn new_id(random: u128) -> String {
     format!("conv_{random:032x}")
 }
 
-/// An ID a client may name as a conversation.
+/// An ID a client may name as a conversation (`responses` checks a
+/// turn's `conversation` the same way).
 pub fn is_id(s: &str) -> bool {
     s.starts_with("conv_") && super::responses::valid_id(s)
 }

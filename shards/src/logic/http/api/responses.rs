@@ -78,7 +78,7 @@ pub fn parse_request(body: &[u8]) -> Result<Request, String> {
     };
     if conversation
         .as_deref()
-        .is_some_and(|c| !super::conversations::is_id(c))
+        .is_some_and(|c| !(c.starts_with("conv_") && valid_id(c)))
     {
         return Err("'conversation' must be a conversation ID ('conv_...')".into());
     }
