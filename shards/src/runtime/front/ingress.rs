@@ -311,8 +311,8 @@ async fn route(shard: &Rc<Shard>, c: &mut Client, head: RequestHead) -> Next {
             .await
             .into();
     }
-    if let Some(next) = Box::pin(super::stateful::api(shard, c, &head, path)).await {
-        return next;
+    if super::stateful::is_path(path) {
+        return Box::pin(super::stateful::api(shard, c, &head, path)).await;
     }
     let models_route = path == "/v1/models" || path.starts_with("/v1/models/");
     let done = if models_route && head.method == "GET" {
