@@ -17,8 +17,8 @@
 # exactly (it prints the cached tokens it predicted, which equal the sims'
 # own count). IDEAL=1 also runs the old upper bound: one sim whose cache
 # never evicts (more than any routing over evicting caches can reach).
-# BANDS="0.5 1" also runs prefix-aware with these load bands beside its
-# default (0.5), as strategies prefix-aware-b0.5 and so on.
+# BANDS="0.5" also runs prefix-aware with these load bands beside its
+# default (1), as strategies prefix-aware-b0.5 and so on.
 # HOLDER_WAITS="1000 3000" also runs prefix-aware with these
 # holder_wait_ms (wait for a full cache holder), as prefix-aware-w1000 ...
 # ORACLE=0 skips the oracle (its column then reads 0 %).
@@ -72,7 +72,7 @@ printf 'routing_policy:\n  strategy: prefix-aware\n' >"$POLICY"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   echo "sim: $SIM_FLAGS"
   echo "bench: $BENCH_FLAGS --conversations (agents x $CONV_PER_AGENT) --stream --rate (agents x step) --duration $DUR --seed (step)"
-  echo "prefix-aware policy: defaults (load_band 0.5, ttl_seconds 600, block_bytes 2048, holder_wait_ms 3000 bounded by the learned miss cost, since 0aabf7c; 0 before)"
+  echo "prefix-aware policy: defaults (load_band 1 since 2026-12-06, 0.5 before, ttl_seconds 600, block_bytes 2048, holder_wait_ms 3000 bounded by the learned miss cost, since 0aabf7c; 0 before)"
 } >"$OUT/env.txt"
 echo "SIM_FLAGS=\"$SIM_FLAGS\" CAPACITY=$CAPACITY PEERS=\"$PEERS\" ${ORACLE:+ORACLE=$ORACLE }${IDEAL:+IDEAL=$IDEAL }${BANDS:+BANDS=\"$BANDS\" }${HOLDER_WAITS:+HOLDER_WAITS=\"$HOLDER_WAITS\" }${BENCH_FLAGS_SET:+BENCH_FLAGS=\"$BENCH_FLAGS\" }AGENTS=\"$AGENTS\" RAMP=\"$RAMP\" DUR=$DUR CONV_PER_AGENT=$CONV_PER_AGENT scripts/bench/affinity-ramp.sh" >"$OUT/cmd.txt"
 export HIVENET_ROUTER_ADMIN_API_KEYS=bench-admin

@@ -10,6 +10,14 @@ and agents for every configuration.
 
 HOLDER_WAITS="3000" adds prefix-aware with `holder_wait_ms: 3000`.
 
+The calibration check of the simulator (issue 55): ENGINE=sim runs the
+same conversations on hivenet-sims instead (SIM_FLAGS: their flags, the
+CPU shape of perf/2026-12-02-sim-calibration by default, one slot as the
+llama-servers); compare its summary's cached shares with the
+llama-server run's. LLAMA_CACHE_RAM=N passes `--cache-ram N` (MiB of host
+prompt cache; 0: only the slot's own context is kept) to bound the
+engines' caches.
+
 Per configuration: the cached share of prompt tokens (from the engines'
 usage, prompt_tokens_details.cached_tokens), mean and p95 latency per
 request, and throughput (requests per second of wall time) against
@@ -75,10 +83,20 @@ def wait_http(url, seconds=120, needle=None):
     raise SystemExit(f"timed out waiting for {url}")
 
 
+ENGINE = os.environ.get("ENGINE", "llama")
+SIM_FLAGS = os.environ.get("SIM_FLAGS", "--ttft 5ms --prefill-per-token 9.65ms --itl 30.8ms --output-tokens 16 "
+                           "--prefix-cache-tokens 65536 --cache-block-tokens 1 --bytes-per-token 2.0 --max-running 1")
+LLAMA_CACHE_RAM = os.environ.get("LLAMA_CACHE_RAM")
+
+
 def engine(port, work):
     log = open(f"{work}/llama-{port}.log", "w")
+    if ENGINE == "sim":
+        return subprocess.Popen([f"{BIN}/hivenet-sim", "--port", str(port), "--model", "smollm"] + SIM_FLAGS.split(),
+                                stdout=log, stderr=subprocess.STDOUT)
+    ram = ["--cache-ram", LLAMA_CACHE_RAM] if LLAMA_CACHE_RAM is not None else []
     p = subprocess.Popen([SERVER, "-m", MODEL, "--alias", "smollm", "--host", "127.0.0.1", "--port", str(port),
-                          "-t", "1", "-c", "8192", "-np", "1", "--metrics"], stdout=log, stderr=subprocess.STDOUT)
+                          "-t", "1", "-c", "8192", "-np", "1", "--metrics"] + ram, stdout=log, stderr=subprocess.STDOUT)
     return p
 
 
@@ -110,7 +128,8 @@ def run_config(name, clients):
             wait_http(f"http://127.0.0.1:{http}/health")
             for k, p in enumerate(ports):
                 procs.append(subprocess.Popen([f"{BIN}/hivenet-agent", "--router-p2p", f"/ip4/127.0.0.1/tcp/{p2p}",
-                                               "--backend-url", f"http://127.0.0.1:{p}", "--engine", "llamacpp",
+                                               "--backend-url", f"http://127.0.0.1:{p}",
+                                               "--engine", "vllm" if ENGINE == "sim" else "llamacpp",
                                                "--identity-path", f"{work}/a{k}.key", "--machine", f"llama-{k}",
                                                "--capacity", CAPACITY, "--warmup", "off"],
                                               cwd=work, stdout=open(f"{work}/agent-{k}.log", "w"),
@@ -195,5 +214,7 @@ for clients in CLIENTS:
 json.dump(runs, open(f"{OUT}/raw.json", "w"), indent=1)
 table = summary(runs)
 open(f"{OUT}/summary.md", "w").write(
-    f"# Cache affinity on llama-server: {USERS} users x {TURNS} turns, agent capacity {CAPACITY}\n\n{table}\n")
+    f"# Cache affinity on {'hivenet-sim (' + SIM_FLAGS + ')' if ENGINE == 'sim' else 'llama-server'}"
+    f"{'' if LLAMA_CACHE_RAM is None or ENGINE == 'sim' else ' --cache-ram ' + LLAMA_CACHE_RAM}: "
+    f"{USERS} users x {TURNS} turns, agent capacity {CAPACITY}\n\n{table}\n")
 print(table)

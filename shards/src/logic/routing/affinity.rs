@@ -55,11 +55,14 @@ pub const ENTRY_BYTES: usize = std::mem::size_of::<Slot>();
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct AffinityCfg {
     /// A cache holder may carry this much more of its capacity in flight
-    /// than the least-loaded eligible agent and still be chosen (0.5: two
-    /// requests more out of four; on the calibrated sims the default of
-    /// 0.25 kept 84-87 % of the oracle's cache hits below saturation, 0.5
-    /// kept 91-125 % with p95 never worse than least-loaded:
-    /// `perf/2026-12-04-affinity-oracle`).
+    /// than the least-loaded eligible agent and still be chosen (1: any
+    /// holder with a free slot, "sticky until full"). 0.5 was the default
+    /// until the GPU-shaped fleet: there a busy holder is the rule under
+    /// load, and band 1 served 7-30 % more past saturation with a lower
+    /// p95 (perf/2026-12-05-affinity-peers-gpu, 2026-12-06-affinity-
+    /// overload, 2026-12-06-affinity-lead); on the CPU-shaped sims it kept
+    /// 95-99 % of the oracle's hits against 91-93 % with p95 no worse
+    /// (perf/2026-12-04-affinity-oracle).
     pub load_band: f64,
     /// Seconds an entry stays usable after its last use.
     pub ttl_seconds: u32,
@@ -77,7 +80,7 @@ pub struct AffinityCfg {
 impl Default for AffinityCfg {
     fn default() -> Self {
         AffinityCfg {
-            load_band: 0.5,
+            load_band: 1.0,
             ttl_seconds: 600,
             block_bytes: 2048,
             holder_wait_ms: 3000,
