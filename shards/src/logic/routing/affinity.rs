@@ -88,8 +88,8 @@ impl Default for AffinityCfg {
     }
 }
 
-/// One table entry: a prefix hash and the agents that last served it.
-/// `seen[k] == 0`: holder `k` is empty.
+/// One table entry: a prefix hash and the agents that last served it,
+/// latest first. `seen[k] == 0`: holder `k` is empty.
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
     hash: u64,
@@ -166,8 +166,9 @@ impl Holders {
     }
 
     fn sort_recent_first(&mut self) {
+        // Stable: the table's order breaks ties within a second.
         if let Some(items) = self.items.get_mut(..self.len) {
-            items.sort_unstable_by_key(|h| h.age);
+            items.sort_by_key(|h| h.age);
         }
     }
 }
@@ -390,15 +391,22 @@ impl AffinityIndex {
                 })
             })
             .unwrap_or_else(|| {
+                // The last of the oldest: the slot is kept latest first.
                 let mut oldest = 0;
                 for k in 0..HOLDERS {
-                    if slot.seen.get(k) < slot.seen.get(oldest) {
+                    if slot.seen.get(k) <= slot.seen.get(oldest) {
                         oldest = k;
                     }
                 }
                 oldest
             });
-        if let (Some(a), Some(t)) = (slot.agents.get_mut(k), slot.seen.get_mut(k)) {
+        // Most recent first: the slot's order tells holders of the same
+        // second apart (the choice takes the freshest).
+        if let (Some(a), Some(t)) = (slot.agents.get_mut(..=k), slot.seen.get_mut(..=k)) {
+            a.rotate_right(1);
+            t.rotate_right(1);
+        }
+        if let (Some(a), Some(t)) = (slot.agents.first_mut(), slot.seen.first_mut()) {
             *a = agent;
             *t = now;
         }

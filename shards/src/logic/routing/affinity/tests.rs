@@ -350,3 +350,32 @@ fn entries_name_the_live_holders_only() {
     ix.leave(2);
     assert_eq!(ix.entries(), vec![(11 << 20, 1)]);
 }
+
+/// Holders come most recent first, and within one second in the order
+/// they were recorded (the latest first): the choice takes the freshest.
+#[test]
+fn holders_of_the_same_second_come_latest_first() {
+    let mut ix = AffinityIndex::new(64);
+    for a in 1..=5 {
+        ix.join(a);
+    }
+    let order = |ix: &AffinityIndex| -> Vec<u32> {
+        ix.holders(7 << 20, 0, 10, 600)
+            .iter()
+            .map(|h| h.agent)
+            .collect()
+    };
+    ix.record(7 << 20, 1, 10);
+    ix.record(7 << 20, 2, 10);
+    ix.record(7 << 20, 3, 10);
+    assert_eq!(order(&ix), vec![3, 2, 1]);
+    // Agent 1 again: first; a fifth holder replaces the oldest (2).
+    ix.record(7 << 20, 1, 10);
+    ix.record(7 << 20, 4, 10);
+    ix.record(7 << 20, 5, 10);
+    assert_eq!(order(&ix), vec![5, 4, 1, 3]);
+    // An older second comes after, whatever the table's order (2 took
+    // the place of the last of the oldest, 3).
+    ix.record(7 << 20, 2, 9);
+    assert_eq!(order(&ix), vec![5, 4, 1, 2]);
+}

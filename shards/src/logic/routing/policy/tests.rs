@@ -539,6 +539,65 @@ fn prefix_aware_picks_a_holder_within_the_load_band_only() {
     );
 }
 
+/// Among holders within the band the most recent wins, not the least
+/// loaded: its engine's cache is the one that most likely still holds the
+/// prefix. Outside the band it is passed for the next most recent.
+#[test]
+fn prefix_aware_picks_the_most_recent_holder_within_the_band() {
+    use crate::logic::routing::affinity::{HitKind, Holder, Holders, Outcome};
+    let step = |band: f64| Step {
+        name: "s".into(),
+        matcher: Match::default(),
+        exclude_if: Vec::new(),
+        max_tries: 1,
+        affinity: Some(AffinityCfg {
+            load_band: band,
+            ..AffinityCfg::default()
+        }),
+    };
+    // Agent 3 served the prefix last (2 of 4 busy); agent 2 before it
+    // (idle); agent 1 never (1 busy).
+    let pool = [
+        facts(1, true, 1, 4, None, "vllm"),
+        facts(2, true, 0, 4, None, "vllm"),
+        facts(3, true, 2, 4, None, "vllm"),
+    ];
+    let h = |agent, age| Holder {
+        agent,
+        depth: 100,
+        age,
+        hash: 9,
+    };
+    let holders = Holders::of(HitKind::Prefix, &[h(3, 0), h(2, 5)]);
+    let run = |band| {
+        select_with(
+            &step(band),
+            Capability::Llm,
+            3,
+            |i| pool.get(i).copied(),
+            &[],
+            0,
+            &holders,
+        )
+    };
+    assert_eq!(run(1.0), (StepPick::Agent(2), Some(Outcome::PrefixHit)));
+    assert_eq!(run(0.5), (StepPick::Agent(2), Some(Outcome::PrefixHit)));
+    // 2/4 is beyond 0 + 0.25: the older holder, idle, takes it.
+    assert_eq!(run(0.25), (StepPick::Agent(1), Some(Outcome::PrefixHit)));
+    // A request that waited for its holders takes the freshest free one.
+    assert_eq!(
+        free_holder(
+            &step(0.0),
+            Capability::Llm,
+            3,
+            |i| pool.get(i).copied(),
+            &[],
+            &holders
+        ),
+        Some(2)
+    );
+}
+
 #[test]
 fn prefix_aware_fields_are_validated() {
     let p = parse(
