@@ -31,6 +31,10 @@
 # the sims the same --max-running (their slots) in SIM_FLAGS.
 # Each engine's share of the requests served is in OUT/reports/*-engines.txt
 # and the summary's "busiest engine" column.
+# STRATEGIES="prefix-aware" runs only these of hivenet's strategies
+# (default "least-loaded prefix-aware"; with PEERS="" ORACLE=0 it re-runs
+# hivenet's rows of an earlier run on a new build: their tokens.txt lines
+# and reports replace that run's).
 # ONLY_ORACLE=1 runs the oracle alone (to add it to an earlier run: its
 # tokens.txt lines and reports go beside that run's).
 # Writes OUT/summary.md.
@@ -74,7 +78,7 @@ printf 'routing_policy:\n  strategy: prefix-aware\n' >"$POLICY"
   echo "bench: $BENCH_FLAGS --conversations (agents x $CONV_PER_AGENT) --stream --rate (agents x step) --duration $DUR --seed (step)"
   echo "prefix-aware policy: defaults (load_band 1 since 2026-12-06, 0.5 before, ttl_seconds 600, block_bytes 2048, holder_wait_ms 3000 bounded by the learned miss cost, since 0aabf7c; 0 before)"
 } >"$OUT/env.txt"
-echo "SIM_FLAGS=\"$SIM_FLAGS\" CAPACITY=$CAPACITY PEERS=\"$PEERS\" ${ORACLE:+ORACLE=$ORACLE }${IDEAL:+IDEAL=$IDEAL }${BANDS:+BANDS=\"$BANDS\" }${HOLDER_WAITS:+HOLDER_WAITS=\"$HOLDER_WAITS\" }${BENCH_FLAGS_SET:+BENCH_FLAGS=\"$BENCH_FLAGS\" }AGENTS=\"$AGENTS\" RAMP=\"$RAMP\" DUR=$DUR CONV_PER_AGENT=$CONV_PER_AGENT scripts/bench/affinity-ramp.sh" >"$OUT/cmd.txt"
+echo "SIM_FLAGS=\"$SIM_FLAGS\" CAPACITY=$CAPACITY PEERS=\"$PEERS\" ${ORACLE:+ORACLE=$ORACLE }${STRATEGIES:+STRATEGIES=\"$STRATEGIES\" }${IDEAL:+IDEAL=$IDEAL }${BANDS:+BANDS=\"$BANDS\" }${HOLDER_WAITS:+HOLDER_WAITS=\"$HOLDER_WAITS\" }${BENCH_FLAGS_SET:+BENCH_FLAGS=\"$BENCH_FLAGS\" }AGENTS=\"$AGENTS\" RAMP=\"$RAMP\" DUR=$DUR CONV_PER_AGENT=$CONV_PER_AGENT scripts/bench/affinity-ramp.sh" >"$OUT/cmd.txt"
 export HIVENET_ROUTER_ADMIN_API_KEYS=bench-admin
 metric_sum() {
   curl -sf "http://127.0.0.1:$MET/metrics" | awk -v n="$1" 'index($0, n "{") == 1 {s += $NF} END {printf "%.0f", s}'
@@ -138,7 +142,7 @@ run_steps() { # strategy n url [router]
   done
 }
 for n in $AGENTS; do
-  for strategy in $([ "${ONLY_ORACLE:-0}" = 1 ] || echo least-loaded prefix-aware) $(for b in $BANDS; do echo "prefix-aware-b$b"; done) $(for w in $HOLDER_WAITS; do echo "prefix-aware-w$w"; done); do
+  for strategy in $([ "${ONLY_ORACLE:-0}" = 1 ] || echo "${STRATEGIES:-least-loaded prefix-aware}") $(for b in $BANDS; do echo "prefix-aware-b$b"; done) $(for w in $HOLDER_WAITS; do echo "prefix-aware-w$w"; done); do
     HN_WORK="$(mktemp -d -t hivenet-aff-XXXX)"; HN_PIDS=()
     HTTP=$(hn_free_port); MET=$(hn_free_port); P2P=$(hn_free_port)
     args=(--disk-db-path "$HN_WORK/db")
