@@ -447,13 +447,9 @@ fn the_probe_backoff_doubles_from_one_second_to_thirty() {
     );
 }
 
-/// The load guard of `prefix-aware`: a holder within the band wins, one
-/// beyond it or full loses to least-loaded, and a holder outside the pool
-/// changes nothing.
-#[test]
-fn prefix_aware_picks_a_holder_within_the_load_band_only() {
-    use crate::logic::routing::affinity::{HitKind, Holder, Holders, Outcome};
-    let step = |band: f64| Step {
+/// A `prefix-aware` step with this load band.
+fn prefix_aware_step(band: f64) -> Step {
+    Step {
         name: "s".into(),
         matcher: Match::default(),
         exclude_if: Vec::new(),
@@ -462,7 +458,16 @@ fn prefix_aware_picks_a_holder_within_the_load_band_only() {
             load_band: band,
             ..AffinityCfg::default()
         }),
-    };
+    }
+}
+
+/// The load guard of `prefix-aware`: a holder within the band wins, one
+/// beyond it or full loses to least-loaded, and a holder outside the pool
+/// changes nothing.
+#[test]
+fn prefix_aware_picks_a_holder_within_the_load_band_only() {
+    use crate::logic::routing::affinity::{HitKind, Holder, Holders, Outcome};
+    let step = prefix_aware_step;
     // Agent 2 holds the prefix with 2 of 4 slots busy; agent 1 is idle.
     let pool = [
         facts(1, true, 0, 4, None, "vllm"),
@@ -545,16 +550,7 @@ fn prefix_aware_picks_a_holder_within_the_load_band_only() {
 #[test]
 fn prefix_aware_picks_the_most_recent_holder_within_the_band() {
     use crate::logic::routing::affinity::{HitKind, Holder, Holders, Outcome};
-    let step = |band: f64| Step {
-        name: "s".into(),
-        matcher: Match::default(),
-        exclude_if: Vec::new(),
-        max_tries: 1,
-        affinity: Some(AffinityCfg {
-            load_band: band,
-            ..AffinityCfg::default()
-        }),
-    };
+    let step = prefix_aware_step;
     // Agent 3 served the prefix last (2 of 4 busy); agent 2 before it
     // (idle); agent 1 never (1 busy).
     let pool = [
