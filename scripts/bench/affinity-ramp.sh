@@ -29,8 +29,9 @@
 # the sims' own counters as the oracle's.
 # CAPACITY=4: each hivenet agent's --capacity; with a GPU-shaped sim give
 # the sims the same --max-running (their slots) in SIM_FLAGS.
-# Each engine's share of the requests served is in OUT/reports/*-engines.txt
-# and the summary's "busiest engine" column.
+# Each engine's requests served are in OUT/reports/*-N-engines.txt (the
+# whole ramp) and *-N-STEP-engines.txt (each step); the summary's "busiest
+# engine" column is the busiest one's share of each step.
 # STRATEGIES="prefix-aware" runs only these of hivenet's strategies
 # (default "least-loaded prefix-aware"; with PEERS="" ORACLE=0 it re-runs
 # hivenet's rows of an earlier run on a new build: their tokens.txt lines
@@ -125,6 +126,9 @@ run_steps() { # strategy n url [router]
     else
       p0=$(metric_sum hivenet_agent_prompt_tokens_total); c0=$(metric_sum hivenet_agent_cached_prompt_tokens_total)
     fi
+    # Each engine's requests before the step (the step's share below).
+    local e0=""
+    [ "$strategy" = ideal ] || e0=$(engines_served)
     # shellcheck disable=SC2086
     local target=(--url "$url")
     [ "$strategy" = oracle ] && target=(--url "${SIM_URLS%%,*}" --oracle-of "$SIM_URLS" --oracle-shape "$ORACLE_SHAPE" --oracle-state "$HN_WORK/oracle-state.json")
@@ -138,6 +142,10 @@ run_steps() { # strategy n url [router]
     else
       sleep 1
       echo "$strategy $n $step $r $(( $(metric_sum hivenet_agent_prompt_tokens_total) - p0 )) $(( $(metric_sum hivenet_agent_cached_prompt_tokens_total) - c0 ))" >>"$OUT/reports/tokens.txt"
+    fi
+    if [ -n "$e0" ]; then
+      paste -d' ' <(echo "$e0" | tr ' ' '\n' | grep .) <(engines_served | tr ' ' '\n' | grep .) |
+        awk '{printf "%d ", $2 - $1} END {print ""}' >"$OUT/reports/$strategy-$n-$step-engines.txt"
     fi
   done
 }

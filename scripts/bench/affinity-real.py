@@ -11,10 +11,12 @@ and agents for every configuration.
 HOLDER_WAITS="3000" adds prefix-aware with `holder_wait_ms: 3000`.
 
 The calibration check of the simulator (issue 55): ENGINE=sim runs the
-same conversations on hivenet-sims instead (SIM_FLAGS: their flags, the
-CPU shape of perf/2026-12-02-sim-calibration by default, one slot as the
-llama-servers); compare its summary's cached shares with the
-llama-server run's. LLAMA_CACHE_RAM=N passes `--cache-ram N` (MiB of host
+same conversations on hivenet-sims instead (SIM_FLAGS: their flags; by
+default the CPU shape of perf/2026-12-02-sim-calibration, one slot as the
+llama-servers, 4.3 bytes a token as SmolLM2 reads these prompts); compare
+its summary's cached shares with the llama-server run's. That timing was
+2.6x slower than llama-server on the 2026-12-06 host: fit it to the llama
+run first, as scripts/bench/affinity-side-by-side.sh does. LLAMA_CACHE_RAM=N passes `--cache-ram N` (MiB of host
 prompt cache; 0: only the slot's own context is kept) to bound the
 engines' caches.
 
@@ -85,7 +87,7 @@ def wait_http(url, seconds=120, needle=None):
 
 ENGINE = os.environ.get("ENGINE", "llama")
 SIM_FLAGS = os.environ.get("SIM_FLAGS", "--ttft 5ms --prefill-per-token 9.65ms --itl 30.8ms --output-tokens 16 "
-                           "--prefix-cache-tokens 65536 --cache-block-tokens 1 --bytes-per-token 2.0 --max-running 1")
+                           "--prefix-cache-tokens 65536 --cache-block-tokens 1 --bytes-per-token 4.3 --max-running 1")
 LLAMA_CACHE_RAM = os.environ.get("LLAMA_CACHE_RAM")
 
 

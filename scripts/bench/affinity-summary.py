@@ -24,11 +24,14 @@ strategies = ["least-loaded", "prefix-aware"] + sorted(
     {k[0] for k in rows if k[0].startswith(("vllm-router-", "sglang-router-"))})
 
 
-def busiest(strategy, n):
-    """The busiest engine's share of the requests the fleet served over
-    the whole ramp (1/n: even; 1: all on one)."""
-    p = f"{out}/reports/{strategy}-{n}-engines.txt"
+def busiest(strategy, n, step):
+    """The busiest engine's share of the requests the fleet served in the
+    step (1/n: even; 1: all on one); runs before the per-step counts have
+    the whole ramp's, on the first step."""
+    p = f"{out}/reports/{strategy}-{n}-{step}-engines.txt"
     if not os.path.exists(p):
+        p = f"{out}/reports/{strategy}-{n}-engines.txt" if step == 1 else ""
+    if not p or not os.path.exists(p):
         return ""
     counts = [int(x) for x in open(p).read().split()]
     return f"{max(counts) / sum(counts):.0%}" if counts and sum(counts) else ""
@@ -40,7 +43,7 @@ def share(key):
 
 
 print("# Cache affinity on calibrated simulated engines: prefix-aware vs least-loaded\n")
-print("| agents | asked /s | strategy | served /s | errors | first content p50 / p95 / p99 ms | latency p50 / p95 / p99 ms | cached share | of the oracle's | busiest engine (whole ramp) |")
+print("| agents | asked /s | strategy | served /s | errors | first content p50 / p95 / p99 ms | latency p50 / p95 / p99 ms | cached share | of the oracle's | busiest engine (step, or the whole ramp where a run kept no per-step counts) |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for n in sorted({k[1] for k in rows}):
     for step in sorted({k[2] for k in rows if k[1] == n}):
@@ -56,7 +59,7 @@ for n in sorted({k[1] for k in rows}):
             print(f"| {n} | {n * r:g} | {strategy} | {j.get('achieved_rps', 0):.1f} | {j.get('errors', 0)} | "
                   f"{fc.get('p50', 0):.0f} / {fc.get('p95', fc.get('p90', 0)):.0f} / {fc.get('p99', 0):.0f} | "
                   f"{lat.get('p50', 0):.0f} / {lat.get('p95', 0):.0f} / {lat.get('p99', 0):.0f} | {s:.1%} | "
-                  f"{(s / oracle if oracle else 0):.0%} | {busiest(strategy, n) if step == 1 else ''} |")
+                  f"{(s / oracle if oracle else 0):.0%} | {busiest(strategy, n, step)} |")
         if ("oracle", n, step) not in rows:
             continue
         j = report("oracle", n, step)

@@ -58,9 +58,9 @@ pub struct AffinityCfg {
     /// than the least-loaded eligible agent and still be chosen (1: any
     /// holder with a free slot, "sticky until full"). 0.5 was the default
     /// until the GPU-shaped fleet: there a busy holder is the rule under
-    /// load, and band 1 served 7-30 % more past saturation with a lower
-    /// p95 (perf/2026-12-05-affinity-peers-gpu, 2026-12-06-affinity-
-    /// overload, 2026-12-06-affinity-lead); on the CPU-shaped sims it kept
+    /// load, and band 1 served 2-13 % more past saturation with a lower
+    /// p95 (perf/2026-12-06-affinity-lead, two runs; 7-10 % far past it:
+    /// 2026-12-06-affinity-overload); on the CPU-shaped sims it kept
     /// 95-99 % of the oracle's hits against 91-93 % with p95 no worse
     /// (perf/2026-12-04-affinity-oracle).
     pub load_band: f64,
