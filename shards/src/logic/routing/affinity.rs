@@ -6,8 +6,7 @@
 //! - [`AffinityIndex`]: a fixed-size set-associative table, hash -> up to
 //!   [`HOLDERS`] agents with their last use; entries expire by TTL, the
 //!   oldest is replaced when a bucket is full, and an agent that left is
-//!   never returned ([`AffinityIndex::leave`]). It also learns, per agent,
-//!   how long its engine keeps a prefix ([`AffinityIndex::stale`]).
+//!   never returned ([`AffinityIndex::leave`]).
 //! - [`AffinityCfg`]: a `prefix-aware` step's load band, TTL and block.
 //!
 //! The choice itself (holder within the load band, else least-loaded) is
@@ -18,7 +17,7 @@ mod notes;
 
 pub use notes::*;
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 
 pub use crate::logic::http::api::prompt_hash::{
     key_hash, model_salt, raw_key_hash, salted, seed_of, Mark, PrefixHasher, PrefixMarks,
@@ -277,16 +276,21 @@ pub struct RequestKeys<'a> {
 pub struct AffinityIndex {
     buckets: Vec<[Slot; WAYS]>,
     /// Agents routable now (joined, not left): nothing else is returned.
-    live: HashMap<u32, Horizon>,
+    ///
+    /// A stale hit does not hide an agent's older entries (the index
+    /// learned a per-agent horizon from them until 2026-12-06). On the
+    /// GPU-shaped fleet the stale hits came from prompts near the cache's
+    /// size, not from age; hiding the home of an application after a
+    /// pause sent its next conversation to another application's engine,
+    /// which then held two prompts its cache could not keep. Without it:
+    /// 87.0 served/s against 62.1-71.2 and p95 3.3 s against 5.9-7.0 s at
+    /// 32 engines and 128 asked, 134 against 113-115 at 8 engines and
+    /// 256 (perf/2026-12-06-affinity-lead, experiments/no-horizon*). The
+    /// stale hit still counts (`hivenet_affinity_stale_total`), and the
+    /// request re-prefilled its prefix there: the holder holds it again.
+    live: HashSet<u32>,
     /// Entries in use (for the gauge).
     used: usize,
-}
-
-/// How long an agent's engine has been seen to keep a prefix.
-#[derive(Debug, Clone, Copy)]
-struct Horizon {
-    /// Seconds; entries older than this are not offered for the agent.
-    seconds: u32,
 }
 
 impl AffinityIndex {
@@ -303,7 +307,7 @@ impl AffinityIndex {
             .unwrap_or(DEFAULT_BUCKETS);
         AffinityIndex {
             buckets: vec![[Slot::default(); WAYS]; buckets],
-            live: HashMap::new(),
+            live: HashSet::new(),
             used: 0,
         }
     }
@@ -325,8 +329,7 @@ impl AffinityIndex {
 
     /// `agent` may be named from now on.
     pub fn join(&mut self, agent: u64) {
-        self.live
-            .insert(agent as u32, Horizon { seconds: u32::MAX });
+        self.live.insert(agent as u32);
     }
 
     /// `agent` left: never named again (its entries are reused lazily).
@@ -384,10 +387,7 @@ impl AffinityIndex {
             .or_else(|| {
                 (0..HOLDERS).find(|&k| {
                     slot.seen.get(k).copied().unwrap_or(0) == 0
-                        || slot
-                            .agents
-                            .get(k)
-                            .is_some_and(|a| !self.live.contains_key(a))
+                        || slot.agents.get(k).is_some_and(|a| !self.live.contains(a))
                 })
             })
             .unwrap_or_else(|| {
@@ -419,7 +419,7 @@ impl AffinityIndex {
         let mut out = Vec::with_capacity(self.used);
         for s in self.buckets.iter().flatten() {
             for (a, t) in s.agents.iter().zip(s.seen.iter()) {
-                if *t > 0 && self.live.contains_key(a) {
+                if *t > 0 && self.live.contains(a) {
                     out.push((s.hash, u64::from(*a)));
                 }
             }
@@ -465,9 +465,8 @@ impl AffinityIndex {
             if *t == 0 {
                 continue;
             }
-            let Some(h) = self.live.get(a) else { continue };
             let age = now.saturating_sub(*t);
-            if age > ttl || age > h.seconds {
+            if !self.live.contains(a) || age > ttl {
                 continue;
             }
             out.push(Holder {
@@ -534,27 +533,6 @@ impl AffinityIndex {
         };
         for m in all.iter().rev().flatten() {
             self.record(salted(req.salt, m.hash), agent, now);
-        }
-    }
-
-    /// A predicted hit on `agent`, `age` seconds old, came back with few
-    /// cached tokens: its engine keeps prefixes for less than that. Its
-    /// entries older than half of `age` are not offered any more (a true
-    /// hit widens it again: [`AffinityIndex::confirmed`]).
-    pub fn stale(&mut self, agent: u64, age: u32) {
-        if let Some(h) = self.live.get_mut(&(agent as u32)) {
-            h.seconds = h.seconds.min((age / 2).max(1));
-        }
-    }
-
-    /// A predicted hit `age` seconds old was served from the cache: the
-    /// agent's horizon grows back (by an eighth, and at least to `age`).
-    pub fn confirmed(&mut self, agent: u64, age: u32) {
-        if let Some(h) = self.live.get_mut(&(agent as u32)) {
-            if h.seconds != u32::MAX {
-                let grown = h.seconds.saturating_add(h.seconds / 8 + 1);
-                h.seconds = grown.max(age);
-            }
         }
     }
 }

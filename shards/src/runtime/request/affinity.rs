@@ -146,14 +146,7 @@ impl<'a> RequestAffinity<'a> {
     /// Hook: the forward's answer ended on `agent` with usage `t`
     /// (`continued`: on another agent than the pick's, whose timing says
     /// nothing of a miss).
-    pub fn ended(
-        &mut self,
-        shard: &Shard,
-        m: &mut ModelState,
-        agent: &Agent,
-        t: &Tokens,
-        continued: bool,
-    ) {
+    pub fn ended(&mut self, m: &mut ModelState, agent: &Agent, t: &Tokens, continued: bool) {
         let (pick, started) = (self.pick.take(), self.started.take());
         if let (Some(pick), true) = (pick, t.cache_reported) {
             // The cache hit three ways: what the index predicted, what
@@ -181,7 +174,7 @@ impl<'a> RequestAffinity<'a> {
                 .set(agent.cache_captured.get().saturating_add(captured));
         }
         if let Some(hit) = pick.and_then(|a| a.hit) {
-            check_prediction(shard, m, agent, hit, t);
+            check_prediction(m, hit, t);
         }
         // Only an engine that reports its cache tells prefill apart.
         if let (Some(t0), false, true) = (started, continued, t.cache_reported) {
@@ -195,24 +188,17 @@ impl<'a> RequestAffinity<'a> {
 
 /// A key or prefix hit came back: did the engine's cache hold what the
 /// index predicted? An engine that reports no cached count tells
-/// nothing. Few cached tokens: the entry was stale, and the agent's
-/// engine keeps prefixes for less time than the entry's age.
-fn check_prediction(shard: &Shard, m: &mut ModelState, agent: &Agent, hit: Holder, t: &Tokens) {
+/// nothing. Few cached tokens: the entry was stale (counted; the index
+/// keeps the holder, which re-prefilled the prefix for this request:
+/// [`AffinityIndex`]'s `live`).
+fn check_prediction(m: &mut ModelState, hit: Holder, t: &Tokens) {
     if !t.cache_reported {
         return;
     }
     // A key hit predicts the previous turn's prompt: at least half.
     let per_byte = m.admission.borrow().tokens_per_byte;
     let predicted = predicted_tokens(&hit, per_byte, t.input) as f64;
-    let stale = (t.cached as f64) < predicted * STALE_SHARE;
-    if let Some(ix) = shard.affinity.borrow_mut().as_mut() {
-        if stale {
-            ix.stale(agent.id, hit.age);
-        } else {
-            ix.confirmed(agent.id, hit.age);
-        }
-    }
-    if stale {
+    if (t.cached as f64) < predicted * STALE_SHARE {
         m.stats.affinity.stale += 1;
     }
 }

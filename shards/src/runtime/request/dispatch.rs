@@ -475,7 +475,7 @@ impl<'a> Run<'a> {
             let (fair, affinity) = (self.fair.take(), &mut self.affinity);
             if let Some(model) = model.as_ref() {
                 let m = &mut *model.borrow_mut();
-                affinity.ended(shard, m, &agent, t, continued);
+                affinity.ended(m, &agent, t, continued);
                 // Only a request that waited: an idle queue costs nothing.
                 if let Some(who) = fair {
                     fairness::true_up(m, who, t.input.saturating_add(t.output));

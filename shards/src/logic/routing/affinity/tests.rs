@@ -131,26 +131,6 @@ fn entries_expire_and_departed_agents_are_never_named() {
 }
 
 #[test]
-fn a_stale_hit_shortens_the_agents_horizon_and_true_hits_widen_it() {
-    let mut ix = AffinityIndex::new(64);
-    ix.join(1);
-    let m = marks_of(&[("user", "q")], "");
-    let r = RequestKeys {
-        salt: 9,
-        key: None,
-        marks: &m,
-    };
-    ix.record_request(&r, 2048, 1, 100);
-    assert!(!ix.lookup(&r, &cfg(), 200).is_empty());
-    ix.stale(1, 100);
-    // Entries older than 50 s are not offered for agent 1 any more.
-    assert!(ix.lookup(&r, &cfg(), 200).is_empty());
-    assert!(!ix.lookup(&r, &cfg(), 140).is_empty());
-    ix.confirmed(1, 80);
-    assert!(!ix.lookup(&r, &cfg(), 175).is_empty());
-}
-
-#[test]
 fn the_table_is_allocated_once_at_its_bound() {
     let ix = AffinityIndex::new(1_000_000);
     assert_eq!(ix.capacity(), 1 << 20);
