@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use argh::FromArgs;
 use shards::runtime::wire::executor::{spawn_runtime, DriverChoice};
 
+use prefix_cache::Eviction;
 use report::{Recorder, Report};
 use schedule::Arrivals;
 use template::{Dist, Endpoint, Template};
@@ -128,9 +129,10 @@ pub struct Opts {
     #[argh(option)]
     pub oracle_of: Option<String>,
     /// the sims' cache and slots for --oracle-of:
-    /// CACHE_TOKENS:BLOCK_TOKENS:BYTES_PER_TOKEN:CAPACITY (default
-    /// 4096:1:2.0:4, the calibrated sim of scripts/bench/affinity-ramp.sh
-    /// behind agents of --capacity 4)
+    /// CACHE_TOKENS:BLOCK_TOKENS:BYTES_PER_TOKEN:CAPACITY[:EVICTION]
+    /// (default 4096:1:2.0:4, the calibrated sim of
+    /// scripts/bench/affinity-ramp.sh behind agents of --capacity 4;
+    /// EVICTION is the sims' --cache-eviction, prompt-order by default)
     #[argh(option, default = "String::from(\"4096:1:2.0:4\")")]
     pub oracle_shape: String,
     /// with --oracle-of: read the mirrors from this file if it exists (the same
@@ -139,14 +141,17 @@ pub struct Opts {
     pub oracle_state: Option<String>,
 }
 
-/// `--oracle-shape`: cache tokens, block tokens, bytes per token, capacity.
-fn parse_oracle_shape(s: &str) -> Result<(u64, u64, f64, usize), String> {
+/// `--oracle-shape`: cache tokens, block tokens, bytes per token,
+/// capacity, and the sims' `--cache-eviction` (optional, `prompt-order`).
+fn parse_oracle_shape(s: &str) -> Result<(u64, u64, f64, usize, Eviction), String> {
     let bad = || {
-        format!("--oracle-shape {s:?}: want CACHE_TOKENS:BLOCK_TOKENS:BYTES_PER_TOKEN:CAPACITY, e.g. 4096:1:2.0:4")
+        format!("--oracle-shape {s:?}: want CACHE_TOKENS:BLOCK_TOKENS:BYTES_PER_TOKEN:CAPACITY[:EVICTION], e.g. 4096:1:2.0:4 or 4096:16:2.0:32:tail-first")
     };
     let f: Vec<&str> = s.split(':').collect();
-    let [c, b, t, k] = f.as_slice() else {
-        return Err(bad());
+    let (c, b, t, k, e) = match f.as_slice() {
+        [c, b, t, k] => (c, b, t, k, Eviction::PromptOrder),
+        [c, b, t, k, e] => (c, b, t, k, Eviction::parse(e.trim()).ok_or_else(bad)?),
+        _ => return Err(bad()),
     };
     let cache = c.trim().parse::<u64>().map_err(|_| bad())?;
     let block = b
@@ -167,7 +172,7 @@ fn parse_oracle_shape(s: &str) -> Result<(u64, u64, f64, usize), String> {
         .ok()
         .filter(|&k| k > 0)
         .ok_or_else(bad)?;
-    Ok((cache, block, bpt, cap))
+    Ok((cache, block, bpt, cap, e))
 }
 
 fn parse_target(url: &str) -> Result<(SocketAddr, String), String> {
@@ -279,7 +284,7 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
         if mode != "open" || threads != 1 {
             return Err("--oracle-of takes --rate (open loop) and one thread".into());
         }
-        let (cache, block, bpt, cap) = parse_oracle_shape(&opts.oracle_shape)?;
+        let (cache, block, bpt, cap, eviction) = parse_oracle_shape(&opts.oracle_shape)?;
         let mut specs = Vec::new();
         for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
             let (addr, host) = parse_target(url)?;
@@ -296,7 +301,7 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
         if specs.is_empty() {
             return Err("--oracle-of: no URL".into());
         }
-        let mut oracle = prefix_cache::Oracle::new(specs.len(), cap, cache, block, bpt);
+        let mut oracle = prefix_cache::Oracle::new(specs.len(), cap, cache, block, bpt, eviction);
         if let Some(path) = opts.oracle_state.as_deref() {
             if let Ok(text) = std::fs::read(path) {
                 oracle = serde_json::from_slice(&text)

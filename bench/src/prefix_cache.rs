@@ -4,7 +4,8 @@
 //! everything up to its end (so only a common *prefix* hits, as in vLLM's
 //! and llama.cpp's caches); a prompt's cached tokens are its leading blocks
 //! found; the blocks are kept in a least-recently-used order bounded in
-//! tokens. Pure: no clock, no I/O.
+//! tokens ([`Eviction`]: which of a prompt's blocks goes first). Pure: no
+//! clock, no I/O.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -20,6 +21,34 @@ pub fn tokens_of(bytes: usize, bytes_per_token: f64) -> u64 {
     ((bytes as f64 / bytes_per_token.max(0.1)).round() as u64).max(1)
 }
 
+/// Which of one prompt's blocks an engine evicts first when its cache is
+/// full (`--cache-eviction`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Eviction {
+    /// The prompt's blocks age in prompt order: its head goes first (the
+    /// default; the llama-server calibration fits it within 0.5 points on
+    /// 10 of 12 rows: perf/2026-12-06-affinity-lead/calibration).
+    #[default]
+    PromptOrder,
+    /// Its tail goes first, a shared head last: vLLM frees a request's
+    /// blocks in reverse order "so that the tail blocks are evicted
+    /// first" (vllm/v1/core/kv_cache_manager.py), and SGLang's radix cache
+    /// evicts leaves only. A long prompt then evicts other conversations'
+    /// tails and its own, not the application's system prompt.
+    TailFirst,
+}
+
+impl Eviction {
+    /// `prompt-order` or `tail-first`.
+    pub fn parse(s: &str) -> Option<Eviction> {
+        match s {
+            "prompt-order" => Some(Eviction::PromptOrder),
+            "tail-first" => Some(Eviction::TailFirst),
+            _ => None,
+        }
+    }
+}
+
 /// A bounded LRU of prefix blocks.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct PrefixCache {
@@ -33,6 +62,8 @@ pub struct PrefixCache {
     /// Last use to block key (the eviction order).
     order: BTreeMap<u64, u64>,
     tick: u64,
+    #[serde(default)]
+    eviction: Eviction,
 }
 
 impl PrefixCache {
@@ -54,6 +85,12 @@ impl PrefixCache {
         }
     }
 
+    /// This cache, evicting a prompt's blocks in `eviction` order.
+    pub fn evicting(mut self, eviction: Eviction) -> Self {
+        self.eviction = eviction;
+        self
+    }
+
     /// Tokens held now.
     pub fn held_tokens(&self) -> u64 {
         self.blocks.len() as u64 * self.block_tokens
@@ -67,18 +104,29 @@ impl PrefixCache {
         let mut hash = 0xcbf2_9ce4_8422_2325u64;
         let mut hits = 0;
         let mut leading = true;
+        let mut keys = Vec::new();
         for block in prompt.chunks_exact(block_bytes) {
             for b in block {
                 // FNV-1a over the whole prefix: the key of a block names
                 // everything before it too.
                 hash = (hash ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
             }
-            let found = self.touch(hash);
+            let found = match self.eviction {
+                Eviction::PromptOrder => self.touch(hash),
+                Eviction::TailFirst => {
+                    keys.push(hash);
+                    self.blocks.contains_key(&hash)
+                }
+            };
             if leading && found {
                 hits += self.block_tokens;
             } else {
                 leading = false;
             }
+        }
+        // Tail first: the last block is used "longest ago" of the prompt's.
+        for k in keys.into_iter().rev() {
+            self.touch(k);
         }
         self.evict();
         hits
@@ -146,17 +194,21 @@ pub struct Oracle {
 impl Oracle {
     /// `engines` engines of `capacity` slots each, caches shaped as the
     /// sims' (`--prefix-cache-tokens`, `--cache-block-tokens`,
-    /// `--bytes-per-token`).
+    /// `--bytes-per-token`, `--cache-eviction`).
     pub fn new(
         engines: usize,
         capacity: usize,
         cache_tokens: u64,
         block_tokens: u64,
         bytes_per_token: f64,
+        eviction: Eviction,
     ) -> Self {
         Oracle {
             caches: (0..engines)
-                .map(|_| PrefixCache::shaped(cache_tokens, block_tokens, bytes_per_token))
+                .map(|_| {
+                    PrefixCache::shaped(cache_tokens, block_tokens, bytes_per_token)
+                        .evicting(eviction)
+                })
                 .collect(),
             running: vec![0; engines],
             capacity: capacity.max(1),
@@ -265,6 +317,25 @@ mod tests {
     }
 
     #[test]
+    fn tail_first_keeps_a_shared_head_that_a_long_prompt_overflows() {
+        // 10 one-byte tokens of cache; a 6-token shared head ("system").
+        let run = |e: Eviction| {
+            let mut c = PrefixCache::shaped(10, 1, 1.0).evicting(e);
+            c.lookup_and_keep(b"SSSSSSabc");
+            // Head and 6 more: 15 tokens held, 5 go.
+            let hit = c.lookup_and_keep(b"SSSSSSdefghi");
+            (hit, c.lookup_and_keep(b"SSSSSSxyz"))
+        };
+        // Both read the head; then prompt order lost its first blocks
+        // (aged first), tail-first lost tails only.
+        assert_eq!(run(Eviction::PromptOrder), (6, 0));
+        assert_eq!(run(Eviction::TailFirst), (6, 6));
+        assert_eq!(Eviction::parse("tail-first"), Some(Eviction::TailFirst));
+        assert_eq!(Eviction::parse("prompt-order"), Some(Eviction::PromptOrder));
+        assert_eq!(Eviction::parse("lru"), None);
+    }
+
+    #[test]
     fn peek_reads_what_lookup_would_and_changes_nothing() {
         let mut c = PrefixCache::shaped(1000, 1, 1.0);
         c.lookup_and_keep(b"abcdef");
@@ -276,7 +347,7 @@ mod tests {
 
     #[test]
     fn the_oracle_goes_to_the_longest_cached_prefix_with_a_free_slot() {
-        let mut o = Oracle::new(3, 1, 1000, 1, 1.0);
+        let mut o = Oracle::new(3, 1, 1000, 1, 1.0, Eviction::PromptOrder);
         // Nothing cached: the first engine, then the others (fewest running).
         assert_eq!(o.place(b"system A\nuser 1"), Some(0));
         assert_eq!(o.place(b"system B\nuser 1"), Some(1));

@@ -62,6 +62,8 @@ pub struct SimConfig {
     pub prefill_per_token: Duration,
     /// Tokens per prefix-cache block (16 as vLLM; 1 as llama.cpp).
     pub cache_block_tokens: u64,
+    /// Which of a prompt's blocks the prefix cache evicts first.
+    pub cache_eviction: crate::prefix_cache::Eviction,
     /// Request bytes per prompt token (the stand-in for a tokenizer).
     pub bytes_per_token: f64,
     /// Fraction of answers cut mid-way (the connection closed without
@@ -336,11 +338,14 @@ pub fn run(addr: SocketAddr, threads: usize, cfg: SimConfig) -> std::io::Result<
         tracing::info!(addr = %l.local_addr()?, model = %cfg.model, ttft = ?cfg.ttft, itl = ?cfg.itl, tokens = cfg.output_tokens, "hivenet-sim listening");
     }
     let stats = Arc::new(SimStats {
-        prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::shaped(
-            cfg.prefix_cache_tokens,
-            cfg.cache_block_tokens,
-            cfg.bytes_per_token,
-        )),
+        prefix: std::sync::Mutex::new(
+            crate::prefix_cache::PrefixCache::shaped(
+                cfg.prefix_cache_tokens,
+                cfg.cache_block_tokens,
+                cfg.bytes_per_token,
+            )
+            .evicting(cfg.cache_eviction),
+        ),
         ..SimStats::default()
     });
     stats

@@ -648,7 +648,7 @@ pub async fn oracle_loop(
         .unwrap_or_else(|rc| {
             std::mem::replace(
                 &mut *rc.borrow_mut(),
-                crate::prefix_cache::Oracle::new(0, 1, 0, 1, 1.0),
+                crate::prefix_cache::Oracle::new(0, 1, 0, 1, 1.0, Default::default()),
             )
         });
     (all, oracle)

@@ -427,10 +427,19 @@ fn sim_hits(port: u16) -> u64 {
 
 /// The oracle of cache affinity mirrors every sim's cache exactly: the
 /// cached tokens it predicted equal the sims' own counters, with a cache
-/// small enough that it evicts (a mirror that drifted would differ).
+/// small enough that it evicts (a mirror that drifted would differ), in
+/// both eviction orders (a mirror evicting in the other order differs).
 #[test]
 fn the_oracle_mirrors_every_sim_cache_exactly() {
+    for eviction in ["prompt-order", "tail-first"] {
+        oracle_mirrors(eviction);
+    }
+}
+
+fn oracle_mirrors(eviction: &str) {
     let flags = [
+        "--cache-eviction",
+        eviction,
         "--ttft",
         "1ms",
         "--itl",
@@ -458,7 +467,7 @@ fn the_oracle_mirrors_every_sim_cache_exactly() {
     o.prompt_tokens = "8-16".into();
     o.max_tokens = "4".into();
     o.oracle_of = Some(format!("http://127.0.0.1:{pa},http://127.0.0.1:{pb}"));
-    o.oracle_shape = "300:1:2.0:2".into();
+    o.oracle_shape = format!("300:1:2.0:2:{eviction}");
     o.oracle_state = Some(state.to_string_lossy().to_string());
     let r = bench::run(&o).expect("run");
     assert!(
@@ -476,13 +485,19 @@ fn the_oracle_mirrors_every_sim_cache_exactly() {
         ha > 0 && hb > 0,
         "both sims served cached prefixes: {ha} {hb}"
     );
-    assert_eq!(predicted, ha + hb, "mirrors {predicted}, sims {ha} + {hb}");
+    assert_eq!(
+        predicted,
+        ha + hb,
+        "{eviction}: mirrors {predicted}, sims {ha} + {hb}"
+    );
     // Bad shapes are refused with the flag's name.
-    o.oracle_shape = "300:0:2.0:2".into();
-    let Err(e) = bench::run(&o) else {
-        panic!("a bad --oracle-shape was accepted");
-    };
-    assert!(e.contains("--oracle-shape"), "{e}");
+    for bad in ["300:0:2.0:2", "300:1:2.0:2:lru"] {
+        o.oracle_shape = bad.into();
+        let Err(e) = bench::run(&o) else {
+            panic!("a bad --oracle-shape {bad} was accepted");
+        };
+        assert!(e.contains("--oracle-shape"), "{e}");
+    }
 }
 
 /// One POST to the sim on its own connection; the status line.

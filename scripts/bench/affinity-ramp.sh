@@ -60,8 +60,8 @@ SIM_FLAGS="${SIM_FLAGS:---ttft 5ms --prefill-per-token 9.65ms --itl 30.8ms --out
 # The oracle mirrors the sims' caches and slots: their shape from SIM_FLAGS
 # (the sim's defaults where a flag is absent) and CAPACITY.
 flag_of() { echo " $SIM_FLAGS " | sed -n "s/.* $1 \([^ ]*\) .*/\1/p"; }
-ORACLE_SHAPE="${ORACLE_SHAPE:-$(flag_of --prefix-cache-tokens):$(flag_of --cache-block-tokens):$(flag_of --bytes-per-token):$CAPACITY}"
-ORACLE_SHAPE="$(echo "$ORACLE_SHAPE" | awk -F: '{printf "%s:%s:%s:%s", ($1==""?0:$1), ($2==""?16:$2), ($3==""?4.0:$3), $4}')"
+ORACLE_SHAPE="${ORACLE_SHAPE:-$(flag_of --prefix-cache-tokens):$(flag_of --cache-block-tokens):$(flag_of --bytes-per-token):$CAPACITY:$(flag_of --cache-eviction)}"
+ORACLE_SHAPE="$(echo "$ORACLE_SHAPE" | awk -F: '{printf "%s:%s:%s:%s:%s", ($1==""?0:$1), ($2==""?16:$2), ($3==""?4.0:$3), $4, ($5==""?"prompt-order":$5)}')"
 BENCH_FLAGS_SET="${BENCH_FLAGS:+1}"
 BENCH_FLAGS="${BENCH_FLAGS:---apps 8 --system-tokens 256 --turns 8 --prompt-tokens 8-16 --max-tokens 16}"
 OUT="${OUT:-perf/$(date -u +%Y-%m-%d)-affinity-sim}"

@@ -10,7 +10,9 @@
 # shares, affinity-real.py).
 #
 # The engines: 16 slots each (--max-running 16, vLLM's --max-num-seqs), a
-# prefix cache of 4,096 tokens (16-token blocks, LRU), prefill and decode
+# prefix cache of 4,096 tokens (16-token blocks, LRU; a prompt's tail
+# blocks evicted before its head, as vLLM frees them and SGLang's radix
+# cache evicts leaves: --cache-eviction tail-first), prefill and decode
 # at the published GPU ratio (~1:60 per token), 16 output tokens. The
 # workload: open-loop Poisson arrivals of multi-turn conversations (16
 # per engine, 8 turns, one application's ~2,940-token system prompt per
@@ -29,8 +31,8 @@ OUT="${OUT:-perf/$(date -u +%Y-%m-%d)-affinity-lead}"
 RUNS="${RUNS:-2}"
 [ -n "${HN_BIN:-}" ] || { cargo build -q --release --workspace --bins; HN_BIN="$PWD/target/release"; }
 export HN_BIN
-S8="--ttft 10ms --prefill-per-token 400us --itl 24ms --output-tokens 16 --prefix-cache-tokens 4096 --cache-block-tokens 16 --bytes-per-token 2.0 --max-running 16"
-S32="--ttft 40ms --prefill-per-token 1600us --itl 96ms --output-tokens 16 --prefix-cache-tokens 4096 --cache-block-tokens 16 --bytes-per-token 2.0 --max-running 16"
+S8="--ttft 10ms --prefill-per-token 400us --itl 24ms --output-tokens 16 --prefix-cache-tokens 4096 --cache-block-tokens 16 --bytes-per-token 2.0 --max-running 16 --cache-eviction tail-first"
+S32="--ttft 40ms --prefill-per-token 1600us --itl 96ms --output-tokens 16 --prefix-cache-tokens 4096 --cache-block-tokens 16 --bytes-per-token 2.0 --max-running 16 --cache-eviction tail-first"
 for r in $(seq 1 "$RUNS"); do
   AGENTS=8 RAMP="8 16 32 48" DUR=20s CONV_PER_AGENT=16 CAPACITY=32 BANDS="0.5" SIM_FLAGS="$S8" \
     BENCH_FLAGS="--apps 8 --system-tokens 1024 --turns 8 --prompt-tokens 32-64 --max-tokens 16" \
@@ -75,3 +77,6 @@ SIM="$FIT --output-tokens 16 --cache-block-tokens 1 --bytes-per-token 4.3 --max-
 ENGINE=sim SIM_FLAGS="$SIM --prefix-cache-tokens 65536" CAPACITY=4 python3 scripts/bench/affinity-real.py "$HN_BIN" "$C/sim" 4 4 1 2
 LLAMA_CACHE_RAM=0 CAPACITY=4 python3 scripts/bench/affinity-real.py "$HN_BIN" "$C/llama-slot" 4 4 1 2
 ENGINE=sim SIM_FLAGS="$SIM --prefix-cache-tokens 1100" CAPACITY=4 python3 scripts/bench/affinity-real.py "$HN_BIN" "$C/sim-slot" 4 4 1 2
+# The fleet's eviction order on the bounded cache (the default cache of
+# 65,536 tokens never evicts here: both orders read the same).
+ENGINE=sim SIM_FLAGS="$SIM --prefix-cache-tokens 1100 --cache-eviction tail-first" CAPACITY=4 python3 scripts/bench/affinity-real.py "$HN_BIN" "$C/sim-slot-tail-first" 4 4 1 2

@@ -70,6 +70,12 @@ struct Flags {
     /// cached token, as llama.cpp does)
     #[argh(option, default = "16")]
     cache_block_tokens: u64,
+    /// which of a prompt's cached blocks go first when the cache is full:
+    /// prompt-order (the default: its head first, what the llama-server
+    /// calibration fits) or tail-first (vLLM's and SGLang's: its tail
+    /// first, a shared system prompt last)
+    #[argh(option, default = "String::from(\"prompt-order\")")]
+    cache_eviction: String,
     /// request bytes per prompt token, the simulator's stand-in for a
     /// tokenizer (default 4; SmolLM2 on the calibration prompts: see
     /// perf/2026-12-02-sim-calibration)
@@ -121,6 +127,10 @@ fn main() {
         eprintln!("hivenet-sim: --cache-block-tokens must be at least 1");
         std::process::exit(2);
     }
+    let Some(cache_eviction) = bench::prefix_cache::Eviction::parse(&f.cache_eviction) else {
+        eprintln!("hivenet-sim: --cache-eviction must be prompt-order or tail-first");
+        std::process::exit(2);
+    };
     if !(f.bytes_per_token.is_finite() && (0.5..=64.0).contains(&f.bytes_per_token)) {
         eprintln!("hivenet-sim: --bytes-per-token must be within [0.5, 64]");
         std::process::exit(2);
@@ -149,6 +159,7 @@ fn main() {
         prefix_cache_tokens: f.prefix_cache_tokens,
         prefill_per_token: dur("prefill-per-token", &f.prefill_per_token),
         cache_block_tokens: f.cache_block_tokens,
+        cache_eviction,
         bytes_per_token: f.bytes_per_token,
         abort_rate: f.abort_rate,
         max_running: f.max_running,
