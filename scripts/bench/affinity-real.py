@@ -20,15 +20,26 @@ run first, as scripts/bench/affinity-side-by-side.sh does. LLAMA_CACHE_RAM=N pas
 prompt cache; 0: only the slot's own context is kept) to bound the
 engines' caches.
 
+Placements: every engine sits behind a recording proxy that keeps, in
+the order they reached it, the bodies it was sent and the cached tokens
+it answered (placements.json.gz, one list per engine). REPLAY=DIR (an
+earlier run's OUT) with ENGINE=sim sends each recorded engine's bodies, in that order, to a
+fresh sim of its own (SIM_FLAGS), with no router: the same prompts on
+the same engines in the same order, so the cached shares compare the
+caches alone, whatever order the answers came back in (the end-to-end
+runs place by completion order, a race between engines of different
+speed). Writes OUT/replay.md and OUT/replay.json.
+
 Per configuration: the cached share of prompt tokens (from the engines'
 usage, prompt_tokens_details.cached_tokens), mean and p95 latency per
 request, and throughput (requests per second of wall time) against
 least-loaded. Writes OUT/summary.md and OUT/raw.json.
 
 Usage: python3 scripts/bench/affinity-real.py BIN_DIR OUT [USERS TURNS CLIENTS...]
+       ENGINE=sim REPLAY=LLAMA_OUT SIM_FLAGS=... python3 scripts/bench/affinity-real.py BIN_DIR OUT
 (BIN_DIR: release binaries; the engine from scripts/install-llama.sh.)
 """
-import json, os, shutil, statistics, subprocess, sys, tempfile, threading, time, urllib.request
+import gzip, http.server, json, os, shutil, statistics, subprocess, sys, tempfile, threading, time, urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from lib import free_port  # noqa: E402
@@ -102,6 +113,73 @@ def engine(port, work):
     return p
 
 
+def usage_of(out):
+    """The usage of a chat completion's answer, JSON or an SSE stream."""
+    try:
+        return json.loads(out).get("usage") or {}
+    except ValueError:
+        pass
+    usage = {}
+    for line in out.decode(errors="replace").splitlines():
+        if line.startswith("data: {"):
+            try:
+                usage = json.loads(line[6:]).get("usage") or usage
+            except ValueError:
+                pass
+    return usage
+
+
+class Recorder:
+    """A proxy in front of one engine: forwards every request as is and
+    keeps, for each chat completion, its body and the engine's cached and
+    prompt tokens, in the order the requests reached the engine."""
+
+    def __init__(self, engine_port):
+        self.port, self.log, self.lock = free_port(), [], threading.Lock()
+        rec = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def forward(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                entry = None
+                if self.command == "POST" and self.path.endswith("/chat/completions"):
+                    with rec.lock:
+                        entry = {"body": json.loads(body)}
+                        rec.log.append(entry)
+                req = urllib.request.Request(f"http://127.0.0.1:{engine_port}{self.path}", body, method=self.command,
+                                             headers={k: v for k, v in self.headers.items()
+                                                      if k.lower() not in ("host", "content-length", "connection")})
+                try:
+                    with urllib.request.urlopen(req, timeout=600) as r:
+                        status, headers, out = r.status, r.headers, r.read()
+                except urllib.error.HTTPError as e:
+                    status, headers, out = e.code, e.headers, e.read()
+                if entry is not None:
+                    usage = usage_of(out)
+                    entry["prompt"] = usage.get("prompt_tokens", 0)
+                    entry["cached"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                self.send_response(status)
+                for k, v in headers.items():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            do_GET = do_POST = forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def run_config(name, clients):
     work = tempfile.mkdtemp(prefix=f"aff-real-{name}-")
     procs = []
@@ -111,6 +189,8 @@ def run_config(name, clients):
         procs += [engine(p, work) for p in ports]
         for p in ports:
             wait_http(f"http://127.0.0.1:{p}/health")
+        recorders = [Recorder(p) for p in ports]
+        ports = [r.port for r in recorders]
         if name == "oracle":
             target = ports[0]
         else:
@@ -169,7 +249,10 @@ def run_config(name, clients):
         if name != "oracle":
             with urllib.request.urlopen(f"http://127.0.0.1:{met}/metrics") as r:
                 affinity = "\n".join(l for l in r.read().decode().splitlines() if l.startswith("hivenet_affinity_"))
-        return {"config": name, "clients": clients, "wall": wall, "requests": results, "affinity": affinity}
+        for r in recorders:
+            r.close()
+        return {"config": name, "clients": clients, "wall": wall, "requests": results, "affinity": affinity,
+                "placements": [r.log for r in recorders]}
     finally:
         for p in procs:
             p.terminate()
@@ -207,12 +290,68 @@ def summary(runs):
     return "\n".join(lines)
 
 
+def replay(raw):
+    """Each engine's bodies recorded in the run written to `raw`, in the
+    order it got them, to a fresh sim of its own: (config, clients, the
+    engine's share, the sim's)."""
+    rows = []
+    with gzip.open(f"{raw}/placements.json.gz", "rt") as f:
+        recorded = json.load(f)
+    for run in recorded:
+        work = tempfile.mkdtemp(prefix="aff-replay-")
+        eng = {"prompt": 0, "cached": 0}
+        sim = {"prompt": 0, "cached": 0}
+        try:
+            for log in run.get("placements") or []:
+                port = free_port()
+                p = engine(port, work)
+                try:
+                    wait_http(f"http://127.0.0.1:{port}/health")
+                    for e in log:
+                        body = dict(e["body"], stream=False)
+                        body.pop("stream_options", None)
+                        _, out = post(port, body)
+                        usage = out.get("usage") or {}
+                        sim["prompt"] += usage.get("prompt_tokens", 0)
+                        sim["cached"] += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                        eng["prompt"] += e.get("prompt", 0)
+                        eng["cached"] += e.get("cached", 0)
+                finally:
+                    p.terminate()
+                    p.wait(timeout=10)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        share = lambda d: d["cached"] / d["prompt"] if d["prompt"] else 0.0
+        rows.append({"config": run["config"], "clients": run["clients"], "engine": share(eng), "sim": share(sim),
+                     "requests": sum(len(l) for l in run.get("placements") or [])})
+    return rows
+
+
+if os.environ.get("REPLAY"):
+    if ENGINE != "sim":
+        raise SystemExit("REPLAY runs on sims: set ENGINE=sim")
+    rows = replay(os.environ["REPLAY"])
+    json.dump(rows, open(f"{OUT}/replay.json", "w"), indent=1)
+    lines = [f"# The recorded placements of {os.environ['REPLAY']} replayed on hivenet-sim ({SIM_FLAGS})\n",
+             "| clients | config | requests | engine's cached share | sim's, same placements | points apart |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['clients']} | {r['config']} | {r['requests']} | {r['engine']:.1%} | {r['sim']:.1%} | "
+                     f"{abs(r['engine'] - r['sim']) * 100:.1f} |")
+    open(f"{OUT}/replay.md", "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    sys.exit(0)
+
 runs = []
 for clients in CLIENTS:
     for name in CONFIGS:
         r = run_config(name, clients)
         runs.append(r)
         print(f"{name} clients={clients}: {len(r['requests'])} requests in {r['wall']:.0f} s", flush=True)
+# The placements (every prompt, whole) apart and compressed: raw.json stays small.
+placements = [{"config": r["config"], "clients": r["clients"], "placements": r.pop("placements")} for r in runs]
+with gzip.open(f"{OUT}/placements.json.gz", "wt") as f:
+    json.dump(placements, f)
 json.dump(runs, open(f"{OUT}/raw.json", "w"), indent=1)
 table = summary(runs)
 open(f"{OUT}/summary.md", "w").write(

@@ -6,6 +6,8 @@ oracle's. Then the issue's targets, checked per run: prefix-aware's p95
 against the best peer's at every step, its served rate against the best
 peer's past saturation (the steps where the best peer serves less than
 was asked), and its cached share against the oracle's below saturation.
+Last, each engine's share of each step's requests (from the sims' own
+counters, *-N-STEP-engines.txt), per router and run.
 
 Usage: python3 scripts/bench/affinity-runs.py RUN_DIR [RUN_DIR ...] > results.md
 """
@@ -35,8 +37,16 @@ def load(run):
             "ok": j.get("ok", 0),
             "elapsed": j.get("elapsed_s", 0.0),
             "dist": j.get("distribution") or [],
+            "engines": engines_of(f"{run}/reports/{strategy}-{n}-{step}-engines.txt"),
         }
     return rows
+
+
+def engines_of(path):
+    """Requests each engine served in the step (empty: not recorded)."""
+    if not os.path.exists(path):
+        return []
+    return [int(v) for v in open(path).read().split()]
 
 
 def share_within(dist, ms):
@@ -149,3 +159,19 @@ for n, step in sorted({(k[1], k[2]) for k in keys}):
             gp = f"{g0:.1f} / {g1:.1f} = {g0 / g1:.2f}x" if g1 else f"{g0:.1f} / 0"
         print(f"| {n} | {pa['asked']:g} | {i + 1} | {best} | {pa['served'] / b['served']:.2f}x | "
               f"{pa['p95']:.0f} vs {b['p95']:.0f} ({pa['p95'] / b['p95']:.2f}x) | {of} | {eq} | {gp} |")
+
+print("\n## Each engine's share of the step's requests\n")
+print("Per router and run: the engines' shares of the requests they served in the step, highest first "
+      "(an even spread is 100 % / engines), and the highest over the lowest.\n")
+print("| engines | asked /s | router | run | shares, highest first (%) | highest / lowest |")
+print("|---|---|---|---|---|---|")
+for n, step in sorted({(k[1], k[2]) for k in keys}):
+    for s in sorted({k[0] for k in keys if k[1] == n and k[2] == step}, key=rank):
+        for i, r in enumerate(runs):
+            x = r.get((s, n, step))
+            if not x or not x["engines"] or sum(x["engines"]) == 0:
+                continue
+            e = sorted(x["engines"], reverse=True)
+            total = sum(e)
+            ratio = f"{e[0] / e[-1]:.1f}x" if e[-1] else "inf"
+            print(f"| {n} | {x['asked']:g} | {s} | {i + 1} | {' '.join(f'{100 * v / total:.1f}' for v in e)} | {ratio} |")

@@ -7,7 +7,8 @@
 # RUNS times (default 2); then the runs side by side with their spread
 # (affinity-runs.py) and the real-engine calibration check (the same
 # conversations on three llama-servers and on three sims: their cached
-# shares, affinity-real.py).
+# shares, affinity-real.py; then each llama-server's recorded requests
+# replayed on a sim, the same placements).
 #
 # The engines: 16 slots each (--max-running 16, vLLM's --max-num-seqs), a
 # prefix cache of 4,096 tokens (16-token blocks, LRU; a prompt's tail
@@ -80,3 +81,10 @@ ENGINE=sim SIM_FLAGS="$SIM --prefix-cache-tokens 1100" CAPACITY=4 python3 script
 # The fleet's eviction order on the bounded cache (the default cache of
 # 65,536 tokens never evicts here: both orders read the same).
 ENGINE=sim SIM_FLAGS="$SIM --prefix-cache-tokens 1100 --cache-eviction tail-first" CAPACITY=4 python3 scripts/bench/affinity-real.py "$HN_BIN" "$C/sim-slot-tail-first" 4 4 1 2
+# The same placements: each llama-server's requests, in the order it got
+# them, replayed on a sim of its own (no router, so no race between
+# engines decides where a turn goes; timing plays no part).
+FAST="--ttft 1ms --itl 1ms --output-tokens 16 --cache-block-tokens 1 --bytes-per-token 4.3 --max-running 1"
+ENGINE=sim REPLAY="$C/llama" SIM_FLAGS="$FAST --prefix-cache-tokens 65536" python3 scripts/bench/affinity-real.py "$HN_BIN" "$C/replay"
+ENGINE=sim REPLAY="$C/llama-slot" SIM_FLAGS="$FAST --prefix-cache-tokens 1100" python3 scripts/bench/affinity-real.py "$HN_BIN" "$C/replay-slot"
+ENGINE=sim REPLAY="$C/llama-slot" SIM_FLAGS="$FAST --prefix-cache-tokens 1100 --cache-eviction tail-first" python3 scripts/bench/affinity-real.py "$HN_BIN" "$C/replay-slot-tail-first"
