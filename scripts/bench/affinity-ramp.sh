@@ -68,7 +68,9 @@ OUT="${OUT:-perf/$(date -u +%Y-%m-%d)-affinity-sim}"
 [ -n "${HN_BIN:-}" ] || { cargo build -q --release --workspace --bins; HN_BIN="$PWD/target/release"; }
 . scripts/lib.sh
 mkdir -p "$OUT/reports"
-rm -f "$OUT/reports/tokens.txt"
+# A re-run of some rows (STRATEGIES, ONLY_ORACLE) keeps the other rows'
+# lines; run_steps replaces the lines of each strategy it runs.
+[ -n "${STRATEGIES:-}" ] || [ "${ONLY_ORACLE:-0}" = 1 ] || rm -f "$OUT/reports/tokens.txt"
 POLICY="$(mktemp -t prefix-aware-XXXX.yaml)"
 printf 'routing_policy:\n  strategy: prefix-aware\n' >"$POLICY"
 {
@@ -115,6 +117,7 @@ start_sims() {
 }
 run_steps() { # strategy n url [router]
   local strategy="$1" n="$2" url="$3" step=0
+  [ ! -f "$OUT/reports/tokens.txt" ] || sed -i "/^$strategy $n /d" "$OUT/reports/tokens.txt"
   for r in $RAMP; do
     step=$((step + 1))
     local rate p0=0 c0=0

@@ -24,6 +24,12 @@
 # both fleets saturate near the same total rate (~130-170 req/s) and the
 # ramps (64-384 and 64-256 req/s asked) end past saturation.
 #
+# The agents' --capacity is the engines' slots (16): the requests past
+# them wait in the router, which gives a freed slot to a waiter whose
+# prefix that engine holds, not in the engine's own queue in arrival
+# order (capacity 32 served 145 instead of 170/s at 8 engines and 256
+# asked, perf/2026-12-06-affinity-lead-tail-first).
+#
 # Usage: OUT=perf/DATE-affinity-lead scripts/bench/affinity-side-by-side.sh
 # (RUNS=1 for one run of each; CALIBRATION=0 skips the llama-server check.)
 set -euo pipefail
@@ -35,12 +41,12 @@ export HN_BIN
 S8="--ttft 10ms --prefill-per-token 400us --itl 24ms --output-tokens 16 --prefix-cache-tokens 4096 --cache-block-tokens 16 --bytes-per-token 2.0 --max-running 16 --cache-eviction tail-first"
 S32="--ttft 40ms --prefill-per-token 1600us --itl 96ms --output-tokens 16 --prefix-cache-tokens 4096 --cache-block-tokens 16 --bytes-per-token 2.0 --max-running 16 --cache-eviction tail-first"
 for r in $(seq 1 "$RUNS"); do
-  AGENTS=8 RAMP="8 16 32 48" DUR=20s CONV_PER_AGENT=16 CAPACITY=32 BANDS="0.5" SIM_FLAGS="$S8" \
+  AGENTS=8 RAMP="8 16 32 48" DUR=20s CONV_PER_AGENT=16 CAPACITY=16 BANDS="0.5" SIM_FLAGS="$S8" \
     BENCH_FLAGS="--apps 8 --system-tokens 1024 --turns 8 --prompt-tokens 32-64 --max-tokens 16" \
     OUT="$OUT/e8-run$r" scripts/bench/affinity-ramp.sh
 done
 for r in $(seq 1 "$RUNS"); do
-  AGENTS=32 RAMP="2 4 8" DUR=15s CONV_PER_AGENT=16 CAPACITY=32 SIM_FLAGS="$S32" \
+  AGENTS=32 RAMP="2 4 8" DUR=15s CONV_PER_AGENT=16 CAPACITY=16 SIM_FLAGS="$S32" \
     BENCH_FLAGS="--apps 32 --system-tokens 1024 --turns 8 --prompt-tokens 32-64 --max-tokens 16" \
     OUT="$OUT/e32-run$r" scripts/bench/affinity-ramp.sh
 done
