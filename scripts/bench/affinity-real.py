@@ -15,20 +15,20 @@ same conversations on hivenet-sims instead (SIM_FLAGS: their flags; by
 default the CPU shape of perf/2026-12-02-sim-calibration, one slot as the
 llama-servers, 4.3 bytes a token as SmolLM2 reads these prompts); compare
 its summary's cached shares with the llama-server run's. That timing was
-2.6x slower than llama-server on the 2026-12-06 host: fit it to the llama
-run first, as scripts/bench/affinity-side-by-side.sh does. LLAMA_CACHE_RAM=N passes `--cache-ram N` (MiB of host
-prompt cache; 0: only the slot's own context is kept) to bound the
-engines' caches.
+2.6x slower than llama-server on the 2026-12-06 host: fit it to the
+llama run first, as scripts/bench/affinity-side-by-side.sh does.
+LLAMA_CACHE_RAM=N passes `--cache-ram N` (MiB of host prompt cache; 0:
+only the slot's own context is kept) to bound the engines' caches.
 
 Placements: every engine sits behind a recording proxy that keeps, in
 the order they reached it, the bodies it was sent and the cached tokens
 it answered (placements.json.gz, one list per engine). REPLAY=DIR (an
-earlier run's OUT) with ENGINE=sim sends each recorded engine's bodies, in that order, to a
-fresh sim of its own (SIM_FLAGS), with no router: the same prompts on
-the same engines in the same order, so the cached shares compare the
-caches alone, whatever order the answers came back in (the end-to-end
-runs place by completion order, a race between engines of different
-speed). Writes OUT/replay.md and OUT/replay.json.
+earlier run's OUT) with ENGINE=sim sends each recorded engine's bodies,
+in that order, to a fresh sim of its own (SIM_FLAGS), with no router:
+the same prompts on the same engines in the same order, so the cached
+shares compare the caches alone, whatever order the answers came back
+in (the end-to-end runs place by completion order, a race between
+engines of different speed). Writes OUT/replay.md and OUT/replay.json.
 
 Per configuration: the cached share of prompt tokens (from the engines'
 usage, prompt_tokens_details.cached_tokens), mean and p95 latency per
@@ -113,6 +113,11 @@ def engine(port, work):
     return p
 
 
+def cached_of(usage):
+    """Prompt tokens an answer's usage says came from the engine's cache."""
+    return (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+
+
 def usage_of(out):
     """The usage of a chat completion's answer, JSON or an SSE stream."""
     try:
@@ -161,7 +166,7 @@ class Recorder:
                 if entry is not None:
                     usage = usage_of(out)
                     entry["prompt"] = usage.get("prompt_tokens", 0)
-                    entry["cached"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                    entry["cached"] = cached_of(usage)
                 self.send_response(status)
                 for k, v in headers.items():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -236,7 +241,7 @@ def run_config(name, clients):
                     with lock:
                         results.append({"user": u, "turn": turn, "seconds": secs,
                                         "prompt": usage.get("prompt_tokens", 0),
-                                        "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)})
+                                        "cached": cached_of(usage)})
 
         ts = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
         t0 = time.time()
@@ -313,7 +318,7 @@ def replay(raw):
                         _, out = post(port, body)
                         usage = out.get("usage") or {}
                         sim["prompt"] += usage.get("prompt_tokens", 0)
-                        sim["cached"] += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                        sim["cached"] += cached_of(usage)
                         eng["prompt"] += e.get("prompt", 0)
                         eng["cached"] += e.get("cached", 0)
                 finally:
