@@ -142,22 +142,31 @@ struct Fleet {
 }
 
 fn fleet(name: &str, policy_text: &str, sim_args: &[&str], capacity: &str) -> Fleet {
+    fleet_with(name, policy_text, sim_args, capacity, &[])
+}
+
+/// [`fleet`] with more router flags.
+fn fleet_with(
+    name: &str,
+    policy_text: &str,
+    sim_args: &[&str],
+    capacity: &str,
+    router_args: &[&str],
+) -> Fleet {
     let dir = tmpdir(name);
     let pf = dir.join("policy.yaml");
     std::fs::write(&pf, policy_text).expect("policy");
     let pfs = pf.to_string_lossy().to_string();
-    let r = start_router(
-        &dir,
-        &[
-            "--shards",
-            "1",
-            "--policy-file",
-            &pfs,
-            "--remove-after",
-            "2s",
-        ],
-        &[],
-    );
+    let mut args = vec![
+        "--shards",
+        "1",
+        "--policy-file",
+        &pfs,
+        "--remove-after",
+        "2s",
+    ];
+    args.extend_from_slice(router_args);
+    let r = start_router(&dir, &args, &[]);
     let mut sims = Vec::new();
     let mut agents = Vec::new();
     for k in 0..3 {
@@ -582,6 +591,61 @@ fn holder_wait_waits_for_a_full_holder_instead_of_another_agent() {
     assert_eq!(decisions(f.r.metrics, "overloaded"), over);
     assert_eq!(decisions(f.r.metrics, "prefix_hit"), hits + 1.0);
     // Counted as a wait for a holder that did not run out.
+    assert_eq!(model_metric(f.r.metrics, "holder_waits_total"), Some(1.0));
+    assert_eq!(
+        model_metric(f.r.metrics, "holder_wait_timeouts_total"),
+        Some(0.0)
+    );
+}
+
+#[test]
+fn a_full_line_of_holder_waits_does_not_refuse_a_request_with_a_free_agent() {
+    // `--queue-depth 1`: the third turn of conversation 1 waits for its
+    // busy holder and fills the line. A new conversation then finds an
+    // idle agent: it is served there, not refused for the full line (the
+    // waiter would not have taken that agent's slot).
+    let f = fleet_with(
+        "affinity-full-line",
+        &policy("  affinity:\n    holder_wait_ms: 10000\n"),
+        &["--ttft", "1500ms"],
+        "1",
+        &["--queue-depth", "1"],
+    );
+    let http = f.r.http;
+    let first = send_and_see(http, Req::post("/v1/chat/completions", turn_body(1, 0)));
+    let before = successes_by_machine(http);
+    let busy = std::thread::spawn(move || {
+        Req::post("/v1/chat/completions", turn_body(1, 1))
+            .send(http)
+            .map(Resp::pair)
+            .map(|(s, _)| s)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let waiter = std::thread::spawn(move || {
+        Req::post("/v1/chat/completions", turn_body(1, 2))
+            .send(http)
+            .map(Resp::pair)
+            .map(|(s, _)| s)
+    });
+    let queued = format!("hivenet_queue_depth{{model=\"{MODEL}\"}}");
+    wait_until(
+        Duration::from_secs(5),
+        || metric(f.r.metrics, &queued) == Some(1.0),
+        "the third turn waiting for its holder",
+    );
+    let (st, body) = Req::post("/v1/chat/completions", turn_body(2, 0))
+        .send(http)
+        .map(Resp::pair)
+        .expect("new conversation");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(busy.join().expect("thread").expect("request"), 200);
+    assert_eq!(waiter.join().expect("thread").expect("request"), 200);
+    // The busy turn and the waiter on the holder, the new conversation
+    // beside it.
+    let moved = served_since(http, &before, 3);
+    assert_eq!(moved.len(), 2, "{moved:?}");
+    assert!(moved.contains(&(first.clone(), 2)), "{moved:?}");
+    // The waiter still got its holder.
     assert_eq!(model_metric(f.r.metrics, "holder_waits_total"), Some(1.0));
     assert_eq!(
         model_metric(f.r.metrics, "holder_wait_timeouts_total"),

@@ -102,10 +102,14 @@ impl Decision {
             pick = StepPick::Full(GateCounts::default());
         }
         if let StepPick::Agent(i) = pick {
-            if self.place.is_none() && self.limits.queue_depth > 0 && model.queue_len > 0 {
+            let depth = self.limits.queue_depth;
+            if self.place.is_none() && depth > 0 && (1..depth).contains(&model.queue_len) {
                 // Requests already waiting came first: a newcomer joins
                 // the line and the free slot goes to a waiter (the
-                // head, or one that agent holds the prefix of).
+                // head, or one that agent holds the prefix of). A full
+                // line does not refuse it: a slot free while the line is
+                // full is one its waiters did not take (they wait for
+                // their holders), and a refusal would leave it idle.
                 wake_first = model.pool.facts(i).map(|f| f.id);
                 pick = StepPick::Full(GateCounts::default());
             }

@@ -234,6 +234,19 @@ fn newcomer_joins_the_line_when_others_wait() {
 }
 
 #[test]
+fn a_newcomer_takes_a_free_slot_when_the_line_is_full() {
+    // The line is full of waiters that did not take the free slot
+    // (waiting for their cache holders): joining would refuse it.
+    let t0 = Instant::now();
+    let pool = vec![agent(1, 0, 1, None)];
+    let mut d = Decision::new(policy(vec![step("p", None, 0)]), request(t0), LIMITS);
+    assert!(matches!(
+        d.next(&facts(&pool, LIMITS.queue_depth), t0),
+        Action::Forward { agent_id: 1, .. }
+    ));
+}
+
+#[test]
 fn queue_timeout_at_the_deadline_only() {
     let t0 = Instant::now();
     let pool = vec![agent(1, 1, 1, None)];
