@@ -57,6 +57,17 @@ fn turn_body(conv: usize, turn: usize) -> String {
     serde_json::json!({"model": MODEL, "max_tokens": 4, "messages": msgs}).to_string()
 }
 
+/// Send a chat request on its own thread; joins to its status.
+fn in_background(http: u16, body: String) -> std::thread::JoinHandle<Option<u16>> {
+    std::thread::spawn(move || {
+        Req::post("/v1/chat/completions", body)
+            .send(http)
+            .map(Resp::pair)
+            .map(|(s, _)| s)
+            .ok()
+    })
+}
+
 /// Requests served per machine since `before`, once `n` are counted
 /// (read after both ended, not from whichever count moved first).
 fn served_since(
@@ -97,12 +108,7 @@ fn turn_behind_a_busy_holder(
     std::time::Instant,
 ) {
     let first = send_and_see(http, Req::post("/v1/chat/completions", turn_body(1, 0)));
-    let busy = std::thread::spawn(move || {
-        Req::post("/v1/chat/completions", turn_body(1, 1))
-            .send(http)
-            .map(Resp::pair)
-            .map(|(s, _)| s)
-    });
+    let busy = in_background(http, turn_body(1, 1));
     let before = successes_by_machine(http);
     std::thread::sleep(Duration::from_millis(300));
     let seen = (
@@ -535,14 +541,7 @@ fn a_freed_slot_goes_to_a_waiter_its_agent_holds_the_prefix_of() {
         decisions(r.metrics, "prefix_hit"),
         decisions(r.metrics, "overloaded"),
     );
-    let send = |body: String| {
-        std::thread::spawn(move || {
-            Req::post("/v1/chat/completions", body)
-                .send(http)
-                .map(Resp::pair)
-                .map(|(s, _)| s)
-        })
-    };
+    let send = |body: String| in_background(http, body);
     // Fill the three slots (unrelated prompts: least-loaded spreads them).
     let fillers: Vec<_> = (0..3)
         .map(|i| {
@@ -614,19 +613,9 @@ fn a_full_line_of_holder_waits_does_not_refuse_a_request_with_a_free_agent() {
     let http = f.r.http;
     let first = send_and_see(http, Req::post("/v1/chat/completions", turn_body(1, 0)));
     let before = successes_by_machine(http);
-    let busy = std::thread::spawn(move || {
-        Req::post("/v1/chat/completions", turn_body(1, 1))
-            .send(http)
-            .map(Resp::pair)
-            .map(|(s, _)| s)
-    });
+    let busy = in_background(http, turn_body(1, 1));
     std::thread::sleep(Duration::from_millis(300));
-    let waiter = std::thread::spawn(move || {
-        Req::post("/v1/chat/completions", turn_body(1, 2))
-            .send(http)
-            .map(Resp::pair)
-            .map(|(s, _)| s)
-    });
+    let waiter = in_background(http, turn_body(1, 2));
     let queued = format!("hivenet_queue_depth{{model=\"{MODEL}\"}}");
     wait_until(
         Duration::from_secs(5),
