@@ -57,6 +57,15 @@ fn turn_body(conv: usize, turn: usize) -> String {
     serde_json::json!({"model": MODEL, "max_tokens": 4, "messages": msgs}).to_string()
 }
 
+/// Send a chat request and require a 200.
+fn chat_ok(http: u16, body: String) {
+    let (st, body) = Req::post("/v1/chat/completions", body)
+        .send(http)
+        .map(Resp::pair)
+        .expect("request");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+}
+
 /// Send a chat request on its own thread; joins to its status.
 fn in_background(http: u16, body: String) -> std::thread::JoinHandle<Option<u16>> {
     std::thread::spawn(move || {
@@ -116,11 +125,7 @@ fn turn_behind_a_busy_holder(
         decisions(metrics, "prefix_hit"),
     );
     let t = std::time::Instant::now();
-    let (st, body) = Req::post("/v1/chat/completions", turn_body(1, 2))
-        .send(http)
-        .map(Resp::pair)
-        .expect("third turn");
-    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+    chat_ok(http, turn_body(1, 2));
     assert_eq!(busy.join().expect("thread").expect("request"), 200);
     (first, before, seen, t)
 }
@@ -163,14 +168,9 @@ fn fleet_with(
     let pf = dir.join("policy.yaml");
     std::fs::write(&pf, policy_text).expect("policy");
     let pfs = pf.to_string_lossy().to_string();
-    let mut args = vec![
-        "--shards",
-        "1",
-        "--policy-file",
-        &pfs,
-        "--remove-after",
-        "2s",
-    ];
+    // One shard: every request meets the same index.
+    let mut args = vec!["--shards", "1", "--policy-file", &pfs];
+    args.extend(["--remove-after", "2s"]);
     args.extend_from_slice(router_args);
     let r = start_router(&dir, &args, &[]);
     let mut sims = Vec::new();
@@ -622,11 +622,7 @@ fn a_full_line_of_holder_waits_does_not_refuse_a_request_with_a_free_agent() {
         || metric(f.r.metrics, &queued) == Some(1.0),
         "the third turn waiting for its holder",
     );
-    let (st, body) = Req::post("/v1/chat/completions", turn_body(2, 0))
-        .send(http)
-        .map(Resp::pair)
-        .expect("new conversation");
-    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+    chat_ok(http, turn_body(2, 0));
     assert_eq!(busy.join().expect("thread").expect("request"), 200);
     assert_eq!(waiter.join().expect("thread").expect("request"), 200);
     // The busy turn and the waiter on the holder, the new conversation
